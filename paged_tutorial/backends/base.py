@@ -1,0 +1,101 @@
+"""The contract every backend fulfils: the engine's non-GEMM operations.
+
+The engine (``runner.py``) calls only these methods, so a backend is a drop-in replacement for
+another.  ``TorchBackend`` (``torch_ref.py``) is the oracle; the Numba backends implement the
+same methods with CUDA kernels.  Shapes below use T = tokens in the step, B = sequences in a
+decode step, H = hidden size, nH / nKV = query / key-value heads, D = head_dim.
+
+Conventions shared by all backends
+- Activations and weights are torch tensors in the model dtype on ``backend.device``.
+  Arithmetic inside an op is float32; results are rounded to the storage dtype once.
+- The paged cache is ``cache.buffer``: one flat tensor of ``NUM_BLOCKS * BLOCK_ELEMS`` elements
+  in the model dtype.  Element offsets (``cache.config``):
+      K(phys, t, h, d) = phys * BLOCK_ELEMS + t * KV_DIM + h * D + d
+      V(phys, t, h, d) = K(phys, t, h, d) + V_OFFSET_ELEMS
+- ``block_table`` is the device copy of ``cache.block_table``: int32 [max_slots, n_layers,
+  MAX_BLOCKS_PER_SEQ], -1 = unassigned.  Kernels find a token's block themselves, as the
+  article's kernel does (``kernels.cu:480``).
+- Integer index tensors (token ids, slots, positions, seq_lens) are int32 on the device.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+
+class Backend(abc.ABC):
+    """Abstract base: see the module docstring for the conventions."""
+
+    name: str = "abstract"
+    device: torch.device
+
+    # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [T, in] @ weight[out, in].T -> [T, out]."""
+        return torch.nn.functional.linear(x, weight)
+
+    # --- per-token ops -----------------------------------------------------------------
+    @abc.abstractmethod
+    def embed(self, weight: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """Gather rows: weight [V, H], token_ids int32 [T] -> [T, H]."""
+
+    @abc.abstractmethod
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """y = weight * (x / sqrt(mean(x^2) + eps)); x [T, H] -> new [T, H]."""
+
+    @abc.abstractmethod
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """residual += x (in place), then return rms_norm(residual) as a new tensor."""
+
+    @abc.abstractmethod
+    def rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+             cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate q [T, nH, D] and k [T, nKV, D] in place (HF's rotate-half convention).
+        cos/sin: float32 [max_positions, D/2]; positions int32 [T]."""
+
+    @abc.abstractmethod
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] (gate first) -> silu(gate) * up, [T, I]."""
+
+    # --- the paged cache ---------------------------------------------------------------
+    @abc.abstractmethod
+    def write_kv(self, cache, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
+                 layer: int, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """Scatter k, v [T, nKV, D] into the paged cache: token i goes to slot slots[i] at
+        position positions[i] of layer ``layer``, i.e. physical block
+        block_table[slot, layer, pos // BLOCK_SIZE], row pos % BLOCK_SIZE."""
+
+    @abc.abstractmethod
+    def prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens: list[int], scale: float) -> torch.Tensor:
+        """Causal attention inside each sequence of a packed prompt batch.
+        q [T, nH, D], k/v [T, nKV, D]; sequence i is rows cu_seqlens[i]:cu_seqlens[i+1]
+        (a host list).  Returns [T, nH, D]."""
+
+    @abc.abstractmethod
+    def decode_attention(self, q: torch.Tensor, cache, block_table: torch.Tensor, layer: int,
+                         seq_lens: torch.Tensor, active_slots: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """One query token per sequence against every cached token, read through the block
+        table.  q [B, nH, D]; row b belongs to cache slot active_slots[b] and attends to its
+        first seq_lens[b] tokens (which include the token just written).  The output is
+        written over q, as the article's kernel does (``kernels.cu:469,522``); returns q."""
+
+    # --- sampling ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+               uniforms: torch.Tensor) -> torch.Tensor:
+        """Pick one token per row of float32 logits [B, V]; see ``sampling.py`` for the exact
+        rule (greedy when temperature == 0; otherwise top-p over softmax(logits / T), then the
+        inverse CDF at uniforms[b] in token-id order).  Returns int64 [B]."""
+
+    # --- housekeeping ------------------------------------------------------------------
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.device}"

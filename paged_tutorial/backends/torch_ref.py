@@ -1,0 +1,117 @@
+"""Every engine op in plain torch: the oracle the kernels are checked against, and the CPU path.
+
+Each op mirrors what HF ``transformers``' Llama does (same casts, same order), so the whole
+engine on this backend reproduces HF's tokens.  The paged cache is read and written through
+the block table exactly as the kernels do, only with torch indexing instead of threads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..sampling import sample_reference
+from .base import Backend
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+
+    # --- per-token ops -----------------------------------------------------------------
+    def embed(self, weight, token_ids):
+        return weight[token_ids.long()]
+
+    def rms_norm(self, x, weight, eps):
+        x32 = x.float()
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        residual.add_(x)
+        return self.rms_norm(residual, weight, eps)
+
+    def rope(self, q, k, positions, cos, sin):
+        pos = positions.long()
+        c = cos[pos].to(q.dtype)[:, None, :]          # [T, 1, D/2], cast like HF does
+        s = sin[pos].to(q.dtype)[:, None, :]
+        for x in (q, k):
+            half = x.shape[-1] // 2
+            x1, x2 = x[..., :half].clone(), x[..., half:].clone()
+            x[..., :half] = x1 * c - x2 * s
+            x[..., half:] = x2 * c + x1 * s
+
+    def silu_mul(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    # --- the paged cache ---------------------------------------------------------------
+    @staticmethod
+    def _cache_view(cache):
+        """The flat buffer seen as [NUM_BLOCKS, 2 (K, V), BLOCK_SIZE, KV_DIM]."""
+        c = cache.config
+        return cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.KV_DIM)
+
+    def write_kv(self, cache, k, v, block_table, layer, slots, positions):
+        view = self._cache_view(cache)
+        bs = cache.config.BLOCK_SIZE
+        pos = positions.long()
+        phys = block_table[slots.long(), layer, pos // bs].long()
+        if bool((phys < 0).any()):
+            raise RuntimeError("write_kv: a token's logical block has no physical block "
+                               "(block_table entry -1); the engine must allocate first")
+        row = pos % bs
+        view[phys, 0, row] = k.reshape(k.shape[0], -1).to(view.dtype)
+        view[phys, 1, row] = v.reshape(v.shape[0], -1).to(view.dtype)
+
+    def gather_kv(self, cache, block_table, slot: int, layer: int, seq_len: int):
+        """K, V of one (slot, layer) as contiguous [seq_len, nKV, D] tensors (a dense copy the
+        notebooks and tests use to check the paged layout)."""
+        c = cache.config
+        view = self._cache_view(cache)
+        n_blocks = -(-seq_len // c.BLOCK_SIZE)
+        phys = block_table[slot, layer, :n_blocks].long()
+        if bool((phys < 0).any()):
+            raise RuntimeError(f"gather_kv: slot {slot} layer {layer} has unassigned blocks "
+                               f"below token {seq_len}")
+        kv = view[phys]                                        # [nb, 2, BS, KV_DIM]
+        k = kv[:, 0].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
+        v = kv[:, 1].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
+        return k, v
+
+    def prefill_attention(self, q, k, v, cu_seqlens, scale):
+        out = torch.empty_like(q)
+        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+            out[start:end] = self._attend(q[start:end], k[start:end], v[start:end], scale,
+                                          causal=True)
+        return out
+
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+        lens = seq_lens.tolist()
+        slots = active_slots.tolist()
+        for b, (slot, seq_len) in enumerate(zip(slots, lens)):
+            k, v = self.gather_kv(cache, block_table, slot, layer, seq_len)
+            # No causal mask: the cache holds exactly the tokens this query may see.
+            q[b] = self._attend(q[b:b + 1], k, v, scale, causal=False)[0]
+        return q
+
+    @staticmethod
+    def _attend(q, k, v, scale, causal):
+        """q [Tq, nH, D], k/v [Tk, nKV, D] -> [Tq, nH, D]; softmax in float32 like HF."""
+        group = q.shape[1] // k.shape[1]
+        qh = q.transpose(0, 1)                                  # [nH, Tq, D]
+        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [nH, Tk, D]
+        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
+        if causal:
+            tq, tk = scores.shape[-2:]
+            mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(probs, vh).transpose(0, 1)
+
+    # --- sampling ----------------------------------------------------------------------
+    def sample(self, logits, temperature, top_p, uniforms):
+        return sample_reference(logits, temperature, top_p, uniforms)

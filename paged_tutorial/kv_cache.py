@@ -1,0 +1,160 @@
+"""The paged KV cache: one flat buffer, a free list and a block table (article, part 6).
+
+- ``buffer``: ``NUM_BLOCKS`` blocks of ``BLOCK_BYTES``; a block is K of ``BLOCK_SIZE`` tokens,
+  then V of the same tokens ``V_OFFSET`` bytes later (``src/main.cpp:866-872``).
+- ``free_blocks``: physical block ids not owned by anyone.  It starts as 0..NUM_BLOCKS-1 and is
+  used as a stack, as in the article: allocation pops from the end, release pushes back
+  (``src/main.cpp:577-578``, ``266-272``, ``859-865``, ``1018-1029``).
+- ``block_table``: int32 [max_slots, n_layers, MAX_BLOCKS_PER_SEQ], -1 = unassigned.  Its flat
+  index is the article's ``slot*N_LAYERS*MAX_BLOCKS_PER_SEQ + layer*MAX_BLOCKS_PER_SEQ +
+  logical_block`` (numpy's C order gives exactly that).  Each layer of a sequence owns its own
+  blocks.
+
+The host copy is the truth.  The kernels read a device copy; instead of copying all entries
+after every change (the article copies the whole table each decode layer, TODO at
+``src/main.cpp:551``), the cache records which entries changed and ``device_block_table()``
+sends only those, once per engine step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .config import CacheConfig
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CacheFullError(RuntimeError):
+    """Raised by ``allocate`` when ``free_blocks`` is empty (the scheduler preempts on it)."""
+
+
+class PagedKVCache:
+    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu"):
+        self.config = config
+        self.device = torch.device(device)
+        # Article names, each derived once in CacheConfig.
+        self.BLOCK_SIZE = config.BLOCK_SIZE
+        self.KV_DIM = config.KV_DIM
+        self.V_OFFSET = config.V_OFFSET
+        self.BLOCK_BYTES = config.BLOCK_BYTES
+        self.NUM_BLOCKS = config.NUM_BLOCKS
+        self.MAX_BLOCKS_PER_SEQ = config.MAX_BLOCKS_PER_SEQ
+        self.buffer = torch.zeros(config.NUM_BLOCKS * config.BLOCK_ELEMS,
+                                  dtype=TORCH_DTYPES[config.dtype], device=self.device)
+        self.free_blocks: list[int] = list(range(config.NUM_BLOCKS))
+        self.block_table = np.full(
+            (config.max_slots, config.num_layers, config.MAX_BLOCKS_PER_SEQ), -1, dtype=np.int32)
+        self._block_table_device = torch.from_numpy(self.block_table).to(self.device) \
+            if self.device.type != "cpu" else torch.from_numpy(self.block_table)
+        self._dirty: set[int] = set()
+        self.h2d_entries_copied = 0      # how many table entries went to the device so far
+        self.h2d_copies = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.NUM_BLOCKS
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    # --- addresses (the article's arithmetic, for notebooks and tests) --------------------
+    def flat_index(self, slot: int, layer: int, logical_block: int) -> int:
+        """The article's three-term index into the flat block table."""
+        return (slot * self.config.num_layers * self.MAX_BLOCKS_PER_SEQ
+                + layer * self.MAX_BLOCKS_PER_SEQ + logical_block)
+
+    def k_byte_offset(self, physical_block: int, token_in_block: int, kv_head: int = 0,
+                      dim: int = 0) -> int:
+        c = self.config
+        return (physical_block * self.BLOCK_BYTES + token_in_block * self.KV_DIM * c.ITEMSIZE
+                + kv_head * c.head_dim * c.ITEMSIZE + dim * c.ITEMSIZE)
+
+    def v_byte_offset(self, physical_block: int, token_in_block: int, kv_head: int = 0,
+                      dim: int = 0) -> int:
+        return self.k_byte_offset(physical_block, token_in_block, kv_head, dim) + self.V_OFFSET
+
+    # --- ownership ------------------------------------------------------------------------
+    def blocks_owned(self, slot: int, layer: int | None = None) -> int:
+        rows = self.block_table[slot] if layer is None else self.block_table[slot, layer]
+        return int((rows >= 0).sum())
+
+    def blocks_needed(self, slot: int, new_len: int) -> int:
+        """Free blocks that growing ``slot`` to ``new_len`` tokens would take (all layers)."""
+        have = int((self.block_table[slot, 0] >= 0).sum())
+        return max(0, self.config.blocks_for_tokens(new_len) - have) * self.config.num_layers
+
+    def ensure_capacity(self, slot: int, new_len: int) -> None:
+        """Give ``slot`` physical blocks (every layer) for positions < new_len.  A block is
+        popped only when a logical block is first needed (its entry is -1), as the article's
+        prefill and decode paths do.  Raises CacheFullError, changing nothing, if too few
+        blocks are free."""
+        if new_len > self.config.max_seq_len:
+            raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
+                             f"{self.config.max_seq_len}")
+        need = self.blocks_needed(slot, new_len)
+        if need > len(self.free_blocks):
+            raise CacheFullError(f"slot {slot} needs {need} blocks, {len(self.free_blocks)} free")
+        n_logical = self.config.blocks_for_tokens(new_len)
+        for layer in range(self.config.num_layers):
+            row = self.block_table[slot, layer]
+            for logical in range(n_logical):
+                if row[logical] == -1:
+                    row[logical] = self.free_blocks.pop()
+                    self._dirty.add(self.flat_index(slot, layer, logical))
+
+    def release(self, slot: int) -> list[int]:
+        """Push every block the slot owns back to free_blocks and reset its entries to -1
+        (``src/main.cpp:1018-1029``: layer by layer, logical block by logical block)."""
+        freed = []
+        for layer in range(self.config.num_layers):
+            row = self.block_table[slot, layer]
+            for logical in np.flatnonzero(row >= 0):
+                freed.append(int(row[logical]))
+                self.free_blocks.append(int(row[logical]))
+                row[logical] = -1
+                self._dirty.add(self.flat_index(slot, layer, int(logical)))
+        return freed
+
+    # --- the device copy ----------------------------------------------------------------
+    def device_block_table(self) -> torch.Tensor:
+        """The device block table, brought up to date by sending only changed entries."""
+        if self.device.type == "cpu":
+            self._dirty.clear()            # shares memory with the host table
+            return self._block_table_device
+        if self._dirty:
+            idx = np.fromiter(sorted(self._dirty), dtype=np.int64)
+            vals = self.block_table.reshape(-1)[idx]
+            flat = self._block_table_device.view(-1)
+            flat[torch.from_numpy(idx).to(self.device, non_blocking=False)] = \
+                torch.from_numpy(vals).to(self.device)
+            self.h2d_entries_copied += len(idx)
+            self.h2d_copies += 1
+            self._dirty.clear()
+        return self._block_table_device
+
+    # --- invariants (tests and notebooks call this at every step) -------------------------
+    def check_invariants(self) -> None:
+        owned = self.block_table[self.block_table >= 0]
+        if owned.size and (owned.max() >= self.NUM_BLOCKS):
+            raise AssertionError("block table points past NUM_BLOCKS")
+        if len(np.unique(owned)) != owned.size:
+            raise AssertionError("a physical block has more than one owner")
+        free = np.asarray(self.free_blocks, dtype=np.int64)
+        if len(np.unique(free)) != free.size:
+            raise AssertionError("free_blocks holds a block twice")
+        if np.intersect1d(owned, free).size:
+            raise AssertionError("a block is both owned and free")
+        if owned.size + free.size != self.NUM_BLOCKS:
+            raise AssertionError(f"owned ({owned.size}) + free ({free.size}) != NUM_BLOCKS "
+                                 f"({self.NUM_BLOCKS})")
+
+    def owner_map(self) -> np.ndarray:
+        """For every physical block, the flat block-table index that owns it, or -1."""
+        owners = np.full(self.NUM_BLOCKS, -1, dtype=np.int64)
+        flat = self.block_table.reshape(-1)
+        where = np.flatnonzero(flat >= 0)
+        owners[flat[where]] = where
+        return owners

@@ -1,0 +1,110 @@
+"""The Llama forward pass over one engine step, written once against the Backend contract.
+
+A step is either a *prefill* of newly admitted sequences (their prompts packed into one token
+batch, causal attention inside each, K/V scattered into their blocks) or a *decode* of every
+running sequence (one token each, attention read from the paged cache through the block
+table).  Per layer (article parts 1-6): RMSNorm, QKV projection, RoPE, K/V written to the
+paged cache, attention, O projection + residual, RMSNorm, SwiGLU MLP + residual.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .backends.base import Backend
+from .config import ModelConfig
+from .kv_cache import PagedKVCache
+from .models import Model
+from .rope import rope_cos_sin
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor          # [q_dim + 2*kv_dim, hidden]: q, k and v rows stacked
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor      # [2*intermediate, hidden]: gate rows, then up rows
+    down: torch.Tensor
+
+
+class LlamaRunner:
+    """Holds the model's weights on the backend's device, laid out for the forward pass."""
+
+    def __init__(self, model: Model, backend: Backend, max_positions: int):
+        cfg = model.config
+        self.config: ModelConfig = cfg
+        self.backend = backend
+        w = model.to(backend.device).weights
+        self.embed = w["model.embed_tokens.weight"]
+        self.lm_head = w.get("lm_head.weight", self.embed)
+        self.final_norm = w["model.norm.weight"]
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(LayerWeights(
+                input_norm=w[p + "input_layernorm.weight"],
+                qkv=torch.cat([w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
+                               w[p + "self_attn.v_proj.weight"]], dim=0).contiguous(),
+                o=w[p + "self_attn.o_proj.weight"],
+                post_norm=w[p + "post_attention_layernorm.weight"],
+                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                                  dim=0).contiguous(),
+                down=w[p + "mlp.down_proj.weight"],
+            ))
+        self.cos, self.sin = rope_cos_sin(cfg, max_positions, device=backend.device)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.dtype = self.embed.dtype
+
+    # ------------------------------------------------------------------------------------
+    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool):
+        b, cfg = self.backend, self.config
+        if first:
+            x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
+        else:
+            x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
+        qkv = b.linear(x, layer.qkv)
+        t = qkv.shape[0]
+        q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
+        q = qkv[:, :q_dim].reshape(t, cfg.n_heads, cfg.head_dim).contiguous()
+        k = qkv[:, q_dim:q_dim + kv_dim].reshape(t, cfg.n_kv_heads, cfg.head_dim).contiguous()
+        v = qkv[:, q_dim + kv_dim:].reshape(t, cfg.n_kv_heads, cfg.head_dim).contiguous()
+        return q, k, v
+
+    def _layer_epilogue(self, layer: LayerWeights, attn, residual):
+        b, cfg = self.backend, self.config
+        attn_out = b.linear(attn.reshape(attn.shape[0], -1), layer.o)
+        x = b.add_rms_norm(attn_out, residual, layer.post_norm, cfg.rms_norm_eps)
+        mlp = b.linear(b.silu_mul(b.linear(x, layer.gate_up)), layer.down)
+        return mlp
+
+    def _logits(self, h, residual, rows: torch.Tensor | None):
+        b, cfg = self.backend, self.config
+        residual.add_(h)
+        last = residual if rows is None else residual[rows]
+        x = b.rms_norm(last.contiguous(), self.final_norm, cfg.rms_norm_eps)
+        return b.linear(x, self.lm_head).float()
+
+    # ------------------------------------------------------------------------------------
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                cache: PagedKVCache, block_table: torch.Tensor, *, prefill_cu_seqlens=None,
+                decode_seq_lens: torch.Tensor | None = None, logit_rows=None) -> torch.Tensor:
+        """Run all layers for one step and return float32 logits for ``logit_rows`` (all rows
+        when None).  Exactly one of ``prefill_cu_seqlens`` / ``decode_seq_lens`` is given."""
+        b = self.backend
+        residual = b.embed(self.embed, token_ids)
+        h = None
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._layer_prologue(layer, h, residual, first=(i == 0))
+            b.rope(q, k, positions, self.cos, self.sin)
+            b.write_kv(cache, k, v, block_table, i, slots, positions)
+            if prefill_cu_seqlens is not None:
+                attn = b.prefill_attention(q, k, v, prefill_cu_seqlens, self.scale)
+            else:
+                attn = b.decode_attention(q, cache, block_table, i, decode_seq_lens, slots,
+                                          self.scale)
+            h = self._layer_epilogue(layer, attn, residual)
+        return self._logits(h, residual, logit_rows)

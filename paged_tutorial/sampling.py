@@ -1,0 +1,63 @@
+"""The sampling rule, defined once, and the per-request random numbers it consumes.
+
+Every backend picks the next token with the same rule, so that given the same logits and the
+same uniform number it picks the same token:
+
+1. ``temperature == 0``: greedy, the first index of the maximum logit (as ``torch.argmax``).
+2. Otherwise ``p = softmax(logits / temperature)``.  Top-p keeps token i when the probability
+   mass of the tokens *strictly more likely* than i is below ``top_p`` (so ties are kept or
+   dropped together, and the most likely token is always kept).  The kept probabilities are
+   renormalised implicitly: the token is the smallest id i in the kept set whose cumulative
+   kept mass (in token-id order) reaches ``u * kept_total``.
+
+Walking the kept set in token-id order rather than sorted order is still exact sampling from
+the top-p distribution, and it lets a GPU kernel avoid sorting the vocabulary.
+
+The uniform ``u`` for a request's n-th generated token comes from a counter-based generator
+keyed by (seed, request id, n): a request draws the same numbers whatever batch it shares,
+whether or not it was preempted and recomputed, and on any backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def request_uniform(seed: int, request_id: int, token_index: int) -> float:
+    """The uniform in [0, 1) for one request's token_index-th sampled token."""
+    return float(np.random.default_rng([seed, request_id, token_index]).random())
+
+
+def validate_sampling(temperature: float, top_p: float) -> None:
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+    if not np.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def sample_reference(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                     uniforms: torch.Tensor) -> torch.Tensor:
+    """The rule above in plain torch (float32 math); logits [B, V] -> int64 [B]."""
+    logits = logits.float()
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    for b in range(logits.shape[0]):
+        t = float(temperature[b])
+        if t == 0.0:
+            out[b] = torch.argmax(logits[b])
+            continue
+        p = torch.softmax(logits[b] / t, dim=-1)
+        sorted_p, _ = torch.sort(p, descending=True)
+        mass_before = torch.cumsum(sorted_p, 0) - sorted_p          # exclusive prefix sums
+        n_keep = int((mass_before < float(top_p[b])).sum())
+        threshold = sorted_p[max(n_keep - 1, 0)]
+        kept = torch.where(p >= threshold, p, torch.zeros_like(p))
+        cdf = torch.cumsum(kept, 0)
+        target = float(uniforms[b]) * float(cdf[-1])
+        idx = int(torch.searchsorted(cdf, torch.tensor([target], device=cdf.device)).item())
+        # cdf[idx] >= target; step over zero-probability ids that share the same cdf value
+        idx = min(idx, logits.shape[1] - 1)
+        while kept[idx] == 0 and idx + 1 < logits.shape[1]:
+            idx += 1
+        out[b] = idx
+    return out

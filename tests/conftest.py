@@ -1,0 +1,108 @@
+"""Shared fixtures: tiny random Llamas built and saved by HF transformers, and the embedded
+SmolLM2 model (loaded once per session)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Kernel tests run in Numba's CUDA simulator when no GPU is visible; decide before numba.cuda
+# is imported anywhere in this process.
+if not torch.cuda.is_available():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+TINY_CONFIGS = {
+    # name: (LlamaConfig kwargs, config.json spelling)
+    "gqa2-tied-default": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               tie_word_embeddings=True, rope_theta=10000.0), "transformers"),
+    "gqa3-untied-llama3-hub": (dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3,
+                                    num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+                                    tie_word_embeddings=False, rope_theta=500000.0,
+                                    rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 64}),
+                               "hub"),
+    "mha-untied-default": (dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                tie_word_embeddings=False, rope_theta=10000.0), "transformers"),
+    "gqa4-tied-llama3": (dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                              num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                              tie_word_embeddings=True, rope_theta=500000.0,
+                              rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 32}),
+                         "transformers"),
+}
+
+
+def build_tiny_llama(name: str, folder: Path, vocab_size: int = 320, seed: int = 0):
+    """Create a random HF LlamaForCausalLM, save it as safetensors in ``folder``; return it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kwargs, spelling = TINY_CONFIGS[name]
+    kwargs = dict(kwargs)
+    rope_scaling = kwargs.pop("rope_scaling", None)
+    rope_theta = kwargs.pop("rope_theta")
+    rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+    if rope_scaling:
+        rope_parameters = {**rope_scaling, "rope_theta": rope_theta}
+    config = LlamaConfig(vocab_size=vocab_size, max_position_embeddings=256, rms_norm_eps=1e-5,
+                         initializer_range=0.08, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None, rope_parameters=rope_parameters, **kwargs)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():     # norms away from 1 so that a missing norm weight shows
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    if spelling == "hub":     # rewrite config.json the way the hub's Llama-3.2 file spells it
+        cfg_path = folder / "config.json"
+        d = json.loads(cfg_path.read_text())
+        params = d.pop("rope_parameters")
+        d["rope_theta"] = params.pop("rope_theta")
+        d["rope_scaling"] = params if params.get("rope_type", "default") != "default" else None
+        cfg_path.write_text(json.dumps(d, indent=2))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """Factory: tiny_llama(name) -> (folder, hf_model), built once per name per session."""
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name)
+            cache[name] = (folder, build_tiny_llama(name, folder))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from paged_tutorial.models import find_embedded_smollm2
+
+    return find_embedded_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32():
+    import paged_tutorial as pt
+
+    return pt.load_model("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    from transformers import LlamaForCausalLM
+
+    path = Path(smollm2_path)
+    return LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                            dtype=torch.float32).eval()
