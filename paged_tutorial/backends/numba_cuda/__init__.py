@@ -1,0 +1,343 @@
+"""The Numba CUDA backend: every non-GEMM op of the engine as a Numba CUDA kernel.
+
+One kernel source, two ways to run it:
+
+- ``numba``: on an NVIDIA GPU (kernels on torch's current stream; GEMMs stay ``torch`` =
+  cuBLAS, as the article's engine used cuBLAS);
+- ``numba-sim``: Numba's CUDA simulator on the CPU (``NUMBA_ENABLE_CUDASIM=1``), every CUDA
+  thread a Python thread -- slow, for small shapes in tests and notebooks.  ``sim_shim.py``
+  supplies what the simulator lacks (warp shuffles, libdevice bit casts).
+
+Numba chooses between the two when ``numba.cuda`` is first imported, so a process is either
+simulating or on the GPU, never both.  Importing this package calls
+``ensure_simulator_decided()`` first, which turns the simulator on when no CUDA GPU is visible
+and the user has not set ``NUMBA_ENABLE_CUDASIM`` themselves.
+
+Modules (one per kernel family): ``elementwise`` (embedding gather, silu*up), ``norms``
+(RMSNorm, residual add + RMSNorm), ``rope``, ``kv_write``, ``attention`` (the article's
+``pagedAttentionKernel``, decode), ``prefill`` (causal attention of packed prompts),
+``sampling``; helpers ``dtypes`` (bf16/fp16/fp32 load/store), ``reduce`` (warp/block
+reductions), ``launch`` (torch <-> kernel glue) and ``sim_shim``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SIM_ENV = "NUMBA_ENABLE_CUDASIM"
+
+
+def _numba_cuda_simulating() -> bool:
+    """Which implementation the already-imported ``numba.cuda`` is."""
+    cuda = sys.modules["numba.cuda"]
+    return cuda.jit.__module__.startswith("numba.cuda.simulator")
+
+
+def ensure_simulator_decided() -> bool:
+    """Decide simulator vs GPU *before* ``numba.cuda`` is imported; return True if simulating.
+
+    If ``numba.cuda`` is already imported the decision is made: report it.  Otherwise, when the
+    user has not set NUMBA_ENABLE_CUDASIM and torch sees no CUDA GPU, set it to 1 so that the
+    import below picks the simulator instead of failing to find a driver."""
+    if "numba.cuda" in sys.modules:
+        return _numba_cuda_simulating()
+    if SIM_ENV not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ[SIM_ENV] = "1"
+    return os.environ.get(SIM_ENV, "0").strip() not in ("", "0")
+
+
+ensure_simulator_decided()
+
+# ruff: noqa: E402  (the imports below must follow the decision above)
+import torch
+
+from ..base import Backend
+from . import attention, elementwise, kv_write, launch, norms, prefill, sampling  # noqa: F401
+from . import sim_shim  # noqa: F401  (installs the simulator's shuffles)
+from . import rope as rope_kernels
+from .dtypes import DTYPE_OPS, ops_for
+from .launch import as_kernel_array, flat, launch as _launch, rows
+from .sim_shim import SIMULATING
+
+__all__ = ["NumbaBackend", "ensure_simulator_decided", "SIMULATING", "backend_name"]
+
+
+def backend_name() -> str:
+    """The name this process can offer: ``numba`` on a GPU, ``numba-sim`` when simulating."""
+    return "numba-sim" if SIMULATING else "numba"
+
+
+def _mode_error(requested: str) -> RuntimeError:
+    if requested == "numba":
+        return RuntimeError(
+            "backend 'numba' needs an NVIDIA GPU, but this process already runs Numba's CUDA "
+            "simulator (NUMBA_ENABLE_CUDASIM=1 was set, or no CUDA GPU was visible when "
+            "numba.cuda was first imported).  Numba chooses once per process: start a new "
+            "process with a visible GPU and NUMBA_ENABLE_CUDASIM unset (or 0), or use "
+            "'numba-sim' here.")
+    return RuntimeError(
+        "backend 'numba-sim' needs Numba's CUDA simulator, but this process imported "
+        "numba.cuda for the real GPU.  Numba chooses once per process: start a new process "
+        "and set NUMBA_ENABLE_CUDASIM=1 before anything imports numba.cuda (e.g. "
+        "`NUMBA_ENABLE_CUDASIM=1 python ...`, or os.environ at the very top of the script), "
+        "or use 'numba' here.")
+
+
+class NumbaBackend(Backend):
+    """Numba CUDA kernels for every op of ``Backend``; ``linear`` stays torch (cuBLAS).
+
+    ``NumbaBackend()`` picks the mode of this process.  ``NumbaBackend("numba")`` or
+    ``NumbaBackend("numba-sim")`` (equivalently ``simulate=False`` / ``True``) insists on one
+    and raises a RuntimeError explaining how to get it when the process runs the other.
+    ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
+    device sync) validates token ids, positions and block-table entries on the host before
+    the kernels use them.
+    """
+
+    def __init__(self, name: str | None = None, device: str | torch.device | None = None,
+                 check_inputs: bool | None = None, simulate: bool | None = None):
+        if name not in (None, "numba", "numba-sim"):
+            raise ValueError(f"NumbaBackend: unknown name {name!r} (use 'numba' or 'numba-sim')")
+        if simulate is not None:
+            wanted = "numba-sim" if simulate else "numba"
+            if name is not None and name != wanted:
+                raise ValueError(f"NumbaBackend: name {name!r} contradicts simulate={simulate}")
+            name = wanted
+        if name is not None and name != backend_name():
+            raise _mode_error(name)
+        self.name = backend_name()
+        if SIMULATING:
+            self.device = torch.device("cpu")
+            if device is not None and torch.device(device).type != "cpu":
+                raise ValueError("numba-sim runs on the CPU: tensors must live there")
+        else:
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "backend 'numba': numba.cuda was imported for a GPU (NUMBA_ENABLE_CUDASIM "
+                    "unset or 0) but torch sees no CUDA device.  Start a new process with "
+                    "NUMBA_ENABLE_CUDASIM=1 to simulate, or use the torch backend.")
+            self.device = torch.device(device) if device is not None else \
+                torch.device("cuda", torch.cuda.current_device())
+        self.check_inputs = SIMULATING if check_inputs is None else bool(check_inputs)
+        self._tiles_cache: tuple | None = None
+
+    def describe(self) -> str:
+        mode = "Numba CUDA simulator" if SIMULATING else "Numba CUDA kernels + cuBLAS"
+        return f"{self.name} on {self.device} ({mode})"
+
+    # --- helpers ---------------------------------------------------------------------
+    @staticmethod
+    def _same_dtype(*tensors) -> str:
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            if t.dtype != dtype:
+                raise TypeError(f"numba backend: mixed dtypes {dtype} and {t.dtype}")
+        return ops_for(dtype).name
+
+    def _int32(self, t: torch.Tensor) -> torch.Tensor:
+        """Index tensors: int32, contiguous, on this device (a no-op when they already are)."""
+        return t.to(device=self.device, dtype=torch.int32).contiguous()
+
+    # --- per-token ops ---------------------------------------------------------------
+    def embed(self, weight, token_ids):
+        ops_for(weight.dtype)
+        ids = self._int32(token_ids)
+        n_tokens, hidden = ids.shape[0], weight.shape[1]
+        if self.check_inputs and n_tokens and (int(ids.min()) < 0 or
+                                               int(ids.max()) >= weight.shape[0]):
+            raise IndexError(f"embed: token id out of range [0, {weight.shape[0]})")
+        out = torch.empty(n_tokens, hidden, dtype=weight.dtype, device=weight.device)
+        n = n_tokens * hidden
+        if n == 0:
+            return out
+        w, w_rs = rows(weight, "weight")
+        _launch(elementwise.embed_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                w, w_rs, flat(ids), flat(out), hidden, n)
+        return out
+
+    def rms_norm(self, x, weight, eps):
+        dtype = self._same_dtype(x, weight)
+        n_tokens, hidden = x.shape
+        out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
+        if n_tokens == 0:
+            return out
+        kernel, _ = norms.rms_norm_kernels(dtype)
+        xa, x_rs = rows(x, "x")
+        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, flat(weight, "weight"),
+                flat(out), hidden, float(eps))
+        return out
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        dtype = self._same_dtype(x, residual, weight)
+        n_tokens, hidden = x.shape
+        if residual.shape != x.shape:
+            raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x "
+                             f"{tuple(x.shape)}")
+        out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
+        if n_tokens == 0:
+            return out
+        _, kernel = norms.rms_norm_kernels(dtype)
+        xa, x_rs = rows(x, "x")
+        ra, r_rs = rows(residual, "residual")
+        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, ra, r_rs,
+                flat(weight, "weight"), flat(out), hidden, float(eps))
+        return out
+
+    def rope(self, q, k, positions, cos, sin):
+        dtype = self._same_dtype(q, k)
+        n_tokens, n_q_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            raise TypeError("rope: cos/sin tables must be float32")
+        if cos.shape[-1] != head_dim // 2:
+            raise ValueError(f"rope: cos/sin have {cos.shape[-1]} columns, need {head_dim // 2}")
+        n = n_tokens * (n_q_heads + n_kv_heads) * (head_dim // 2)
+        if n == 0:
+            return
+        pos = self._int32(positions)
+        if self.check_inputs and (int(pos.min()) < 0 or int(pos.max()) >= cos.shape[0]):
+            raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        _launch(rope_kernels.rope_kernel(dtype), launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                qa, q_rs, n_q_heads, ka, k_rs, n_kv_heads, head_dim, flat(pos),
+                flat(cos.contiguous()), flat(sin.contiguous()), n_tokens)
+
+    def silu_mul(self, gate_up):
+        dtype = self._same_dtype(gate_up)
+        n_tokens, two_inter = gate_up.shape
+        inter = two_inter // 2
+        out = torch.empty(n_tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+        n = n_tokens * inter
+        if n == 0:
+            return out
+        ga, g_rs = rows(gate_up, "gate_up")
+        _launch(elementwise.silu_mul_kernel(dtype), launch.elemwise_grid(n),
+                launch.ELEMWISE_THREADS, ga, g_rs, flat(out), inter, n)
+        return out
+
+    # --- the paged cache -------------------------------------------------------------
+    @staticmethod
+    def _check_table(cache, block_table):
+        c = cache.config
+        expected = (c.max_slots, c.num_layers, c.MAX_BLOCKS_PER_SEQ)
+        if tuple(block_table.shape) != expected or block_table.dtype != torch.int32 \
+                or not block_table.is_contiguous():
+            raise ValueError(f"block_table must be a contiguous int32 tensor of shape {expected} "
+                             f"(cache.device_block_table()), got {block_table.dtype} "
+                             f"{tuple(block_table.shape)}")
+        if cache.buffer.dtype != DTYPE_OPS[c.dtype].torch_dtype:
+            raise TypeError("cache.buffer dtype does not match cache.config.dtype")
+
+    def write_kv(self, cache, k, v, block_table, layer, slots, positions):
+        self._same_dtype(k, v, cache.buffer)
+        self._check_table(cache, block_table)
+        c = cache.config
+        n_tokens = k.shape[0]
+        if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape:
+            raise ValueError(f"write_kv: k/v must be [T, {c.num_kv_heads}, {c.head_dim}], got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if n_tokens == 0:
+            return
+        slots32, pos32 = self._int32(slots), self._int32(positions)
+        if self.check_inputs:
+            s, p = slots32.long().cpu(), pos32.long().cpu()
+            phys = block_table.cpu()[s, layer, p // c.BLOCK_SIZE]
+            if bool((phys < 0).any()):
+                raise RuntimeError("write_kv: a token's logical block has no physical block "
+                                   "(block_table entry -1); the engine must allocate first")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        n = n_tokens * c.KV_DIM
+        _launch(kv_write.write_kv_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                ka, k_rs, va, v_rs, flat(cache.buffer, "cache.buffer"),
+                as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
+                n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+
+    def _tiles(self, cu_seqlens, tile: int) -> torch.Tensor:
+        """(seq_start, seq_end, q_start) per query tile; cached, since every layer of one
+        prefill step passes the same cu_seqlens."""
+        key = (tuple(int(x) for x in cu_seqlens), tile)
+        if self._tiles_cache is not None and self._tiles_cache[0] == key:
+            return self._tiles_cache[1]
+        info = [(s, e, q0) for s, e in zip(key[0][:-1], key[0][1:]) for q0 in range(s, e, tile)]
+        tiles = torch.tensor(info, dtype=torch.int32).reshape(-1, 3).to(self.device)
+        self._tiles_cache = (key, tiles)
+        return tiles
+
+    def prefill_attention(self, q, k, v, cu_seqlens, scale):
+        dtype = self._same_dtype(q, k, v)
+        n_tokens, n_q_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        if n_q_heads % n_kv_heads:
+            raise ValueError(f"prefill_attention: {n_q_heads} q heads are not a multiple of "
+                             f"{n_kv_heads} kv heads")
+        out = torch.empty(n_tokens, n_q_heads, head_dim, dtype=q.dtype, device=q.device)
+        tile = prefill.tile_for(head_dim, SIMULATING)
+        tiles = self._tiles(cu_seqlens, tile)
+        if tiles.shape[0] == 0:
+            return out
+        kernel = prefill.make_prefill_kernel(dtype, head_dim, tile)
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        _launch(kernel, (tiles.shape[0], n_q_heads), tile, qa, q_rs, ka, k_rs, va, v_rs,
+                flat(out), as_kernel_array(tiles), n_q_heads // n_kv_heads, float(scale))
+        return out
+
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+        dtype = self._same_dtype(q, cache.buffer)
+        self._check_table(cache, block_table)
+        c = cache.config
+        n_seqs, n_q_heads, head_dim = q.shape
+        if head_dim != c.head_dim:
+            raise ValueError(f"decode_attention: q head_dim {head_dim} != cache head_dim "
+                             f"{c.head_dim}")
+        if n_q_heads % c.num_kv_heads:
+            raise ValueError(f"decode_attention: {n_q_heads} q heads are not a multiple of "
+                             f"{c.num_kv_heads} kv heads")
+        kernel = attention.make_paged_attention_kernel(
+            dtype, c.head_dim, c.BLOCK_SIZE, c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
+            c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        if n_seqs == 0:
+            return q
+        lens32, slots32 = self._int32(seq_lens), self._int32(active_slots)
+        if self.check_inputs:
+            table = block_table.cpu()
+            for slot, n in zip(slots32.tolist(), lens32.tolist()):
+                if n < 1 or n > c.max_seq_len:
+                    raise ValueError(f"decode_attention: seq_len {n} outside [1, "
+                                     f"{c.max_seq_len}]")
+                if bool((table[slot, layer, :c.blocks_for_tokens(n)] < 0).any()):
+                    raise RuntimeError(f"decode_attention: slot {slot} layer {layer} has "
+                                       f"unassigned blocks below token {n}")
+        qa, q_rs = rows(q, "q")
+        _launch(kernel, (n_seqs, n_q_heads), attention.block_threads(c.head_dim),
+                int(layer), qa, q_rs,
+                flat(cache.buffer, "cache.buffer"), flat(block_table), flat(lens32),
+                flat(slots32), n_q_heads // c.num_kv_heads, float(scale))
+        return q
+
+    # --- sampling --------------------------------------------------------------------
+    def sample(self, logits, temperature, top_p, uniforms):
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        n_rows, vocab = logits.shape
+        out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+        if n_rows == 0:
+            return out
+
+        def f32(t):
+            return t.to(device=logits.device, dtype=torch.float32).reshape(-1).contiguous()
+
+        probs = torch.empty(n_rows, vocab, dtype=torch.float32, device=logits.device)
+        la, l_rs = rows(logits, "logits")
+        _launch(sampling.sample_kernel, n_rows, launch.SAMPLE_THREADS, la, l_rs, vocab,
+                flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
+                flat(out))
+        return out
+

@@ -1,0 +1,221 @@
+"""Fill the gaps of Numba's CUDA simulator so one kernel source runs on the GPU and on the CPU.
+
+The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs every CUDA thread of a block as a Python thread
+and swaps the ``cuda`` global of a kernel for a fake module while it runs.  That fake module has
+shared memory, ``syncthreads`` and atomics, but it lacks three things our kernels use:
+
+1. **warp shuffles** (``cuda.shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
+   ``shfl_xor_sync``).  ``install()`` adds them to the fake module's class, under the real
+   names, so a kernel calls ``cuda.shfl_down_sync(mask, value, 16)`` in both worlds.
+2. **libdevice** bit reinterpretation (``float_as_int`` / ``int_as_float``).  Kernels import
+   ``libdevice`` from *this* module: on the GPU it is ``numba.cuda.libdevice`` itself, in the
+   simulator a tiny NumPy stand-in.
+3. **bfloat16**: there is no bf16 type in the simulator, so the backend never uses one.  bf16
+   tensors travel as their 16-bit patterns (``t.view(torch.int16)``) and ``dtypes.py`` converts
+   bits <-> float32 with the two functions of point 2, the same code on both sides.
+
+How a shuffle is emulated (one barrier per shuffle)
+---------------------------------------------------
+On hardware the 32 lanes of a warp exchange registers in one instruction.  Here each lane
+writes its value into a per-block scratch list, waits at the simulator's block barrier
+(``syncthreads``) and reads its source lane's slot.  Two scratch lists are used in turn
+(double buffering): shuffle n+2 reuses shuffle n's list only after every thread has passed
+shuffle n+1's barrier, i.e. after every read of shuffle n.  So one emulated shuffle costs one
+barrier round, not two.  (A per-warp lock barrier was measured too: 2-3x slower than the
+simulator's own barrier, because each wake-up goes through the GIL while the simulator's
+polling thread spins.)
+
+The price: the barrier is block-wide, so **every live thread of the block must execute the same
+sequence of shuffles** (block-uniform control flow around shuffles).  Hardware only requires the
+32 lanes of one warp to agree.  All kernels of this package follow the stricter rule.  Threads
+that have already returned are fine (the simulator's barrier ignores finished threads); reading
+from such a lane, which is undefined on hardware, raises an error here, and so does any lane
+whose shuffle count differs from the reader's.
+
+Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
+``tests/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full); ``shfl_down``: lane
+i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
+lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i reads lane i ^ (m & 31);
+``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end of a partial last warp do
+not exist; reading from one returns the reader's own value.
+
+Speed: a barrier round costs milliseconds of thread switching.  ``fast_thread_switching()``
+lowers ``sys.setswitchinterval`` to 1e-5 s while a simulated kernel runs (the launcher in
+``launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels about 10x
+faster (DESIGN.md: 110 s -> 10 s), and restores the interval afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import numpy as np
+from numba import cuda
+
+#: True when this process imported Numba's CUDA simulator instead of the real CUDA target.
+#: (Numba picks one when ``numba.cuda`` is first imported; see ``ensure_simulator_decided``.)
+SIMULATING: bool = bool(getattr(cuda, "config", None) and cuda.config.ENABLE_CUDASIM) or \
+    cuda.jit.__module__.startswith("numba.cuda.simulator")
+
+WARP_SIZE = 32
+FULL_MASK = 0xFFFFFFFF
+
+_SCRATCH_ATTR = "_paged_tutorial_shfl"
+_COUNT_ATTR = "_paged_tutorial_shfl_count"
+
+
+# --- libdevice stand-in ------------------------------------------------------------------
+
+def _float_as_int(x):
+    """The int32 whose bits are those of float32 ``x`` (libdevice ``__nv_float_as_int``)."""
+    return np.float32(x).view(np.int32)
+
+
+def _int_as_float(i):
+    """The float32 whose bits are those of int32 ``i`` (libdevice ``__nv_int_as_float``)."""
+    return np.array(int(i) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
+
+
+class _SimLibdevice:
+    """The two libdevice functions the kernels use, done with NumPy bit views."""
+
+    float_as_int = staticmethod(_float_as_int)
+    int_as_float = staticmethod(_int_as_float)
+
+
+if SIMULATING:
+    libdevice = _SimLibdevice()
+else:                                          # pragma: no cover - GPU process
+    from numba.cuda import libdevice  # noqa: F401  (re-exported for the kernels)
+
+
+# --- warp shuffles -----------------------------------------------------------------------
+
+class _BlockScratch:
+    """Per-block exchange area: two value lists and two shuffle-count lists (double buffer)."""
+
+    __slots__ = ("values", "counts", "n_threads")
+
+    def __init__(self, n_threads: int):
+        self.n_threads = n_threads
+        self.values = ([None] * n_threads, [None] * n_threads)
+        self.counts = ([0] * n_threads, [0] * n_threads)
+
+
+def _block_scratch(thread) -> _BlockScratch:
+    manager = thread._manager                  # the simulator's BlockManager: one per block
+    scratch = manager.__dict__.get(_SCRATCH_ATTR)
+    if scratch is None:
+        n = 1
+        for extent in manager._block_dim:
+            n *= extent
+        # dict.setdefault is atomic under the GIL: every thread gets the same object.
+        scratch = manager.__dict__.setdefault(_SCRATCH_ATTR, _BlockScratch(n))
+    return scratch
+
+
+def _check_mask(mask) -> None:
+    if (int(mask) & FULL_MASK) != FULL_MASK:
+        raise NotImplementedError(
+            f"sim_shim: only full-warp shuffles (mask 0xFFFFFFFF) are emulated, got "
+            f"{int(mask) & FULL_MASK:#010x}")
+
+
+def _exchange(value, src_lane_of):
+    """Publish ``value``, wait for the block, return the value of lane ``src_lane_of(lane)``
+    of this thread's warp (or ``value`` itself when that is None: no valid source lane)."""
+    thread = threading.current_thread()
+    scratch = _block_scratch(thread)
+    count = getattr(thread, _COUNT_ATTR, 0) + 1
+    setattr(thread, _COUNT_ATTR, count)
+    buf = count & 1                            # double buffering: alternate the two lists
+    tid = thread.thread_id
+    scratch.values[buf][tid] = value
+    scratch.counts[buf][tid] = count
+    thread.syncthreads()                       # the one barrier of this shuffle
+    lane = tid % WARP_SIZE
+    src = src_lane_of(lane)
+    if src is None:
+        return value
+    src_tid = tid - lane + src
+    if src_tid >= scratch.n_threads:           # lane past the end of a partial warp
+        return value
+    if scratch.counts[buf][src_tid] != count:
+        raise RuntimeError(
+            f"sim_shim: thread {tid} (shuffle #{count}) reads lane {src} (thread {src_tid}), "
+            f"which is at shuffle #{scratch.counts[buf][src_tid]}: every live thread of the "
+            "block must execute the same shuffles (block-uniform control flow) in the "
+            "simulator, and a lane that has exited cannot be read (undefined on hardware)")
+    return scratch.values[buf][src_tid]
+
+
+def shfl_sync(self, mask, value, src_lane):
+    """Value of lane ``src_lane & 31`` (PTX shfl.sync.idx, width 32)."""
+    _check_mask(mask)
+    src = int(src_lane) & 31
+    return _exchange(value, lambda lane: src)
+
+
+def shfl_up_sync(self, mask, value, delta):
+    """Value of lane ``lane - delta``; a lane with no such source keeps its own value."""
+    _check_mask(mask)
+    delta = int(delta)
+    return _exchange(value, lambda lane: lane - delta if lane - delta >= 0 else None)
+
+
+def shfl_down_sync(self, mask, value, delta):
+    """Value of lane ``lane + delta``; a lane whose source is >= 32 keeps its own value."""
+    _check_mask(mask)
+    delta = int(delta)
+    return _exchange(value, lambda lane: lane + delta if lane + delta < WARP_SIZE else None)
+
+
+def shfl_xor_sync(self, mask, value, lane_mask):
+    """Value of lane ``lane ^ (lane_mask & 31)`` (butterfly)."""
+    _check_mask(mask)
+    m = int(lane_mask) & 31
+    return _exchange(value, lambda lane: lane ^ m)
+
+
+def _activemask(self):
+    return FULL_MASK
+
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Add the shuffles to the simulator's fake ``cuda`` module (idempotent; simulator only)."""
+    global _INSTALLED
+    if not SIMULATING or _INSTALLED:
+        return
+    from numba.cuda.simulator import kernelapi
+
+    fake = kernelapi.FakeCUDAModule
+    for name, fn in (("shfl_sync", shfl_sync), ("shfl_up_sync", shfl_up_sync),
+                     ("shfl_down_sync", shfl_down_sync), ("shfl_xor_sync", shfl_xor_sync),
+                     ("activemask", _activemask)):
+        if not hasattr(fake, name):
+            setattr(fake, name, fn)
+    _INSTALLED = True
+
+
+# --- speed -------------------------------------------------------------------------------
+
+SIM_SWITCH_INTERVAL = 1e-5
+
+
+@contextlib.contextmanager
+def fast_thread_switching(interval: float = SIM_SWITCH_INTERVAL):
+    """Lower Python's thread switch interval while a simulated kernel runs, then restore it."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+install()
