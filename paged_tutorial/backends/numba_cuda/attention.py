@@ -22,7 +22,7 @@ what the block table is indexed by.
 Where this port departs from the article, on purpose:
 1. **head_dim (the article's limit 2).**  The article's reduction hard-codes two warps
    (``dot_products[0..1]``, threads 0 and 32), valid only for HEAD_DIM = 64.  Here the block
-   has ``head_dim`` rounded up to whole warps (``BLOCK_THREADS``) and one shared float per
+   has ``head_dim`` threads rounded up to whole warps (``block_threads``) and one shared float per
    warp; the extra lanes of a partial last warp hold a zero product and write nothing.  So any
    head_dim from 1 to 1024 works (16, 64, 80, 128, ...); for 64 it is exactly the article's
    two-warp path.  Larger head dims (more than 1024 threads per block) are rejected with a
@@ -108,13 +108,13 @@ def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int,
         acc = float32(0.0)
         d = float32(0.0)                           # denominator
 
-        for logical_block in range(num_blocks):
+        for logical_block in range(num_blocks):         # kernels.cu:478
             # --- kernels.cu:480: logical -> physical, via the three-term index ----------
             physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ
                                          + layer * MAX_BLOCKS_PER_SEQ + logical_block]
             # --- kernels.cu:481: the last block may be partly filled --------------------
             tokens_in_block = min(seq_len - logical_block * BLOCK_SIZE, BLOCK_SIZE)
-            for token in range(tokens_in_block):
+            for token in range(tokens_in_block):       # kernels.cu:482
                 # --- kernels.cu:484-485: physical block -> element addresses ------------
                 k_index = (physical_block * BLOCK_ELEMS + token * KV_DIM
                            + kv_head * HEAD_DIM + thread_id)
@@ -130,19 +130,19 @@ def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int,
                 qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
                 qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
 
-                # --- kernels.cu:494-501: each warp's lane 0 publishes its sum ------------
+                # --- kernels.cu:494-502: each warp's lane 0 publishes its sum ------------
                 if thread_id % WARP_SIZE == 0:
                     dot_products[thread_id // WARP_SIZE] = qk
                 cuda.syncthreads()
 
-                # --- kernels.cu:502-505: thread 0 adds the warps and scales --------------
+                # --- kernels.cu:503-507: thread 0 adds the warps and scales --------------
                 if thread_id == 0:
                     total = float32(0.0)
                     for w in range(NUM_WARPS):
                         total += dot_products[w]
                     score[0] = total * float32(scale)  # own cell: see note 4 in the docstring
                 cuda.syncthreads()
-                dot_product = score[0]             # kernels.cu:507
+                dot_product = score[0]             # kernels.cu:508
 
                 # --- kernels.cu:509-519: online softmax update ------------------------
                 new_max = current_max
