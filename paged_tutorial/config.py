@@ -199,6 +199,16 @@ def llama_3_2_1b_config() -> ModelConfig:
     )
 
 
+def smollm2_135m_config() -> ModelConfig:
+    """SmolLM2-135M-Instruct's shapes (what the embedded GGUF's metadata says): for GPU runs
+    with random weights where the 98 MB GGUF cannot travel."""
+    return ModelConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+        rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_ids=(2,))
+
+
 # The article's defaults (src/main.cpp:15,29,32-38).
 BLOCK_SIZE_DEFAULT = 16
 GPU_KV_CACHE_BYTES_DEFAULT = 2 * 1024 ** 3

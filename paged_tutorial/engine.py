@@ -67,7 +67,7 @@ def default_kv_cache_bytes(cache_kwargs: dict, device: torch.device) -> int:
 class Engine:
     def __init__(self, model: Model, backend: str | Backend = "auto", block_size: int = 16,
                  kv_cache_bytes: int | None = None, max_slots: int = 2,
-                 max_seq_len: int = 2048, device: str | None = None):
+                 max_seq_len: int = 2048, device: str | None = None, debug: bool | None = None):
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -76,7 +76,7 @@ class Engine:
         self.model = model
         self.config = model.config
         self.tokenizer = model.tokenizer
-        self.backend = make_backend(backend, device)
+        self.backend = make_backend(backend, device, debug)
         cache_kwargs = dict(num_layers=self.config.num_hidden_layers,
                             num_kv_heads=self.config.num_key_value_heads,
                             head_dim=self.config.head_dim, dtype=model.dtype,

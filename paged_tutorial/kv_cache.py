@@ -30,6 +30,26 @@ class CacheFullError(RuntimeError):
     """Raised by ``allocate`` when ``free_blocks`` is empty (the scheduler preempts on it)."""
 
 
+def check_block_entries(cache: "PagedKVCache", table, slot: int, layer: int, n_tokens: int,
+                        where: str) -> None:
+    """Debug check before a kernel follows the table: every logical block below ``n_tokens``
+    of (slot, layer) must name a physical block in [0, NUM_BLOCKS).  ``table`` is a host copy
+    (numpy or a CPU tensor) of the block table.  A wild entry would make the kernel read or
+    write memory outside the cache; this raises a ValueError that names it instead."""
+    n_logical = cache.config.blocks_for_tokens(n_tokens)
+    row = np.asarray(table[slot, layer, :n_logical])
+    bad = np.flatnonzero((row < 0) | (row >= cache.NUM_BLOCKS))
+    if bad.size:
+        logical = int(bad[0])
+        entry = int(row[logical])
+        what = "is unassigned (-1)" if entry == -1 else \
+            f"is {entry}, outside [0, NUM_BLOCKS={cache.NUM_BLOCKS})"
+        raise ValueError(
+            f"{where}: block_table[slot={slot}, layer={layer}, logical_block={logical}] {what}, "
+            f"but tokens up to {n_tokens} need it; the engine allocates blocks before a step "
+            "(ensure_capacity) and never writes such entries: was the table edited by hand?")
+
+
 class PagedKVCache:
     def __init__(self, config: CacheConfig, device: str | torch.device = "cpu"):
         self.config = config
@@ -51,6 +71,10 @@ class PagedKVCache:
         self._dirty: set[int] = set()
         self.h2d_entries_copied = 0      # how many table entries went to the device so far
         self.h2d_copies = 0
+        # Entries changed since the previous sync, summed over syncs, on every device: what a
+        # separate device copy receives (equal to h2d_entries_copied on a GPU; on the CPU the
+        # device table shares memory, nothing is sent, and only this counts).
+        self.dirty_entries_synced = 0
 
     @property
     def num_blocks(self) -> int:
@@ -121,6 +145,7 @@ class PagedKVCache:
     # --- the device copy ----------------------------------------------------------------
     def device_block_table(self) -> torch.Tensor:
         """The device block table, brought up to date by sending only changed entries."""
+        self.dirty_entries_synced += len(self._dirty)
         if self.device.type == "cpu":
             self._dirty.clear()            # shares memory with the host table
             return self._block_table_device

@@ -11,9 +11,12 @@ from .torch_ref import TorchBackend
 BACKEND_NAMES = ("auto", "torch", "numba", "numba-sim")
 
 
-def make_backend(backend: str | Backend = "auto", device: str | None = None) -> Backend:
+def make_backend(backend: str | Backend = "auto", device: str | None = None,
+                 debug: bool | None = None) -> Backend:
     """Build a backend by name.  ``auto`` is ``numba`` when a CUDA GPU is visible, else
-    ``torch`` on the CPU."""
+    ``torch`` on the CPU.  ``debug=True`` makes the Numba kernel wrappers check their inputs
+    (token ids, positions, every block-table entry a kernel will follow) on the host before
+    launching; it is on by default in the simulator and off on the GPU (it costs a sync)."""
     if isinstance(backend, Backend):
         return backend
     if backend not in BACKEND_NAMES:
@@ -23,4 +26,4 @@ def make_backend(backend: str | Backend = "auto", device: str | None = None) -> 
     if backend == "torch":
         return TorchBackend(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     from .numba_cuda import NumbaBackend       # imports numba.cuda: decides GPU vs simulator
-    return NumbaBackend(simulate=(backend == "numba-sim"))
+    return NumbaBackend(simulate=(backend == "numba-sim"), check_inputs=debug)

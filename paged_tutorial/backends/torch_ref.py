@@ -7,9 +7,11 @@ the block table exactly as the kernels do, only with torch indexing instead of t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..kv_cache import check_block_entries
 from ..sampling import sample_reference
 from .base import Backend
 
@@ -58,10 +60,11 @@ class TorchBackend(Backend):
         view = self._cache_view(cache)
         bs = cache.config.BLOCK_SIZE
         pos = positions.long()
+        table, s_host, p_host = block_table.cpu().numpy(), slots.cpu().numpy(), pos.cpu().numpy()
+        for slot in np.unique(s_host):
+            check_block_entries(cache, table, int(slot), layer,
+                                int(p_host[s_host == slot].max()) + 1, "write_kv")
         phys = block_table[slots.long(), layer, pos // bs].long()
-        if bool((phys < 0).any()):
-            raise RuntimeError("write_kv: a token's logical block has no physical block "
-                               "(block_table entry -1); the engine must allocate first")
         row = pos % bs
         view[phys, 0, row] = k.reshape(k.shape[0], -1).to(view.dtype)
         view[phys, 1, row] = v.reshape(v.shape[0], -1).to(view.dtype)
@@ -72,10 +75,8 @@ class TorchBackend(Backend):
         c = cache.config
         view = self._cache_view(cache)
         n_blocks = -(-seq_len // c.BLOCK_SIZE)
+        check_block_entries(cache, block_table.cpu().numpy(), slot, layer, seq_len, "gather_kv")
         phys = block_table[slot, layer, :n_blocks].long()
-        if bool((phys < 0).any()):
-            raise RuntimeError(f"gather_kv: slot {slot} layer {layer} has unassigned blocks "
-                               f"below token {seq_len}")
         kv = view[phys]                                        # [nb, 2, BS, KV_DIM]
         k = kv[:, 0].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
         v = kv[:, 1].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]

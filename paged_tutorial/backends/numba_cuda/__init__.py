@@ -55,6 +55,9 @@ ensure_simulator_decided()
 # ruff: noqa: E402  (the imports below must follow the decision above)
 import torch
 
+import numpy as np
+
+from ...kv_cache import check_block_entries
 from ..base import Backend
 from . import attention, elementwise, kv_write, launch, norms, prefill, sampling  # noqa: F401
 from . import sim_shim  # noqa: F401  (installs the simulator's shuffles)
@@ -245,11 +248,11 @@ class NumbaBackend(Backend):
             return
         slots32, pos32 = self._int32(slots), self._int32(positions)
         if self.check_inputs:
-            s, p = slots32.long().cpu(), pos32.long().cpu()
-            phys = block_table.cpu()[s, layer, p // c.BLOCK_SIZE]
-            if bool((phys < 0).any()):
-                raise RuntimeError("write_kv: a token's logical block has no physical block "
-                                   "(block_table entry -1); the engine must allocate first")
+            table = block_table.cpu().numpy()
+            s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+            for slot in np.unique(s):
+                check_block_entries(cache, table, int(slot), layer,
+                                    int(p[s == slot].max()) + 1, "write_kv")
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
         n = n_tokens * c.KV_DIM
@@ -307,14 +310,12 @@ class NumbaBackend(Backend):
             return q
         lens32, slots32 = self._int32(seq_lens), self._int32(active_slots)
         if self.check_inputs:
-            table = block_table.cpu()
+            table = block_table.cpu().numpy()
             for slot, n in zip(slots32.tolist(), lens32.tolist()):
                 if n < 1 or n > c.max_seq_len:
                     raise ValueError(f"decode_attention: seq_len {n} outside [1, "
                                      f"{c.max_seq_len}]")
-                if bool((table[slot, layer, :c.blocks_for_tokens(n)] < 0).any()):
-                    raise RuntimeError(f"decode_attention: slot {slot} layer {layer} has "
-                                       f"unassigned blocks below token {n}")
+                check_block_entries(cache, table, slot, layer, n, "decode_attention")
         qa, q_rs = rows(q, "q")
         _launch(kernel, (n_seqs, n_q_heads), attention.block_threads(c.head_dim),
                 int(layer), qa, q_rs,
