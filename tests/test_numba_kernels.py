@@ -286,9 +286,14 @@ def test_write_kv_unassigned_block_is_reported(nb):
     k = randn(g, 1, 2, 64, device=nb.device)
     if not nb.check_inputs:
         pytest.skip("host-side checks are off on the GPU")
-    with pytest.raises(RuntimeError, match="no physical block"):
+    with pytest.raises(ValueError, match=r"logical_block=1\] is unassigned \(-1\)"):
         nb.write_kv(cache, k, k, cache.device_block_table(), 0,
                     torch.tensor([0], dtype=torch.int32), torch.tensor([16], dtype=torch.int32))
+    # a wild entry (past NUM_BLOCKS) is refused before the kernel could write outside the cache
+    cache.block_table[0, 0, 0] = cache.NUM_BLOCKS + 3
+    with pytest.raises(ValueError, match=r"outside \[0, NUM_BLOCKS="):
+        nb.write_kv(cache, k, k, cache.device_block_table(), 0,
+                    torch.tensor([0], dtype=torch.int32), torch.tensor([5], dtype=torch.int32))
 
 
 # --- decode attention: the article's kernel ----------------------------------------------
