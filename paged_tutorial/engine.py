@@ -67,7 +67,8 @@ def default_kv_cache_bytes(cache_kwargs: dict, device: torch.device) -> int:
 class Engine:
     def __init__(self, model: Model, backend: str | Backend = "auto", block_size: int = 16,
                  kv_cache_bytes: int | None = None, max_slots: int = 2,
-                 max_seq_len: int = 2048, device: str | None = None, debug: bool | None = None):
+                 max_seq_len: int = 2048, device: str | None = None, debug: bool | None = None,
+                 cuda_graphs: bool | None = None):
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -94,6 +95,14 @@ class Engine:
         self._next_id = 0
         self._step_index = 0
         self.record_logits = False           # keep each step's logits in its StepReport
+        # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend
+        if cuda_graphs is None:
+            cuda_graphs = self.backend.name == "numba" and not getattr(
+                self.backend, "check_inputs", False)
+        self.graphs = None
+        if cuda_graphs:
+            from .cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self.runner, self.cache, max_slots)
 
     # --- description -----------------------------------------------------------------------
     @property
@@ -171,9 +180,7 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         """Stop a request now; a running one gives its blocks back at once."""
-        request = self._requests.get(request_id)
-        if request is None:
-            raise ValueError(f"no request with id {request_id}")
+        request = self._request(request_id)
         if request.status is not Status.FINISHED:
             self.scheduler.finish(request, "cancelled")
 
@@ -228,28 +235,41 @@ class Engine:
                             preempted=[r.request_id for r in preempted])
         if not requests:
             return report
-        block_table = self.cache.device_block_table()
         positions = [r.num_cached for r in requests]
-        logits = self.runner.forward(
-            self._device_ints([r.output_ids[-1] for r in requests]),
-            self._device_ints(positions), self._device_ints([r.slot for r in requests]),
-            self.cache, block_table,
-            decode_seq_lens=self._device_ints([p + 1 for p in positions]))
+        next_ids = None
+        if self.graphs is not None:
+            logits, next_ids = self.graphs.run(
+                [r.output_ids[-1] for r in requests], positions, [r.slot for r in requests],
+                *self._sampling_inputs(requests))
+        else:
+            block_table = self.cache.device_block_table()
+            logits = self.runner.forward(
+                self._device_ints([r.output_ids[-1] for r in requests]),
+                self._device_ints(positions), self._device_ints([r.slot for r in requests]),
+                self.cache, block_table,
+                decode_seq_lens=self._device_ints([p + 1 for p in positions]))
         for r in requests:
             r.num_cached += 1
-        self._sample_and_advance(requests, logits, report)
+        self._sample_and_advance(requests, logits, report, next_ids)
         return report
 
-    def _sample_and_advance(self, requests: list[Request], logits, report: StepReport) -> None:
+    @staticmethod
+    def _sampling_inputs(requests: list[Request]):
+        """Host lists (temperature, top_p, uniform) per request; greedy requests never use
+        their uniform, so it is not drawn for them."""
+        return ([r.temperature for r in requests], [r.top_p for r in requests],
+                [request_uniform(r.seed, r.sample_key, len(r.output_ids))
+                 if r.temperature > 0 else 0.0 for r in requests])
+
+    def _sample_and_advance(self, requests: list[Request], logits, report: StepReport,
+                            next_ids: list[int] | None = None) -> None:
         dev = self.backend.device
         if self.record_logits:
             report.logits = logits.detach().cpu()
-        temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
-        top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
-        uniforms = torch.tensor([request_uniform(r.seed, r.sample_key, len(r.output_ids))
-                                 for r in requests], dtype=torch.float32)
-        next_ids = self.backend.sample(logits, temperature.to(dev), top_p.to(dev),
-                                       uniforms.to(dev)).tolist()
+        if next_ids is None:                 # (a CUDA graph step sampled already)
+            temperature, top_p, uniforms = (torch.tensor(x, dtype=torch.float32).to(dev)
+                                            for x in self._sampling_inputs(requests))
+            next_ids = self.backend.sample(logits, temperature, top_p, uniforms).tolist()
         now = time.perf_counter()
         for r, token in zip(requests, next_ids):
             r.output_ids.append(int(token))
@@ -273,8 +293,16 @@ class Engine:
                 report.finished.append(r.request_id)
 
     # --- results ---------------------------------------------------------------------------------
+    def _request(self, request_id: int) -> Request:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise ValueError(f"no request with id {request_id} (ids so far: 0.."
+                             f"{self._next_id - 1})")
+        return request
+
     def result(self, request_id: int) -> GenerationResult:
-        r = self._requests[request_id]
+        """The result of a request so far (finish_reason "running" while it runs)."""
+        r = self._request(request_id)
         if self.tokenizer is not None:
             text = self.tokenizer.decode(r.output_ids)
         else:

@@ -95,8 +95,18 @@ class TorchBackend(Backend):
         for b, (slot, seq_len) in enumerate(zip(slots, lens)):
             k, v = self.gather_kv(cache, block_table, slot, layer, seq_len)
             # No causal mask: the cache holds exactly the tokens this query may see.
-            q[b] = self._attend(q[b:b + 1], k, v, scale, causal=False)[0]
+            q[b] = self._attend_one(q[b], k, v, scale)
         return q
+
+    @staticmethod
+    def _attend_one(q, k, v, scale):
+        """One query token: q [nH, D], k/v [L, nKV, D] -> [nH, D].  The query heads of a KV
+        group are stacked so each K/V head is used once (no repeated copies of K/V)."""
+        n_kv, d = k.shape[1], k.shape[2]
+        qg = q.reshape(n_kv, -1, d)                                   # [nKV, group, D]
+        scores = torch.matmul(qg, k.permute(1, 2, 0)) * scale          # [nKV, group, L]
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(probs, v.transpose(0, 1)).reshape(q.shape)  # [nH, D]
 
     @staticmethod
     def _attend(q, k, v, scale, causal):
