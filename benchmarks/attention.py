@@ -1,0 +1,230 @@
+"""Paged decode attention (and prefill attention) on the GPU, side by side, in one command:
+
+    python benchmarks/attention.py [--out DIR] [--sweep]
+
+Llama-3.2-1B attention shapes (32 query heads, 8 KV heads, head_dim 64, BLOCK_SIZE 16, bf16),
+physical blocks scattered at random.  For each (batch, context):
+
+- ``fast``: our Numba kernel (``attention_fast.py``, the engine's default),
+- ``triton``: the Triton peer (``backends/triton_attention.py``),
+- ``article``: the article-faithful Numba kernel (``attention.py``; target cases only: slow),
+- ``sdpa``: torch SDPA on *contiguous* K/V (no paging; enable_gqa), the library baseline,
+- ``floor``: K+V bytes / copy bandwidth measured in this run.
+
+Every implementation is first checked against a float32 reference (||out - ref|| / ||ref||
+< 1e-2) at every case.  Times: median of CUDA-graph replays (10 launches per graph, each on a
+different layer's cache so that repeated launches do not read from L2).  ``--sweep`` also
+times variants of the fast kernel (warps per block, lanes per token, splits), which is how
+the defaults were chosen.  Prefill: causal attention of 2 x 1024-token prompts, the Numba
+kernel against torch SDPA (flash).  Writes ``attention-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write_json
+
+setup_numba_env()
+
+from paged_tutorial.backends import triton_attention  # noqa: E402
+from paged_tutorial.backends.numba_cuda import NumbaBackend, attention_fast  # noqa: E402
+from paged_tutorial.backends.numba_cuda.prefill_sdpa import prefill_attention_sdpa  # noqa: E402
+from paged_tutorial.config import CacheConfig  # noqa: E402
+from paged_tutorial.kv_cache import PagedKVCache  # noqa: E402
+
+N_Q, N_KV, D, BS = 32, 8, 64, 16
+SCALE = 1.0 / math.sqrt(D)
+CASES = [(1, 1024), (1, 2048), (8, 1024), (16, 2048), (32, 2048), (64, 512), (64, 1024),
+         (64, 2048)]
+TARGETS = [(1, 1024), (64, 2048)]
+ROTATE_BYTES = 256 * 2**20            # input sets per timing graph: >= this many bytes in all
+N_INNER = 10
+
+
+def build_cache(batch: int, ctx: int, g: torch.Generator):
+    """A cache with ``n_layers`` layers of ``batch`` sequences of ``ctx`` tokens each (enough
+    layers that the launches of one timing graph read >= ROTATE_BYTES), random contents."""
+    kv_bytes = batch * ctx * N_KV * D * 2 * 2
+    n_layers = max(1, min(N_INNER, -(-ROTATE_BYTES // kv_bytes)))
+    blocks = batch * n_layers * (ctx // BS)
+    cfg = CacheConfig(num_layers=n_layers, num_kv_heads=N_KV, head_dim=D, dtype="bfloat16",
+                      max_slots=batch, max_seq_len=ctx, block_size=BS,
+                      kv_cache_bytes=blocks * 2 * BS * N_KV * D * 2)
+    cache = PagedKVCache(cfg, device="cuda")
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g, device="cuda")
+                       .to(torch.bfloat16))
+    perm = torch.randperm(cfg.NUM_BLOCKS, generator=g, device="cuda").to(torch.int32)
+    cache.block_table[...] = perm.cpu().numpy().reshape(batch, n_layers, ctx // BS)
+    cache.free_blocks = []
+    cache._dirty = set(range(cache.block_table.size))
+    return cache, n_layers, kv_bytes
+
+
+def reference(q, cache, layer, seq_lens, slots):
+    """float32 attention on K/V gathered through the block table (masked to each length)."""
+    c = cache.config
+    table = cache.device_block_table()[slots.long(), layer].long()          # [B, MAXB]
+    view = cache.buffer.view(c.NUM_BLOCKS, 2, BS, N_KV, D)
+    kv = view[table]                                                         # [B, MAXB, 2, ...]
+    k = kv[:, :, 0].reshape(q.shape[0], -1, N_KV, D).float()
+    v = kv[:, :, 1].reshape(q.shape[0], -1, N_KV, D).float()
+    qf = q.float().view(q.shape[0], N_KV, N_Q // N_KV, D)
+    s = torch.einsum("bhgd,bthd->bhgt", qf, k) * SCALE
+    t = torch.arange(k.shape[1], device=q.device)
+    s = s.masked_fill(t[None, None, None, :] >= seq_lens.long()[:, None, None, None],
+                      float("-inf"))
+    p = torch.softmax(s, -1)
+    return torch.einsum("bhgt,bthd->bhgd", p, v).reshape(q.shape)
+
+
+def contiguous_kv(cache, layer, batch, ctx):
+    c = cache.config
+    table = cache.device_block_table()[:batch, layer].long()
+    kv = cache.buffer.view(c.NUM_BLOCKS, 2, BS, N_KV, D)[table]
+    k = kv[:, :, 0].reshape(batch, ctx, N_KV, D).transpose(1, 2).contiguous()
+    v = kv[:, :, 1].reshape(batch, ctx, N_KV, D).transpose(1, 2).contiguous()
+    return k, v
+
+
+def decode_impls(cache, sweep: bool):
+    article = NumbaBackend(attention="article")
+    impls = {
+        "fast": lambda q, l, sl, sa: attention_fast.decode_attention_fast(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE),
+        "article": lambda q, l, sl, sa: article.decode_attention(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE),
+    }
+    if triton_attention.available():
+        impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE)
+    if sweep:
+        for nw in (2, 4, 8):
+            for lanes in (4, 8, 16):
+                for splits in (None, 1, 4, 16):
+                    name = f"fast w{nw} g{lanes} s{splits or 'auto'}"
+                    impls[name] = (lambda nw, lanes, splits: lambda q, l, sl, sa:
+                                   attention_fast.decode_attention_fast(
+                                       q, cache, cache.device_block_table(), l, sl, sa, SCALE,
+                                       num_warps=nw, n_splits=splits, max_lanes=lanes)
+                                   )(nw, lanes, splits)
+    return impls
+
+
+def bench_case(batch, ctx, bw_gbs, sweep, g):
+    cache, n_layers, kv_bytes = build_cache(batch, ctx, g)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    slots = torch.randperm(batch, generator=g, device="cuda").to(torch.int32)
+    q0 = torch.randn(batch, N_Q, D, generator=g, device="cuda").to(torch.bfloat16)
+    row = {"batch": batch, "context": ctx, "kv_bytes": kv_bytes,
+           "floor_us": kv_bytes / (bw_gbs * 1e9) * 1e6, "us": {}, "max_rel_err": {},
+           "pct_of_copy_bw": {}}
+    ref = reference(q0, cache, 0, seq_lens, slots)
+    # mixed lengths too (ends mid-block, empty splits): checked, not timed
+    mixed = torch.randint(1, ctx + 1, (batch,), generator=g, device="cuda").to(torch.int32)
+    ref_mixed = reference(q0, cache, 0, mixed, slots)
+    target = (batch, ctx) in TARGETS
+    for name, fn in decode_impls(cache, sweep and (batch, ctx) in TARGETS + [(8, 1024)]).items():
+        if name == "article" and not target:
+            continue
+        q = q0.clone()
+        fn(q, 0, seq_lens, slots)
+        qm = q0.clone()
+        fn(qm, 0, mixed, slots)
+        torch.cuda.synchronize()
+        err = max(rel_err(q, ref), rel_err(qm, ref_mixed))
+        row["max_rel_err"][name] = err
+        if not err < 1e-2:
+            raise AssertionError(f"{name} at batch {batch} ctx {ctx}: rel err {err}")
+        qs = [q0.clone() for _ in range(N_INNER)]
+        us = graph_ms(lambda i: fn(qs[i], i % n_layers, seq_lens, slots), N_INNER) * 1e3
+        row["us"][name] = us
+        row["pct_of_copy_bw"][name] = 100 * row["floor_us"] / us
+    # torch SDPA on contiguous K/V (no block table), the library baseline
+    kvs = [contiguous_kv(cache, layer, batch, ctx) for layer in range(n_layers)]
+    qd = q0.view(batch, N_Q, 1, D)
+    out = torch.nn.functional.scaled_dot_product_attention(qd, *kvs[0], scale=SCALE,
+                                                           enable_gqa=True)
+    row["max_rel_err"]["sdpa"] = rel_err(out.view(batch, N_Q, D),
+                                         reference(q0, cache, 0, seq_lens, torch.arange(
+                                             batch, device="cuda", dtype=torch.int32)))
+    us = graph_ms(lambda i: torch.nn.functional.scaled_dot_product_attention(
+        qd, *kvs[i % n_layers], scale=SCALE, enable_gqa=True), N_INNER) * 1e3
+    row["us"]["sdpa"] = us
+    row["pct_of_copy_bw"]["sdpa"] = 100 * row["floor_us"] / us
+    if "article" in row["us"]:
+        row["speedup_vs_article"] = row["us"]["article"] / row["us"]["fast"]
+    return row
+
+
+def bench_prefill(g, matmul_tflops):
+    """Causal attention of 2 x 1024 packed tokens, one layer: Numba kernel vs torch SDPA."""
+    cu = [0, 1024, 2048]
+    t = cu[-1]
+    qkv = torch.randn(t, (N_Q + 2 * N_KV) * D, generator=g, device="cuda").to(torch.bfloat16)
+    q = qkv[:, :N_Q * D].view(t, N_Q, D)
+    k = qkv[:, N_Q * D:(N_Q + N_KV) * D].view(t, N_KV, D)
+    v = qkv[:, (N_Q + N_KV) * D:].view(t, N_KV, D)
+    from paged_tutorial.backends.torch_ref import TorchBackend
+    ref = TorchBackend("cuda").prefill_attention(q.float(), k.float(), v.float(), cu, SCALE)
+    flops = sum(4 * N_Q * D * (n * (n + 1) // 2) for n in (1024, 1024))   # QK^T + PV, causal
+    numba_prefill = NumbaBackend(prefill="numba")
+    impls = {"numba": lambda: numba_prefill.prefill_attention(q, k, v, cu, SCALE),
+             "sdpa": lambda: prefill_attention_sdpa(q, k, v, cu, SCALE)}
+    res = {"tokens": t, "sequences": 2, "flops": flops, "us": {}, "tflops": {},
+           "max_rel_err": {}}
+    for name, fn in impls.items():
+        out = fn()
+        res["max_rel_err"][name] = rel_err(out, ref)
+        if not res["max_rel_err"][name] < 1e-2:
+            raise AssertionError(f"prefill {name}: rel err {res['max_rel_err'][name]}")
+        us = graph_ms(lambda i: fn(), 3, reps=10) * 1e3
+        res["us"][name] = us
+        res["tflops"][name] = flops / (us * 1e-6) / 1e12
+    res["pct_of_matmul_rate"] = {n: 100 * x / matmul_tflops for n, x in res["tflops"].items()}
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="folder for attention-<date>.json "
+                   "(default benchmarks/results)")
+    p.add_argument("--sweep", action="store_true", help="also time fast-kernel variants")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    data = {**gpu_info(), "shapes": {"n_q_heads": N_Q, "n_kv_heads": N_KV, "head_dim": D,
+                                     "block_size": BS, "dtype": "bfloat16"}}
+    data["ceilings"] = ceilings()
+    bw = data["ceilings"]["copy_bandwidth_gbs"]
+    data["rows"] = []
+    for batch, ctx in CASES:
+        row = bench_case(batch, ctx, bw, args.sweep, g)
+        torch.cuda.empty_cache()
+        data["rows"].append(row)
+        print(f"B={batch:3d} ctx={ctx:5d} " + " ".join(
+            f"{k}={v:.1f}us({row['pct_of_copy_bw'][k]:.0f}%)" for k, v in row["us"].items()
+            if not k.startswith("fast ")), flush=True)
+    data["prefill"] = bench_prefill(g, data["ceilings"]["bf16_matmul_tflops"])
+    data["seconds"] = round(time.time() - t0, 1)
+    write_json(data, "attention", args.out)
+    print(f"ceilings: {data['ceilings']}")
+    print("prefill attention (2 x 1024): " + " ".join(
+        f"{k}={v:.0f}us ({data['prefill']['tflops'][k]:.1f} TFLOP/s)"
+        for k, v in data["prefill"]["us"].items()))
+    for row in data["rows"]:
+        if (row["batch"], row["context"]) in TARGETS:
+            best = sorted(((v, k) for k, v in row["us"].items()))[:4]
+            print(f"TARGET B={row['batch']} ctx={row['context']}: fast {row['us']['fast']:.1f} us "
+                  f"= {row['pct_of_copy_bw']['fast']:.0f}% of copy bw, "
+                  f"{row.get('speedup_vs_article', 0):.1f}x article; best: {best}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Decode (and prefill) speed of the whole engine on the GPU, side by side, in one command:
+
+    python benchmarks/decode.py [--out DIR] [--skip-hf-static]
+
+Llama-3.2-1B shapes, random bf16 weights (the GPU machine cannot download the real ones),
+prompts of 128 random tokens, greedy, every request generating exactly NEW_TOKENS tokens.
+
+- ours: ``Engine(model, backend="numba")`` as a user gets it (fast attention, fused RoPE +
+  cache write, CUDA graphs): ``engine_ms_per_step`` = median wall time of a decode step
+  (``StepReport.seconds``: scheduling, the graph replay, sampling, bookkeeping), and
+  ``engine_gpu_ms_per_step`` = the graph replay alone (CUDA events);
+- the steps that got there: the article's kernel without graphs (the starting point), the
+  fast kernel without graphs, the article's kernel with graphs, the Triton kernel with graphs;
+- HF transformers on the same weights: eager ``generate`` and ``cache_implementation=
+  "static"`` (torch.compile'd decode; its warm-up compile is part of the run), ms per step
+  from timestamps taken at every step inside one ``generate`` call;
+- the floor: weight bytes + the K/V bytes a step reads, over the copy bandwidth measured in
+  this run.
+
+Before any timing, ours is checked against HF (teacher-forced logits of our greedy tokens,
+relative error per step < 3e-2) and CUDA-graph logits against eager ones (< 1e-3).
+Prefill: 2 x 1024-token prompts, one engine step, as TFLOP/s against the bf16 matmul rate
+measured in this run.  Writes ``decode-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from common import ceilings, events_ms, gpu_info, rel_err, setup_numba_env, write_json
+
+setup_numba_env()
+
+import paged_tutorial as pt  # noqa: E402
+from paged_tutorial.backends.numba_cuda import NumbaBackend  # noqa: E402
+from paged_tutorial.config import llama_3_2_1b_config  # noqa: E402
+from paged_tutorial.models import Model  # noqa: E402
+from paged_tutorial.weights import expected_tensor_shapes  # noqa: E402
+
+BATCHES = (1, 64)
+PROMPT_LEN = 128
+NEW_TOKENS = 64
+PREFILL_LENS = (1024, 1024)
+LOGIT_RTOL = 3e-2
+
+
+def random_gpu_model(seed: int = 0) -> Model:
+    """``random_model``'s distribution (N(0, 0.02) matrices, 1 + N(0, 0.1) norms), drawn on
+    the GPU: seconds instead of a minute of CPU sampling for 1.2 B parameters."""
+    cfg = llama_3_2_1b_config()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    weights = {}
+    for name, shape in expected_tensor_shapes(cfg).items():
+        x = torch.randn(shape, generator=g, device="cuda")
+        weights[name] = ((1.0 + 0.1 * x) if len(shape) == 1 else 0.02 * x).to(torch.bfloat16)
+    return Model(cfg, weights, None, "bfloat16", source=f"random-gpu(seed={seed})")
+
+
+def hf_model(model: Model, device="cuda"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig.from_dict(model.config.to_hf_dict())
+    with torch.device(device):
+        hf = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    missing, unexpected = hf.load_state_dict(model.weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    hf.tie_weights()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def prompts_for(batch: int, length: int, seed: int, vocab: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, length).tolist() for _ in range(batch)]
+
+
+def weight_bytes(model: Model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.weights.values())
+
+
+# --- ours ------------------------------------------------------------------------------------
+
+def make_engine(model, batch, **kw):
+    engine = pt.Engine(model, max_slots=batch, max_seq_len=PROMPT_LEN + NEW_TOKENS + 64, **kw)
+    engine.eos_ids = set()                 # random weights: generate exactly NEW_TOKENS
+    return engine
+
+
+def time_engine(model, batch, **kw) -> dict:
+    engine = make_engine(model, batch, **kw)
+    prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
+    engine.generate(prompts, max_new_tokens=8, chat=False)           # warm-up, graph capture
+    steps = []
+    engine.generate(prompts, max_new_tokens=NEW_TOKENS, chat=False, on_step=steps.append)
+    decode = [r.seconds * 1e3 for r in steps if r.kind == "decode" and r.num_tokens == batch]
+    res = {"ms_per_step": statistics.median(decode[2:]), "steps": len(decode)}
+    if engine.graphs is not None:
+        graph = engine.graphs.graphs[engine.graphs.bucket_for(batch)][0]
+        res["gpu_ms_per_step"] = events_ms(graph.replay, reps=30)
+    return res
+
+
+def check_against_hf(model, hf) -> dict:
+    """Greedy tokens from ours (with and without CUDA graphs); HF teacher-forced on them."""
+    prompts = [prompts_for(1, n, 7 + n, model.config.vocab_size)[0] for n in (37, 100)]
+    runs = {}
+    for graphs in (True, False):
+        engine = make_engine(model, 2, cuda_graphs=graphs)
+        engine.record_logits = True
+        per_req: dict[int, list] = {}
+
+        def record(report, per_req=per_req):
+            for i, rid in enumerate(report.request_ids):
+                per_req.setdefault(rid, []).append(report.logits[i])
+
+        results = engine.generate(prompts, max_new_tokens=16, chat=False, on_step=record)
+        runs[graphs] = ([r.token_ids for r in results],
+                        [per_req[r.request_id] for r in results])
+    tokens, logits = runs[True]
+    errs = []
+    with torch.no_grad():
+        for p, toks, ours in zip(prompts, tokens, logits):
+            ids = torch.tensor([p + toks], device=hf.device)
+            ref = hf(ids).logits[0, len(p) - 1:len(p) - 1 + len(toks)].float().cpu()
+            errs += [rel_err(ours[j], ref[j]) for j in range(len(toks))]
+    graph_errs = []
+    eager_tokens, eager_logits = runs[False]
+    for toks, etoks, ours, eager in zip(tokens, eager_tokens, logits, eager_logits):
+        for j in range(len(toks)):
+            graph_errs.append(rel_err(ours[j], eager[j]))
+            if toks[j] != etoks[j]:
+                break                   # past a (near-tie) divergence the inputs differ
+    out = {"max_rel_err_vs_hf_teacher_forced": max(errs),
+           "graphs_vs_eager_max_rel_err": max(graph_errs),
+           "tokens_checked": sum(len(t) for t in tokens)}
+    assert out["max_rel_err_vs_hf_teacher_forced"] < LOGIT_RTOL, out
+    assert out["graphs_vs_eager_max_rel_err"] < 1e-3, out
+    return out
+
+
+# --- HF --------------------------------------------------------------------------------------
+
+class StepClock:
+    """A stopping criterion that never stops and records when each step ends (generate syncs
+    on the host every step, so the timestamps follow the GPU)."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def time_hf(hf, batch, static: bool) -> dict:
+    from transformers import StoppingCriteriaList
+
+    ids = torch.tensor(prompts_for(batch, PROMPT_LEN, 1, hf.config.vocab_size), device="cuda")
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+              min_new_tokens=NEW_TOKENS, do_sample=False)
+    if static:
+        kw["cache_implementation"] = "static"
+    t0 = time.perf_counter()
+    hf.generate(ids, **kw)                                    # warm-up (static: compiles)
+    warm = time.perf_counter() - t0
+    clock = StepClock()
+    hf.generate(ids, stopping_criteria=StoppingCriteriaList([clock]), **kw)
+    steps = np.diff(clock.times) * 1e3
+    return {"ms_per_step": float(np.median(steps[2:])), "warmup_s": round(warm, 1),
+            "steps": int(len(steps))}
+
+
+# --- prefill -------------------------------------------------------------------------------
+
+def prefill_flops(cfg, lens) -> float:
+    h, i, t = cfg.hidden_size, cfg.intermediate_size, sum(lens)
+    per_layer = h * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * h + 2 * h * i + i * h
+    matmul = 2 * t * per_layer * cfg.num_hidden_layers + 2 * len(lens) * h * cfg.vocab_size
+    attn = cfg.num_hidden_layers * sum(4 * cfg.n_heads * cfg.head_dim * n * (n + 1) // 2
+                                       for n in lens)
+    return float(matmul + attn)
+
+
+def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
+    engine = pt.Engine(model, max_slots=2, max_seq_len=max(PREFILL_LENS) + 8, **kw)
+    engine.eos_ids = set()
+    prompts = [prompts_for(1, n, 11 + i, model.config.vocab_size)[0]
+               for i, n in enumerate(PREFILL_LENS)]
+    times = []
+    for _ in range(6):
+        steps = []
+        engine.generate(prompts, max_new_tokens=1, chat=False, on_step=steps.append)
+        times.append(next(r.seconds for r in steps if r.kind == "prefill") * 1e3)
+    flops = prefill_flops(model.config, PREFILL_LENS)
+    res = {"tokens": sum(PREFILL_LENS), "flops": flops,
+           "engine_ms": statistics.median(times[1:])}
+    res["engine_tflops"] = flops / (res["engine_ms"] * 1e-3) / 1e12
+    res["engine_pct_of_matmul_rate"] = 100 * res["engine_tflops"] / matmul_tflops
+    # the forward pass alone (no host bookkeeping), CUDA events
+    runner, cache = engine.runner, engine.cache
+    for r, p in enumerate(prompts):
+        cache.ensure_capacity(r, len(p))
+    toks = torch.tensor(sum(prompts, []), dtype=torch.int32, device="cuda")
+    pos = torch.tensor([j for p in prompts for j in range(len(p))], dtype=torch.int32,
+                       device="cuda")
+    slots = torch.tensor([r for r, p in enumerate(prompts) for _ in p], dtype=torch.int32,
+                         device="cuda")
+    cu = [0, PREFILL_LENS[0], sum(PREFILL_LENS)]
+    rows = torch.tensor([cu[1] - 1, cu[2] - 1], device="cuda")
+    bt = cache.device_block_table()
+    res["forward_ms"] = events_ms(lambda: runner.forward(toks, pos, slots, cache, bt,
+                                                         prefill_cu_seqlens=cu,
+                                                         logit_rows=rows), reps=10)
+    res["forward_tflops"] = flops / (res["forward_ms"] * 1e-3) / 1e12
+    res["forward_pct_of_matmul_rate"] = 100 * res["forward_tflops"] / matmul_tflops
+    if hf is not None:
+        ids = torch.tensor(prompts, device="cuda")
+        with torch.no_grad():
+            res["hf_forward_ms"] = events_ms(lambda: hf(ids, logits_to_keep=1), reps=10)
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="folder for decode-<date>.json")
+    p.add_argument("--skip-hf-static", action="store_true")
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-variants", action="store_true")
+    args = p.parse_args(argv)
+    t_start = time.time()
+    data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
+            "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
+    data["ceilings"] = ceilings()
+    bw = data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    model = random_gpu_model()
+    wbytes = weight_bytes(model)
+    hf = None if args.skip_hf else hf_model(model)
+    if hf is not None:
+        data["correctness"] = check_against_hf(model, hf)
+        print("correctness:", data["correctness"], flush=True)
+    cfg = model.config
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim * 2
+    variants = {
+        "engine": {},
+        "article_no_graphs": dict(backend=NumbaBackend(attention="article"), cuda_graphs=False),
+        "fast_no_graphs": dict(cuda_graphs=False),
+        "article_graphs": dict(backend=NumbaBackend(attention="article")),
+        "triton_graphs": dict(backend=NumbaBackend(attention="triton")),
+    }
+    if args.skip_variants:
+        variants = {"engine": {}}
+    data["rows"] = []
+    for batch in BATCHES:
+        mean_ctx = PROMPT_LEN + NEW_TOKENS / 2
+        row = {"batch": batch,
+               "floor_ms_per_step": (wbytes + batch * mean_ctx * kv_per_token) / bw * 1e3,
+               "weight_floor_ms_per_step": wbytes / bw * 1e3}
+        for name, kw in variants.items():
+            try:
+                r = time_engine(model, batch, **kw)
+            except Exception as exc:                      # report, keep the other numbers
+                row[f"{name}_error"] = repr(exc)[:300]
+                continue
+            key = "engine" if name == "engine" else f"engine_{name}"
+            row[f"{key}_ms_per_step"] = r["ms_per_step"]
+            if "gpu_ms_per_step" in r:
+                row[f"{key}_gpu_ms_per_step"] = r["gpu_ms_per_step"]
+            print(f"B={batch} {name}: {r}", flush=True)
+        if hf is not None:
+            row["hf_eager_ms_per_step"] = time_hf(hf, batch, static=False)["ms_per_step"]
+            if not args.skip_hf_static:
+                st = time_hf(hf, batch, static=True)
+                row["hf_static_ms_per_step"] = st["ms_per_step"]
+                row["hf_static_warmup_s"] = st["warmup_s"]
+            row["hf_ms_per_step"] = row.get("hf_static_ms_per_step", row["hf_eager_ms_per_step"])
+        data["rows"].append(row)
+        print(f"B={batch}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else
+                                         f"{k}={v}" for k, v in row.items()), flush=True)
+    data["prefill"] = time_prefill(model, data["ceilings"]["bf16_matmul_tflops"], hf)
+    if not args.skip_variants:
+        data["prefill_numba_kernel"] = time_prefill(
+            model, data["ceilings"]["bf16_matmul_tflops"],
+            backend=NumbaBackend(prefill="numba"))
+    print("prefill:", data["prefill"], flush=True)
+    data["seconds"] = round(time.time() - t_start, 1)
+    write_json(data, "decode", args.out)
+    print(f"ceilings: {data['ceilings']}")
+    for row in data["rows"]:
+        print(f"TARGET B={row['batch']}: engine {row.get('engine_ms_per_step', float('nan')):.3f} "
+              f"ms/step (gpu {row.get('engine_gpu_ms_per_step', float('nan')):.3f}), "
+              f"HF static {row.get('hf_static_ms_per_step', float('nan')):.2f}, "
+              f"HF eager {row.get('hf_eager_ms_per_step', float('nan')):.1f}, "
+              f"floor {row['floor_ms_per_step']:.3f}")
+    pf = data["prefill"]
+    print(f"TARGET prefill 2x1024: {pf['engine_ms']:.2f} ms = {pf['engine_tflops']:.0f} TFLOP/s "
+          f"= {pf['engine_pct_of_matmul_rate']:.0f}% of matmul rate (forward alone "
+          f"{pf['forward_pct_of_matmul_rate']:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

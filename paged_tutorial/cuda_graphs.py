@@ -1,0 +1,130 @@
+"""CUDA graphs for the decode step: one captured graph per batch-size bucket.
+
+A decode step of Llama-3.2-1B is ~150 small kernel launches (16 layers x norms, GEMMs, RoPE +
+cache write, attention, SwiGLU) plus sampling.  Launched one by one from Python, each costs
+20-40 us of host time, far more than most of them run on the GPU.  A CUDA graph records the
+whole step once and replays it with one call: the GPU then runs the kernels back to back.
+
+What a graph needs, and how this module provides it:
+
+- **Static inputs.**  A graph replays fixed addresses.  Token ids, positions, slots, sequence
+  lengths and the sampling parameters live in one device buffer (``[7, max_batch]`` int32,
+  the float rows as bit patterns), filled before each replay by *one* host-to-device copy from
+  pinned memory.  The block table is already a persistent device tensor that
+  ``PagedKVCache.device_block_table()`` updates in place (only the dirty entries).
+- **Static outputs.**  The logits and the sampled ids are tensors allocated during capture;
+  each replay overwrites them.
+- **Buckets.**  One graph per batch size in ``buckets`` (1, 2, 4, 8, then steps of 16); a step
+  with B sequences runs the smallest bucket >= B.  The extra rows repeat row 0 (same token,
+  slot and position), so they write the very K/V values row 0 writes and read only what row 0
+  reads: no other sequence's cache is touched.  Their outputs are ignored.
+- **No host work inside the graph.**  Numba launches go to ``cuda.external_stream`` of torch's
+  current stream, so they are captured with the GEMMs; the numba backend's host-side input
+  checks (``check_inputs``) are off on the GPU, and nothing in the decode path reads device
+  values on the host.
+- **Capture lazily.**  A bucket's graph is captured the first time a step needs it, after one
+  eager warm-up run of the same step on a side stream (it compiles the kernels and sets up
+  cuBLAS; its cache writes are the ones the replay repeats).  All graphs share one memory
+  pool: only one replays at a time, and its outputs are read before the next replay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ROWS_INT = ("token_ids", "positions", "slots", "seq_lens")
+ROWS_FLOAT = ("temperature", "top_p", "uniforms")
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, 16, 32, 48, ... up to ``max_batch`` (always included)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
+    sizes += list(range(16, max_batch, 16))
+    return sorted(set(sizes + [max_batch]))
+
+
+class DecodeGraphs:
+    """Replays captured decode steps for a ``LlamaRunner`` on a CUDA backend."""
+
+    def __init__(self, runner, cache, max_batch: int, buckets: list[int] | None = None):
+        backend = runner.backend
+        if backend.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA backend, got {backend.describe()}")
+        if getattr(backend, "check_inputs", False):
+            raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
+                             "checks (check_inputs / debug=True): turn them off, or pass "
+                             "cuda_graphs=False")
+        self.runner, self.cache, self.backend = runner, cache, backend
+        self.max_batch = max_batch
+        self.buckets = sorted(buckets) if buckets else default_buckets(max_batch)
+        if self.buckets[-1] < max_batch:
+            raise ValueError(f"buckets {self.buckets} do not reach max_batch {max_batch}")
+        n_rows = len(ROWS_INT) + len(ROWS_FLOAT)
+        self._host = torch.zeros((n_rows, max_batch), dtype=torch.int32, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._dev = torch.zeros((n_rows, max_batch), dtype=torch.int32, device=backend.device)
+        ints = self._dev[:len(ROWS_INT)]
+        floats = self._dev[len(ROWS_INT):].view(torch.float32)
+        self.inputs = {name: ints[i] for i, name in enumerate(ROWS_INT)}
+        self.inputs.update({name: floats[i] for i, name in enumerate(ROWS_FLOAT)})
+        self.graphs: dict[int, tuple] = {}      # bucket -> (graph, logits, next_ids)
+        self._pool = None
+        self.replays = 0
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} exceeds the largest bucket {self.buckets[-1]}")
+
+    # --- one step -------------------------------------------------------------------------
+    def _fill(self, n: int, bucket: int, token_ids, positions, slots, temperature, top_p,
+              uniforms) -> None:
+        h = self._host_np
+        pos = np.asarray(positions, dtype=np.int32)
+        rows = (token_ids, pos, slots, pos + 1)
+        for i, values in enumerate(rows):
+            h[i, :n] = values
+            h[i, n:bucket] = h[i, 0]            # padding rows repeat row 0
+        hf = h[len(ROWS_INT):].view(np.float32)
+        for i, values in enumerate((temperature, top_p, uniforms)):
+            hf[i, :n] = values
+            hf[i, n:bucket] = hf[i, 0]
+        self._dev.copy_(self._host, non_blocking=True)
+
+    def _forward(self, bucket: int):
+        x = {name: t[:bucket] for name, t in self.inputs.items()}
+        logits = self.runner.forward(x["token_ids"], x["positions"], x["slots"], self.cache,
+                                     self.cache.device_block_table(),
+                                     decode_seq_lens=x["seq_lens"])
+        next_ids = self.backend.sample(logits, x["temperature"], x["top_p"], x["uniforms"])
+        return logits, next_ids
+
+    def _capture(self, bucket: int) -> None:
+        side = torch.cuda.Stream(self.backend.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(bucket)               # warm-up: compiles, sets up cuBLAS
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits, next_ids = self._forward(bucket)
+        if self._pool is None:
+            self._pool = graph.pool()
+        self.graphs[bucket] = (graph, logits, next_ids)
+
+    def run(self, token_ids, positions, slots, temperature, top_p, uniforms):
+        """One decode step for n = len(token_ids) sequences (host lists).  Returns
+        (float32 logits [n, V] on the device, a view into the graph's output, valid until
+        the next replay; the sampled token ids as a host list)."""
+        n = len(token_ids)
+        bucket = self.bucket_for(n)
+        self._fill(n, bucket, token_ids, positions, slots, temperature, top_p, uniforms)
+        self.cache.device_block_table()         # send dirty entries before the replay
+        if bucket not in self.graphs:
+            self._capture(bucket)
+        graph, logits, next_ids = self.graphs[bucket]
+        graph.replay()
+        self.replays += 1
+        return logits[:n], next_ids[:n].tolist()

@@ -1,0 +1,210 @@
+"""The optimised paths against the references, at tiny shapes (Numba's CUDA simulator on a CPU;
+the real kernels when a GPU is visible).  ``benchmarks/attention.py`` and ``decode.py`` repeat
+these checks at full size on the GPU before timing anything.
+
+- ``attention_fast``: the fast decode kernel (GQA-shared K/V reads, 8-byte loads, a warp per
+  logical block, split-KV merged by the last block) against a float32 oracle, with one and
+  several splits, sequence lengths that end mid-block and empty splits.
+- ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``.
+- ``prefill_sdpa``: torch SDPA prefill against the torch backend.
+- ``triton_attention``: only where Triton can run (a GPU, or TRITON_INTERPRET=1).
+- ``cuda_graphs``: the bucket arithmetic (capture itself needs a GPU).
+"""
+
+import os
+import sys
+
+if "numba.cuda" not in sys.modules and "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from paged_tutorial.backends.numba_cuda import NumbaBackend, attention_fast
+from paged_tutorial.backends.numba_cuda.prefill_sdpa import prefill_attention_sdpa
+from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.config import CacheConfig
+from paged_tutorial.cuda_graphs import default_buckets
+from paged_tutorial.kv_cache import PagedKVCache
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return NumbaBackend()
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def make_cache(g, dtype, *, n_kv, head_dim, block_size=16, num_layers=2, max_slots=4,
+               max_seq_len=64, num_blocks=40, device="cpu"):
+    """A cache full of random values, blocks handed out in random order."""
+    itemsize = 4 if dtype == "float32" else 2
+    cfg = CacheConfig(num_layers=num_layers, num_kv_heads=n_kv, head_dim=head_dim, dtype=dtype,
+                      kv_cache_bytes=num_blocks * 2 * block_size * n_kv * head_dim * itemsize,
+                      max_slots=max_slots, max_seq_len=max_seq_len, block_size=block_size)
+    cache = PagedKVCache(cfg, device=device)
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g).to(cache.buffer.dtype))
+    return cache
+
+
+def assign(g, cache, lens):
+    c = cache.config
+    for slot, n in lens.items():
+        for layer in range(c.num_layers):
+            for logical in range(c.blocks_for_tokens(n)):
+                pick = int(torch.randint(len(cache.free_blocks), (1,), generator=g))
+                cache.block_table[slot, layer, logical] = cache.free_blocks.pop(pick)
+                cache._dirty.add(cache.flat_index(slot, layer, logical))
+    cache.check_invariants()
+
+
+def float32_twin(cache):
+    c = cache.config
+    twin = PagedKVCache(CacheConfig(
+        num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        dtype="float32", kv_cache_bytes=c.NUM_BLOCKS * c.BLOCK_ELEMS * 4, max_slots=c.max_slots,
+        max_seq_len=c.max_seq_len, block_size=c.BLOCK_SIZE))
+    twin.buffer.copy_(cache.buffer.cpu().float())
+    twin.block_table[...] = cache.block_table
+    return twin
+
+
+def rel_err(a, b):
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float((a - b).norm() / b.norm())
+
+
+FAST_CASES = [
+    # dtype, head_dim, n_kv, q_per_kv, block_size, {slot: seq_len}, n_splits
+    pytest.param("bfloat16", 64, 2, 4, 16, {3: 37, 1: 16}, 1, id="bf16-d64-gqa4-1split"),
+    pytest.param("bfloat16", 16, 1, 4, 16, {2: 50, 0: 3}, 3, id="bf16-d16-3splits-empty"),
+    pytest.param("float32", 8, 2, 3, 8, {1: 21, 3: 9}, 2, id="fp32-d8-gqa3-bs8"),
+    pytest.param("float16", 32, 1, 2, 16, {0: 33}, 2, id="fp16-d32-gqa2"),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,n_kv,qpk,block_size,lens,n_splits", FAST_CASES)
+def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens, n_splits):
+    g = gen(7 + head_dim)
+    dt = DTYPES[dtype]
+    layer = 1
+    cache = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, block_size=block_size,
+                       device=nb.device)
+    assign(g, cache, lens)
+    n_q = n_kv * qpk
+    # q as a strided view of a fused projection, as the engine passes it
+    qkv = torch.randn(len(lens), (n_q + 2 * n_kv) * head_dim, generator=g).to(dt)
+    q = qkv[:, :n_q * head_dim].view(len(lens), n_q, head_dim)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    scale = 1.0 / math.sqrt(head_dim)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), layer, seq_lens,
+                                         slots, scale)
+    q_dev = qkv.to(nb.device)[:, :n_q * head_dim].view(len(lens), n_q, head_dim)
+    out = attention_fast.decode_attention_fast(
+        q_dev, cache, cache.device_block_table(), layer, seq_lens.to(nb.device),
+        slots.to(nb.device), scale, n_splits=n_splits)
+    assert out is q_dev
+    tol = 1e-5 if dt == torch.float32 else (5e-3 if dt == torch.bfloat16 else 1e-3)
+    assert rel_err(out, want) < tol
+    tickets = attention_fast._tickets[str(torch.device(nb.device))]
+    assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
+
+
+def test_fast_kernel_is_the_backend_default(nb):
+    assert nb.attention == "fast"
+    assert NumbaBackend(attention="article").attention == "article"
+    with pytest.raises(ValueError, match="attention="):
+        NumbaBackend(attention="nope")
+    assert attention_fast.lanes_per_token(64) == 8 and attention_fast.lanes_per_token(80) == 4
+    assert not attention_fast.supports(18)
+    assert attention_fast.choose_splits(64, 8, 128, 4) >= 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rope_write_kv_fused_is_bit_exact(nb, dtype):
+    g = gen(3)
+    dt = DTYPES[dtype]
+    n_kv, head_dim, n_q = 2, 16, 4
+    cache = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=nb.device)
+    assign(g, cache, {2: 30, 0: 18})
+    other = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=nb.device)
+    other.buffer.copy_(cache.buffer)
+    other.block_table[...] = cache.block_table
+    slots = torch.tensor([2] * 5 + [0] * 3, dtype=torch.int32).to(nb.device)
+    positions = torch.tensor([25, 26, 27, 28, 29, 15, 16, 17], dtype=torch.int32).to(nb.device)
+    qkv = torch.randn(8, (n_q + 2 * n_kv) * head_dim, generator=g).to(dt).to(nb.device)
+    cos = torch.rand(64, head_dim // 2, generator=g).to(nb.device)
+    sin = torch.rand(64, head_dim // 2, generator=g).to(nb.device)
+
+    def views(x):
+        return (x[:, :n_q * head_dim].view(8, n_q, head_dim),
+                x[:, n_q * head_dim:(n_q + n_kv) * head_dim].view(8, n_kv, head_dim),
+                x[:, (n_q + n_kv) * head_dim:].view(8, n_kv, head_dim))
+
+    a, b = qkv.clone(), qkv.clone()
+    qa, ka, va = views(a)
+    nb.rope_write_kv(qa, ka, va, positions, cos, sin, cache, cache.device_block_table(), 1,
+                     slots)
+    qb, kb, vb = views(b)
+    nb.rope(qb, kb, positions, cos, sin)
+    nb.write_kv(other, kb, vb, other.device_block_table(), 1, slots, positions)
+    bits = torch.int32 if dt == torch.float32 else torch.int16
+    assert torch.equal(a.view(bits), b.view(bits))
+    assert torch.equal(cache.buffer.view(bits), other.buffer.view(bits))
+
+
+def test_prefill_sdpa_matches_torch_backend():
+    g = gen(5)
+    n_q, n_kv, d, cu = 6, 2, 16, [0, 13, 14, 40]
+    qkv = torch.randn(cu[-1], (n_q + 2 * n_kv) * d, generator=g)
+    q = qkv[:, :n_q * d].view(-1, n_q, d)
+    k = qkv[:, n_q * d:(n_q + n_kv) * d].view(-1, n_kv, d)
+    v = qkv[:, (n_q + n_kv) * d:].view(-1, n_kv, d)
+    want = TorchBackend("cpu").prefill_attention(q, k, v, cu, 0.25)
+    got = prefill_attention_sdpa(q, k, v, cu, 0.25)
+    assert rel_err(got, want) < 1e-5
+
+
+def test_triton_decode_kernel_where_triton_runs():
+    triton_attention = pytest.importorskip("paged_tutorial.backends.triton_attention")
+    if not triton_attention.available():
+        pytest.skip("Triton needs a GPU here (or TRITON_INTERPRET=1)")
+    g = gen(9)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cache = make_cache(g, "bfloat16", n_kv=2, head_dim=64, max_seq_len=128, num_blocks=40,
+                       device=device)
+    lens = {3: 37, 1: 90}
+    assign(g, cache, lens)
+    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), 1, seq_lens,
+                                         slots, 0.125)
+    for splits in (1, 3):
+        got = triton_attention.decode_attention_triton(
+            q.clone().to(device), cache, cache.device_block_table(), 1, seq_lens.to(device),
+            slots.to(device), 0.125, n_splits=splits)
+        assert rel_err(got, want) < 1e-2
+
+
+def test_graph_buckets():
+    assert default_buckets(1) == [1]
+    assert default_buckets(2) == [1, 2]
+    assert default_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert default_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert np.all(np.diff(default_buckets(256)) > 0)
