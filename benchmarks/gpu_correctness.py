@@ -140,7 +140,7 @@ def debug_mode_check():
     request = engine.add_request([1, 2, 3, 4, 5], max_new_tokens=8)
     engine.step()                                     # prefill
     engine.cache.block_table[request.slot, 1, 0] = engine.cache.NUM_BLOCKS + 7
-    engine.cache._dirty.add(engine.cache.flat_index(request.slot, 1, 0))
+    engine.cache.mark_table_changed(request.slot, 1, 0)
     try:
         engine.step()
         return {"pass": False, "message": "a wild block-table entry was not rejected"}

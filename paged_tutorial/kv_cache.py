@@ -121,6 +121,8 @@ class PagedKVCache:
         need = self.blocks_needed(slot, new_len)
         if need > len(self.free_blocks):
             raise CacheFullError(f"slot {slot} needs {need} blocks, {len(self.free_blocks)} free")
+        if need == 0:       # most decode steps: the last block still has room (all layers
+            return          # grow together, so layer 0 speaks for every layer)
         n_logical = self.config.blocks_for_tokens(new_len)
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
@@ -143,6 +145,17 @@ class PagedKVCache:
         return freed
 
     # --- the device copy ----------------------------------------------------------------
+    def mark_table_changed(self, slot: int | None = None, layer: int | None = None,
+                           logical_block: int | None = None) -> None:
+        """Tell the cache that ``block_table`` was edited by hand (a notebook experiment, a
+        test), so the next ``device_block_table()`` sends those entries.  With no argument
+        every entry is re-sent.  The engine's own edits (ensure_capacity, release) mark
+        themselves; on a CPU the device table shares memory and this changes nothing else."""
+        if slot is None:
+            self._dirty.update(range(self.block_table.size))
+        else:
+            self._dirty.add(self.flat_index(slot, layer, logical_block))
+
     def device_block_table(self) -> torch.Tensor:
         """The device block table, brought up to date by sending only changed entries."""
         self.dirty_entries_synced += len(self._dirty)
