@@ -1,0 +1,9 @@
+"""nbval runs these notebooks as regression tests: make their choices reproducible.
+
+Notebook 07 uses Llama-3.2-1B-Instruct when it finds the weights (a folder or a Hugging Face
+login); its stored outputs are the embedded SmolLM2's, so the test suite asks for that one.
+The kernels nbval starts inherit this environment."""
+
+import os
+
+os.environ.setdefault("PAGED_TUTORIAL_MODEL", "smollm2-135m")
