@@ -22,9 +22,11 @@ kernel against torch SDPA (flash).  Writes ``attention-<date>.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,6 +45,14 @@ SCALE = 1.0 / math.sqrt(D)
 CASES = [(1, 1024), (1, 2048), (8, 1024), (16, 2048), (32, 2048), (64, 512), (64, 1024),
          (64, 2048)]
 TARGETS = [(1, 1024), (64, 2048)]
+#: kernel variants timed by --sweep (see make_fast_decode_kernel): lanes per token, passes per
+#: softmax update, passes per load, prefetch of the next block
+SWEEP = [("wide-g8u1l1", dict(max_lanes=8, update_passes=1, load_passes=1, wide=True)),
+         ("wide-g8u1l2", dict(max_lanes=8, update_passes=1, load_passes=2, wide=True)),
+         ("wide-g8u2l2", dict(max_lanes=8, update_passes=2, load_passes=2, wide=True)),
+         ("narrow-g16u2l4", dict(max_lanes=16, update_passes=2, load_passes=4, wide=False))]
+SWEEP_SPLITS = (None, 1, 2, 4, 16)
+SWEEP_CASES = [(1, 1024), (8, 1024), (64, 2048)]
 ROTATE_BYTES = 256 * 2**20            # input sets per timing graph: >= this many bytes in all
 N_INNER = 10
 
@@ -104,15 +114,15 @@ def decode_impls(cache, sweep: bool):
         impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE)
     if sweep:
-        for nw in (2, 4, 8):
-            for lanes in (4, 8, 16):
-                for splits in (None, 1, 4, 16):
-                    name = f"fast w{nw} g{lanes} s{splits or 'auto'}"
-                    impls[name] = (lambda nw, lanes, splits: lambda q, l, sl, sa:
+        for vname, variant in SWEEP:
+            for nw in (4, 8):
+                for splits in SWEEP_SPLITS:
+                    name = f"fast {vname} w{nw} s{splits or 'auto'}"
+                    impls[name] = (lambda nw, splits, variant: lambda q, l, sl, sa:
                                    attention_fast.decode_attention_fast(
                                        q, cache, cache.device_block_table(), l, sl, sa, SCALE,
-                                       num_warps=nw, n_splits=splits, max_lanes=lanes)
-                                   )(nw, lanes, splits)
+                                       num_warps=nw, n_splits=splits, **variant)
+                                   )(nw, splits, variant)
     return impls
 
 
@@ -129,7 +139,7 @@ def bench_case(batch, ctx, bw_gbs, sweep, g):
     mixed = torch.randint(1, ctx + 1, (batch,), generator=g, device="cuda").to(torch.int32)
     ref_mixed = reference(q0, cache, 0, mixed, slots)
     target = (batch, ctx) in TARGETS
-    for name, fn in decode_impls(cache, sweep and (batch, ctx) in TARGETS + [(8, 1024)]).items():
+    for name, fn in decode_impls(cache, sweep and (batch, ctx) in SWEEP_CASES).items():
         if name == "article" and not target:
             continue
         q = q0.clone()
@@ -190,11 +200,29 @@ def bench_prefill(g, matmul_tflops):
     return res
 
 
+def best_variant(rows) -> dict:
+    """The (variant, warps) whose automatic split choice has the smallest geometric-mean time
+    over the sweep cases."""
+    scores = {}
+    for row in rows:
+        if (row["batch"], row["context"]) not in SWEEP_CASES:
+            continue
+        for name, us in row["us"].items():
+            if name.startswith("fast ") and name.endswith(" sauto"):
+                key = name[len("fast "):-len(" sauto")]
+                scores.setdefault(key, []).append(math.log(us))
+    key = min(scores, key=lambda k: sum(scores[k]) / len(scores[k]))
+    vname, nw = key.rsplit(" w", 1)
+    return {"name": key, "num_warps": int(nw), **dict(SWEEP)[vname],
+            "geomean_us": math.exp(sum(scores[key]) / len(scores[key]))}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="folder for attention-<date>.json "
                    "(default benchmarks/results)")
     p.add_argument("--sweep", action="store_true", help="also time fast-kernel variants")
+    p.add_argument("--best-out", default=None, help="write the best variant here (JSON)")
     args = p.parse_args(argv)
     t0 = time.time()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -210,6 +238,16 @@ def main(argv=None):
         print(f"B={batch:3d} ctx={ctx:5d} " + " ".join(
             f"{k}={v:.1f}us({row['pct_of_copy_bw'][k]:.0f}%)" for k, v in row["us"].items()
             if not k.startswith("fast ")), flush=True)
+    if args.sweep:
+        data["best_variant"] = best_variant(data["rows"])
+        print("best variant:", data["best_variant"], flush=True)
+        for row in data["rows"]:                  # the winner under its own name, where timed
+            key = f"fast {data['best_variant']['name']} sauto"
+            if key in row["us"]:
+                row["us"]["fast_tuned"] = row["us"][key]
+                row["pct_of_copy_bw"]["fast_tuned"] = row["pct_of_copy_bw"][key]
+        if args.best_out:
+            Path(args.best_out).write_text(json.dumps(data["best_variant"]))
     data["prefill"] = bench_prefill(g, data["ceilings"]["bf16_matmul_tflops"])
     data["seconds"] = round(time.time() - t0, 1)
     write_json(data, "attention", args.out)

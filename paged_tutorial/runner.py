@@ -69,9 +69,11 @@ class LlamaRunner:
         qkv = b.linear(x, layer.qkv)
         t = qkv.shape[0]
         q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
-        q = qkv[:, :q_dim].reshape(t, cfg.n_heads, cfg.head_dim).contiguous()
-        k = qkv[:, q_dim:q_dim + kv_dim].reshape(t, cfg.n_kv_heads, cfg.head_dim).contiguous()
-        v = qkv[:, q_dim + kv_dim:].reshape(t, cfg.n_kv_heads, cfg.head_dim).contiguous()
+        # views into qkv (rows strided, each row contiguous): every backend op accepts them,
+        # and three copy kernels per layer are saved
+        q = qkv[:, :q_dim].view(t, cfg.n_heads, cfg.head_dim)
+        k = qkv[:, q_dim:q_dim + kv_dim].view(t, cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, q_dim + kv_dim:].view(t, cfg.n_kv_heads, cfg.head_dim)
         return q, k, v
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
@@ -99,8 +101,7 @@ class LlamaRunner:
         h = None
         for i, layer in enumerate(self.layers):
             q, k, v = self._layer_prologue(layer, h, residual, first=(i == 0))
-            b.rope(q, k, positions, self.cos, self.sin)
-            b.write_kv(cache, k, v, block_table, i, slots, positions)
+            b.rope_write_kv(q, k, v, positions, self.cos, self.sin, cache, block_table, i, slots)
             if prefill_cu_seqlens is not None:
                 attn = b.prefill_attention(q, k, v, prefill_cu_seqlens, self.scale)
             else:

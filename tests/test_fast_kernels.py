@@ -123,6 +123,34 @@ def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens,
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
 
+VARIANTS = [
+    pytest.param(dict(wide=False), id="8-byte-loads"),
+    pytest.param(dict(max_lanes=16, wide=False, update_passes=1, load_passes=1), id="g16-u1-l1"),
+    pytest.param(dict(update_passes=1, load_passes=1), id="wide-u1-l1"),
+    pytest.param(dict(prefetch=True, update_passes=2), id="prefetch"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fast_decode_attention_variants(nb, variant):
+    """The shape knobs that benchmarks/attention.py --sweep times compute the same function."""
+    g = gen(11)
+    cache = make_cache(g, "bfloat16", n_kv=1, head_dim=64, device=nb.device)
+    lens = {1: 37, 3: 61}
+    assign(g, cache, lens)
+    q = torch.randn(2, 4, 64, generator=g).to(torch.bfloat16)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), 1, seq_lens,
+                                         slots, 0.125)
+    got = attention_fast.decode_attention_fast(
+        q.to(nb.device), cache, cache.device_block_table(), 1, seq_lens.to(nb.device),
+        slots.to(nb.device), 0.125, num_warps=1, n_splits=2, **variant)
+    assert rel_err(got, want) < 5e-3
+
+
 def test_fast_kernel_is_the_backend_default(nb):
     assert nb.attention == "fast"
     assert NumbaBackend(attention="article").attention == "article"

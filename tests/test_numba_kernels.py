@@ -44,7 +44,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @pytest.fixture(scope="module")
 def nb():
-    return NumbaBackend()
+    return NumbaBackend(attention="article")   # decode tests: the article's kernel
 
 
 @pytest.fixture(scope="module")

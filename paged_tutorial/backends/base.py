@@ -61,6 +61,15 @@ class Backend(abc.ABC):
         """gate_up [T, 2I] (gate first) -> silu(gate) * up, [T, I]."""
 
     # --- the paged cache ---------------------------------------------------------------
+    def rope_write_kv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                      block_table: torch.Tensor, layer: int, slots: torch.Tensor) -> None:
+        """``rope(q, k, ...)`` then ``write_kv(cache, k, v, ...)``: what every layer does with
+        a new token's q, k, v.  A backend may fuse the two (the numba backend does, in one
+        kernel); the result must be the same."""
+        self.rope(q, k, positions, cos, sin)
+        self.write_kv(cache, k, v, block_table, layer, slots, positions)
+
     @abc.abstractmethod
     def write_kv(self, cache, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
                  layer: int, slots: torch.Tensor, positions: torch.Tensor) -> None:

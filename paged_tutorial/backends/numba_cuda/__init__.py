@@ -62,9 +62,12 @@ from ..base import Backend
 from . import attention, elementwise, kv_write, launch, norms, prefill, sampling  # noqa: F401
 from . import sim_shim  # noqa: F401  (installs the simulator's shuffles)
 from . import rope as rope_kernels
+from . import attention_fast, prefill_sdpa, rope_write_kv  # the optimised paths
 from .dtypes import DTYPE_OPS, ops_for
 from .launch import as_kernel_array, flat, launch as _launch, rows
 from .sim_shim import SIMULATING
+
+ATTENTION_KERNELS = ("fast", "article", "triton")
 
 __all__ = ["NumbaBackend", "ensure_simulator_decided", "SIMULATING", "backend_name"]
 
@@ -102,7 +105,19 @@ class NumbaBackend(Backend):
     """
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
-                 check_inputs: bool | None = None, simulate: bool | None = None):
+                 check_inputs: bool | None = None, simulate: bool | None = None,
+                 attention: str = "fast", prefill: str | None = None):
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
+                             f"{ATTENTION_KERNELS}")
+        if prefill not in (None, "numba", "sdpa"):
+            raise ValueError(f"NumbaBackend: prefill={prefill!r}; choose 'numba' or 'sdpa'")
+        #: decode attention kernel: "fast" (attention_fast.py), "article" (attention.py,
+        #: the article's kernel), or "triton" (backends/triton_attention.py)
+        self.attention = attention
+        #: prefill attention: "sdpa" (torch's flash kernel; the GPU default, see
+        #: prefill_sdpa.py) or "numba" (prefill.py; the default in the simulator)
+        self.prefill = prefill or ("numba" if SIMULATING else "sdpa")
         if name not in (None, "numba", "numba-sim"):
             raise ValueError(f"NumbaBackend: unknown name {name!r} (use 'numba' or 'numba-sim')")
         if simulate is not None:
@@ -261,6 +276,40 @@ class NumbaBackend(Backend):
                 as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
                 n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
 
+    def rope_write_kv(self, q, k, v, positions, cos, sin, cache, block_table, layer, slots):
+        """``rope`` then ``write_kv`` in one kernel (``rope_write_kv.py``)."""
+        dtype = self._same_dtype(q, k, v, cache.buffer)
+        self._check_table(cache, block_table)
+        c = cache.config
+        n_tokens, n_q_heads, head_dim = q.shape
+        if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape \
+                or head_dim != c.head_dim or cos.dtype != torch.float32 \
+                or sin.dtype != torch.float32 or cos.shape[-1] != head_dim // 2:
+            # unusual shapes: the two separate ops check and report them
+            return super().rope_write_kv(q, k, v, positions, cos, sin, cache, block_table,
+                                         layer, slots)
+        if n_tokens == 0:
+            return
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
+                raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+            table = block_table.cpu().numpy()
+            s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+            for slot in np.unique(s):
+                check_block_entries(cache, table, int(slot), layer,
+                                    int(p[s == slot].max()) + 1, "write_kv")
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        n = n_tokens * (n_q_heads + c.num_kv_heads) * (head_dim // 2)
+        _launch(rope_write_kv.rope_write_kv_kernel(dtype), launch.elemwise_grid(n),
+                launch.ELEMWISE_THREADS, qa, q_rs, n_q_heads, ka, k_rs, va, v_rs,
+                c.num_kv_heads, head_dim, flat(pos32), flat(cos.contiguous()),
+                flat(sin.contiguous()), n_tokens, flat(cache.buffer, "cache.buffer"),
+                as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
+                c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+
     def _tiles(self, cu_seqlens, tile: int) -> torch.Tensor:
         """(seq_start, seq_end, q_start) per query tile; cached, since every layer of one
         prefill step passes the same cu_seqlens."""
@@ -279,6 +328,8 @@ class NumbaBackend(Backend):
         if n_q_heads % n_kv_heads:
             raise ValueError(f"prefill_attention: {n_q_heads} q heads are not a multiple of "
                              f"{n_kv_heads} kv heads")
+        if self.prefill == "sdpa":
+            return prefill_sdpa.prefill_attention_sdpa(q, k, v, cu_seqlens, scale)
         out = torch.empty(n_tokens, n_q_heads, head_dim, dtype=q.dtype, device=q.device)
         tile = prefill.tile_for(head_dim, SIMULATING)
         tiles = self._tiles(cu_seqlens, tile)
@@ -316,6 +367,12 @@ class NumbaBackend(Backend):
                     raise ValueError(f"decode_attention: seq_len {n} outside [1, "
                                      f"{c.max_seq_len}]")
                 check_block_entries(cache, table, slot, layer, n, "decode_attention")
+        if self.attention == "fast" and attention_fast.supports(c.head_dim):
+            return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
+                                                        slots32, scale)
+        if self.attention == "triton":
+            from ..triton_attention import decode_attention_triton
+            return decode_attention_triton(q, cache, block_table, layer, lens32, slots32, scale)
         qa, q_rs = rows(q, "q")
         _launch(kernel, (n_seqs, n_q_heads), attention.block_threads(c.head_dim),
                 int(layer), qa, q_rs,

@@ -5,20 +5,25 @@ way memory-bound GPU code has to be.
 What the article's kernel does per cached token: one block per (sequence, *query* head) reads
 K and V with 2-byte loads, sums 64 products through a shuffle tree, and spends two block
 barriers.  With GQA four query heads read the same K/V, so the cache is read four times, and
-the barriers leave the memory system idle most of the time (2.9 % of bandwidth measured).
+the barriers leave the memory system idle most of the time (4 % of the copy bandwidth at
+batch 64 / context 2048 on an H200: ``benchmarks/results/attention-2026-11-30.json``).
 
 This kernel
 1. **shares each K/V read among the query heads of a KV group**: one thread block per
    (sequence, KV head, split); the ``QPK`` query heads of the group live in registers, so every
    K/V element is read once per step instead of ``QPK`` times.
-2. **uses wide loads**: bf16 K/V rows are read as 8-byte words (``int64``, four bf16 each,
-   unpacked with shifts), 8 lanes cover a 64-dim row with two fully coalesced 64-byte loads.
+2. **loads 16 bytes per lane**: a bf16 K/V row of 64 dims is 128 bytes = 8 lanes x 16 bytes
+   (PTX ``ld.global.nc.v4.u32`` through a tiny intrinsic, ``load_u32x4``; Numba alone emits at
+   most 8-byte loads), unpacked with shifts.  Measured: 150 us -> 97 us at batch 64 / context
+   2048 against 8-byte loads, whatever the other knobs.  (float16 / float32 caches and head
+   dims not a multiple of 8 take a 4-element path.)
 3. **gives each warp whole blocks of tokens, with its own online softmax and no barrier**: a
-   warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration; ``G`` lanes share a
-   token (``32 // G`` tokens per pass), sum their partial dot products with ``log2(G)``
-   butterfly shuffles, then the warp updates its running max / denominator / accumulator
-   (flash-attention's recurrence) for all its tokens at once.  Warps meet once, at the end,
-   in shared memory.
+   warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration, its block-table entry
+   read one iteration ahead; ``G`` lanes share a token (``32 // G`` tokens per pass) and sum
+   their partial dot products with ``log2(G)`` butterfly shuffles.  ``LOAD_PASSES`` passes of
+   K and V are loaded at once (all in flight before the first use), and every
+   ``UPDATE_PASSES`` passes the warp updates its running max / denominator / accumulator
+   (flash-attention's recurrence).  Warps meet once, at the end, in shared memory.
 4. **splits long sequences across blocks (flash-decoding)** when the batch is too small to fill
    the GPU: split ``s`` of ``n_splits`` takes an equal share of the sequence's logical blocks
    (computed on the device from ``seq_lens``, so a CUDA graph captured once serves every
@@ -31,6 +36,9 @@ Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``.  Parti
 ``tickets`` int32 [B * n_kv_heads] (zero before the launch; the merging block resets its entry
 to zero, so the buffer stays ready for the next launch or graph replay).
 
+The simulator runs the same source (``load_u32x4`` becomes a Python function there); all
+shuffles sit in block-uniform loops, as ``sim_shim`` requires.
+
 Limits: ``head_dim % 4 == 0`` (the backend falls back to the article's kernel otherwise).
 """
 
@@ -39,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, int64
 
 from .dtypes import DTYPE_OPS
 from .sim_shim import SIMULATING, libdevice
@@ -54,10 +62,10 @@ def supports(head_dim: int) -> bool:
     return head_dim % VEC == 0 and head_dim <= 1024
 
 
-def lanes_per_token(head_dim: int, max_lanes: int = 8) -> int:
-    """G: lanes that share one token's row (a power of two dividing head_dim / 4, at most
+def lanes_per_token(head_dim: int, max_lanes: int = 8, vec: int = VEC) -> int:
+    """G: lanes that share one token's row (a power of two dividing head_dim / vec, at most
     ``max_lanes``)."""
-    chunks = head_dim // VEC
+    chunks = head_dim // vec
     g = 1
     while g * 2 <= max_lanes and chunks % (g * 2) == 0:
         g *= 2
@@ -73,6 +81,51 @@ else:                                            # pragma: no cover - GPU only
         cuda.threadfence()
 
 
+# --- 16-byte loads ------------------------------------------------------------------------
+# Numba emits at most 8-byte loads for array elements.  Hopper reaches its bandwidth with
+# 16 bytes per lane (HOPPER.md), so the bf16 path reads K/V through a tiny intrinsic that
+# emits PTX ``ld.global.nc.v4.u32`` (four int32 = eight bf16; ``.nc``: the cache is read-only
+# while the kernel runs), the way numba-cuda's own cache-hint loads (``cuda.ldcs``) are made.
+# The simulator gets a plain Python function with the same meaning.
+
+if SIMULATING:
+    def load_u32x4(a, i):
+        """Four consecutive int32 a[i..i+3] (i % 4 == 0)."""
+        return (a[i], a[i + 1], a[i + 2], a[i + 3])
+else:                                            # pragma: no cover - GPU only
+    from llvmlite import ir as _ir
+    from numba import types as _types
+    from numba.cuda import cgutils as _cgutils
+    from numba.cuda.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def load_u32x4(typingctx, array, index):
+        """Four consecutive int32 a[i..i+3] (i % 4 == 0, 16-byte aligned) in one load."""
+        sig = _types.UniTuple(_types.int32, 4)(array, index)
+
+        def codegen(context, builder, sig, args):
+            array_type, index_type = sig.args
+            ary = context.make_array(array_type)(context, builder, value=args[0])
+            idx = context.cast(builder, args[1], index_type, _types.intp)
+            ptr = _cgutils.get_item_pointer(context, builder, array_type, ary, [idx])
+            i32 = _ir.IntType(32)
+            fnty = _ir.FunctionType(_ir.LiteralStructType([i32] * 4), [ptr.type])
+            asm = _ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
+                                "=r,=r,=r,=r,l")
+            res = builder.call(asm, [ptr])
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, k) for k in range(4)])
+
+        return sig, codegen
+
+
+@cuda.jit(device=True)
+def unpack2_bf16(x):
+    """Two bf16 packed in an int32 (little-endian) -> two float32."""
+    return (libdevice.int_as_float(int32(x << 16)),
+            libdevice.int_as_float(int32((x >> 16) << 16)))
+
+
 # --- loading four consecutive elements ---------------------------------------------------
 
 @cuda.jit(device=True)
@@ -82,25 +135,54 @@ def _bf16_hi(bits32):
 
 
 @cuda.jit(device=True)
-def load4_bf16(kv64, e):
-    """Elements e..e+3 (e % 4 == 0) of a bf16 buffer seen as int64 words."""
-    w = kv64[e >> 2]
+def unpack4_bf16(w):
+    """Four bf16 packed in an int64 word (little-endian) -> four float32."""
     return (_bf16_hi(w << 16), _bf16_hi(w), _bf16_hi(w >> 16), _bf16_hi(w >> 32))
 
 
-def _make_load4_scalar(load):
+@cuda.jit(device=True)
+def _word_bf16(kv64, e):
+    """The int64 word holding bf16 elements e..e+3 (e % 4 == 0)."""
+    return kv64[e >> 2]
+
+
+@cuda.jit(device=True)
+def unpack4_bf16_kv(kv64, w):
+    return unpack4_bf16(w)
+
+
+@cuda.jit(device=True)
+def unpack2_bf16_kv(kv32, w):
+    return unpack2_bf16(w)
+
+
+@cuda.jit(device=True)
+def _index_word(a, e):
+    """float16 / float32 caches: the 'word' is just the element index (loaded on use)."""
+    return e
+
+
+def _make_unpack4_scalar(load):
     @cuda.jit(device=True)
-    def load4(a, e):
+    def unpack4(a, e):
+        if e < 0:                                 # a masked token: zeros
+            return (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
         return (load(a, e), load(a, e + 1), load(a, e + 2), load(a, e + 3))
-    return load4
+    return unpack4
 
 
-def kv_view(buffer):
-    """The cache buffer as the kernel reads it: bf16 as int64 words, others as they are."""
+def wide_loads(dtype_name: str, head_dim: int, wide: bool = True) -> bool:
+    """16-byte loads: bf16 caches whose head_dim is a multiple of 8."""
+    return wide and dtype_name == "bfloat16" and head_dim % 8 == 0
+
+
+def kv_view(buffer, wide: bool):
+    """The cache buffer as the kernel reads it: bf16 as int32 pairs (16-byte loads) or int64
+    words, others as they are."""
     import torch
 
     if buffer.dtype == torch.bfloat16:
-        return buffer.view(torch.int64)
+        return buffer.view(torch.int32 if wide else torch.int64)
     return buffer
 
 
@@ -108,20 +190,81 @@ def kv_view(buffer):
 def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE: int,
                             N_LAYERS: int, MAX_BLOCKS_PER_SEQ: int, KV_DIM: int,
                             BLOCK_ELEMS: int, V_OFFSET_ELEMS: int, NUM_WARPS: int = 4,
-                            MAX_LANES: int = 8):
+                            MAX_LANES: int = 8, UPDATE_PASSES: int = 0, LOAD_PASSES: int = 0,
+                            PREFETCH: bool = False, WIDE: bool = True):
     """Compile (once per shape) the fast decode kernel; see the module docstring."""
     if not supports(HEAD_DIM):
         raise ValueError(f"fast decode attention needs head_dim % {VEC} == 0, got {HEAD_DIM}")
     ops = DTYPE_OPS[dtype_name]
     load, store = ops.load, ops.store
-    load4 = load4_bf16 if dtype_name == "bfloat16" else _make_load4_scalar(load)
-    G = lanes_per_token(HEAD_DIM, MAX_LANES)      # lanes per token
+    WIDE = wide_loads(dtype_name, HEAD_DIM, WIDE)
+    CV = 8 if WIDE else VEC                       # elements per chunk (one load per lane)
+    G = lanes_per_token(HEAD_DIM, MAX_LANES, CV)  # lanes per token
     TPW = WARP_SIZE // G                          # tokens per warp pass
-    CPL = HEAD_DIM // VEC // G                    # 4-element chunks per lane
-    DPL = CPL * VEC                               # dims per lane
+    CPL = HEAD_DIM // CV // G                     # chunks per lane (adjacent in memory)
+    DPL = CPL * CV                                # dims per lane
+    WPC = 4 if WIDE else 1                        # words per chunk (int32 | int64 | index)
+    EPW = CV // WPC                               # elements per word
     PASSES = -(-BLOCK_SIZE // TPW)                # passes per logical block
+    LP = PASSES if LOAD_PASSES <= 0 or PREFETCH else min(LOAD_PASSES, PASSES)
+    while PASSES % LP:                            # passes loaded at once: divides PASSES
+        LP -= 1
+    CHUNKS = PASSES // LP
+    U = LP if UPDATE_PASSES <= 0 else min(UPDATE_PASSES, LP)
+    while LP % U:                                 # passes per softmax update: divides LP
+        U -= 1
+    STEPS = LP // U
+    WORDS = LP * CPL * WPC                        # words per lane per load
+    WORD_T = int32 if WIDE else int64
+    if WIDE:                                      # 16-byte loads: four int32, two bf16 each
+        word, unpack, MASKED = _word_bf16, unpack2_bf16_kv, 0
+    elif dtype_name == "bfloat16":                # 8-byte words, four bf16 each
+        word, unpack, MASKED = _word_bf16, unpack4_bf16_kv, 0
+    else:                                         # element indices, loaded on use
+        word, unpack, MASKED = _index_word, _make_unpack4_scalar(load), -1
     THREADS = NUM_WARPS * WARP_SIZE
     OUT_ELEMS = QPK * HEAD_DIM
+
+    @cuda.jit(device=True)
+    def table_entry(block_table, table_base, lb, lb_end):
+        """Physical block of logical block lb (0 past the split's end: never read)."""
+        phys = 0
+        if lb < lb_end:
+            phys = block_table[table_base + lb]
+        return phys
+
+    @cuda.jit(device=True)
+    def load_block(kv, kw, vw, phys, lb, lb_end, seq_len, kv_head, group, sub, chunk):
+        """This lane's K and V words of passes chunk*LP .. of logical block lb (masked
+        tokens: zeros)."""
+        base = phys * BLOCK_ELEMS + kv_head * HEAD_DIM
+        for pp in range(LP):
+            p = chunk * LP + pp
+            t_in = p * TPW + group
+            ok = lb < lb_end and t_in < BLOCK_SIZE and lb * BLOCK_SIZE + t_in < seq_len
+            for c in range(CPL):
+                e = base + t_in * KV_DIM + (sub * CPL + c) * CV
+                w0 = (pp * CPL + c) * WPC
+                if WIDE:
+                    if ok:
+                        x0, x1, x2, x3 = load_u32x4(kv, e >> 1)
+                        y0, y1, y2, y3 = load_u32x4(kv, (e + V_OFFSET_ELEMS) >> 1)
+                    else:
+                        x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = int32(0)
+                    kw[w0] = x0
+                    kw[w0 + 1] = x1
+                    kw[w0 + 2] = x2
+                    kw[w0 + 3] = x3
+                    vw[w0] = y0
+                    vw[w0 + 1] = y1
+                    vw[w0 + 2] = y2
+                    vw[w0 + 3] = y3
+                elif ok:
+                    kw[w0] = word(kv, e)
+                    vw[w0] = word(kv, e + V_OFFSET_ELEMS)
+                else:
+                    kw[w0] = MASKED
+                    vw[w0] = MASKED
 
     @cuda.jit(fastmath=True)
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
@@ -155,82 +298,107 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE
         acc = cuda.local.array((QPK, DPL), float32)
         m = cuda.local.array(QPK, float32)        # running max (the same in every lane)
         l = cuda.local.array(QPK, float32)        # this lane's share of the denominator
-        s = cuda.local.array((PASSES, QPK), float32)
+        s = cuda.local.array((U, QPK), float32)
         q_base = b * q_row_stride + kv_head * QPK * HEAD_DIM
         for h in range(QPK):
             m[h] = NEG_INF
             l[h] = float32(0.0)
             for c in range(CPL):
-                d0 = (c * G + sub) * VEC
-                for j in range(VEC):
-                    qr[h, c * VEC + j] = load(q, q_base + h * HEAD_DIM + d0 + j) * float32(scale)
-                    acc[h, c * VEC + j] = float32(0.0)
+                d0 = (sub * CPL + c) * CV
+                for j in range(CV):
+                    qr[h, c * CV + j] = load(q, q_base + h * HEAD_DIM + d0 + j) * float32(scale)
+                    acc[h, c * CV + j] = float32(0.0)
 
+        # Each warp walks its logical blocks lb_start + warp, + NUM_WARPS, ...  Memory is the
+        # bottleneck, so loads are issued as early as possible: the block-table entry one
+        # iteration ahead, and a whole logical block's K and V words (16 tokens x 128 bytes
+        # each, 16 + 16 words per lane) at once -- with PREFETCH, one iteration ahead too.
         n_iters = (lb_end - lb_start + NUM_WARPS - 1) // NUM_WARPS   # block-uniform
+        kc = cuda.local.array(WORDS, WORD_T)      # raw K / V words of the current block
+        vc = cuda.local.array(WORDS, WORD_T)
+        kn = cuda.local.array(WORDS, WORD_T)      # ... and of the next one (PREFETCH)
+        vn = cuda.local.array(WORDS, WORD_T)
+        phys_next = table_entry(block_table, table_base, lb_start + warp, lb_end)
+        if PREFETCH:
+            load_block(kv, kn, vn, phys_next, lb_start + warp, lb_end, seq_len, kv_head,
+                       group, sub, 0)
+            phys_next = table_entry(block_table, table_base, lb_start + NUM_WARPS + warp,
+                                    lb_end)
         for it in range(n_iters):
             lb = lb_start + it * NUM_WARPS + warp
             block_ok = lb < lb_end
-            phys = 0
-            if block_ok:
-                phys = block_table[table_base + lb]
-            head_base = phys * BLOCK_ELEMS + kv_head * HEAD_DIM
-            # --- scores of this lane's tokens (one per pass) ---------------------------
-            for p in range(PASSES):
-                t_in = p * TPW + group
-                ok = block_ok and t_in < BLOCK_SIZE and lb * BLOCK_SIZE + t_in < seq_len
-                for h in range(QPK):
-                    s[p, h] = float32(0.0)
-                if ok:
-                    k_base = head_base + t_in * KV_DIM
-                    for c in range(CPL):
-                        k0, k1, k2, k3 = load4(kv, k_base + (c * G + sub) * VEC)
+            phys = phys_next
+            if PREFETCH:                          # (then LP = PASSES: one chunk)
+                for w in range(WORDS):
+                    kc[w] = kn[w]
+                    vc[w] = vn[w]
+                phys_after = table_entry(block_table, table_base, lb + 2 * NUM_WARPS, lb_end)
+                load_block(kv, kn, vn, phys_next, lb + NUM_WARPS, lb_end, seq_len, kv_head,
+                           group, sub, 0)
+                phys_next = phys_after
+            else:
+                phys_next = table_entry(block_table, table_base, lb + NUM_WARPS, lb_end)
+            for chunk in range(CHUNKS):
+                if not PREFETCH:
+                    load_block(kv, kc, vc, phys, lb, lb_end, seq_len, kv_head, group, sub,
+                               chunk)
+                for step in range(STEPS):         # U passes share one softmax update
+                    # --- scores of this lane's tokens (one per pass) ------------------
+                    for u in range(U):
+                        pl = step * U + u             # pass within the chunk
+                        t_in = (chunk * LP + pl) * TPW + group
+                        ok = block_ok and t_in < BLOCK_SIZE and \
+                            lb * BLOCK_SIZE + t_in < seq_len
                         for h in range(QPK):
-                            s[p, h] += (qr[h, c * VEC] * k0 + qr[h, c * VEC + 1] * k1
-                                        + qr[h, c * VEC + 2] * k2 + qr[h, c * VEC + 3] * k3)
-                off = G // 2
-                while off > 0:                    # sum over the G lanes of the token
+                            s[u, h] = float32(0.0)
+                        for c in range(CPL):
+                            for w in range(WPC):
+                                kx = unpack(kv, kc[(pl * CPL + c) * WPC + w])
+                                for x in range(EPW):
+                                    d = c * CV + w * EPW + x
+                                    for h in range(QPK):
+                                        s[u, h] += qr[h, d] * kx[x]
+                        off = G // 2
+                        while off > 0:            # sum over the G lanes of the token
+                            for h in range(QPK):
+                                s[u, h] += cuda.shfl_xor_sync(FULL_MASK, s[u, h], off)
+                            off //= 2
+                        if not ok:
+                            for h in range(QPK):
+                                s[u, h] = NEG_INF
+                    # --- online softmax over the step's tokens (warp-uniform max) --------
                     for h in range(QPK):
-                        s[p, h] += cuda.shfl_xor_sync(FULL_MASK, s[p, h], off)
-                    off //= 2
-                if not ok:
-                    for h in range(QPK):
-                        s[p, h] = NEG_INF
-            # --- online softmax over the block (warp-uniform max) --------------------------
-            for h in range(QPK):
-                mx = s[0, h]
-                for p in range(1, PASSES):
-                    mx = max(mx, s[p, h])
-                off = G
-                while off < WARP_SIZE:            # max over the warp's tokens
-                    mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, off))
-                    off *= 2
-                m_new = max(m[h], mx)
-                corr = float32(1.0)
-                if m_new > NEG_INF:
-                    corr = math.exp(m[h] - m_new)
-                m[h] = m_new
-                l[h] *= corr
-                for i in range(DPL):
-                    acc[h, i] *= corr
-                for p in range(PASSES):
-                    e = float32(0.0)
-                    if s[p, h] > NEG_INF:
-                        e = math.exp(s[p, h] - m_new)
-                    s[p, h] = e                   # s now holds probabilities
-                    l[h] += e
-            # --- accumulate p * V for this lane's tokens and dims --------------------------
-            for p in range(PASSES):
-                t_in = p * TPW + group
-                ok = block_ok and t_in < BLOCK_SIZE and lb * BLOCK_SIZE + t_in < seq_len
-                if ok:
-                    v_base = head_base + t_in * KV_DIM + V_OFFSET_ELEMS
-                    for c in range(CPL):
-                        v0, v1, v2, v3 = load4(kv, v_base + (c * G + sub) * VEC)
-                        for h in range(QPK):
-                            acc[h, c * VEC] += s[p, h] * v0
-                            acc[h, c * VEC + 1] += s[p, h] * v1
-                            acc[h, c * VEC + 2] += s[p, h] * v2
-                            acc[h, c * VEC + 3] += s[p, h] * v3
+                        mx = s[0, h]
+                        for u in range(1, U):
+                            mx = max(mx, s[u, h])
+                        off = G
+                        while off < WARP_SIZE:    # max over the warp's tokens
+                            mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, off))
+                            off *= 2
+                        m_new = max(m[h], mx)
+                        corr = float32(1.0)
+                        if m_new > NEG_INF:
+                            corr = math.exp(m[h] - m_new)
+                        m[h] = m_new
+                        l[h] *= corr
+                        for i in range(DPL):
+                            acc[h, i] *= corr
+                        for u in range(U):
+                            e = float32(0.0)
+                            if s[u, h] > NEG_INF:
+                                e = math.exp(s[u, h] - m_new)
+                            s[u, h] = e           # s now holds probabilities
+                            l[h] += e
+                    # --- accumulate p * V for this lane's tokens and dims ----------------
+                    for u in range(U):
+                        pl = step * U + u
+                        for c in range(CPL):
+                            for w in range(WPC):
+                                vx = unpack(kv, vc[(pl * CPL + c) * WPC + w])
+                                for x in range(EPW):
+                                    d = c * CV + w * EPW + x
+                                    for h in range(QPK):  # p = 0 where masked (V = 0)
+                                        acc[h, d] += s[u, h] * vx[x]
 
         # --- the warp's tokens were spread over lane groups: sum the groups ---------------
         off = G
@@ -247,9 +415,9 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE
         if group == 0:
             for h in range(QPK):
                 for c in range(CPL):
-                    d0 = (c * G + sub) * VEC
-                    for j in range(VEC):
-                        sm_acc[warp, h, d0 + j] = acc[h, c * VEC + j]
+                    d0 = (sub * CPL + c) * CV
+                    for j in range(CV):
+                        sm_acc[warp, h, d0 + j] = acc[h, c * CV + j]
         cuda.syncthreads()
 
         # --- merge the warps: each thread finishes some (head, dim) outputs ---------------
@@ -320,8 +488,10 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE
 
 # --- launch policy ------------------------------------------------------------------------
 
-#: aim for this many thread blocks per launch before splitting sequences (H200: 132 SMs)
-TARGET_BLOCKS = 4 * 132
+#: aim for this many thread blocks per launch before splitting sequences.  Measured on an H200
+#: (132 SMs; attention-2026-11-30.json sweep): batch 64 x 8 KV heads is best unsplit, batch 8
+#: with 4 splits, batch 1 with 32: about 256 blocks in each case.
+TARGET_BLOCKS = 256
 MAX_SPLITS = 32
 
 
@@ -338,7 +508,11 @@ def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warp
 
 
 #: warps per thread block (the simulator runs one: every thread is a Python thread)
-NUM_WARPS = 1 if SIMULATING else 4
+NUM_WARPS = 1 if SIMULATING else 8
+#: the kernel's shape knobs (see make_fast_decode_kernel), chosen by ``benchmarks/attention.py
+#: --sweep`` on an H200 (attention-2026-11-30.json: variant "wide-g8u2l2"): 16-byte loads,
+#: 8 lanes per token, 2 passes (8 tokens) per load and per softmax update.
+DEFAULT_VARIANT = dict(max_lanes=8, update_passes=2, load_passes=2, prefetch=False, wide=True)
 
 _tickets: dict = {}
 
@@ -360,7 +534,7 @@ def _ticket_buffer(device, n: int):
 
 def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, scale,
                           num_warps: int | None = None, n_splits: int | None = None,
-                          max_lanes: int = 8):
+                          **variant):
     """Launch the fast kernel: output written over q (as the article's kernel does).
     ``seq_lens`` / ``active_slots``: int32 on q's device; ``block_table`` as in base.py."""
     import torch
@@ -371,9 +545,13 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
     nw = NUM_WARPS if num_warps is None else num_warps
+    options = {**DEFAULT_VARIANT, **variant}     # lanes, update/load passes, prefetch, wide
     kernel = make_fast_decode_kernel(c.dtype, head_dim, n_q_heads // n_kv, c.BLOCK_SIZE,
                                      c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
-                                     c.BLOCK_ELEMS, c.V_OFFSET_ELEMS, nw, max_lanes)
+                                     c.BLOCK_ELEMS, c.V_OFFSET_ELEMS, nw,
+                                     options["max_lanes"], options["update_passes"],
+                                     options["load_passes"], options["prefetch"],
+                                     options["wide"])
     if n_seqs == 0:
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
@@ -383,7 +561,8 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     tickets = _ticket_buffer(q.device, n_seqs * n_kv)
     qa, q_rs = rows(q, "q")
     launch(kernel, (n_seqs, n_kv, splits), nw * WARP_SIZE, int(layer), qa, q_rs,
-           as_kernel_array(kv_view(cache.buffer)), flat(block_table), flat(seq_lens),
+           as_kernel_array(kv_view(cache.buffer, wide_loads(c.dtype, head_dim, options["wide"]))),
+           flat(block_table), flat(seq_lens),
            flat(active_slots), float(scale), as_kernel_array(part_acc),
            as_kernel_array(part_ml), as_kernel_array(tickets))
     return q

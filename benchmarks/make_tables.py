@@ -1,0 +1,190 @@
+"""Markdown tables and plots from the committed GPU results (runs anywhere, no GPU):
+
+    python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots]
+
+Reads the newest ``decode-*.json`` and ``attention-*.json`` (written by ``decode.py`` and
+``attention.py`` on the GPU), prints the tables for the README, and draws
+``decode-<date>.png`` and ``attention-<date>.png`` beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def newest(folder: Path, stem: str) -> dict | None:
+    files = sorted(folder.glob(f"{stem}-*.json"))
+    return json.loads(files[-1].read_text()) if files else None
+
+
+def fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def decode_table(d: dict) -> str:
+    out = [f"Decode, Llama-3.2-1B shapes (random bf16 weights), {d['prompt_len']}-token prompts, "
+           f"{d['new_tokens']} new tokens, greedy; {d['gpu']}, {d['date']}.  ms per decode step "
+           "(median), lower is better.", "",
+           "| batch | ours (engine) | ours, GPU only | HF static cache | HF eager | floor | "
+           "ours vs HF static |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        ours, hf = r.get("engine_ms_per_step"), r.get("hf_static_ms_per_step")
+        out.append(f"| {r['batch']} | {fmt(ours)} | {fmt(r.get('engine_gpu_ms_per_step'))} | "
+                   f"{fmt(hf)} | {fmt(r.get('hf_eager_ms_per_step'), 1)} | "
+                   f"{fmt(r['floor_ms_per_step'])} | "
+                   f"{fmt(hf / ours if ours and hf else None, 2)}x |")
+    out += ["", "What each step bought (ms per decode step, whole engine):", "",
+            "| batch | article kernel, no graphs | fast kernel, no graphs | article kernel + "
+            "CUDA graphs | fast kernel + CUDA graphs (default) | Triton kernel + CUDA graphs |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        out.append(f"| {r['batch']} | {fmt(r.get('engine_article_no_graphs_ms_per_step'), 1)} | "
+                   f"{fmt(r.get('engine_fast_no_graphs_ms_per_step'), 1)} | "
+                   f"{fmt(r.get('engine_article_graphs_ms_per_step'))} | "
+                   f"{fmt(r.get('engine_ms_per_step'))} | "
+                   f"{fmt(r.get('engine_triton_graphs_ms_per_step'))} |")
+    p = d.get("prefill")
+    if p:
+        out += ["", f"Prefill of 2 x 1024-token prompts (one engine step): {p['engine_ms']:.1f} ms "
+                f"= {p['engine_tflops']:.0f} TFLOP/s = {p['engine_pct_of_matmul_rate']:.0f}% of "
+                f"the bf16 matmul rate measured in the same run "
+                f"({d['ceilings']['bf16_matmul_tflops']:.0f} TFLOP/s); forward pass alone "
+                f"{p['forward_ms']:.1f} ms; HF forward {fmt(p.get('hf_forward_ms'), 1)} ms."]
+    c = d.get("correctness")
+    if c:
+        out += ["", f"Checked first: logits vs HF teacher-forced on our greedy tokens "
+                f"{c['rel_err_vs_hf_teacher_forced']:.3f} (the article's kernel: "
+                f"{c['article_kernel_rel_err_vs_hf']:.3f}); CUDA graphs vs eager "
+                f"{c['graphs_vs_eager_max_rel_err']:.1e}."]
+    return "\n".join(out)
+
+
+def _splits(batch, ctx, target, num_warps, n_kv=8, block_size=16, max_splits=32):
+    """attention_fast.choose_splits, for a given target (GPU branch)."""
+    want = -(-target // max(1, batch * n_kv))
+    return max(1, min(want, max(1, (ctx // block_size) // num_warps), max_splits))
+
+
+def committed_entry(a: dict, r: dict) -> str | None:
+    """The sweep entry that the committed defaults (the sweep's variant, TARGET_BLOCKS = 256)
+    would launch for this case: benchmarks ran before the split target was lowered from 528."""
+    best = a.get("best_variant")
+    if not best:
+        return None
+    nw, b, ctx = best["num_warps"], r["batch"], r["context"]
+    now, then = _splits(b, ctx, 256, nw), _splits(b, ctx, 528, nw)
+    key = f"fast {best['name']} s{'auto' if now == then else now}"
+    return key if key in r["us"] else None
+
+
+def attention_table(a: dict) -> str:
+    bw = a["ceilings"]["copy_bandwidth_gbs"]
+    best = a.get("best_variant", {}).get("name")
+    out = [f"Paged decode attention, 32 query / 8 KV heads, head_dim 64, BLOCK_SIZE 16, bf16; "
+           f"{a['gpu']}, {a['date']}; copy bandwidth {bw:.0f} GB/s.  Microseconds per call "
+           "(median of CUDA-graph replays), and % of the copy bandwidth for the K/V bytes.", "",
+           "| batch | context | ours (Numba, defaults of the run) | ours, committed defaults "
+           "(sweep) | Triton | torch SDPA, contiguous K/V | article kernel | floor |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in a["rows"]:
+        us, pct = r["us"], r["pct_of_copy_bw"]
+        bk = committed_entry(a, r)
+
+        def cell(k):
+            return f"{us[k]:.1f} ({pct[k]:.0f}%)" if k in us else "-"
+
+        out.append(f"| {r['batch']} | {r['context']} | {cell('fast')} | "
+                   f"{cell(bk) if bk else '-'} | {cell('triton')} | {cell('sdpa')} | "
+                   f"{cell('article')} | {r['floor_us']:.1f} |")
+    p = a.get("prefill")
+    if p:
+        out += ["", f"Prefill attention, 2 x 1024 tokens, one layer: Numba kernel "
+                f"{p['us']['numba']:.0f} us ({p['tflops']['numba']:.1f} TFLOP/s), torch SDPA "
+                f"(flash) {p['us']['sdpa']:.0f} us ({p['tflops']['sdpa']:.0f} TFLOP/s)."]
+    if best:
+        knobs = {k: v for k, v in a["best_variant"].items() if k not in ("name", "geomean_us")}
+        out += ["", f"Fast-kernel variant chosen by the sweep and committed as the default: "
+                f"`{best}` ({json.dumps(knobs)}); splits per sequence = "
+                "ceil(256 / (batch x 8 KV heads)), capped.  The "
+                "'defaults of the run' column is the previous default (`wide-g8u1l2`, 4 warps, "
+                "target 528 blocks)."]
+    return "\n".join(out)
+
+
+def plot_decode(d: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [("engine_article_no_graphs_ms_per_step", "article kernel, no graphs"),
+            ("hf_eager_ms_per_step", "HF eager"),
+            ("hf_static_ms_per_step", "HF static cache"),
+            ("engine_article_graphs_ms_per_step", "article kernel + graphs"),
+            ("engine_ms_per_step", "ours (fast + graphs)"),
+            ("floor_ms_per_step", "weight + KV read floor")]
+    fig, axes = plt.subplots(1, len(d["rows"]), figsize=(5 * len(d["rows"]), 3.6))
+    for ax, r in zip(axes if len(d["rows"]) > 1 else [axes], d["rows"]):
+        names = [n for k, n in keys if r.get(k) is not None]
+        vals = [r[k] for k, n in keys if r.get(k) is not None]
+        ax.barh(names, vals, color=["#bbb"] * (len(vals) - 2) + ["#2a7", "#555"])
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per decode step (log)")
+        ax.set_title(f"batch {r['batch']}")
+        for y, v in enumerate(vals):
+            ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+    fig.suptitle(f"Llama-3.2-1B decode, {d['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_attention(a: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    labels = [f"B{r['batch']}\nctx{r['context']}" for r in a["rows"]]
+    x = range(len(labels))
+    for k, name in (("fast", "ours (Numba)"), ("triton", "Triton"),
+                    ("sdpa", "SDPA, contiguous K/V")):
+        ax.plot(x, [r["pct_of_copy_bw"].get(k) for r in a["rows"]], marker="o", label=name)
+    ax.axhline(70, color="#c33", lw=0.8, ls="--", label="70% target")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("% of copy bandwidth")
+    ax.set_title(f"Paged decode attention, {a['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    folder = Path(args.results)
+    d, a = newest(folder, "decode"), newest(folder, "attention")
+    if d is None and a is None:
+        print(f"no decode-*.json or attention-*.json in {folder}", file=sys.stderr)
+        return 1
+    if d:
+        print(decode_table(d), end="\n\n")
+        if not args.no_plots:
+            plot_decode(d, folder / f"decode-{d['date']}.png")
+    if a:
+        print(attention_table(a))
+        if not args.no_plots:
+            plot_attention(a, folder / f"attention-{a['date']}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
