@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 DTYPE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

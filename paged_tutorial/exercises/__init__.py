@@ -9,6 +9,7 @@ one-line verdict, so a notebook's stored output stays the same for a correct ans
 from __future__ import annotations
 
 import importlib
+import numbers
 import pkgutil
 
 _CHECKS: dict = {}
@@ -37,3 +38,29 @@ def check(name: str, answer) -> bool:
 def exercises(prefix: str = "") -> list[str]:
     """Names of the exercises (of one chapter, with prefix "03.")."""
     return sorted(n for n in _load_all() if n.startswith(prefix))
+
+
+# --- helpers the chapter checkers share ---------------------------------------------------
+def as_int(value):
+    """``value`` as a Python int if it is an integral number (int, numpy int, 3.0), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def tiny_engine(num_layers: int = 2, max_slots: int = 1, max_seq_len: int = 128):
+    """A real Engine on a tiny random Llama (torch backend, CPU): for exercises whose answer is
+    counted by running the engine rather than stored."""
+    from ..config import ModelConfig
+    from ..engine import Engine
+    from ..models import random_model
+
+    config = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=num_layers, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8)
+    return Engine(random_model(config, seed=0), backend="torch", device="cpu",
+                  max_slots=max_slots, max_seq_len=max_seq_len)

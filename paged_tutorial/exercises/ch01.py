@@ -6,10 +6,9 @@ Every expected answer is computed from ``CacheConfig`` / ``PagedKVCache``; the q
 
 from __future__ import annotations
 
-import numbers
-
 from ..config import CacheConfig, llama_3_2_1b_config
 from ..kv_cache import PagedKVCache
+from . import as_int
 
 ARTICLE_CACHE = dict(dtype="bfloat16", kv_cache_bytes=2 * 1024 ** 3, max_slots=2,
                      max_seq_len=2048)
@@ -27,17 +26,6 @@ def small_article_cache(num_blocks: int = 1, **changes) -> PagedKVCache:
     config = article_cache_config(**changes)
     return PagedKVCache(article_cache_config(kv_cache_bytes=num_blocks * config.BLOCK_BYTES,
                                              **changes))
-
-
-def as_int(value):
-    """``value`` as a Python int if it is an integral number (int, numpy int, 3.0), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    return None
 
 
 def as_int_tuple(value, n: int):

@@ -5,6 +5,7 @@ the decode kernel's addressing in ``viz.kernels``) for the article's Llama-3.2-1
 """
 
 from __future__ import annotations
+from . import as_int
 
 
 def _article_cache():
@@ -19,20 +20,12 @@ def _article_cache():
                                               max_seq_len=2048, kv_cache_bytes=one.BLOCK_BYTES))
 
 
-def _as_int(answer):
-    try:
-        value = int(answer)
-    except (TypeError, ValueError):
-        return None
-    return value if value == answer else None
-
-
 def check_flat_index(answer):
     """Flat block-table index of (slot 1, layer 3, logical block 5) in the article's table."""
     cache = _article_cache()
     expected = cache.flat_index(1, 3, 5)
     c = cache.config
-    if _as_int(answer) == expected:
+    if as_int(answer) == expected:
         return True, (f"1*{c.num_layers}*{c.MAX_BLOCKS_PER_SEQ} + 3*{c.MAX_BLOCKS_PER_SEQ} + 5 = "
                       f"{expected} (of {c.block_table_entries} entries)")
     return False, ("use slot*N_LAYERS*MAX_BLOCKS_PER_SEQ + layer*MAX_BLOCKS_PER_SEQ + "
@@ -43,9 +36,9 @@ def check_v_byte_offset(answer):
     """Byte offset of V for physical block 3, token 5 of the block, kv head 2, dim 10 (bf16)."""
     cache = _article_cache()
     expected = cache.v_byte_offset(3, 5, 2, 10)
-    if _as_int(answer) == expected:
+    if as_int(answer) == expected:
         return True, (f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {expected} bytes")
-    if _as_int(answer) == cache.k_byte_offset(3, 5, 2, 10):
+    if as_int(answer) == cache.k_byte_offset(3, 5, 2, 10):
         return False, "that is the K address: V lives V_OFFSET bytes further"
     return False, ("block start + V_OFFSET + token row + head slice + element, all in bytes "
                    "(bf16 = 2)")

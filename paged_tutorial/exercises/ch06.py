@@ -6,17 +6,10 @@ configuration, a real ``PagedKVCache`` and a real ``Engine`` run on a tiny rando
 
 from __future__ import annotations
 
-from ..config import CacheConfig, ModelConfig, llama_3_2_1b_config
+from ..config import CacheConfig, llama_3_2_1b_config
+from . import as_int, tiny_engine
 
 INT32_BYTES = 4
-
-
-def _as_int(answer):
-    try:
-        value = int(answer)
-    except (TypeError, ValueError):
-        return None
-    return value if value == answer else None
 
 
 def article_table_bytes_per_decode_step() -> int:
@@ -29,7 +22,7 @@ def article_table_bytes_per_decode_step() -> int:
 
 def check_table_bytes(answer):
     want = article_table_bytes_per_decode_step()
-    got = _as_int(answer)
+    got = as_int(answer)
     if got == want:
         return True, (f"{want:,} B: 4096 int32 entries x 16 layers, about 256 KiB of table per "
                       "decode step, almost all of it unchanged")
@@ -57,7 +50,7 @@ def next_pop_block() -> int:
 
 def check_next_pop(answer):
     want = next_pop_block()
-    got = _as_int(answer)
+    got = as_int(answer)
     if got == want:
         return True, (f"block {want}: release pushed 63, 62, 61, 60 (layer by layer, logical "
                       "block by logical block) and the stack hands back the last one pushed")
@@ -72,14 +65,7 @@ def check_next_pop(answer):
 def peak_blocks(prompt_len: int = 40, max_new_tokens: int = 9, num_layers: int = 30) -> int:
     """Run a real engine on a tiny random model with ``num_layers`` layers and no EOS; return
     the most physical blocks the request owned at once."""
-    from ..engine import Engine
-    from ..models import random_model
-
-    config = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=num_layers, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8)
-    engine = Engine(random_model(config, seed=0), backend="torch", device="cpu",
-                    max_slots=1, max_seq_len=128)
+    engine = tiny_engine(num_layers=num_layers, max_slots=1)
     engine.add_request([1] * prompt_len, max_new_tokens=max_new_tokens)
     peak = 0
     while engine.has_unfinished():
@@ -90,7 +76,7 @@ def peak_blocks(prompt_len: int = 40, max_new_tokens: int = 9, num_layers: int =
 
 def check_peak_blocks(answer):
     want = peak_blocks()
-    got = _as_int(answer)
+    got = as_int(answer)
     if got == want:
         return True, (f"{want}: 40 + 8 = 48 tokens reach the cache (3 blocks x 30 layers); the "
                       "9th generated token ends the request before any step writes its K/V")

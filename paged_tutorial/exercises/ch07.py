@@ -6,15 +6,8 @@ Expected answers come from the package: a real ``Engine`` run on a tiny random m
 
 from __future__ import annotations
 
-from ..config import CacheConfig, ModelConfig, llama_3_2_1b_config
-
-
-def _as_int(answer):
-    try:
-        value = int(answer)
-    except (TypeError, ValueError):
-        return None
-    return value if value == answer else None
+from ..config import CacheConfig, ModelConfig, llama_3_2_1b_config, smollm2_135m_config
+from . import as_int, tiny_engine
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
@@ -23,28 +16,10 @@ def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
     return cache.BLOCK_BYTES // cache.BLOCK_SIZE * model.num_hidden_layers
 
 
-def smollm2_config() -> ModelConfig:
-    from .. import config as config_module
-
-    make = getattr(config_module, "smollm2_135m_config", None)
-    if make is not None:
-        return make()
-    return ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                       num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                       head_dim=64)
-
-
 def steps_for_requests(new_tokens=(10, 30, 20), max_slots: int = 2) -> int:
     """Engine steps a run takes: requests needing ``new_tokens`` tokens each (no EOS), queued
     in order, through ``max_slots`` slots; counted on a real Engine with a tiny random model."""
-    from ..engine import Engine
-    from ..models import random_model
-
-    config = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=8)
-    engine = Engine(random_model(config, seed=0), backend="torch", device="cpu",
-                    max_slots=max_slots, max_seq_len=128)
+    engine = tiny_engine(num_layers=2, max_slots=max_slots)
     for n in new_tokens:
         engine.add_request([1, 2, 3], max_new_tokens=n)
     steps = 0
@@ -56,7 +31,7 @@ def steps_for_requests(new_tokens=(10, 30, 20), max_slots: int = 2) -> int:
 
 def check_steps(answer):
     want = steps_for_requests()
-    got = _as_int(answer)
+    got = as_int(answer)
     if got == want:
         return True, (f"{want} steps: 1 prefill (r0, r1) + 9 decodes until r0 is done, 1 prefill "
                       "for r2 in which r1 waits, then 20 decodes for r1 (r2 needs 19 of them)")
@@ -76,7 +51,7 @@ def sequences_in_article_cache() -> int:
 
 def check_sequences(answer):
     want = sequences_in_article_cache()
-    got = _as_int(answer)
+    got = as_int(answer)
     if got == want:
         return True, (f"{want}: 65536 blocks / (128 logical blocks x 16 layers); the article's "
                       "engine serves only 2 slots, so most of its 2 GiB waits unused")
@@ -86,8 +61,8 @@ def check_sequences(answer):
 
 
 def check_smollm2_bytes_per_token(answer):
-    want = kv_bytes_per_token(smollm2_config(), "float32")
-    got = _as_int(answer)
+    want = kv_bytes_per_token(smollm2_135m_config(), "float32")
+    got = as_int(answer)
     if got == want:
         return True, (f"{want:,} B = 30 layers x 2 x 192 x 4 B: the small model in float32 "
                       "costs more cache per token than Llama-3.2-1B in bf16")
