@@ -49,8 +49,9 @@ class DecodeGraphs:
 
     def __init__(self, runner, cache, max_batch: int, buckets: list[int] | None = None):
         backend = runner.backend
-        if backend.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA backend, got {backend.describe()}")
+        if backend.device.type != "cuda" or getattr(backend, "name", "") != "numba":
+            raise ValueError(f"CUDA graphs need the numba backend on a GPU (the torch backend "
+                             f"reads sequence lengths on the host), got {backend.describe()}")
         if getattr(backend, "check_inputs", False):
             raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
                              "checks (check_inputs / debug=True): turn them off, or pass "
