@@ -1,10 +1,12 @@
 """Markdown tables and plots from the committed GPU results (runs anywhere, no GPU):
 
-    python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots]
+    python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots] [--readme README.md]
 
-Reads the newest ``decode-*.json`` and ``attention-*.json`` (written by ``decode.py`` and
-``attention.py`` on the GPU), prints the tables for the README, and draws
-``decode-<date>.png`` and ``attention-<date>.png`` beside them.
+Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json`` and
+``attention-*.json`` (written by ``decode.py`` and ``attention.py`` on the GPU), prints the
+tables, draws ``decode-<date>.png`` and ``attention-<date>.png`` beside them, and with
+``--readme`` rewrites the README's block between ``<!-- benchmarks:start -->`` and
+``<!-- benchmarks:end -->``.
 """
 
 from __future__ import annotations
@@ -165,24 +167,57 @@ def plot_attention(a: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def cpu_table(c: dict) -> str:
+    out = [f"CPU, {c['model']}, greedy, {len(c['prompts'])} chat prompts x "
+           f"{c['new_tokens_per_prompt']} new tokens; {c['machine']}, torch {c['torch']}, "
+           f"{c['date']}.  Seconds for the whole run (lower is better).", "",
+           "| ours: slots | ours (torch backend) | HF generate, one prompt at a time | "
+           "ours / HF | same tokens as HF |", "|---:|---:|---:|---:|---|"]
+    for r in c["rows"]:
+        out.append(f"| {r['max_slots']} | {r['ours_s']:.1f} s | {r['hf_s']:.1f} s | "
+                   f"{r['ratio_ours_over_hf']:.2f}x | {all(r['same_tokens_as_hf'])} |")
+    return "\n".join(out)
+
+
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+
+
+def write_readme(readme: Path, text: str) -> None:
+    body = readme.read_text()
+    if START not in body or END not in body:
+        raise SystemExit(f"{readme} has no {START} ... {END} block to rewrite")
+    head, rest = body.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", default=None, help="rewrite this README's benchmarks block")
     args = p.parse_args(argv)
     folder = Path(args.results)
+    c = newest(folder, "cpu-generate")
     d, a = newest(folder, "decode"), newest(folder, "attention")
-    if d is None and a is None:
-        print(f"no decode-*.json or attention-*.json in {folder}", file=sys.stderr)
+    if c is None and d is None and a is None:
+        print(f"no cpu-generate-, decode- or attention-*.json in {folder}", file=sys.stderr)
         return 1
+    parts = []
+    if c:
+        parts.append(cpu_table(c))
     if d:
-        print(decode_table(d), end="\n\n")
+        parts.append(decode_table(d))
         if not args.no_plots:
             plot_decode(d, folder / f"decode-{d['date']}.png")
     if a:
-        print(attention_table(a))
+        parts.append(attention_table(a))
         if not args.no_plots:
             plot_attention(a, folder / f"attention-{a['date']}.png")
+    text = "\n\n".join(parts)
+    print(text)
+    if args.readme:
+        write_readme(Path(args.readme), text)
     return 0
 
 
