@@ -188,3 +188,25 @@ def test_libdevice_bit_casts():
     assert np.isnan(nan)
     # negative ints (sign bit set) map to negative floats
     assert sim_shim.libdevice.int_as_float(np.int32(-1073741824)) == np.float32(-2.0)
+
+
+@cuda.jit
+def _shared_neighbour_kernel(out):
+    buf = cuda.shared.array(64, np.float32)
+    tid = cuda.threadIdx.x
+    buf[tid] = tid + 1000 * cuda.blockIdx.x
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, tid] = buf[(tid + 1) % 64]
+
+
+def test_shared_array_is_shared_under_fast_switching():
+    """Every thread of a block gets the same shared array.  numba-cuda's simulator allocates
+    it with an unlocked check-then-insert; under the 1e-5 s switch interval two threads could
+    each keep a private array (seen as rare wrong results); the shim locks the allocation."""
+    blocks = 40
+    expected = (np.arange(64)[None, :] + 1) % 64 + 1000 * np.arange(blocks)[:, None]
+    for _ in range(3):
+        out = np.full((blocks, 64), -1.0, np.float32)
+        with sim_shim.fast_thread_switching():
+            _shared_neighbour_kernel[blocks, 64](out)
+        assert (out == expected).all()

@@ -2,7 +2,8 @@
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs every CUDA thread of a block as a Python thread
 and swaps the ``cuda`` global of a kernel for a fake module while it runs.  That fake module has
-shared memory, ``syncthreads`` and atomics, but it lacks three things our kernels use:
+shared memory, ``syncthreads`` and atomics, but it lacks three things our kernels use (and
+its shared-array allocation needs a lock, see ``_shared_array``):
 
 1. **warp shuffles** (``cuda.shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
    ``shfl_xor_sync``).  ``install()`` adds them to the fake module's class, under the real
@@ -183,12 +184,45 @@ def _activemask(self):
     return FULL_MASK
 
 
+# --- shared memory: one array per (block, source line), also under thread switching -----
+
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_array(self, shape, dtype):
+    """The simulator's ``cuda.shared.array`` with its check-then-insert made atomic.
+
+    numba-cuda 0.30's ``FakeCUDAShared.array`` looks the caller's source line up in a dict and
+    inserts a new ``np.empty`` array when it is missing, without a lock.  Two threads of a block
+    that reach the allocation together can both miss and each keep a *private* array: the
+    block's threads then no longer share memory, and a reduction reads an uninitialised
+    partner.  With Python's default switch interval that is rare; with the 1e-5 s interval used
+    here it shows up about once in a few dozen engine runs.  Same lookup, under a lock."""
+    from numba.np import numpy_support
+    from numba.core import types
+
+    if shape == 0:                                   # dynamic shared memory: one buffer
+        return _ORIGINAL_SHARED_ARRAY(self, shape, dtype)
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    frame = sys._getframe(1)                         # the kernel line that allocates
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _SHARED_LOCK:
+        array = self._allocations.get(caller)
+        if array is None:
+            array = np.empty(shape, dtype)
+            self._allocations[caller] = array
+    return array
+
+
+_ORIGINAL_SHARED_ARRAY = None
 _INSTALLED = False
 
 
 def install() -> None:
-    """Add the shuffles to the simulator's fake ``cuda`` module (idempotent; simulator only)."""
-    global _INSTALLED
+    """Add the shuffles to the simulator's fake ``cuda`` module and make its shared-array
+    allocation thread-safe (idempotent; simulator only)."""
+    global _INSTALLED, _ORIGINAL_SHARED_ARRAY
     if not SIMULATING or _INSTALLED:
         return
     from numba.cuda.simulator import kernelapi
@@ -199,6 +233,8 @@ def install() -> None:
                      ("activemask", _activemask)):
         if not hasattr(fake, name):
             setattr(fake, name, fn)
+    _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
+    kernelapi.FakeCUDAShared.array = _shared_array
     _INSTALLED = True
 
 
