@@ -18,7 +18,9 @@ from .dtypes import DTYPE_OPS
 
 
 @functools.lru_cache(maxsize=None)
-def rope_kernel(dtype_name: str):
+def rotate_pair_function(dtype_name: str):
+    """Device function rotating the pair (x[lo], x[hi]) by (c, s) in place, with HF's
+    rounding; shared by ``rope`` and the fused ``rope_write_kv``."""
     ops = DTYPE_OPS[dtype_name]
     load, store, rnd = ops.load, ops.store, ops.rnd
 
@@ -28,6 +30,14 @@ def rope_kernel(dtype_name: str):
         x2 = load(x, hi)
         store(x, lo, rnd(x1 * c) - rnd(x2 * s))
         store(x, hi, rnd(x2 * c) + rnd(x1 * s))
+
+    return rotate_pair
+
+
+@functools.lru_cache(maxsize=None)
+def rope_kernel(dtype_name: str):
+    rnd = DTYPE_OPS[dtype_name].rnd
+    rotate_pair = rotate_pair_function(dtype_name)
 
     @cuda.jit
     def rope(q, q_row_stride, n_q_heads, k, k_row_stride, n_kv_heads, head_dim,

@@ -21,12 +21,13 @@ import functools
 from numba import cuda
 
 from .dtypes import DTYPE_OPS
+from .rope import rotate_pair_function
 
 
 @functools.lru_cache(maxsize=None)
 def rope_write_kv_kernel(dtype_name: str):
-    ops = DTYPE_OPS[dtype_name]
-    load, store, rnd = ops.load, ops.store, ops.rnd
+    rnd = DTYPE_OPS[dtype_name].rnd
+    rotate_pair = rotate_pair_function(dtype_name)
 
     @cuda.jit
     def rope_write_kv(q, q_row_stride, n_q_heads, k, k_row_stride, v, v_row_stride,
@@ -48,17 +49,11 @@ def rope_write_kv_kernel(dtype_name: str):
             s = rnd(sin[pos * half + i])
             if h < n_q_heads:
                 lo = t * q_row_stride + h * head_dim + i
-                x1 = load(q, lo)
-                x2 = load(q, lo + half)
-                store(q, lo, rnd(x1 * c) - rnd(x2 * s))
-                store(q, lo + half, rnd(x2 * c) + rnd(x1 * s))
+                rotate_pair(q, lo, lo + half, c, s)
             else:
                 kh = h - n_q_heads
                 lo = t * k_row_stride + kh * head_dim + i
-                x1 = load(k, lo)
-                x2 = load(k, lo + half)
-                store(k, lo, rnd(x1 * c) - rnd(x2 * s))
-                store(k, lo + half, rnd(x2 * c) + rnd(x1 * s))
+                rotate_pair(k, lo, lo + half, c, s)
                 phys = block_table[slots[t], layer, pos // BLOCK_SIZE]
                 if phys >= 0:
                     dst = phys * BLOCK_ELEMS + (pos % BLOCK_SIZE) * KV_DIM + kh * head_dim + i
