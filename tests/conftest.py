@@ -11,7 +11,8 @@ import pytest
 import torch
 
 # Kernel tests run in Numba's CUDA simulator when no GPU is visible; decide before numba.cuda
-# is imported anywhere in this process.
+# is imported anywhere in this process (pytest imports this file before any test module, so
+# this is the one place the test suite makes that choice).
 if not torch.cuda.is_available():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 

@@ -11,15 +11,6 @@ these checks at full size on the GPU before timing anything.
 - ``cuda_graphs``: the bucket arithmetic (capture itself needs a GPU).
 """
 
-import os
-import sys
-
-if "numba.cuda" not in sys.modules and "NUMBA_ENABLE_CUDASIM" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
 import math
 
 import numpy as np

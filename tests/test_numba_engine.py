@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-
-import paged_tutorial as pt  # noqa: E402
-from paged_tutorial.config import ModelConfig  # noqa: E402
+import paged_tutorial as pt
+from paged_tutorial.config import ModelConfig
 
 # small enough for the simulator: every CUDA thread is a Python thread
 SIM_CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -16,16 +16,6 @@ must also agree *bit for bit* on nearly every element, which shows that the kern
 torch rounds.
 """
 
-import os
-import sys
-
-# Decide the simulator before anything imports numba.cuda: without a GPU, simulate.
-if "numba.cuda" not in sys.modules and "NUMBA_ENABLE_CUDASIM" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
 import math
 
 import numpy as np

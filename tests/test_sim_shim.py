@@ -5,17 +5,7 @@ hardware: lane i of a warp reads lane src(i) of the same warp, or keeps its own 
 src(i) is not a lane of the warp.
 """
 
-import os
 import sys
-
-# Decide the simulator before anything imports numba.cuda (a process simulates or uses the
-# GPU, never both).  Without a GPU, simulate; with one, these tests need
-# NUMBA_ENABLE_CUDASIM=1 set by the caller (and are skipped otherwise).
-if "numba.cuda" not in sys.modules and "NUMBA_ENABLE_CUDASIM" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 import numpy as np
 import pytest
