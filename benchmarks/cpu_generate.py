@@ -31,10 +31,11 @@ NEW_TOKENS = 64
 
 def time_ours(model, prompts, max_slots):
     engine = pt.Engine(model, backend="torch", max_slots=max_slots, max_seq_len=512)
-    engine.eos_ids = set()                     # exactly NEW_TOKENS per request, like HF below
     engine.generate([prompts[0]], max_new_tokens=4)            # warm-up
     t0 = time.perf_counter()
-    results = engine.generate(prompts, max_new_tokens=NEW_TOKENS)
+    # ignore_eos: exactly NEW_TOKENS per request, like HF below
+    results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=NEW_TOKENS,
+                                                         ignore_eos=True))
     return time.perf_counter() - t0, results
 
 

@@ -56,7 +56,6 @@ def hf_from_model(model, folder: Path):
 
 def run_engine(model, backend, prompts):
     engine = pt.Engine(model, backend=backend, max_slots=2, max_seq_len=512)
-    engine.eos_ids = set()                 # random weights: generate exactly NEW_TOKENS
     engine.record_logits = True
     per_request = {i: [] for i in range(len(prompts))}
 
@@ -64,7 +63,9 @@ def run_engine(model, backend, prompts):
         for row, rid in enumerate(report.request_ids):
             per_request[rid].append(report.logits[row])
 
-    results = engine.generate(prompts, max_new_tokens=NEW_TOKENS, on_step=keep)
+    # random weights: generate exactly NEW_TOKENS (ignore_eos)
+    results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=NEW_TOKENS,
+                                                         ignore_eos=True), on_step=keep)
     engine.cache.check_invariants()
     return [r.token_ids for r in results], [torch.stack(per_request[i]) for i in per_request], engine
 
@@ -159,8 +160,8 @@ def sanitize_target():
     for backend, graphs in (("numba", None), (NumbaBackend(attention="article"), False)):
         engine = pt.Engine(model, backend=backend, max_slots=2, max_seq_len=256,
                            cuda_graphs=graphs)
-        engine.eos_ids = set()
-        engine.generate([[5] * 20, [7] * 37], max_new_tokens=9)
+        engine.generate([[5] * 20, [7] * 37], pt.SamplingParams(max_new_tokens=9,
+                                                                ignore_eos=True))
         torch.cuda.synchronize()
     print("sanitize target done")
 

@@ -7,11 +7,14 @@
 """
 
 from .config import CacheConfig, ModelConfig, llama_3_2_1b_config
-from .engine import Engine, GenerationResult, StepReport
-from .kv_cache import PagedKVCache
+from .engine import Engine, GenerationResult, StepReport, TokenStream
+from .kv_cache import BlockEvent, PagedKVCache
 from .models import Model, load_model, random_model
+from .observe import OpCall, RecordingBackend
+from .sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["CacheConfig", "Engine", "GenerationResult", "Model", "ModelConfig", "PagedKVCache",
-           "StepReport", "llama_3_2_1b_config", "load_model", "random_model", "__version__"]
+__all__ = ["BlockEvent", "CacheConfig", "Engine", "GenerationResult", "Model", "ModelConfig",
+           "OpCall", "PagedKVCache", "RecordingBackend", "SamplingParams", "StepReport",
+           "TokenStream", "llama_3_2_1b_config", "load_model", "random_model", "__version__"]

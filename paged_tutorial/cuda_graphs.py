@@ -45,10 +45,10 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Replays captured decode steps for a ``LlamaRunner`` on a CUDA backend."""
+    """Replays captured decode steps of a ``Llama`` (llama.py) on a CUDA backend."""
 
-    def __init__(self, runner, cache, max_batch: int, buckets: list[int] | None = None):
-        backend = runner.backend
+    def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
+        backend = llama.backend
         if backend.device.type != "cuda" or getattr(backend, "name", "") != "numba":
             raise ValueError(f"CUDA graphs need the numba backend on a GPU (the torch backend "
                              f"reads sequence lengths on the host), got {backend.describe()}")
@@ -56,7 +56,7 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
                              "checks (check_inputs / debug=True): turn them off, or pass "
                              "cuda_graphs=False")
-        self.runner, self.cache, self.backend = runner, cache, backend
+        self.llama, self.cache, self.backend = llama, cache, backend
         self.max_batch = max_batch
         self.buckets = sorted(buckets) if buckets else default_buckets(max_batch)
         if self.buckets[-1] < max_batch:
@@ -96,7 +96,7 @@ class DecodeGraphs:
 
     def _forward(self, bucket: int):
         x = {name: t[:bucket] for name, t in self.inputs.items()}
-        logits = self.runner.forward(x["token_ids"], x["positions"], x["slots"], self.cache,
+        logits = self.llama.forward(x["token_ids"], x["positions"], x["slots"], self.cache,
                                      self.cache.device_block_table(),
                                      decode_seq_lens=x["seq_lens"])
         next_ids = self.backend.sample(logits, x["temperature"], x["top_p"], x["uniforms"])

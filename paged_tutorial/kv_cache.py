@@ -18,6 +18,9 @@ sends only those, once per engine step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -27,7 +30,22 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 
 class CacheFullError(RuntimeError):
-    """Raised by ``allocate`` when ``free_blocks`` is empty (the scheduler preempts on it)."""
+    """Raised by ``ensure_capacity`` when ``free_blocks`` is too short (the scheduler preempts
+    on it)."""
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """One change of a block's owner, as a listener (``PagedKVCache.add_listener``) sees it.
+
+    ``kind`` is ``"pop"`` (taken from the end of ``free_blocks`` into
+    ``block_table[slot, layer, logical_block]``) or ``"push"`` (that entry reset to -1 and the
+    block appended to ``free_blocks``)."""
+    kind: str
+    block: int
+    slot: int
+    layer: int
+    logical_block: int
 
 
 def check_block_entries(cache: "PagedKVCache", table, slot: int, layer: int, n_tokens: int,
@@ -69,12 +87,28 @@ class PagedKVCache:
         self._block_table_device = torch.from_numpy(self.block_table).to(self.device) \
             if self.device.type != "cpu" else torch.from_numpy(self.block_table)
         self._dirty: set[int] = set()
-        self.h2d_entries_copied = 0      # how many table entries went to the device so far
-        self.h2d_copies = 0
-        # Entries changed since the previous sync, summed over syncs, on every device: what a
-        # separate device copy receives (equal to h2d_entries_copied on a GPU; on the CPU the
-        # device table shares memory, nothing is sent, and only this counts).
+        # Entries changed since the previous sync, summed over syncs: what a separate device
+        # copy receives (on a GPU, what is sent; on the CPU the device table shares memory).
         self.dirty_entries_synced = 0
+        self._listeners: list[Callable[[BlockEvent], None]] = []
+
+    # --- observation ----------------------------------------------------------------------
+    def add_listener(self, listener: Callable[[BlockEvent], None]) -> None:
+        """Call ``listener(event)`` for every pop from and push to ``free_blocks`` (a
+        ``BlockEvent``), in the order the cache does them.  Listeners observe; they must not
+        change the cache (an exception in one propagates to the caller of the change)."""
+        if not callable(listener):
+            raise TypeError(f"a listener must be callable, got {type(listener).__name__}")
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener) -> None:
+        self._listeners.remove(listener)
+
+    def _emit(self, kind: str, block: int, slot: int, layer: int, logical: int) -> None:
+        if self._listeners:
+            event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical))
+            for listener in list(self._listeners):
+                listener(event)
 
     @property
     def num_blocks(self) -> int:
@@ -128,8 +162,9 @@ class PagedKVCache:
             row = self.block_table[slot, layer]
             for logical in range(n_logical):
                 if row[logical] == -1:
-                    row[logical] = self.free_blocks.pop()
+                    row[logical] = block = self.free_blocks.pop()
                     self._dirty.add(self.flat_index(slot, layer, logical))
+                    self._emit("pop", block, slot, layer, logical)
 
     def release(self, slot: int) -> list[int]:
         """Push every block the slot owns back to free_blocks and reset its entries to -1
@@ -138,10 +173,12 @@ class PagedKVCache:
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
             for logical in np.flatnonzero(row >= 0):
-                freed.append(int(row[logical]))
-                self.free_blocks.append(int(row[logical]))
+                block = int(row[logical])
+                freed.append(block)
+                self.free_blocks.append(block)
                 row[logical] = -1
                 self._dirty.add(self.flat_index(slot, layer, int(logical)))
+                self._emit("push", block, slot, layer, int(logical))
         return freed
 
     # --- the device copy ----------------------------------------------------------------
@@ -168,8 +205,6 @@ class PagedKVCache:
             flat = self._block_table_device.view(-1)
             flat[torch.from_numpy(idx).to(self.device, non_blocking=False)] = \
                 torch.from_numpy(vals).to(self.device)
-            self.h2d_entries_copied += len(idx)
-            self.h2d_copies += 1
             self._dirty.clear()
         return self._block_table_device
 

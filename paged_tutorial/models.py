@@ -15,17 +15,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .config import ModelConfig, check_dtype
+from .packed_weights import is_packed_part, pack_weights
 from .tokenizer import Tokenizer
 from .weights import (EMBED, LM_HEAD, expected_tensor_shapes, load_gguf,
                       load_safetensors_folder)
@@ -51,16 +51,23 @@ ACCEPTED_SOURCES = (
 class Model:
     """Everything the engine needs: config, HF-named weights, tokenizer (None if the source
     had no tokenizer files) and where it came from.  A tied model has no ``lm_head.weight``;
-    ``output_weight`` is then the embedding."""
+    ``output_weight`` is then the embedding.
+
+    Each weight is held once: q/k/v and gate/up are stacked per layer in ``packed``
+    (``packed_weights.py``) and the HF-named entries of ``weights`` for them are row views of
+    those tensors.  Packing happens in ``__post_init__`` and changes the ``weights`` dict it
+    is given in place (so the loader's unpacked tensors are released layer by layer)."""
 
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer | None
     dtype: str
     source: str
+    packed: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.dtype = check_dtype(self.dtype)
+        self.packed = pack_weights(self.weights, self.config, self.packed or None)
 
     @property
     def device(self) -> torch.device:
@@ -76,9 +83,26 @@ class Model:
         return self.weights.get(LM_HEAD, self.weights[EMBED])
 
     def to(self, device) -> "Model":
-        """A new Model whose tensors live on ``device`` (this one is left as it is)."""
-        moved = {name: t.to(device) for name, t in self.weights.items()}
-        return dataclasses.replace(self, weights=moved)
+        """This model if it already lives on ``device``, else a new Model whose tensors were
+        moved there (this one is left as it is: drop it to free its memory)."""
+        device = torch.device(device)
+        if device.type == self.device.type and (device.index is None
+                                                or device.index == self.device.index):
+            return self
+        packed = {name: t.to(device) for name, t in self.packed.items()}
+        rest = {name: t.to(device) for name, t in self.weights.items()
+                if not is_packed_part(name)}
+        return Model(self.config, rest, self.tokenizer, self.dtype, self.source, packed=packed)
+
+    def num_bytes(self) -> int:
+        """Bytes of weight storage (each tensor counted once, however many names view it)."""
+        seen, total = set(), 0
+        for t in [*self.packed.values(), *self.weights.values()]:
+            key = (t.untyped_storage().data_ptr(), t.device)
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return total
 
     def __repr__(self) -> str:
         c = self.config
@@ -229,7 +253,8 @@ def save_hf_folder(model: Model, path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_hf_dict(), "torch_dtype": model.dtype}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.weights.items()
+    # clone: the packed parts are views of one tensor, and safetensors refuses shared memory
+    tensors = {name: t.detach().to("cpu").clone() for name, t in model.weights.items()
                if not (name == LM_HEAD and model.config.tie_word_embeddings)}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     if model.tokenizer is not None:

@@ -1,67 +1,51 @@
-"""Requests, slots and the decisions between engine steps: admission, retirement, preemption.
+"""Slots and the decisions between engine steps: admission, preemption, retirement.
 
-The article's engine serves ``MAX_SEQUENCES`` slots; a slot is one row of the block table.
-Here a request waits in a FIFO queue until a slot is free *and* the cache has blocks for its
-tokens; then it is admitted (prefilled) and decodes with the others until it finishes, when
-its blocks go back to ``free_blocks`` and its slot to the next waiting request (continuous
-batching).  When a decode step needs a block and none is free, the most recently admitted
-running request is preempted: its blocks are freed, it goes back to the head of the queue with
-the tokens it has generated, and it is recomputed (prefilled again) when re-admitted.
+The article's engine serves ``MAX_SEQUENCES`` slots; a slot is one row of the block table.  A
+request waits in a FIFO queue until a slot is free *and* the cache has blocks for its tokens;
+then it is admitted (prefilled) and decodes with the others until it finishes, when its blocks go
+back to ``free_blocks`` and its slot to the next waiting request (continuous batching).  When a
+decode step needs a block and none is free, the most recently admitted running request is
+preempted: its blocks are freed, it goes back to the head of the queue with the tokens it has
+generated, and it is recomputed (prefilled again) when re-admitted.
+
+One engine step is ``schedule()`` -> the model runner -> ``postprocess()``.  ``schedule`` may
+allocate blocks and admit or preempt requests; ``postprocess`` appends the sampled tokens and
+finishes requests.  If the model runner fails in between (an exception, Ctrl-C), ``rollback``
+preempts every request of the batch: their blocks go back, nothing was appended, and they are
+recomputed later with exactly the tokens they would have produced.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .kv_cache import CacheFullError, PagedKVCache
-
-
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+from .request import Request, Status
 
 
 @dataclass
-class Request:
-    request_id: int
-    prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    on_token: Callable | None = None
-    sample_key: int = 0                  # keys the request's random stream with seed
-    # --- state ---
-    output_ids: list[int] = field(default_factory=list)
-    status: Status = Status.WAITING
-    slot: int | None = None
-    num_cached: int = 0                  # tokens whose K/V are in the cache
-    finish_reason: str | None = None
-    num_preemptions: int = 0
-    arrival_time: float = field(default_factory=time.perf_counter)
-    first_token_time: float | None = None
-    finish_time: float | None = None
-    detok: object | None = None          # incremental detokenizer (engine-owned)
-    text_parts: list[str] = field(default_factory=list)
+class ScheduledBatch:
+    """What one step runs: a prefill of newly admitted requests or a decode of all running
+    ones.  ``preempted`` lists requests the scheduler preempted to make room this step."""
+    kind: str                                   # "prefill" | "decode"
+    requests: list[Request]
+    preempted: list[Request] = field(default_factory=list)
 
     @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def total_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+    def num_tokens(self) -> int:
+        """Tokens the model computes this step (K/V written for each)."""
+        return sum(r.total_len - r.num_cached for r in self.requests)
 
 
 class Scheduler:
-    def __init__(self, cache: PagedKVCache, max_slots: int):
+    def __init__(self, cache: PagedKVCache, max_slots: int, max_seq_len: int,
+                 eos_token_ids=()):
         self.cache = cache
         self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []          # in admission order
         self.free_slots: list[int] = list(range(max_slots - 1, -1, -1))   # pop() gives slot 0 first
@@ -74,8 +58,21 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # --- admission -----------------------------------------------------------------------
-    def admit(self) -> list[Request]:
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Admit what fits and prefill it; otherwise decode every running request (preempting
+        while blocks run short).  None when there is nothing to run."""
+        admitted = self._admit()
+        if admitted:
+            return ScheduledBatch("prefill", admitted)
+        if not self.running:
+            return None
+        preempted = self._reserve_decode_blocks()
+        if not self.running:
+            return ScheduledBatch("decode", [], preempted)
+        return ScheduledBatch("decode", list(self.running), preempted)
+
+    def _admit(self) -> list[Request]:
         """Move waiting requests into free slots while their tokens fit in free blocks.
         FIFO: a request that does not fit yet blocks the ones behind it (no starvation)."""
         admitted = []
@@ -93,8 +90,7 @@ class Scheduler:
             admitted.append(request)
         return admitted
 
-    # --- decode preparation ----------------------------------------------------------------
-    def reserve_decode_blocks(self) -> list[Request]:
+    def _reserve_decode_blocks(self) -> list[Request]:
         """Give every running request room for the token it writes this step, preempting the
         most recently admitted requests while blocks run short.  Returns the preempted."""
         preempted = []
@@ -111,6 +107,41 @@ class Scheduler:
                 # if the victim was this request, running[i] is now the next one (or none)
         return preempted
 
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Request]:
+        """Commit a step that ran: every request of the batch now has all its tokens cached,
+        gains its sampled token and finishes if it should.  Returns the finished requests."""
+        finished = []
+        now = time.perf_counter()
+        for request, token in zip(batch.requests, token_ids):
+            request.num_cached = request.total_len
+            request.output_ids.append(int(token))
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = self.stop_reason(request)
+            if reason is not None:
+                self.finish(request, reason)
+                finished.append(request)
+        return finished
+
+    def stop_reason(self, request: Request) -> str | None:
+        params = request.params
+        if not params.ignore_eos and request.output_ids[-1] in self.eos_token_ids:
+            return "eos"
+        if len(request.output_ids) >= params.max_new_tokens:
+            return "length"
+        if request.total_len >= self.max_seq_len:
+            return "max_seq_len"
+        return None
+
+    def rollback(self, batch: ScheduledBatch) -> None:
+        """A step failed before ``postprocess``: preempt every request of the batch (in reverse,
+        so that they wait at the head of the queue in their original order).  What the model
+        wrote into their blocks is discarded with the blocks; nothing was appended."""
+        for request in reversed(batch.requests):
+            if request.status is Status.RUNNING:
+                self.preempt(request)
+
+    # --- preemption and retirement ---------------------------------------------------------
     def preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.cache.release(request.slot)
@@ -120,16 +151,34 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    # --- retirement ------------------------------------------------------------------------
     def finish(self, request: Request, reason: str) -> None:
         """Retire a request: release its blocks and slot at once (also used by cancel)."""
+        if request.status is Status.FINISHED:
+            return
         if request.status is Status.RUNNING:
             self.running.remove(request)
             self.cache.release(request.slot)
             self.free_slots.append(request.slot)
             request.slot = None
-        elif request.status is Status.WAITING and request in self.waiting:
+        elif request in self.waiting:
             self.waiting.remove(request)
         request.status = Status.FINISHED
         request.finish_reason = reason
         request.finish_time = time.perf_counter()
+
+    # --- invariants -----------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Slots and requests agree: each running request holds one slot, no slot is both free
+        and used, waiting requests hold none."""
+        used = [r.slot for r in self.running]
+        if len(set(used)) != len(used) or None in used:
+            raise AssertionError(f"running requests hold slots {used}")
+        if set(used) & set(self.free_slots) or \
+                len(used) + len(self.free_slots) != self.max_slots:
+            raise AssertionError(f"slots: used {used}, free {self.free_slots}, "
+                                 f"max_slots {self.max_slots}")
+        if any(r.slot is not None or r.status is not Status.WAITING for r in self.waiting):
+            raise AssertionError("a waiting request holds a slot or is not WAITING")
+        for slot in range(self.max_slots):
+            if slot in self.free_slots and self.cache.blocks_owned(slot):
+                raise AssertionError(f"free slot {slot} still owns blocks")

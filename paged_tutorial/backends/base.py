@@ -102,6 +102,10 @@ class Backend(abc.ABC):
         inverse CDF at uniforms[b] in token-id order).  Returns int64 [B]."""
 
     # --- housekeeping ------------------------------------------------------------------
+    def begin_step(self, step_index: int) -> None:
+        """Called by the engine before each step's ops (a recording backend tags its calls
+        with it); nothing to do for a plain backend."""
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

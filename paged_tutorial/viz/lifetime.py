@@ -94,7 +94,7 @@ class LifetimeRecorder:
 
     def _record_start(self) -> StepRecord:
         owner, cached = self._state()
-        before = getattr(self.engine, "_step_index", 0) - 1     # the step before the next one
+        before = self.engine.step_count - 1                     # the step before the next one
         return StepRecord(before, "start", [], [], self.cache.block_table.copy(),
                           self.cache.num_free, slot_owner=owner, num_cached=cached)
 

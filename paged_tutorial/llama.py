@@ -19,6 +19,7 @@ from .config import ModelConfig
 from .kv_cache import PagedKVCache
 from .models import Model
 from .rope import rope_cos_sin
+from .weights import EMBED, FINAL_NORM, LAYER_PREFIX, LM_HEAD
 
 
 @dataclass
@@ -31,33 +32,45 @@ class LayerWeights:
     down: torch.Tensor
 
 
-class LlamaRunner:
-    """Holds the model's weights on the backend's device, laid out for the forward pass."""
+class Llama:
+    """The network, ready to run: the model's weights on the backend's device (the packed
+    q/k/v and gate/up tensors of ``Model.packed``, not copies) and the RoPE tables."""
 
     def __init__(self, model: Model, backend: Backend, max_positions: int):
+        if model.device.type != backend.device.type:
+            raise ValueError(f"the model's weights are on {model.device}, the backend runs on "
+                             f"{backend.device}: pass model.to(backend.device)")
         cfg = model.config
         self.config: ModelConfig = cfg
         self.backend = backend
-        w = model.to(backend.device).weights
-        self.embed = w["model.embed_tokens.weight"]
-        self.lm_head = w.get("lm_head.weight", self.embed)
-        self.final_norm = w["model.norm.weight"]
+        w, packed = model.weights, model.packed
+        self.embed = w[EMBED]
+        self.lm_head = w.get(LM_HEAD, self.embed)
+        self.final_norm = w[FINAL_NORM]
         self.layers = []
         for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
+            p = LAYER_PREFIX.format(i=i)
             self.layers.append(LayerWeights(
                 input_norm=w[p + "input_layernorm.weight"],
-                qkv=torch.cat([w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
-                               w[p + "self_attn.v_proj.weight"]], dim=0).contiguous(),
+                qkv=packed[p + "self_attn.qkv_proj.weight"],
                 o=w[p + "self_attn.o_proj.weight"],
                 post_norm=w[p + "post_attention_layernorm.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
-                                  dim=0).contiguous(),
+                gate_up=packed[p + "mlp.gate_up_proj.weight"],
                 down=w[p + "mlp.down_proj.weight"],
             ))
         self.cos, self.sin = rope_cos_sin(cfg, max_positions, device=backend.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.dtype = self.embed.dtype
+
+    def split_qkv(self, qkv: torch.Tensor):
+        """The q, k, v views of a QKV projection's output [T, q_dim + 2*kv_dim]: rows strided,
+        each row contiguous, so every backend op takes them without a copy."""
+        cfg, t = self.config, qkv.shape[0]
+        q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
+        q = qkv[:, :q_dim].view(t, cfg.n_heads, cfg.head_dim)
+        k = qkv[:, q_dim:q_dim + kv_dim].view(t, cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, q_dim + kv_dim:].view(t, cfg.n_kv_heads, cfg.head_dim)
+        return q, k, v
 
     # ------------------------------------------------------------------------------------
     def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool):
@@ -66,15 +79,7 @@ class LlamaRunner:
             x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
         else:
             x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
-        qkv = b.linear(x, layer.qkv)
-        t = qkv.shape[0]
-        q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
-        # views into qkv (rows strided, each row contiguous): every backend op accepts them,
-        # and three copy kernels per layer are saved
-        q = qkv[:, :q_dim].view(t, cfg.n_heads, cfg.head_dim)
-        k = qkv[:, q_dim:q_dim + kv_dim].view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, q_dim + kv_dim:].view(t, cfg.n_kv_heads, cfg.head_dim)
-        return q, k, v
+        return self.split_qkv(b.linear(x, layer.qkv))
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
         b, cfg = self.backend, self.config
