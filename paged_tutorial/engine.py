@@ -419,7 +419,11 @@ class Engine:
         for request_id in sorted(self._deferred_cancels):
             self.scheduler.finish(self._requests[request_id], "cancelled")
         self._deferred_cancels.clear()
-        batch = self.scheduler.schedule()
+        try:
+            batch = self.scheduler.schedule()
+        except BaseException:                # a cache listener raised: undo the admissions
+            self.scheduler.abort_schedule()
+            raise
         token_ids: list[int] = []
         if batch is None:
             report = StepReport(self.step_count, "idle", [], [], 0)
@@ -442,6 +446,7 @@ class Engine:
                 if self.record_logits:
                     report.logits = logits.detach().float().cpu()
         self.step_count += 1
+        self.scheduler.release_retired()     # last: a raising cache listener finds all done
         report.num_free_blocks = self.cache.num_free
         report.seconds = time.perf_counter() - t0
         if token_ids:

@@ -95,8 +95,10 @@ class PagedKVCache:
     # --- observation ----------------------------------------------------------------------
     def add_listener(self, listener: Callable[[BlockEvent], None]) -> None:
         """Call ``listener(event)`` for every pop from and push to ``free_blocks`` (a
-        ``BlockEvent``), in the order the cache does them.  Listeners observe; they must not
-        change the cache (an exception in one propagates to the caller of the change)."""
+        ``BlockEvent``), in the order the cache did them.  Events are delivered after the
+        operation that caused them has completed, so the cache is consistent when a listener
+        runs, and stays so if it raises (the exception then propagates to the caller).
+        Listeners observe; they must not change the cache or the engine."""
         if not callable(listener):
             raise TypeError(f"a listener must be callable, got {type(listener).__name__}")
         self._listeners.append(listener)
@@ -104,11 +106,13 @@ class PagedKVCache:
     def remove_listener(self, listener) -> None:
         self._listeners.remove(listener)
 
-    def _emit(self, kind: str, block: int, slot: int, layer: int, logical: int) -> None:
-        if self._listeners:
-            event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical))
-            for listener in list(self._listeners):
-                listener(event)
+    def _notify(self, events: list[tuple]) -> None:
+        """Deliver the events of one completed operation to every listener."""
+        if self._listeners and events:
+            for kind, block, slot, layer, logical in events:
+                event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical))
+                for listener in list(self._listeners):
+                    listener(event)
 
     @property
     def num_blocks(self) -> int:
@@ -144,6 +148,10 @@ class PagedKVCache:
         have = int((self.block_table[slot, 0] >= 0).sum())
         return max(0, self.config.blocks_for_tokens(new_len) - have) * self.config.num_layers
 
+    def can_grow(self, slot: int, new_len: int) -> bool:
+        """Whether ``ensure_capacity(slot, new_len)`` would find enough free blocks."""
+        return self.blocks_needed(slot, new_len) <= len(self.free_blocks)
+
     def ensure_capacity(self, slot: int, new_len: int) -> None:
         """Give ``slot`` physical blocks (every layer) for positions < new_len.  A block is
         popped only when a logical block is first needed (its entry is -1), as the article's
@@ -158,18 +166,20 @@ class PagedKVCache:
         if need == 0:       # most decode steps: the last block still has room (all layers
             return          # grow together, so layer 0 speaks for every layer)
         n_logical = self.config.blocks_for_tokens(new_len)
+        events = []
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
             for logical in range(n_logical):
                 if row[logical] == -1:
                     row[logical] = block = self.free_blocks.pop()
                     self._dirty.add(self.flat_index(slot, layer, logical))
-                    self._emit("pop", block, slot, layer, logical)
+                    events.append(("pop", block, slot, layer, logical))
+        self._notify(events)
 
     def release(self, slot: int) -> list[int]:
         """Push every block the slot owns back to free_blocks and reset its entries to -1
         (``src/main.cpp:1018-1029``: layer by layer, logical block by logical block)."""
-        freed = []
+        freed, events = [], []
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
             for logical in np.flatnonzero(row >= 0):
@@ -178,7 +188,8 @@ class PagedKVCache:
                 self.free_blocks.append(block)
                 row[logical] = -1
                 self._dirty.add(self.flat_index(slot, layer, int(logical)))
-                self._emit("push", block, slot, layer, int(logical))
+                events.append(("push", block, slot, layer, int(logical)))
+        self._notify(events)
         return freed
 
     # --- the device copy ----------------------------------------------------------------
