@@ -112,3 +112,95 @@ def plot_address_by_token(cache: PagedKVCache, trace: ReadTrace):
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
+
+
+# --- puzzle figures: what a launch read against what it should have read ------------------
+
+#: colours shared by the puzzle figures (legend and cells use the same values)
+READ_COLORS = {"read, as the article's kernel does": (0.17, 0.63, 0.17),
+               "should be read, was not": (1.0, 0.50, 0.05),
+               "read, should not be": (0.84, 0.15, 0.16)}
+UNTOUCHED = (0.93, 0.93, 0.93)
+
+
+def _classify(expected, reads) -> dict:
+    expected = set(int(x) for x in np.asarray(expected).ravel())
+    reads = set(int(x) for x in np.asarray(reads).ravel())
+    names = list(READ_COLORS)
+    return {**{i: names[0] for i in expected & reads}, **{i: names[1] for i in expected - reads},
+            **{i: names[2] for i in reads - expected}}
+
+
+def _legend(fig, used):
+    plt = _plt()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=READ_COLORS[n], label=n)
+               for n in READ_COLORS if n in used]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+
+
+def plot_block_reads(config, expected_elements, read_elements, title: str = "",
+                     max_tiles: int = 6):
+    """Each physical block touched, as K rows (top) and V rows (bottom) x KV_DIM columns:
+    green where the launch read what the article's kernel reads, orange where it missed an
+    element, red where it read one it should not.  ``read_elements`` may come from an access
+    log (``access_log``) or from the reader's function evaluated on the host."""
+    plt = _plt()
+    c = config
+    cls = _classify(expected_elements, read_elements)
+    blocks = sorted({i // c.BLOCK_ELEMS for i in cls if i >= 0})[:max_tiles]
+    outside = [i for i in cls if i < 0 or i // c.BLOCK_ELEMS >= c.NUM_BLOCKS]
+    fig, axes = plt.subplots(1, max(len(blocks), 1), figsize=(2.6 * max(len(blocks), 1) + 0.6, 3.4),
+                             dpi=FIG_DPI, squeeze=False)
+    for ax, b in zip(axes[0], blocks):
+        img = np.ones((2 * c.BLOCK_SIZE, c.KV_DIM, 3)) * np.array(UNTOUCHED)
+        for i, name in cls.items():
+            if i // c.BLOCK_ELEMS == b and i >= 0:
+                row, col = divmod(i % c.BLOCK_ELEMS, c.KV_DIM)
+                img[row, col] = READ_COLORS[name]
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        ax.axhline(c.BLOCK_SIZE - 0.5, color="black", lw=0.8)
+        for h in range(1, c.num_kv_heads):
+            ax.axvline(h * c.head_dim - 0.5, color="0.4", lw=0.6, ls=":")
+        ax.set_title(f"physical block {b}", fontsize=8)
+        ax.set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
+        ax.set_yticklabels(["K rows", "V rows"], fontsize=7)
+        ax.set_xticks([h * c.head_dim for h in range(c.num_kv_heads)])
+        ax.set_xticklabels([f"head {h}" for h in range(c.num_kv_heads)], fontsize=7)
+    if not blocks:
+        axes[0][0].axis("off")
+    note = f"  ({len(outside)} read(s) outside the buffer)" if outside else ""
+    fig.suptitle((title or "cache reads") + note, fontsize=8)
+    _legend(fig, set(cls.values()))
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return fig
+
+
+def plot_table_reads(config, expected_entries, read_entries, title: str = ""):
+    """The flat block table drawn as its [slot][layer] rows x logical-block columns, coloured
+    as in ``plot_block_reads``; each cell shows its flat index."""
+    plt = _plt()
+    c = config
+    cls = _classify(expected_entries, read_entries)
+    rows, cols = c.max_slots * c.num_layers, c.MAX_BLOCKS_PER_SEQ
+    img = np.ones((rows, cols, 3)) * np.array(UNTOUCHED)
+    for i, name in cls.items():
+        if 0 <= i < rows * cols:
+            img[i // cols, i % cols] = READ_COLORS[name]
+    fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * cols, 9), 0.9 + 0.32 * rows), dpi=FIG_DPI)
+    ax.imshow(img, aspect="auto", interpolation="nearest")
+    for r in range(rows):
+        for col in range(cols):
+            ax.text(col, r, str(r * cols + col), ha="center", va="center", fontsize=6, color="0.25")
+    ax.set_yticks(range(rows))
+    ax.set_yticklabels([f"slot {r // c.num_layers}, layer {r % c.num_layers}" for r in range(rows)],
+                       fontsize=7)
+    ax.set_xticks(range(cols))
+    ax.set_xlabel("logical block", fontsize=8)
+    for s in range(1, c.max_slots):
+        ax.axhline(s * c.num_layers - 0.5, color="black", lw=0.8)
+    outside = [i for i in cls if not 0 <= i < rows * cols]
+    note = f"  ({len(outside)} read(s) outside the table)" if outside else ""
+    ax.set_title((title or "block-table reads") + note, fontsize=8)
+    _legend(fig, set(cls.values()))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
