@@ -21,11 +21,13 @@ against a stock one).
 
 from __future__ import annotations
 
-from . import kernel_addresses
+from . import kernel_addresses, online_softmax, warp_combine
 from .base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
     *kernel_addresses.PUZZLES,
+    *warp_combine.PUZZLES,
+    *online_softmax.PUZZLES,
 )
 
 __all__ = ["PUZZLES", "Puzzle", "puzzle"]

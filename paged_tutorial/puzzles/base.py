@@ -113,6 +113,8 @@ def host_call(fn: Callable, args: tuple, names: list[str], allow_none: bool = Fa
     the call."""
     try:
         value = fn(*args)
+    except (Wrong, Unsolved):
+        raise
     except NotImplementedError:
         raise Unsolved() from None
     except Exception as exc:      # the reader's code may raise anything: report it

@@ -265,10 +265,11 @@ def first_bad(prep: Prepared, result: KernelRun):
     return result.bad[0]
 
 
-def bad_summary(prep: Prepared, result: KernelRun) -> str:
+def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poisoned memory"
+                ) -> str:
     row, h = result.bad[0]
     got = result.out[row, h]
-    what = "NaN (it read poisoned memory)" if torch.isnan(got).any() else \
+    what = f"NaN or inf ({nan_means})" if not torch.isfinite(got).all() else \
         f"off by up to {float((got - prep.reference[row, h]).abs().max()):.3g}"
     slot, n = prep.case.rows[row]
     return (f"{len(result.bad)} of {len(prep.slots) * prep.case.n_q_heads} outputs differ from "

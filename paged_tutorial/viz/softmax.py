@@ -82,3 +82,43 @@ def plot_softmax_error(lengths, curves: dict, markers: dict | None = None):
     ax.set_title("online softmax vs two-pass softmax, against float64", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_softmax_replay(scores, mine, article, title: str = ""):
+    """A puzzle's ``softmax_update`` replayed on the host next to the article's: per token,
+    the score and both running maxes (top) and the output so far, acc / d, for dimension 0
+    (bottom).  ``mine`` / ``article``: [tokens, 3] arrays of (max, d, acc) after each token;
+    ``mine`` may stop early (the update raised)."""
+    plt = _plt()
+    scores = np.asarray(scores, dtype=np.float64)
+    mine, article = np.asarray(mine, dtype=np.float64), np.asarray(article, dtype=np.float64)
+    pos = np.arange(len(scores))
+    fig, axes = plt.subplots(2, 1, figsize=(7.5, 4.6), dpi=FIG_DPI, sharex=True)
+    ax = axes[0]
+    ax.plot(pos, scores, "o", ms=3, color="0.4", label="score")
+    ax.step(pos[:len(article)], article[:, 0], where="post", color="tab:green", lw=1.2,
+            label="running max, article's update")
+    if len(mine):
+        ax.step(pos[:len(mine)], mine[:, 0], where="post", color="tab:red", lw=1, ls="--",
+                label="running max, your update")
+    ax.set_ylabel("score")
+    ax.legend(fontsize=7, loc="best")
+    ax = axes[1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ax.plot(pos[:len(article)], article[:, 2] / article[:, 1], "-o", ms=3, color="tab:green",
+                label="acc / d, article's update")
+        if len(mine):
+            out = mine[:, 2] / mine[:, 1]
+            ax.plot(pos[:len(mine)], np.where(np.isfinite(out), out, np.nan), "--s", ms=3,
+                    color="tab:red", label="acc / d, your update")
+            bad = np.flatnonzero(~np.isfinite(out))
+            for t in bad[:1]:
+                ax.axvline(t, color="tab:red", lw=0.8, ls=":")
+                ax.text(t, ax.get_ylim()[1], " not finite from here", color="tab:red",
+                        fontsize=7, va="top")
+    ax.set_ylabel("output so far, dim 0")
+    ax.set_xlabel("token (kernel loop order)")
+    ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"online softmax replayed on the host: {title}", fontsize=9)
+    fig.tight_layout()
+    return fig

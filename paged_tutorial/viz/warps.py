@@ -264,3 +264,44 @@ def plot_lane_diagram(steps: np.ndarray, offsets=OFFSETS, lanes: int = WARP_SIZE
                  "hatched = counts an input twice", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_warp_coverage(head_dim: int, coefficients, warp_size: int = WARP_SIZE):
+    """One cell per thread of a block of ``head_dim`` threads rounded up to whole warps,
+    coloured by how many times a cross-warp sum counted that thread's warp: once (green),
+    never (orange) or more than once (red); padding lanes of a partial last warp are grey.
+    ``coefficients[w]`` is what the sum returns when only warp w's cell holds 1."""
+    plt = _plt()
+    from .addresses import READ_COLORS, UNTOUCHED
+
+    good, missed, extra = (READ_COLORS[k] for k in READ_COLORS)
+    coef = np.asarray(coefficients, dtype=np.float64)
+    n_warps = len(coef)
+    threads = n_warps * warp_size
+    img = np.ones((1, threads, 3))
+    for t in range(threads):
+        w = t // warp_size
+        if t >= head_dim:
+            img[0, t] = UNTOUCHED
+        elif coef[w] == 1:
+            img[0, t] = good
+        elif coef[w] == 0:
+            img[0, t] = missed
+        else:
+            img[0, t] = extra
+    fig, ax = plt.subplots(figsize=(min(0.06 * threads + 1.5, 10), 1.9), dpi=FIG_DPI)
+    ax.imshow(img, aspect="auto", interpolation="nearest")
+    for w in range(n_warps):
+        ax.axvline(w * warp_size - 0.5, color="black", lw=0.8)
+        ax.text(w * warp_size + warp_size / 2 - 0.5, 0, f"warp {w}: x{coef[w]:g}", ha="center",
+                va="center", fontsize=7)
+    ax.set_yticks([])
+    ax.set_xlabel("thread = head dimension (grey: padding lanes, no dimension)", fontsize=8)
+    ax.set_title(f"head_dim {head_dim}: how many times the sum counts each warp's partial sum",
+                 fontsize=9)
+    labels = {"counted once": good, "dropped": missed, "counted more than once": extra,
+              "padding lane": UNTOUCHED}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c, label=n) for n, c in labels.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.18, 1, 1))
+    return fig
