@@ -67,7 +67,25 @@ EXERCISE_SOLUTIONS = {
     "07.smollm2_kv_bytes_per_token": 30 * 2 * 3 * 64 * 4,
 }
 
+def kv_byte_offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
+                   ITEMSIZE):
+    """01.kv_offset: the article's block layout (main.cpp:866-872), in bytes."""
+    V_OFFSET = BLOCK_SIZE * KV_DIM * ITEMSIZE          # all the K rows come first
+    offset = (token_in_block * KV_DIM + kv_head * HEAD_DIM + dim) * ITEMSIZE
+    if is_value:
+        offset += V_OFFSET
+    return offset
+
+
+def locate(block_table, slot, layer, position, BLOCK_SIZE):
+    """02.locate: the token's logical block through the table, and its row in the block."""
+    logical_block, row = divmod(position, BLOCK_SIZE)
+    return int(block_table[slot, layer, logical_block]), row
+
+
 PUZZLE_SOLUTIONS = {
+    "02.locate": locate,
+    "01.kv_offset": kv_byte_offset,
     "02.table_index": block_table_index,
     "03.blocks_to_read": blocks_to_read,
     "03.tokens_in_block": tokens_in_block,

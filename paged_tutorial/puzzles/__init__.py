@@ -21,10 +21,12 @@ against a stock one).
 
 from __future__ import annotations
 
-from . import kernel_addresses, online_softmax, warp_combine
+from . import block_layout, block_table, kernel_addresses, online_softmax, warp_combine
 from .base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
+    *block_layout.PUZZLES,
+    *block_table.PUZZLES,
     *kernel_addresses.PUZZLES,
     *warp_combine.PUZZLES,
     *online_softmax.PUZZLES,
