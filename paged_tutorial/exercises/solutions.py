@@ -83,6 +83,26 @@ def locate(block_table, slot, layer, position, BLOCK_SIZE):
     return int(block_table[slot, layer, logical_block]), row
 
 
+def prefill_pops(prompt_len, BLOCK_SIZE):
+    """06.prefill_pops: one block per logical block the prompt touches (rounded up)."""
+    return (prompt_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def decode_pops(position, BLOCK_SIZE):
+    """06.decode_pops: a new block when the token is the first row of one."""
+    return position % BLOCK_SIZE == 0
+
+
+def release_order(block_table, slot):
+    """06.release_order: layer by layer, logical block by logical block, skipping -1."""
+    order = []
+    for layer in range(block_table.shape[1]):
+        for logical in range(block_table.shape[2]):
+            if block_table[slot, layer, logical] != -1:
+                order.append(int(block_table[slot, layer, logical]))
+    return order
+
+
 PUZZLE_SOLUTIONS = {
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
@@ -92,6 +112,9 @@ PUZZLE_SOLUTIONS = {
     "03.k_index": k_index,
     "04.combine_warps": combine_warps,
     "05.softmax_update": softmax_update,
+    "06.prefill_pops": prefill_pops,
+    "06.decode_pops": decode_pops,
+    "06.release_order": release_order,
 }
 
 SOLUTIONS = {**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS}

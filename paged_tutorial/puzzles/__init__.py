@@ -21,7 +21,8 @@ against a stock one).
 
 from __future__ import annotations
 
-from . import block_layout, block_table, kernel_addresses, online_softmax, warp_combine
+from . import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
+               warp_combine)
 from .base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
@@ -30,6 +31,7 @@ PUZZLES: tuple[Puzzle, ...] = (
     *kernel_addresses.PUZZLES,
     *warp_combine.PUZZLES,
     *online_softmax.PUZZLES,
+    *free_list.PUZZLES,
 )
 
 __all__ = ["PUZZLES", "Puzzle", "puzzle"]

@@ -17,7 +17,7 @@ import torch
 
 from ..backends.torch_ref import TorchBackend
 from .base import Puzzle, Wrong, host_call, need_int
-from .engine_harness import engine_with_cache, first_difference, run, tiny_model
+from .engine_harness import engine_with_cache, run, tiny_model
 
 REQUESTS = (((tuple(range(3, 23))), 4),)        # 20 prompt tokens: two blocks, then 3 decodes
 NAMES = ["token_in_block", "kv_head", "dim", "is_value", "BLOCK_SIZE", "KV_DIM", "HEAD_DIM",
@@ -109,8 +109,8 @@ def grade(fn) -> str:
     config, stock = stock_run()
     offsets = offsets_of(fn, config)
     engine = engine_with_cache(tiny_model(), backend=OffsetWriterBackend(offsets), **ENGINE)
-    mine = run(engine, REQUESTS, poison=True)
-    diff = first_difference(mine, stock, compare_blocks=False)
+    mine, diff = run(engine, REQUESTS, poison=True, against=stock)
+
     if diff is not None:
         step = mine[diff[0]]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends.torch_ref import TorchBackend
 from .base import Puzzle, Wrong, host_call, need_int
-from .engine_harness import engine_with_cache, first_difference, run, tiny_model
+from .engine_harness import engine_with_cache, run, tiny_model
 
 REQUESTS = ((tuple(range(3, 23)), 3), (tuple(range(30, 37)), 3))   # 20 and 7 prompt tokens
 ENGINE = dict(device="cpu", max_slots=2, max_seq_len=32)
@@ -82,8 +82,8 @@ def grade(fn) -> str:
     config, stock = stock_run()
     backend = LocatingWriterBackend(fn)
     engine = engine_with_cache(tiny_model(NUM_LAYERS), backend=backend, **ENGINE)
-    mine = run(engine, REQUESTS, shuffle_seed=SHUFFLE, poison=True)
-    diff = first_difference(mine, stock, compare_blocks=False)
+    mine, diff = run(engine, REQUESTS, shuffle_seed=SHUFFLE, poison=True, against=stock)
+
     if diff is not None:
         step = mine[diff[0]]
         message, rows = explain(backend, step.block_table, config.BLOCK_SIZE)

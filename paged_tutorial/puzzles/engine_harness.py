@@ -71,11 +71,18 @@ class StepState:
 
 
 def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
-        max_steps: int = 200) -> list[StepState]:
-    """Serve ``requests`` [(prompt ids, max_new_tokens)] greedily to the end; one
+        against: list | None = None, compare_blocks: bool = False, max_steps: int = 200):
+    """Serve ``requests`` [(prompt ids, max_new_tokens)] greedily to the end; returns one
     ``StepState`` per step.  ``shuffle_seed`` permutes the free list first (so physical blocks
     differ from logical ones); ``poison`` fills the cache with NaN first (a read of anything
-    never written shows)."""
+    never written shows).
+
+    With ``against`` (a stock run's states) the run stops at the first step that differs and
+    returns ``(states, (position, what))`` (``what``: kind, logits, table, free, length), or
+    ``(states, None)``; a ``Wrong`` raised by the reader's code during a step is re-raised with
+    the step named."""
+    from .base import Wrong
+
     cache = engine.cache
     if shuffle_seed is not None:
         rng = np.random.default_rng(shuffle_seed)
@@ -87,11 +94,24 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
         engine.add_request(list(prompt), max_new_tokens=max_new, temperature=0.0, seed=0)
     states = []
     while engine.has_unfinished() and len(states) < max_steps:
-        report = engine.step()
+        i = len(states)
+        try:
+            report = engine.step()
+        except Wrong as wrong:
+            if against is None or i >= len(against):
+                raise
+            raise Wrong(f"during step {against[i].index} ({against[i].kind}): {wrong.message}",
+                        wrong.figure) from None
         states.append(StepState(report.index, report.kind, dict(report.new_tokens),
                                 list(report.finished), report.logits,
                                 engine.cache.block_table.copy(), list(engine.cache.free_blocks)))
-    return states
+        if against is not None:
+            diff = first_difference(states[i:], against[i:i + 1], compare_blocks)
+            if diff is not None:
+                return states, (i, diff[1])
+    if against is None:
+        return states
+    return states, (None if len(states) == len(against) else (len(states), "length"))
 
 
 def same_logits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -113,6 +133,6 @@ def first_difference(mine: list[StepState], stock: list[StepState], compare_bloc
             return i, "table"
         if compare_blocks and m.free_blocks != s.free_blocks:
             return i, "free"
-    if len(mine) != len(stock):
-        return min(len(mine), len(stock)), "length"
+    if len(mine) > len(stock):
+        return len(stock), "length"
     return None

@@ -399,3 +399,54 @@ def lifetime_widget(steps: list[StepRecord], num_blocks: int, dpi: int = 80):
     box = widgets.VBox([slider, out])
     box.add_class("pt-lifetime")
     return box
+
+
+def plot_table_and_free_list(table, free_blocks, article_table, article_free_blocks,
+                             title: str = ""):
+    """A puzzle's cache next to the article's engine's after the same step: each block table
+    as [slot, layer] rows x logical-block columns with the physical ids (entries that differ
+    in red), and each free list as a strip whose right end is the next block popped."""
+    import matplotlib.pyplot as plt
+
+    from .addresses import READ_COLORS, UNTOUCHED
+
+    wrong = READ_COLORS["read, should not be"]
+    tables = (np.asarray(table), np.asarray(article_table))
+    frees = (list(free_blocks), list(article_free_blocks))
+    slots, layers, logical = tables[0].shape
+    width = max(len(frees[0]), len(frees[1]), 1)
+    fig, axes = plt.subplots(2, 2, figsize=(max(7.5, 0.42 * width + 2), 2.2 + 0.5 * slots * layers),
+                             dpi=80, gridspec_kw={"height_ratios": [slots * layers, 1.2]})
+    for col, (tab, free, name) in enumerate(zip(tables, frees, ("yours", "the article's"))):
+        ax = axes[0, col]
+        flat = tab.reshape(slots * layers, logical)
+        other = tables[1 - col].reshape(slots * layers, logical)
+        img = np.ones((slots * layers, logical, 3)) * np.array(UNTOUCHED)
+        img[flat >= 0] = (0.78, 0.87, 0.95)
+        img[flat != other] = wrong
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        for r in range(slots * layers):
+            for lb in range(logical):
+                ax.text(lb, r, str(int(flat[r, lb])), ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(slots * layers))
+        ax.set_yticklabels([f"slot {r // layers}, layer {r % layers}"
+                            for r in range(slots * layers)], fontsize=7)
+        ax.set_xticks(range(logical))
+        ax.set_xlabel("logical block", fontsize=7)
+        ax.set_title(f"block table, {name}", fontsize=8)
+        ax = axes[1, col]
+        strip = np.ones((1, width, 3)) * np.array(UNTOUCHED)
+        other_free = frees[1 - col]
+        for i, b in enumerate(free):
+            j = width - len(free) + i
+            k = len(other_free) - len(free) + i
+            same = 0 <= k < len(other_free) and other_free[k] == b
+            strip[0, j] = (0.78, 0.87, 0.95) if same else wrong
+            ax.text(j, 0, str(b), ha="center", va="center", fontsize=7)
+        ax.imshow(strip, aspect="auto", interpolation="nearest")
+        ax.set_yticks([])
+        ax.set_xticks([])
+        ax.set_title(f"free_blocks, {name} (next pop: right end)", fontsize=8)
+    fig.suptitle(title + "  (red: differs from the article's)", fontsize=9)
+    fig.tight_layout()
+    return fig
