@@ -254,13 +254,15 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
         acc = float32(0.0)
         d = float32(0.0)                           # denominator
 
-        for logical_block in range(num_blocks):         # kernels.cu:478
+        # --- kernels.cu:478: one logical block at a time ------------------------------
+        for logical_block in range(num_blocks):
             # --- kernels.cu:480: logical -> physical, via the three-term index ----------
             physical_block = block_table[block_table_index(slot, layer, logical_block,
                                                            N_LAYERS, MAX_BLOCKS_PER_SEQ)]
             # --- kernels.cu:481: the last block may be partly filled --------------------
             n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
-            for token in range(n_tokens):              # kernels.cu:482
+            # --- kernels.cu:482: one token of the block at a time -----------------------
+            for token in range(n_tokens):
                 # --- kernels.cu:484-485: physical block -> element addresses ------------
                 k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS,
                                  KV_DIM, HEAD_DIM)
@@ -281,12 +283,12 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
                     dot_products[thread_id // WARP_SIZE] = qk
                 cuda.syncthreads()
 
-                # --- kernels.cu:503-507: thread 0 adds the warps and scales --------------
+                # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ----
                 if thread_id == 0:
                     # own cell for the score: see DEPARTURES (a race removed)
                     score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
                 cuda.syncthreads()
-                dot_product = score[0]             # kernels.cu:508
+                dot_product = score[0]
 
                 # --- kernels.cu:509-519: online softmax update ------------------------
                 v = float32(0.0)
