@@ -4,6 +4,8 @@ a real ``PagedKVCache`` and a real ``Engine`` run on a tiny random model."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..config import CacheConfig, llama_3_2_1b_config
 from .answers import Integer
 from .registry import Exercise, Mistake
@@ -20,6 +22,7 @@ def article_table_bytes_per_decode_step() -> int:
     return cache.block_table_entries * INT32_BYTES * model.num_hidden_layers
 
 
+@lru_cache(maxsize=None)
 def next_pop_block() -> int:
     """Fresh cache of 64 blocks, 2 layers; slot 0 grows to 20 tokens and is released; then
     slot 1 takes one token.  Which physical block lands in block_table[1, 0, 0]?"""
@@ -37,6 +40,7 @@ def next_pop_block() -> int:
 PEAK = dict(prompt_len=40, max_new_tokens=9, num_layers=30)
 
 
+@lru_cache(maxsize=None)
 def peak_blocks(prompt_len: int = PEAK["prompt_len"], max_new_tokens: int = PEAK["max_new_tokens"],
                 num_layers: int = PEAK["num_layers"]) -> int:
     """Run a real engine on a tiny random model with ``num_layers`` layers and no EOS; return

@@ -4,6 +4,8 @@ Right answers come from the package: a real ``Engine`` run on a tiny random mode
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..config import CacheConfig, ModelConfig, llama_3_2_1b_config, smollm2_135m_config
 from .answers import Integer
 from .registry import Exercise, Mistake
@@ -18,6 +20,7 @@ def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
     return cache.BLOCK_BYTES // cache.BLOCK_SIZE * model.num_hidden_layers
 
 
+@lru_cache(maxsize=None)
 def steps_for_requests(new_tokens=NEW_TOKENS, max_slots: int = 2) -> int:
     """Engine steps a run takes: requests needing ``new_tokens`` tokens each (no EOS), queued
     in order, through ``max_slots`` slots; counted on a real Engine with a tiny random model."""

@@ -49,6 +49,9 @@ class Mistake:
     says: str
 
 
+_EXPECTED: dict = {}
+
+
 @dataclass(frozen=True)
 class Exercise:
     name: str                                    # "NN.short_name", NN = the notebook
@@ -59,13 +62,19 @@ class Exercise:
     hint: str                                    # said when wrong and no known mistake matches
     mistakes: tuple[Mistake, ...] = field(default=())
 
+    def right_answer(self):
+        """``expected()``, computed once (some run an engine)."""
+        if self.name not in _EXPECTED:
+            _EXPECTED[self.name] = self.expected()
+        return _EXPECTED[self.name]
+
     def grade(self, answer) -> Verdict:
         if unsolved(answer):
             return Verdict("unsolved", f"replace ... with your answer ({self.kind.what})")
         problem = self.kind.type_problem(answer)
         if problem:
             return Verdict("wrong", f"{problem}.  Expected {self.kind.what}.")
-        expected = self.expected()
+        expected = self.right_answer()
         if self.kind.equal(answer, expected):
             return Verdict("correct", self.explain(expected))
         for mistake in self.mistakes:
@@ -162,4 +171,4 @@ def expected_answer(name: str):
     item = get(name)
     if not isinstance(item, Exercise):
         raise TypeError(f"{name} is a puzzle: its answer is a function, see reveal({name!r})")
-    return as_plain(item.expected())
+    return as_plain(item.right_answer())

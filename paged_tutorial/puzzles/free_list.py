@@ -116,10 +116,7 @@ class RuleCache(PagedKVCache):
         c = self.config
         owned = sorted(int(b) for b in self.block_table[slot].ravel() if b >= 0)
         order = host_call(self.rules.release_order, (self.block_table.copy(), slot),
-                          ["block_table", "slot"], allow_none=True)
-        if order is None:
-            raise Wrong("release_order returned None; it must return the list of blocks to "
-                        "push back") if owned else Wrong("release_order returned None")
+                          ["block_table", "slot"])
         if not isinstance(order, (list, tuple, np.ndarray)):
             raise Wrong(f"release_order returned a {type(order).__name__}; it must return a list "
                         "of physical block ids")
