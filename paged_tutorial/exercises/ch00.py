@@ -26,8 +26,8 @@ EXERCISES = (
         "00.kv_bytes_per_token",
         "Bytes of K and V that one token occupies in the article's cache, all layers together.",
         Integer(), lambda: token_bytes(_c()),
-        explain=lambda e: (f"{e} B = {_c().num_layers} layers x (K + V) x KV_DIM {_c().KV_DIM} "
-                           f"x {_c().ITEMSIZE} B"),
+        explain=lambda e: (f"{e} B = {_c().num_layers} layers x (K + V) x {_c().KV_DIM} x "
+                           f"{_c().ITEMSIZE} B"),
         hint="layers x 2 (K and V) x KV_DIM x bytes per element",
         mistakes=(
             Mistake(lambda: token_bytes(_c()) // 2, "count both K and V"),
@@ -58,8 +58,7 @@ EXERCISES = (
         lambda: ((_c().max_seq_len - WASTE_SEQ_LEN) * token_bytes(_c()),
                  (_c().blocks_for_tokens(WASTE_SEQ_LEN) * _c().BLOCK_SIZE - WASTE_SEQ_LEN)
                  * token_bytes(_c())),
-        explain=lambda e: (f"contiguous {e[0]:,} B, paged {e[1]:,} B: a contiguous buffer "
-                           "reserves max_seq_len tokens, blocks round up to 16 tokens"),
+        explain=lambda e: f"(contiguous waste, paged waste) = {e}",
         hint=("a contiguous buffer reserves max_seq_len tokens; paged blocks round up to a "
               "multiple of BLOCK_SIZE tokens (per layer); multiply tokens by a token's bytes"),
         mistakes=(

@@ -33,8 +33,7 @@ EXERCISES = (
         Numbers(Integer(), 3, ("V_OFFSET", "BLOCK_BYTES", "NUM_BLOCKS")),
         lambda: tuple(getattr(article_cache_config(dtype="float32"), n)
                       for n in ("V_OFFSET", "BLOCK_BYTES", "NUM_BLOCKS")),
-        explain=lambda e: (f"(V_OFFSET, BLOCK_BYTES, NUM_BLOCKS) = {e}: 4-byte elements double "
-                           "a block, so 2 GiB holds half as many"),
+        explain=lambda e: f"(V_OFFSET, BLOCK_BYTES, NUM_BLOCKS) = {e}",
         hint="a float32 element takes 4 bytes instead of 2; the cache stays 2 GiB",
         mistakes=(
             Mistake(lambda: tuple(getattr(article_cache_config(), n)

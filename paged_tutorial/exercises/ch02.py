@@ -51,10 +51,10 @@ EXERCISES = (
         "02.unravel",
         f"Which (slot, layer, logical block) does flat entry {UNRAVEL_FLAT} of the article's "
         "table belong to?",
-        Numbers(Integer(), 3, ("slot", "layer", "logical block")),
+        Numbers(Integer(), 3, ("slot", "layer", "logical")),
         lambda: tuple(int(i) for i in np.unravel_index(UNRAVEL_FLAT,
                                                        small_article_cache().block_table.shape)),
-        explain=lambda e: f"(slot, layer, logical block) = {e}",
+        explain=lambda e: f"(slot, layer, logical) = {e}",
         hint=("divide by N_LAYERS*MAX_BLOCKS_PER_SEQ for the slot, then the rest by "
               "MAX_BLOCKS_PER_SEQ for the layer; what remains is the logical block")),
     Exercise(
@@ -62,7 +62,7 @@ EXERCISES = (
         "Table entries that hold a physical block when slot 0 caches {0} tokens and slot 1 "
         "caches {1} (article's table).".format(LENGTHS[0], LENGTHS[1]),
         Integer(), _entries_used,
-        explain=lambda e: (f"{e} entries hold a physical block; the other "
+        explain=lambda e: (f"{e} entries hold a physical block; "
                            f"{small_article_cache().config.block_table_entries - e} are -1"),
         hint="per slot: ceil(tokens / BLOCK_SIZE) logical blocks, in each of the 16 layers",
         mistakes=(

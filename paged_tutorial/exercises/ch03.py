@@ -30,7 +30,8 @@ def _loop_exercise(seq_len: int, extra: tuple = ()) -> Exercise:
         Numbers(Integer(), 2, ("num_blocks", "tokens in the last block")),
         lambda: block_loop(seq_len),
         explain=lambda e: (f"ceil({seq_len}/16) = {e[0]} blocks; the last one holds "
-                           f"min({seq_len} - {e[0] - 1}*16, 16) = {e[1]} token(s)"),
+                           f"min({seq_len} - {e[0] - 1}*16, 16) = {e[1]} "
+                           + ("token" if e[1] == 1 else "tokens")),
         hint="num_blocks = ceil(seq_len / 16); tokens_in_block = min(seq_len - lb*16, 16)",
         mistakes=(
             Mistake(lambda: (seq_len // 16, block_loop(seq_len)[1]),

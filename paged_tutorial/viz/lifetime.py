@@ -4,9 +4,9 @@
 ``LifetimeRecorder(engine)`` drives ``engine.step()`` and, after every step, keeps a copy of
 the block table, the size of the free list, the physical blocks popped from and pushed back to
 ``engine.cache.free_blocks`` (in the order the cache did it) and how many block-table entries
-the step's device sync carried.  The pops and pushes are observed on the engine's own free
-list, not inferred: the recorder swaps it for a list that logs ``pop``/``append`` and behaves
-otherwise exactly like the original.
+the step's device sync carried.  The pops and pushes are observed, not inferred: through the
+cache's event hook (``cache.add_listener``, round 2 of the engine) or, on a cache without one,
+through a free list that logs ``pop``/``append`` and behaves otherwise exactly like a list.
 
 The drawing functions turn a recording into the *physical* view the block table hides: one
 cell per physical block, coloured by the (slot, layer) that owns it, grey when free.
@@ -75,17 +75,34 @@ class StepRecord:
         return len(self.finished) + len(self.preempted)
 
 
+def _synced_entries(cache) -> int:
+    """Block-table entries sent to the device copy so far (the counter's round-2 name first)."""
+    if hasattr(cache, "table_entries_synced"):
+        return cache.table_entries_synced
+    return cache.dirty_entries_synced
+
+
 class LifetimeRecorder:
-    """Step an engine and record the block table and the free list after every step."""
+    """Step an engine and record the block table and the free list after every step.
+
+    Pops and pushes come from the cache's own event hook (``cache.add_listener``) where the
+    cache has one; a cache without it gets a free list that logs its stack operations."""
 
     def __init__(self, engine):
         self.engine = engine
         self.cache = engine.cache
         self.log: list[tuple[str, int]] = []
-        self.cache.free_blocks = _WatchedFreeList(self.cache.free_blocks, self.log)
+        self._listening = hasattr(self.cache, "add_listener")
+        if self._listening:
+            self.cache.add_listener(self._on_block_event)
+        else:
+            self.cache.free_blocks = _WatchedFreeList(self.cache.free_blocks, self.log)
         self._log_mark = 0
-        self._synced_mark = self.cache.dirty_entries_synced
+        self._synced_mark = _synced_entries(self.cache)
         self.steps: list[StepRecord] = [self._record_start()]
+
+    def _on_block_event(self, event) -> None:
+        self.log.append((event.kind, int(event.block)))
 
     def _state(self) -> tuple[dict, dict]:
         running = self.engine.scheduler.running
@@ -94,7 +111,10 @@ class LifetimeRecorder:
 
     def _record_start(self) -> StepRecord:
         owner, cached = self._state()
-        before = getattr(self.engine, "_step_index", 0) - 1     # the step before the next one
+        done = getattr(self.engine, "step_count", None)
+        if done is None:
+            done = getattr(self.engine, "_step_index", 0)
+        before = done - 1                                         # the step before the next one
         return StepRecord(before, "start", [], [], self.cache.block_table.copy(),
                           self.cache.num_free, slot_owner=owner, num_cached=cached)
 
@@ -117,15 +137,15 @@ class LifetimeRecorder:
             pushed=[b for op, b in events if op == "push"],
             preempted=list(report.preempted), finished=list(report.finished),
             new_tokens=dict(report.new_tokens), slot_owner=owner, num_cached=cached,
-            synced_entries=self.cache.dirty_entries_synced - self._synced_mark,
+            synced_entries=_synced_entries(self.cache) - self._synced_mark,
             seconds=report.seconds)
         self._log_mark = len(self.log)
-        self._synced_mark = self.cache.dirty_entries_synced
+        self._synced_mark = _synced_entries(self.cache)
         self.steps.append(record)
         return record
 
     def _check_watching(self) -> None:
-        if not isinstance(self.cache.free_blocks, _WatchedFreeList):
+        if not self._listening and not isinstance(self.cache.free_blocks, _WatchedFreeList):
             raise RuntimeError("the cache's free_blocks list was replaced: the recorder can no "
                                "longer see pops and pushes; make a new LifetimeRecorder")
 
@@ -138,8 +158,11 @@ class LifetimeRecorder:
         return self.steps
 
     def close(self) -> None:
-        """Give the cache back a plain list (the recorder stops seeing pops and pushes)."""
-        self.cache.free_blocks = list(self.cache.free_blocks)
+        """Stop watching the cache's pops and pushes."""
+        if self._listening:
+            self.cache.remove_listener(self._on_block_event)
+        else:
+            self.cache.free_blocks = list(self.cache.free_blocks)
 
     # --- summaries -------------------------------------------------------------------------
     def reused_blocks(self) -> list[tuple[int, int]]:
