@@ -8,7 +8,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np
-import pytest
 
 import paged_tutorial as pt
 from paged_tutorial.exercises.setups import article_cache_config, small_article_cache

@@ -261,10 +261,6 @@ def recorded_k_reads(logs: dict | None, prep: Prepared, row: int, q_head: int):
     return reads[in_block < c.V_OFFSET_ELEMS]
 
 
-def first_bad(prep: Prepared, result: KernelRun):
-    return result.bad[0]
-
-
 def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poisoned memory"
                 ) -> str:
     row, h = result.bad[0]

@@ -11,6 +11,8 @@ and, for the puzzles, the K rows one thread block read against the rows it shoul
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from ..kv_cache import PagedKVCache
@@ -186,7 +188,8 @@ def plot_table_reads(config, expected_entries, read_entries, title: str = ""):
     for i, name in cls.items():
         if 0 <= i < rows * cols:
             img[i // cols, i % cols] = READ_COLORS[name]
-    fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * cols, 9), 0.9 + 0.32 * rows), dpi=FIG_DPI)
+    fig, ax = plt.subplots(figsize=(max(5.5, min(1.6 + 0.55 * cols, 9)), 1.2 + 0.32 * rows),
+                           dpi=FIG_DPI)
     ax.imshow(img, aspect="auto", interpolation="nearest")
     for r in range(rows):
         for col in range(cols):
@@ -200,7 +203,7 @@ def plot_table_reads(config, expected_entries, read_entries, title: str = ""):
         ax.axhline(s * c.num_layers - 0.5, color="black", lw=0.8)
     outside = [i for i in cls if not 0 <= i < rows * cols]
     note = f"  ({len(outside)} read(s) outside the table)" if outside else ""
-    ax.set_title((title or "block-table reads") + note, fontsize=8)
+    ax.set_title(textwrap.fill((title or "block-table reads") + note, 70), fontsize=8)
     _legend(fig, set(cls.values()))
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
