@@ -182,7 +182,11 @@ class Engine:
                  kv_cache_bytes: int | None = None, max_slots: int = 2,
                  max_seq_len: int | None = None, device: str | None = None,
                  debug: bool | None = None, cuda_graphs: bool | None = None,
-                 allow_beyond_max_positions: bool = False):
+                 allow_beyond_max_positions: bool = False,
+                 cache_factory: Callable[[CacheConfig, torch.device], PagedKVCache]
+                 | None = None):
+        """``cache_factory(cache_config, device)`` builds the paged cache instead of
+        ``PagedKVCache`` (a subclass with other allocation rules: the chapter-06 puzzles)."""
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -211,7 +215,11 @@ class Engine:
         self.cache_config = CacheConfig(kv_cache_bytes=kv_cache_bytes, **cache_kwargs)
         # the weights once, on the backend's device (the caller's CPU copy, if any, is theirs)
         self.model = model.to(self.backend.device)
-        self.cache = PagedKVCache(self.cache_config, self.backend.device)
+        factory = PagedKVCache if cache_factory is None else cache_factory
+        self.cache = factory(self.cache_config, self.backend.device)
+        if not isinstance(self.cache, PagedKVCache) or self.cache.config != self.cache_config:
+            raise TypeError("cache_factory(cache_config, device) must return a PagedKVCache "
+                            "(or subclass) built from the cache_config it was given")
         self.scheduler = Scheduler(self.cache, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
         # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend

@@ -93,7 +93,15 @@ class Scheduler:
             request.slot, request.status = slot, Status.RUNNING
             self.running.append(request)
             admitted.append(request)
-            self.cache.ensure_capacity(slot, request.total_len)
+            try:
+                self.cache.ensure_capacity(slot, request.total_len)
+            except CacheFullError:      # a cache with its own rules (a subclass) disagreed
+                admitted.pop()
+                self.running.pop()
+                self.free_slots.append(slot)
+                request.slot, request.status = None, Status.WAITING
+                self.waiting.appendleft(request)
+                break
         return admitted
 
     def abort_schedule(self) -> None:

@@ -3,7 +3,8 @@
 - ``as_kernel_array(t)``: a torch tensor -> what a kernel receives, sharing memory (results
   land in the torch tensor).  bf16 goes as its int16 bit patterns (``dtypes.py``).  On the GPU:
   ``numba.cuda.as_cuda_array``; in the simulator: the tensor's NumPy view wrapped so the
-  simulator does not copy it in and out.
+  simulator does not copy it in and out (or, while ``access_log.record_kernel_accesses`` names
+  the tensor, a stand-in that records every element access).
 - ``rows(t)``: a 1-D kernel view over a tensor whose rows may be strided (e.g. q sliced out of a
   fused QKV projection) plus the row stride, in elements.  Each row itself must be contiguous.
 - ``launch(kernel, grid, block, *args)``: on the GPU the kernel goes onto torch's current stream
@@ -22,7 +23,7 @@ import os
 import torch
 from numba import cuda
 
-from . import sim_shim
+from . import access_log, sim_shim
 from .sim_shim import SIMULATING
 
 #: threads per block for row kernels (one block per row) and grid-stride elementwise kernels
@@ -56,7 +57,8 @@ def as_kernel_array(t: torch.Tensor):
         if t.device.type != "cpu":
             raise ValueError("numba-sim backend: tensors must be on the CPU, got "
                              f"{t.device}")
-        return FakeCUDAArray(t.numpy())
+        # a recording stand-in while access_log.record_kernel_accesses names this tensor
+        return access_log.stand_in(t, FakeCUDAArray(t.numpy()))
     if t.device.type != "cuda":
         raise ValueError(f"numba backend: tensors must be on the GPU, got {t.device}")
     return cuda.as_cuda_array(t)
