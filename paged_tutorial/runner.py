@@ -85,9 +85,10 @@ class LlamaRunner:
 
     def _logits(self, h, residual, rows: torch.Tensor | None):
         b, cfg = self.backend, self.config
-        residual.add_(h)
-        last = residual if rows is None else residual[rows]
-        x = b.rms_norm(last.contiguous(), self.final_norm, cfg.rms_norm_eps)
+        if rows is not None:            # only the rows that need logits (prefill: last tokens)
+            h, residual = h[rows], residual[rows]
+        # the last residual add fused with the final norm: one kernel, as in every layer
+        x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
         return b.linear(x, self.lm_head).float()
 
     # ------------------------------------------------------------------------------------

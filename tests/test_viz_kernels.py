@@ -3,14 +3,6 @@ checked against the package (cache formulas, the decode kernel, the torch oracle
 chapter 03-05 exercise checkers.  Kernel launches are tiny (the simulator runs them on a CPU)."""
 
 import math
-import os
-import sys
-
-if "numba.cuda" not in sys.modules and "NUMBA_ENABLE_CUDASIM" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 import numpy as np
 import pytest

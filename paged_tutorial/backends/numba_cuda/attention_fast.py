@@ -537,9 +537,7 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
                           **variant):
     """Launch the fast kernel: output written over q (as the article's kernel does).
     ``seq_lens`` / ``active_slots``: int32 on q's device; ``block_table`` as in base.py."""
-    import torch
-
-    from .launch import as_kernel_array, flat, launch, rows
+    from .launch import as_kernel_array, flat, launch, persistent_buffer, rows
 
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
@@ -556,8 +554,10 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
     n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
-    part_acc = torch.empty(n_part * head_dim, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(n_part * 2, dtype=torch.float32, device=q.device)
+    # scratch for the split partials: kept for the process (no allocation per call; every
+    # launch on the stream finishes before the next one reuses it)
+    part_acc = persistent_buffer(q.device, "attention.part_acc", n_part * head_dim)
+    part_ml = persistent_buffer(q.device, "attention.part_ml", n_part * 2)
     tickets = _ticket_buffer(q.device, n_seqs * n_kv)
     qa, q_rs = rows(q, "q")
     launch(kernel, (n_seqs, n_kv, splits), nw * WARP_SIZE, int(layer), qa, q_rs,

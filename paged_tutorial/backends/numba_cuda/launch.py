@@ -1,23 +1,48 @@
 """Glue between torch tensors and Numba kernels, identical for the GPU and the simulator.
 
 - ``as_kernel_array(t)``: a torch tensor -> what a kernel receives, sharing memory (results
-  land in the torch tensor).  bf16 goes as its int16 bit patterns (``dtypes.py``).  On the GPU:
-  ``numba.cuda.as_cuda_array``; in the simulator: the tensor's NumPy view wrapped so the
-  simulator does not copy it in and out.
+  land in the torch tensor).  bf16 goes as its int16 bit patterns (``dtypes.py``).  In the
+  simulator: the tensor's NumPy view wrapped so the simulator does not copy it in and out; on
+  the GPU: a ``GpuArray`` (pointer, shape, Numba type: see "Launching on the GPU" below).
 - ``rows(t)``: a 1-D kernel view over a tensor whose rows may be strided (e.g. q sliced out of a
   fused QKV projection) plus the row stride, in elements.  Each row itself must be contiguous.
-- ``launch(kernel, grid, block, *args)``: on the GPU the kernel goes onto torch's current stream
-  (``cuda.external_stream``), so it is ordered with the surrounding torch ops and can be
-  captured in a CUDA graph; in the simulator it runs with a short thread switch interval
-  (``sim_shim.fast_thread_switching``).
+  ``rows(t, words=True)``: the same as int32 words (two bf16 per word) for the 16-byte kernels.
+- ``launch(kernel, grid, block, *args)``: on the GPU the kernel goes onto torch's current stream,
+  so it is ordered with the surrounding torch ops and can be captured in a CUDA graph; in the
+  simulator it runs with a short thread switch interval (``sim_shim.fast_thread_switching``).
 - Launch sizes differ on purpose: the same kernel runs with 256-thread blocks on the GPU and
   with 64-thread blocks, and few of them, in the simulator, where every thread is a Python
   thread.  Kernels are written with grid-stride loops so that both are correct.
+
+Launching on the GPU: why not ``kernel[grid, block, stream](*args)``
+--------------------------------------------------------------------
+Numba's launch path converts every argument on every call: ``cuda.as_cuda_array`` on a torch
+tensor builds a device-array object from ``__cuda_array_interface__``, the dispatcher types each
+argument to pick the compiled overload, then marshals each one into ctypes values.  For a
+15-argument kernel that is 100-300 us of host time, far more than the kernel runs at decode
+sizes (benchmarks/results/decode-2026-11-30.json: 48.6 ms per eager step for 1.4 ms of GPU
+work).  The GPU path here does the same work once per *signature*:
+
+- a tensor argument becomes a ``GpuArray``: its data pointer, shape and Numba type, read from
+  the tensor's attributes (no views, no interface dictionaries);
+- the first launch of a kernel with a given tuple of argument types compiles it
+  (``dispatcher.compile``, as Numba's own first call does) and keeps the CUDA function handle
+  and a ``struct`` layout of the parameter block Numba would have built (an array is meminfo,
+  parent, nitems, itemsize, data, shape..., strides...; Python ints are int64, floats float64);
+- each launch packs the values into that block and calls ``cuLaunchKernel`` through Numba's
+  driver wrapper (which checks the return code).
+
+Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
+behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
+Numba's ordinary launch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
+import threading
 
 import torch
 from numba import cuda
@@ -35,58 +60,157 @@ GPU_MAX_BLOCKS = 65535 * 16
 
 if SIMULATING:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-elif "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:   # pragma: no cover - GPU only
-    # Decode launches are small by nature (grid = batch x heads); Numba would warn on each
-    # new launch shape.  Set the variable to 1 to see the warnings again.  (Set in the
-    # environment too: Numba re-reads its config from NUMBA_* variables when they change.)
-    from numba.cuda.core import config as _numba_config
+else:                                              # pragma: no cover - GPU only
+    from numba.core import types as _nbtypes
+    from numba.cuda.cudadrv import driver as _driver
+    from numba.cuda.cudadrv.devices import get_context as _get_context
 
-    os.environ["NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"] = "0"
-    _numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+        # Decode launches are small by nature (grid = batch x heads); Numba would warn on each
+        # new launch shape.  Set the variable to 1 to see the warnings again.  (Set in the
+        # environment too: Numba re-reads its config from NUMBA_* variables when they change.)
+        from numba.cuda.core import config as _numba_config
+
+        os.environ["NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"] = "0"
+        _numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
+# --- kernel arguments on the GPU -------------------------------------------------------------
+
+#: torch dtype -> (NumPy dtype name the kernel sees, itemsize); bf16 travels as int16 bits
+_KERNEL_DTYPES = {torch.bfloat16: ("int16", 2), torch.float16: ("float16", 2),
+                  torch.float32: ("float32", 4), torch.float64: ("float64", 8),
+                  torch.int16: ("int16", 2), torch.int32: ("int32", 4),
+                  torch.int64: ("int64", 8), torch.uint8: ("uint8", 1),
+                  torch.int8: ("int8", 1), torch.bool: ("bool", 1)}
+_array_types: dict = {}
+
+
+def _array_type(dtype_name: str, ndim: int):
+    """The Numba type Numba itself gives a C-contiguous device array (layout 'C')."""
+    key = (dtype_name, ndim)
+    t = _array_types.get(key)
+    if t is None:
+        import numpy as np
+        from numba.np import numpy_support
+
+        t = _array_types[key] = _nbtypes.Array(numpy_support.from_dtype(np.dtype(dtype_name)),
+                                               ndim, "C")
+    return t
+
+
+class GpuArray:
+    """A C-contiguous device array as a kernel argument: pointer, shape, Numba type and the
+    values of Numba's array parameter block (``abi``).  Holds its tensor while it lives (an
+    argument lives for one launch), and exposes ``__cuda_array_interface__`` so that Numba's
+    ordinary launch path accepts it too."""
+
+    __slots__ = ("ptr", "shape", "dtype_name", "nbtype", "abi", "owner")
+
+    def __init__(self, ptr: int, shape: tuple, dtype_name: str, itemsize: int, owner=None):
+        self.ptr, self.shape, self.dtype_name, self.owner = ptr, shape, dtype_name, owner
+        self.nbtype = _array_type(dtype_name, len(shape))
+        strides, step = [], itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        nitems = step // itemsize
+        self.abi = (0, 0, nitems, itemsize, ptr, *shape, *reversed(strides))
+
+    @property
+    def __cuda_array_interface__(self):
+        import numpy as np
+
+        return {"shape": self.shape, "strides": None, "data": (self.ptr, False),
+                "typestr": np.dtype(self.dtype_name).str, "version": 3}
+
+
+def _gpu_array(t: torch.Tensor, shape: tuple, dtype=None) -> GpuArray:
+    if t.device.type != "cuda":
+        raise ValueError(f"numba backend: tensors must be on the GPU, got {t.device}")
+    name, size = _KERNEL_DTYPES[dtype or t.dtype]
+    return GpuArray(t.data_ptr(), shape, name, size, t)
+
+
 def as_kernel_array(t: torch.Tensor):
     """Zero-copy kernel argument for tensor ``t`` (any strides)."""
-    t = _bits_view(t.detach())
     if SIMULATING:
+        t = _bits_view(t.detach())
         if t.device.type != "cpu":
             raise ValueError("numba-sim backend: tensors must be on the CPU, got "
                              f"{t.device}")
         return FakeCUDAArray(t.numpy())
+    if t.is_contiguous() and t.dtype in _KERNEL_DTYPES:
+        return _gpu_array(t, tuple(t.shape))
+    t = _bits_view(t.detach())
     if t.device.type != "cuda":
         raise ValueError(f"numba backend: tensors must be on the GPU, got {t.device}")
     return cuda.as_cuda_array(t)
 
 
-def rows(t: torch.Tensor, name: str = "tensor"):
-    """(1-D kernel view starting at row 0, row stride in elements) for a tensor [R, ...] whose
-    rows are each contiguous; rows may be strided (a column slice of a wider matrix)."""
+def _row_layout(t: torch.Tensor, name: str) -> tuple[int, int]:
+    """(row stride, elements in the span from row 0 to the end of the last row) of a tensor
+    [R, ...] whose rows are each contiguous."""
     if t.dim() < 1:
         raise ValueError(f"{name}: expected at least 1 dimension")
-    inner = t[0] if t.shape[0] > 0 else t.new_empty(t.shape[1:])
-    if t.dim() > 1 and not inner.is_contiguous():
-        raise ValueError(f"{name}: each row must be contiguous (got strides {tuple(t.stride())}); "
-                         "pass .contiguous()")
-    row_elems = inner.numel() if t.dim() > 1 else 1
-    row_stride = t.stride(0) if t.dim() > 1 else 1
-    if t.shape[0] == 0:
-        span = 0
-    else:
-        span = (t.shape[0] - 1) * row_stride + row_elems
-    flat = t.as_strided((span,), (1,), t.storage_offset())
-    return as_kernel_array(flat), row_stride
+    shape, strides = t.shape, t.stride()
+    if t.dim() == 1:
+        return 1, shape[0]
+    expected = 1
+    for n, s in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if n != 1 and s != expected:
+            raise ValueError(f"{name}: each row must be contiguous (got strides "
+                             f"{tuple(strides)}); pass .contiguous()")
+        expected *= n
+    row_stride = strides[0]
+    span = 0 if shape[0] == 0 else (shape[0] - 1) * row_stride + expected
+    return row_stride, span
+
+
+def rows(t: torch.Tensor, name: str = "tensor", words: bool = False):
+    """(1-D kernel view starting at row 0, row stride) for a tensor [R, ...] whose rows are
+    each contiguous; rows may be strided (a column slice of a wider matrix).  With ``words``
+    (2-byte dtypes whose rows start at even elements): the view is int32 words and the stride
+    counts words."""
+    row_stride, span = _row_layout(t, name)
+    if words:
+        if t.element_size() != 2 or row_stride % 2 or span % 2:
+            raise ValueError(f"{name}: a word view needs 2-byte elements and an even row "
+                             f"stride and span, got {t.dtype}, stride {row_stride}")
+        if SIMULATING:
+            flat_t = t.as_strided((span,), (1,), t.storage_offset())
+            return as_kernel_array(flat_t.view(torch.int32)), row_stride // 2
+        return _gpu_array(t, (span // 2,), torch.int32), row_stride // 2
+    if SIMULATING:
+        flat_t = t.as_strided((span,), (1,), t.storage_offset())
+        return as_kernel_array(flat_t), row_stride
+    return _gpu_array(t, (span,)), row_stride
 
 
 def flat(t: torch.Tensor, name: str = "tensor"):
     """1-D kernel view of a contiguous tensor."""
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (got strides {tuple(t.stride())})")
-    return as_kernel_array(t.reshape(-1))
+    if SIMULATING:
+        return as_kernel_array(t.reshape(-1))
+    return _gpu_array(t, (t.numel(),))
 
+
+def words(t: torch.Tensor, name: str = "tensor"):
+    """A contiguous 2-byte tensor as a 1-D kernel array of int32 words (two elements each)."""
+    if not t.is_contiguous() or t.element_size() != 2 or t.numel() % 2:
+        raise ValueError(f"{name}: a word view needs a contiguous tensor of 2-byte elements "
+                         f"and an even size, got {t.dtype} {tuple(t.shape)}")
+    if SIMULATING:
+        return as_kernel_array(t.reshape(-1).view(torch.int32))
+    return _gpu_array(t, (t.numel() // 2,), torch.int32)
+
+
+# --- launching ------------------------------------------------------------------------------
 
 _streams: dict[int, object] = {}
 
@@ -99,12 +223,110 @@ def _current_stream():
     return stream
 
 
+def _dims(d) -> tuple[int, int, int]:
+    if isinstance(d, int):
+        return (d, 1, 1)
+    d = tuple(int(x) for x in d)
+    return d + (1,) * (3 - len(d))
+
+
+class _Launcher:
+    """One compiled kernel for one tuple of argument types: its CUDA function and a reusable
+    parameter block laid out as Numba's ``_Kernel._prepare_args`` would fill it."""
+
+    #: struct format of one parameter per Numba scalar type; every parameter gets an 8-byte slot
+    _SCALAR_FORMATS = {"int64": "q", "int32": "i4x", "float64": "d", "float32": "f4x",
+                       "bool": "?7x", "uint32": "I4x", "uint64": "Q"}
+
+    def __init__(self, kernel, argtypes: tuple):
+        compiled = kernel.compile(argtypes)
+        if compiled.debug or kernel.extensions or getattr(compiled, "cooperative", False):
+            raise NotImplementedError("debug / cooperative kernels take Numba's launch")
+        self.handle = compiled._codelibrary.get_cufunc().handle
+        fmt, slots = "<", 0
+        for t in argtypes:
+            if isinstance(t, _nbtypes.Array):       # meminfo, parent, nitems, itemsize, data
+                fmt += "qqqqQ" + "q" * (2 * t.ndim)  # ... then shape and strides
+                slots += 5 + 2 * t.ndim
+            else:
+                fmt += self._SCALAR_FORMATS[str(t)]
+                slots += 1
+        self.pack = struct.Struct(fmt).pack_into
+        self.buffer = (ctypes.c_byte * (8 * slots))()
+        base = ctypes.addressof(self.buffer)
+        self.params = (ctypes.c_void_p * slots)(*[base + 8 * i for i in range(slots)])
+        if _driver.USE_NV_BINDING:
+            self.params_arg, self.extra = ctypes.addressof(self.params), 0
+        else:
+            self.params_arg, self.extra = self.params, None
+        self.lock = threading.Lock()
+
+    def __call__(self, grid, block, args, stream_handle) -> None:
+        values = []
+        for a in args:
+            if a.__class__ is GpuArray:
+                values.extend(a.abi)
+            else:
+                values.append(a)
+        gx, gy, gz = _dims(grid)
+        bx, by, bz = _dims(block)
+        with self.lock:                 # one parameter block per launcher
+            self.pack(self.buffer, 0, *values)
+            _driver.driver.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, 0,
+                                          stream_handle, self.params_arg, self.extra)
+
+
+_launchers: dict = {}
+_SCALAR_TYPES: dict = {}
+_thread_state = threading.local()
+
+
+def _scalar_type(cls):
+    if not _SCALAR_TYPES:
+        _SCALAR_TYPES.update({int: _nbtypes.int64, float: _nbtypes.float64,
+                              bool: _nbtypes.boolean})
+    return _SCALAR_TYPES.get(cls)
+
+
+def _gpu_launch(kernel, grid, block, args) -> bool:
+    """The fast path; False when an argument is of a kind it does not handle."""
+    types = []
+    for a in args:
+        cls = a.__class__
+        if cls is GpuArray:
+            types.append(a.nbtype)
+        else:
+            t = _scalar_type(cls)
+            if t is None:
+                return False
+            types.append(t)
+    key = (kernel, tuple(types))
+    launcher = _launchers.get(key)
+    if launcher is None:
+        try:
+            launcher = _Launcher(kernel, key[1])
+        except NotImplementedError:
+            launcher = False
+        _launchers[key] = launcher
+    if launcher is False:
+        return False
+    if not getattr(_thread_state, "context_ready", False):
+        _get_context()                  # Numba's context current on this thread (once)
+        _thread_state.context_ready = True
+    launcher(grid, block, args, _current_stream().handle)
+    return True
+
+
+#: PAGED_TUTORIAL_FAST_LAUNCH=0 sends every GPU launch through Numba's own path (to compare)
+FAST_LAUNCH = os.environ.get("PAGED_TUTORIAL_FAST_LAUNCH", "1") != "0"
+
+
 def launch(kernel, grid, block, *args) -> None:
     """Run ``kernel[grid, block](*args)`` on torch's stream (GPU) or in the simulator."""
     if SIMULATING:
         with sim_shim.fast_thread_switching():
             kernel[grid, block](*args)
-    else:
+    elif not (FAST_LAUNCH and _gpu_launch(kernel, grid, block, args)):
         kernel[grid, block, _current_stream()](*args)
 
 
@@ -112,3 +334,27 @@ def elemwise_grid(n: int, threads: int = ELEMWISE_THREADS) -> int:
     """Blocks for a grid-stride loop over n items."""
     blocks = max(1, -(-n // threads))
     return min(blocks, SIM_MAX_BLOCKS if SIMULATING else GPU_MAX_BLOCKS)
+
+
+# --- scratch buffers kept for the process ------------------------------------------------------
+
+_persistent: dict = {}
+_retired: list = []
+
+
+def persistent_buffer(device, name: str, n: int, dtype=torch.float32,
+                      zero: bool = False) -> torch.Tensor:
+    """A buffer of at least ``n`` elements, one per (device, name, dtype), kept for the
+    process: allocated once instead of per call, and at a fixed address that CUDA graphs can
+    capture.  It only grows (a replaced buffer is kept alive: a captured graph may still use
+    it).  ``zero``: filled with zeros when allocated (ticket counters, which the kernels
+    leave at zero)."""
+    key = (str(device), name, dtype)
+    buf = _persistent.get(key)
+    if buf is None or buf.numel() < n:
+        size = max(n, 2 * buf.numel() if buf is not None else 0, 1024)
+        fresh = (torch.zeros if zero else torch.empty)(size, dtype=dtype, device=device)
+        if buf is not None:
+            _retired.append(buf)
+        buf = _persistent[key] = fresh
+    return buf

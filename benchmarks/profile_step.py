@@ -1,0 +1,147 @@
+"""Where one engine step's time goes, kernel by kernel (torch.profiler), on the GPU:
+
+    python benchmarks/profile_step.py [--out DIR]
+
+Llama-3.2-1B shapes, random bf16 weights (as ``decode.py``), 128-token prompts.  Profiled:
+
+- ``decode_graph_b1`` / ``decode_graph_b64``: one CUDA-graph replay of a decode step (the
+  engine's default path) at batch 1 and 64;
+- ``decode_eager_b1``: one decode step without graphs (every launch from Python), with the
+  step's wall time beside its kernel time: the gap is host time;
+- ``prefill_2x1024``: one prefill engine step of two 1024-token prompts.
+
+For each: the wall time of the step (median of several, measured without the profiler), the
+sum of kernel times, the number of kernels, and per kernel name its calls, total and mean
+microseconds, sorted by total.  Numba's mangled kernel names are shortened to the Python
+function's name.  Writes ``profile-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+
+import torch
+
+from common import gpu_info, setup_numba_env, write_json
+
+setup_numba_env()
+
+import paged_tutorial as pt  # noqa: E402
+from decode import PROMPT_LEN, make_engine, prompts_for, random_gpu_model  # noqa: E402
+
+TOP = 40
+
+
+def short_name(name: str) -> str:
+    """A Numba kernel's Itanium-mangled name -> the Python function's name."""
+    if not name.startswith("_ZN"):
+        return name[:120]
+    tokens, i = [], 3
+    while i < len(name) and name[i].isdigit():
+        m = re.match(r"\d+", name[i:])
+        n = int(m.group())
+        i += len(m.group())
+        tokens.append(name[i:i + n])
+        i += n
+    return f"numba:{tokens[-1]}" if tokens else name[:120]
+
+
+def kernel_table(prof) -> dict:
+    per: dict[str, list[float]] = {}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        per.setdefault(short_name(evt.name), []).append(evt.time_range.elapsed_us())
+    rows = sorted(({"name": k, "calls": len(v), "total_us": round(sum(v), 2),
+                    "mean_us": round(sum(v) / len(v), 2)} for k, v in per.items()),
+                  key=lambda r: -r["total_us"])
+    total = sum(r["total_us"] for r in rows)
+    return {"kernel_ms": round(total / 1e3, 4), "kernels": sum(r["calls"] for r in rows),
+            "by_kernel": rows[:TOP], "other_kernels_us": round(
+                sum(r["total_us"] for r in rows[TOP:]), 2)}
+
+
+def profiled(fn, wall_reps: int = 15) -> dict:
+    """Wall time of fn() (median, synchronized), then one profiled call."""
+    fn()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(wall_reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {"wall_ms": round(statistics.median(walls), 4), **kernel_table(prof)}
+
+
+def decode_step_fn(model, batch: int, graphs: bool):
+    """An engine mid-generation, and a function running one decode step of it (the running
+    requests' positions are restored after each call, so every call is the same step)."""
+    engine = make_engine(model, batch, cuda_graphs=graphs)
+    prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
+    for p in prompts:
+        engine.add_request(p, max_new_tokens=1 << 20, chat=False)
+    engine.step()                                            # prefill
+    engine.step()                                            # first decode (graph capture)
+    requests = list(engine.scheduler.running)
+
+    def step():
+        lens = [(r, r.num_cached, len(r.output_ids)) for r in requests]
+        report = engine.step()
+        assert report.kind == "decode" and report.num_tokens == batch
+        for r, cached, n_out in lens:                        # rewind: same step next time
+            r.num_cached = cached
+            del r.output_ids[n_out:]
+    return step
+
+
+def prefill_step_fn(model):
+    engine = pt.Engine(model, max_slots=2, max_seq_len=1100)
+    engine.eos_ids = set()
+    prompts = [prompts_for(1, 1024, 11 + i, model.config.vocab_size)[0] for i in range(2)]
+
+    def step():
+        results = engine.generate(prompts, max_new_tokens=1, chat=False)
+        assert all(len(r.token_ids) == 1 for r in results)
+    return step
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    t0 = time.time()
+    data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
+            "prompt_len": PROMPT_LEN}
+    model = random_gpu_model()
+    cases = {"decode_graph_b1": lambda: decode_step_fn(model, 1, True),
+             "decode_graph_b64": lambda: decode_step_fn(model, 64, True),
+             "decode_eager_b1": lambda: decode_step_fn(model, 1, False),
+             "prefill_2x1024": lambda: prefill_step_fn(model)}
+    for name, make in cases.items():
+        try:
+            data[name] = profiled(make())
+        except Exception as exc:                             # report, keep the others
+            data[name] = {"error": repr(exc)[:400]}
+        d = data[name]
+        print(f"{name}: wall {d.get('wall_ms')} ms, kernels {d.get('kernel_ms')} ms "
+              f"({d.get('kernels')} launches)", flush=True)
+        for r in d.get("by_kernel", [])[:12]:
+            print(f"    {r['total_us']:9.1f} us {r['calls']:4d} x {r['mean_us']:7.2f}  "
+                  f"{r['name'][:90]}", flush=True)
+        torch.cuda.empty_cache()
+    data["seconds"] = round(time.time() - t0, 1)
+    write_json(data, "profile", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
