@@ -26,11 +26,11 @@ work).  The GPU path here does the same work once per *signature*:
 - a tensor argument becomes a ``GpuArray``: its data pointer, shape and Numba type, read from
   the tensor's attributes (no views, no interface dictionaries);
 - the first launch of a kernel with a given tuple of argument types compiles it
-  (``dispatcher.compile``, as Numba's own first call does) and keeps the CUDA function handle
-  and a ``struct`` layout of the parameter block Numba would have built (an array is meminfo,
-  parent, nitems, itemsize, data, shape..., strides...; Python ints are int64, floats float64);
-- each launch packs the values into that block and calls ``cuLaunchKernel`` through Numba's
-  driver wrapper (which checks the return code).
+  (``dispatcher.compile``, as Numba's own first call does) and keeps the compiled kernel and
+  how each argument becomes parameter values (an array is meminfo, parent, nitems, itemsize,
+  data, shape..., strides...; Python ints are int64, floats float64), as Numba would pass them;
+- each launch builds that value list and calls ``cuda.core.launch``, the call Numba's own
+  launch ends in (it checks the driver's return code).
 
 Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
 behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import threading
 
 import torch
@@ -61,8 +60,8 @@ GPU_MAX_BLOCKS = 65535 * 16
 if SIMULATING:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 else:                                              # pragma: no cover - GPU only
-    from numba.core import types as _nbtypes
-    from numba.cuda.cudadrv import driver as _driver
+    from cuda.core import LaunchConfig as _LaunchConfig, launch as _core_launch
+    from numba.cuda import types as _nbtypes
     from numba.cuda.cudadrv.devices import get_context as _get_context
 
     if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
@@ -96,7 +95,7 @@ def _array_type(dtype_name: str, ndim: int):
     t = _array_types.get(key)
     if t is None:
         import numpy as np
-        from numba.np import numpy_support
+        from numba.cuda.np import numpy_support
 
         t = _array_types[key] = _nbtypes.Array(numpy_support.from_dtype(np.dtype(dtype_name)),
                                                ndim, "C")
@@ -231,52 +230,55 @@ def _dims(d) -> tuple[int, int, int]:
 
 
 class _Launcher:
-    """One compiled kernel for one tuple of argument types: its CUDA function and a reusable
-    parameter block laid out as Numba's ``_Kernel._prepare_args`` would fill it."""
+    """One compiled kernel for one tuple of argument types, and how to turn each argument into
+    the values Numba's ``_Kernel._prepare_args`` would pass (numba-cuda 0.30: arrays as plain
+    ints -- meminfo, parent, nitems, itemsize, data, shape..., strides... --, integers as
+    ``ctypes.c_int64``, floats as ``ctypes.c_double``, booleans as they are), launched through
+    ``cuda.core.launch`` exactly as Numba launches it."""
 
-    #: struct format of one parameter per Numba scalar type; every parameter gets an 8-byte slot
-    _SCALAR_FORMATS = {"int64": "q", "int32": "i4x", "float64": "d", "float32": "f4x",
-                       "bool": "?7x", "uint32": "I4x", "uint64": "Q"}
+    _SCALAR_WRAP = {"int64": ctypes.c_int64, "float64": ctypes.c_double, "bool": None}
 
     def __init__(self, kernel, argtypes: tuple):
         compiled = kernel.compile(argtypes)
-        if compiled.debug or kernel.extensions or getattr(compiled, "cooperative", False):
-            raise NotImplementedError("debug / cooperative kernels take Numba's launch")
-        self.handle = compiled._codelibrary.get_cufunc().handle
-        fmt, slots = "<", 0
+        if compiled.debug or compiled.extensions or compiled.cooperative:
+            raise NotImplementedError("debug / cooperative / extended kernels take Numba's launch")
+        self.kernel = compiled._codelibrary.get_cufunc().kernel
+        self.wraps = []
         for t in argtypes:
-            if isinstance(t, _nbtypes.Array):       # meminfo, parent, nitems, itemsize, data
-                fmt += "qqqqQ" + "q" * (2 * t.ndim)  # ... then shape and strides
-                slots += 5 + 2 * t.ndim
+            if isinstance(t, _nbtypes.Array):
+                self.wraps.append(GpuArray)
+            elif str(t) in self._SCALAR_WRAP:
+                self.wraps.append(self._SCALAR_WRAP[str(t)])
             else:
-                fmt += self._SCALAR_FORMATS[str(t)]
-                slots += 1
-        self.pack = struct.Struct(fmt).pack_into
-        self.buffer = (ctypes.c_byte * (8 * slots))()
-        base = ctypes.addressof(self.buffer)
-        self.params = (ctypes.c_void_p * slots)(*[base + 8 * i for i in range(slots)])
-        if _driver.USE_NV_BINDING:
-            self.params_arg, self.extra = ctypes.addressof(self.params), 0
-        else:
-            self.params_arg, self.extra = self.params, None
-        self.lock = threading.Lock()
+                raise NotImplementedError(f"argument type {t}")
 
-    def __call__(self, grid, block, args, stream_handle) -> None:
+    def __call__(self, grid, block, args, stream) -> None:
         values = []
-        for a in args:
-            if a.__class__ is GpuArray:
+        for a, wrap in zip(args, self.wraps):
+            if wrap is GpuArray:
                 values.extend(a.abi)
-            else:
+            elif wrap is None:
                 values.append(a)
-        gx, gy, gz = _dims(grid)
-        bx, by, bz = _dims(block)
-        with self.lock:                 # one parameter block per launcher
-            self.pack(self.buffer, 0, *values)
-            _driver.driver.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, 0,
-                                          stream_handle, self.params_arg, self.extra)
+            else:
+                values.append(wrap(a))
+        _core_launch(stream, _launch_config(grid, block), self.kernel, *values)
+
+
+_configs: dict = {}
+
+
+def _launch_config(grid, block):
+    key = (grid, block)
+    config = _configs.get(key)
+    if config is None:
+        config = _configs[key] = _LaunchConfig(grid=_dims(grid), block=_dims(block),
+                                               shmem_size=0)
+    return config
 
 
 _launchers: dict = {}
+#: kernel name -> the error that sent it back to Numba's launch path (empty when all is well)
+FAST_LAUNCH_ERRORS: dict = {}
 _SCALAR_TYPES: dict = {}
 _thread_state = threading.local()
 
@@ -302,18 +304,25 @@ def _gpu_launch(kernel, grid, block, args) -> bool:
             types.append(t)
     key = (kernel, tuple(types))
     launcher = _launchers.get(key)
-    if launcher is None:
-        try:
-            launcher = _Launcher(kernel, key[1])
-        except NotImplementedError:
-            launcher = False
-        _launchers[key] = launcher
     if launcher is False:
         return False
     if not getattr(_thread_state, "context_ready", False):
         _get_context()                  # Numba's context current on this thread (once)
         _thread_state.context_ready = True
-    launcher(grid, block, args, _current_stream().handle)
+    if launcher is None:                # first launch of this signature: compile, try once
+        try:
+            launcher = _Launcher(kernel, key[1])
+            launcher(grid, block, args, _current_stream())
+        except NotImplementedError:
+            _launchers[key] = False
+            return False
+        except Exception as exc:        # record it (tests check), and take Numba's path
+            FAST_LAUNCH_ERRORS[getattr(kernel, "__name__", str(kernel))] = repr(exc)[:300]
+            _launchers[key] = False
+            return False
+        _launchers[key] = launcher
+        return True
+    launcher(grid, block, args, _current_stream())
     return True
 
 
