@@ -8,7 +8,8 @@ Llama-3.2-1B shapes, bf16.  For each op and token count T (1 and 64: decode; 204
 time of our kernel (median of CUDA-graph replays, 10 calls per graph on rotating inputs), of the
 scalar kernel it replaced (``NumbaBackend(vector=False)``) and of torch's ops for the same
 function, and the % of the copy bandwidth measured in this run.  Every result is checked first
-(bit-exact against the scalar kernel, or against float32 products for the GEMV).  The GEMV
+(against the scalar kernel: bit for bit, norms within one rounding; the GEMV against
+float32 products).  The GEMV
 table is how ``gemv.MAX_ROWS`` was chosen.  Writes ``kernels-<date>.json``.
 """
 
@@ -59,8 +60,9 @@ def small_ops(bw_gbs: float, g) -> list[dict]:
         sets = [(rn(T, H), rn(T, H)) for _ in range(copies_for(nbytes))]
         a, r_a = sets[0][0], sets[0][1].clone()
         b, r_b = sets[0][0], sets[0][1].clone()
-        assert torch.equal(nb.add_rms_norm(a, r_a, wn, 1e-5).view(torch.int16),
-                           scalar.add_rms_norm(b, r_b, wn, 1e-5).view(torch.int16))
+        oa, ob = nb.add_rms_norm(a, r_a, wn, 1e-5), scalar.add_rms_norm(b, r_b, wn, 1e-5)
+        assert torch.equal(r_a, r_b) and float(
+            ((oa.float() - ob.float()).abs() / (1e-2 * ob.float().abs() + 1e-3)).max()) <= 1
         row = {"op": "add_rms_norm", "tokens": T, "bytes": nbytes, "us": {
             "ours": timed(lambda x, r: nb.add_rms_norm(x, r, wn, 1e-5), sets),
             "scalar_kernel": timed(lambda x, r: scalar.add_rms_norm(x, r, wn, 1e-5), sets),
@@ -93,6 +95,7 @@ def small_ops(bw_gbs: float, g) -> list[dict]:
 
 def gemv_rows(bw_gbs: float, g) -> list[dict]:
     nb = NumbaBackend(gemv=True)
+    max_rows, gemv.MAX_ROWS = gemv.MAX_ROWS, 8         # time T = 8 too
     shapes = {"qkv": (3072, H), "o": (H, H), "gate_up": (2 * I, H), "down": (H, I),
               "lm_head": (V, H)}
     rows = []
@@ -102,15 +105,9 @@ def gemv_rows(bw_gbs: float, g) -> list[dict]:
               for _ in range(copies_for(nbytes))]
         for T in (1, 2, 4, 8):
             x = torch.randn(T, k, generator=g, device="cuda").to(BF)
-            kernel = gemv.gemv_kernel(T, k)
-            from paged_tutorial.backends.numba_cuda.launch import flat, launch, rows as krows, words
 
-            def ours(w, x=x, kernel=kernel, n_out=n_out):
-                out = torch.empty(T, n_out, dtype=BF, device="cuda")
-                xa, xs = krows(x, "x", words=True)
-                launch(kernel, -(-n_out // gemv.WARPS), 32 * gemv.WARPS, xa, xs,
-                       words(w), flat(out), n_out, n_out)
-                return out
+            def ours(w, x=x):
+                return nb.linear(x, w)
 
             err = rel_err(ours(ws[0]), x.float() @ ws[0].float().T)
             assert err < 4e-3, (name, T, err)
@@ -124,6 +121,46 @@ def gemv_rows(bw_gbs: float, g) -> list[dict]:
             print(f"gemv {name:8s} T={T}: ours {us['ours']:7.1f} us, cuBLAS {us['cublas']:7.1f}"
                   f" us, floor {floor:6.1f} us", flush=True)
         del ws
+        torch.cuda.empty_cache()
+    gemv.MAX_ROWS = max_rows
+    return rows
+
+
+def attention_short_contexts(bw_gbs: float, g) -> list[dict]:
+    """The fast decode-attention kernel at decode-benchmark contexts (128-token prompts: about
+    160 tokens) and at 1024, over warps per block and splits per sequence: how the launch
+    policy for short contexts was chosen."""
+    from attention import SCALE, build_cache, reference
+    from paged_tutorial.backends.numba_cuda import attention_fast
+
+    rows = []
+    for batch, ctx in ((1, 160), (64, 160), (1, 1024), (64, 1024)):
+        cache, n_layers, kv_bytes = build_cache(batch, ctx, g)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        slots = torch.randperm(batch, generator=g, device="cuda").to(torch.int32)
+        q0 = torch.randn(batch, 32, 64, generator=g, device="cuda").to(BF)
+        ref = reference(q0, cache, 0, seq_lens, slots)
+        floor = kv_bytes / (bw_gbs * 1e9) * 1e6
+        us = {}
+        for nw in (2, 4, 8):
+            for splits in (None, 1, 2, 4, 8, 16):
+                def fn(q, layer, nw=nw, splits=splits):
+                    return attention_fast.decode_attention_fast(
+                        q, cache, cache.device_block_table(), layer, seq_lens, slots, SCALE,
+                        num_warps=nw, n_splits=splits)
+                q = q0.clone()
+                fn(q, 0)
+                if not rel_err(q, ref) < 1e-2:
+                    raise AssertionError(f"attention B={batch} ctx={ctx} w{nw} s{splits}")
+                qs = [q0.clone() for _ in range(N_INNER)]
+                us[f"w{nw} s{splits or 'auto'}"] = graph_ms(
+                    lambda i: fn(qs[i], i % n_layers), N_INNER) * 1e3
+        best = min(us, key=us.get)
+        rows.append({"batch": batch, "context": ctx, "floor_us": floor, "us": us, "best": best})
+        print(f"attention B={batch} ctx={ctx}: default(w{attention_fast.NUM_WARPS} sauto) "
+              f"{us[f'w{attention_fast.NUM_WARPS} sauto']:.1f} us, best {best} {us[best]:.1f} "
+              f"us, floor {floor:.1f} us", flush=True)
+        del cache
         torch.cuda.empty_cache()
     return rows
 
@@ -142,6 +179,7 @@ def main(argv=None):
             f"{k} {v:7.1f} us ({r['pct_of_copy_bw'][k]:.0f}%)" for k, v in r["us"].items()),
             flush=True)
     data["gemv"] = gemv_rows(bw, g)
+    data["attention_short"] = attention_short_contexts(bw, g)
     data["gemv_max_rows"] = gemv.MAX_ROWS
     data["seconds"] = round(time.time() - t0, 1)
     write_json(data, "kernels", args.out)

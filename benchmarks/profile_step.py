@@ -8,7 +8,9 @@ Llama-3.2-1B shapes, random bf16 weights (as ``decode.py``), 128-token prompts. 
   engine's default path) at batch 1 and 64;
 - ``decode_eager_b1``: one decode step without graphs (every launch from Python), with the
   step's wall time beside its kernel time: the gap is host time;
-- ``prefill_2x1024``: one prefill engine step of two 1024-token prompts.
+- ``prefill_2x1024``: one prefill engine step of two 1024-token prompts;
+- ``host``: host microseconds per call of small ops through each launch path of
+  ``launch.py`` (and torch's own ops for scale), and a cProfile of eager decode steps.
 
 For each: the wall time of the step (median of several, measured without the profiler), the
 sum of kernel times, the number of kernels, and per kernel name its calls, total and mean
@@ -114,6 +116,62 @@ def prefill_step_fn(model):
     return step
 
 
+def host_costs(model) -> dict:
+    """Host microseconds per call of small ops (2000 calls, then one sync: the GPU keeps up,
+    so this is the host's time), for each launch path of ``launch.py``; and a cProfile of
+    eager decode steps at batch 1: which Python functions the host time goes to."""
+    import cProfile
+    import pstats
+
+    from paged_tutorial.backends.numba_cuda import NumbaBackend, launch
+
+    nb = NumbaBackend()
+    x = torch.randn(1, model.config.hidden_size, device="cuda").to(torch.bfloat16)
+    w = torch.ones(model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    gu = torch.randn(1, 2 * model.config.intermediate_size, device="cuda").to(torch.bfloat16)
+    res = {}
+
+    def per_call_us(fn, n=2000):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return round((time.perf_counter() - t0) / n * 1e6, 2)
+
+    saved = launch.LAUNCH_MODE
+    for mode in ("raw", "core", "numba"):
+        launch.LAUNCH_MODE = mode
+        launch._launchers.clear()
+        res[f"rms_norm_{mode}_us"] = per_call_us(lambda: nb.rms_norm(x, w, 1e-5))
+        res[f"silu_mul_{mode}_us"] = per_call_us(lambda: nb.silu_mul(gu))
+    launch.LAUNCH_MODE = saved
+    launch._launchers.clear()
+    res["torch_empty_us"] = per_call_us(lambda: torch.empty(1, 2048, device="cuda",
+                                                            dtype=torch.bfloat16))
+    wl = model.weights["model.layers.0.self_attn.o_proj.weight"]
+    res["torch_linear_us"] = per_call_us(lambda: torch.nn.functional.linear(x, wl))
+    res["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
+    step = decode_step_fn(model, 1, False)
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"function": f"{file.rsplit('/', 1)[-1]}:{line}:{fn}", "calls_per_step":
+                     nc / 20, "self_us_per_step": round(tt / 20 * 1e6, 1),
+                     "total_us_per_step": round(ct / 20 * 1e6, 1)})
+    rows.sort(key=lambda r: -r["self_us_per_step"])
+    res["eager_decode_b1_cprofile_top"] = rows[:30]
+    return res
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
@@ -138,6 +196,16 @@ def main(argv=None):
             print(f"    {r['total_us']:9.1f} us {r['calls']:4d} x {r['mean_us']:7.2f}  "
                   f"{r['name'][:90]}", flush=True)
         torch.cuda.empty_cache()
+    try:
+        data["host"] = host_costs(model)
+        print("host:", {k: v for k, v in data["host"].items() if k.endswith("_us")},
+              data["host"]["launch_errors"], flush=True)
+        for r in data["host"]["eager_decode_b1_cprofile_top"][:25]:
+            print(f"    self {r['self_us_per_step']:8.1f} us/step  {r['calls_per_step']:6.0f} "
+                  f"calls  {r['function'][:90]}", flush=True)
+    except Exception as exc:
+        data["host"] = {"error": repr(exc)[:400]}
+        print("host costs failed:", data["host"], flush=True)
     data["seconds"] = round(time.time() - t0, 1)
     write_json(data, "profile", args.out)
     return 0

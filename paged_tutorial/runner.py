@@ -60,21 +60,18 @@ class LlamaRunner:
         self.dtype = self.embed.dtype
 
     # ------------------------------------------------------------------------------------
-    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool):
+    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool, index: int,
+                        positions, slots, cache, block_table):
         b, cfg = self.backend, self.config
         if first:
             x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
         else:
             x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
-        qkv = b.linear(x, layer.qkv)
-        t = qkv.shape[0]
-        q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
-        # views into qkv (rows strided, each row contiguous): every backend op accepts them,
-        # and three copy kernels per layer are saved
-        q = qkv[:, :q_dim].view(t, cfg.n_heads, cfg.head_dim)
-        k = qkv[:, q_dim:q_dim + kv_dim].view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, q_dim + kv_dim:].view(t, cfg.n_kv_heads, cfg.head_dim)
-        return q, k, v
+        # QKV projection, RoPE, K/V into the paged cache (one op: a backend may fuse it).
+        # q, k, v are views into the projection (rows strided, each row contiguous): every
+        # backend op accepts them, and three copy kernels per layer are saved
+        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, positions, self.cos, self.sin,
+                                   cache, block_table, index, slots)
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
         b, cfg = self.backend, self.config
@@ -101,8 +98,8 @@ class LlamaRunner:
         residual = b.embed(self.embed, token_ids)
         h = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._layer_prologue(layer, h, residual, first=(i == 0))
-            b.rope_write_kv(q, k, v, positions, self.cos, self.sin, cache, block_table, i, slots)
+            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, positions, slots,
+                                           cache, block_table)
             if prefill_cu_seqlens is not None:
                 attn = b.prefill_attention(q, k, v, prefill_cu_seqlens, self.scale)
             else:

@@ -239,9 +239,16 @@ def bits16(t):
     return t.detach().cpu().view(torch.int16)
 
 
-def test_vector_kernels_are_bit_exact_with_scalar_ones(nb):
-    """Same rounding, element for element: the 16-byte kernels reproduce the scalar kernels
-    (and torch's bf16 ops) bit for bit, on strided rows as the engine passes them."""
+def ulps(a, b):
+    """max |a - b| / (1e-2 |b| + 1e-3): <= 1 is one or two bf16 roundings apart."""
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float(((a - b).abs() / (1e-2 * b.abs() + 1e-3)).max())
+
+
+def test_vector_kernels_match_scalar_ones(nb):
+    """The 16-byte kernels against the scalar ones, on strided rows as the engine passes
+    them: elementwise ops bit for bit (same rounding, element for element), norms within one
+    rounding."""
     scalar = NumbaBackend(vector=False)
     g = gen(21)
     bf = torch.bfloat16
@@ -252,13 +259,15 @@ def test_vector_kernels_are_bit_exact_with_scalar_ones(nb):
     wide = torch.randn(3, 2 * hidden, generator=g).to(bf).to(dev)
     strided = wide[:, hidden:]                    # rows 2 * hidden apart, like o_proj's input
     assert nb._vec_rows(x, w) and nb._vec_rows(strided)
-    assert torch.equal(bits16(nb.rms_norm(x, w, 1e-5)), bits16(scalar.rms_norm(x, w, 1e-5)))
-    assert torch.equal(bits16(nb.rms_norm(x, w, 1e-5)),
-                       bits16(TorchBackend("cpu").rms_norm(x.cpu(), w.cpu(), 1e-5)))
+    # norms: the sum of squares is added in another order (8 elements per thread), so the
+    # outputs may differ from the scalar kernel's by one rounding; the residual is exact
+    assert ulps(nb.rms_norm(x, w, 1e-5), scalar.rms_norm(x, w, 1e-5)) <= 1
+    assert ulps(nb.rms_norm(x, w, 1e-5),
+                TorchBackend("cpu").rms_norm(x.cpu(), w.cpu(), 1e-5).to(dev)) <= 1
     r1, r2 = x.clone(), x.clone()
     a = nb.add_rms_norm(strided, r1, w, 1e-5)
     b = scalar.add_rms_norm(strided, r2, w, 1e-5)
-    assert torch.equal(bits16(a), bits16(b)) and torch.equal(bits16(r1), bits16(r2))
+    assert ulps(a, b) <= 1 and torch.equal(bits16(r1), bits16(r2))
     gate_up = (torch.randn(3, 2 * 48, generator=g) * 3).to(bf).to(dev)
     assert torch.equal(bits16(nb.silu_mul(gate_up)), bits16(scalar.silu_mul(gate_up)))
     table = torch.randn(20, hidden, generator=g).to(bf).to(dev)
@@ -266,9 +275,7 @@ def test_vector_kernels_are_bit_exact_with_scalar_ones(nb):
     assert torch.equal(bits16(nb.embed(table, ids)), bits16(table[ids.long()]))
     # a view that is not 16-byte aligned falls back to the scalar kernels, same results
     odd = wide[:, 1:hidden + 1]
-    assert not nb._vec_rows(odd)
-    assert torch.equal(bits16(nb.rms_norm(odd.contiguous(), w, 1e-5)),
-                       bits16(scalar.rms_norm(odd.contiguous(), w, 1e-5)))
+    assert not nb._vec_rows(odd) and nb._vec_rows(odd.contiguous())
 
 
 @pytest.mark.parametrize("n_rows", [1, 3])
@@ -277,10 +284,11 @@ def test_gemv_matches_float32_products(n_rows):
 
     nb = NumbaBackend(gemv=True)
     g = gen(30 + n_rows)
-    k = 8 * 32 * 2 + 16                           # two rounds of chunks per lane, and a tail
+    k = 8 * (32 * gemv.UNROLL + 1)                # rows split over 2 warps (k_split), a tail
+    assert gemv.k_split(k) == 2
     x_wide = torch.randn(n_rows, 2 * k, generator=g).to(torch.bfloat16).to(nb.device)
     x = x_wide[:, :k]                             # strided rows
-    w = torch.randn(2 * gemv.WARPS + 1, k, generator=g).to(torch.bfloat16).to(nb.device)
+    w = torch.randn(3, k, generator=g).to(torch.bfloat16).to(nb.device)
     y = nb.linear(x, w)
     assert y.dtype == torch.bfloat16 and y.shape == (n_rows, w.shape[0])
     want = x.float().cpu() @ w.float().cpu().T
@@ -328,3 +336,34 @@ def test_launch_glue_rows_words_and_buffers(nb):
     assert launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32) is a
     b = launch.persistent_buffer(nb.device, "test.grow", a.numel() + 1, torch.int32, zero=True)
     assert b.numel() > a.numel() and int(b.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n_tokens", [1, 2])
+def test_fused_qkv_rope_write_kv_matches_the_separate_ops(n_tokens):
+    """gemv.qkv_rope_write_kv_kernel against the GEMV, then rope_write_kv: the same bits in
+    q, k, v and in the cache (one kernel instead of two per layer at decode)."""
+    fused = NumbaBackend(gemv=True)
+    separate = NumbaBackend(gemv=True, fuse_qkv=False)
+    g = gen(50 + n_tokens)
+    n_q, n_kv, d, hidden = 4, 2, 16, 64
+    cache = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    assign(g, cache, {1: 20, 3: 9})
+    other = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    other.buffer.copy_(cache.buffer)
+    other.block_table[...] = cache.block_table
+    other.mark_table_changed()
+    slots = torch.tensor([1, 3][:n_tokens], dtype=torch.int32).to(fused.device)
+    positions = torch.tensor([19, 8][:n_tokens], dtype=torch.int32).to(fused.device)
+    x = torch.randn(n_tokens, hidden, generator=g).to(torch.bfloat16).to(fused.device)
+    w = (torch.randn((n_q + 2 * n_kv) * d, hidden, generator=g) * 0.2).to(torch.bfloat16)
+    cos = torch.rand(32, d // 2, generator=g).to(fused.device)
+    sin = torch.rand(32, d // 2, generator=g).to(fused.device)
+    got = fused.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, cache,
+                                  cache.device_block_table(), 1, slots)
+    want = separate.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, other,
+                                      other.device_block_table(), 1, slots)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(bits16(a), bits16(b))
+    assert torch.equal(bits16(cache.buffer), bits16(other.buffer))
+    assert not torch.equal(bits16(cache.buffer), bits16(make_cache(
+        gen(50 + n_tokens), "bfloat16", n_kv=n_kv, head_dim=d).buffer)), "the cache was written"

@@ -105,13 +105,14 @@ class NumbaBackend(Backend):
     ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
     device sync) validates token ids, positions and block-table entries on the host before
     the kernels use them.  ``attention`` picks the decode kernel, ``prefill`` the prefill
-    attention, ``vector`` / ``gemv`` the 16-byte bf16 kernels and the small-batch GEMV.
+    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` the 16-byte bf16 kernels, the small-batch
+    GEMV and its fusion with RoPE and the cache write.
     """
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
                  attention: str = "fast", prefill: str | None = None, vector: bool = True,
-                 gemv: bool | None = None):
+                 gemv: bool | None = None, fuse_qkv: bool = True):
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
                              f"{ATTENTION_KERNELS}")
@@ -152,6 +153,8 @@ class NumbaBackend(Backend):
         #: the Numba GEMV (``gemv.py``) replaces cuBLAS for bf16 at <= gemv.MAX_ROWS rows;
         #: default on the GPU only (in the simulator every output row is a Python warp)
         self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
+        #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
+        self.fuse_qkv = bool(fuse_qkv)
         self._tiles_cache: tuple | None = None
         self._cu_cache: tuple | None = None
         self._checked_tables: set = set()
@@ -207,9 +210,8 @@ class NumbaBackend(Backend):
                 raise ValueError(f"linear: x has {x.shape[1]} columns, weight {k}")
             out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
             xa, x_rs = rows(x, "x", words=True)
-            _launch(gemv.gemv_kernel(x.shape[0], k), -(-n_out // gemv.WARPS),
-                    32 * gemv.WARPS, xa, x_rs, words(weight, "weight"), flat(out), n_out,
-                    n_out)
+            _launch(gemv.gemv_kernel(x.shape[0], k), gemv.grid(n_out, k), 32 * gemv.WARPS,
+                    xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
             return out
         return torch.nn.functional.linear(x, weight)
 
@@ -357,6 +359,50 @@ class NumbaBackend(Backend):
                 as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
                 n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
 
+    @staticmethod
+    def _check_rope_write(cache, block_table, layer, pos32, slots32, cos) -> None:
+        """check_inputs: positions inside the RoPE tables, block-table entries assigned."""
+        if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
+            raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+        table = block_table.cpu().numpy()
+        s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+        for slot in np.unique(s):
+            check_block_entries(cache, table, int(slot), layer, int(p[s == slot].max()) + 1,
+                                "write_kv")
+
+    def qkv_rope_write_kv(self, x, qkv_weight, n_q_heads, positions, cos, sin, cache,
+                          block_table, layer, slots):
+        """The QKV GEMV, RoPE and the cache write in one kernel (``gemv.py``) for bf16 decode
+        at up to ``gemv.MAX_ROWS`` tokens; otherwise the separate ops (``Backend``)."""
+        c = cache.config
+        n_out, k_in = qkv_weight.shape
+        n_tokens = x.shape[0]
+        if not (self.fuse_qkv and self.gemv and x.dim() == 2 and 0 < n_tokens <= gemv.MAX_ROWS
+                and x.shape[1] == k_in and qkv_weight.is_contiguous()
+                and self._vec_rows(x, qkv_weight) and cache.buffer.dtype == torch.bfloat16
+                and gemv.fused_qkv_supported(k_in, c.head_dim)
+                and n_out == (n_q_heads + 2 * c.num_kv_heads) * c.head_dim
+                and cos.dtype == torch.float32 and sin.dtype == torch.float32
+                and cos.shape[-1] == c.head_dim // 2 and cos.is_contiguous()
+                and sin.is_contiguous()):
+            return super().qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin,
+                                             cache, block_table, layer, slots)
+        self._table_ok(cache, block_table)
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
+        xa, x_rs = rows(x, "x", words=True)
+        _launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
+                32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out), n_out,
+                flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
+                flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table), int(layer),
+                flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        d, q_dim = c.head_dim, n_q_heads * c.head_dim
+        return (out[:, :q_dim].view(n_tokens, n_q_heads, d),
+                out[:, q_dim:q_dim + c.KV_DIM].view(n_tokens, c.num_kv_heads, d),
+                out[:, q_dim + c.KV_DIM:].view(n_tokens, c.num_kv_heads, d))
+
     def rope_write_kv(self, q, k, v, positions, cos, sin, cache, block_table, layer, slots):
         """``rope`` then ``write_kv`` in one kernel (``rope_write_kv.py``)."""
         dtype = self._same_dtype(q, k, v, cache.buffer)
@@ -373,13 +419,7 @@ class NumbaBackend(Backend):
             return
         pos32, slots32 = self._int32(positions), self._int32(slots)
         if self.check_inputs:
-            if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
-                raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
-            table = block_table.cpu().numpy()
-            s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
-            for slot in np.unique(s):
-                check_block_entries(cache, table, int(slot), layer,
-                                    int(p[s == slot].max()) + 1, "write_kv")
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
         qa, q_rs = rows(q, "q")
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")

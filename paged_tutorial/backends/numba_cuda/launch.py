@@ -29,8 +29,9 @@ work).  The GPU path here does the same work once per *signature*:
   (``dispatcher.compile``, as Numba's own first call does) and keeps the compiled kernel and
   how each argument becomes parameter values (an array is meminfo, parent, nitems, itemsize,
   data, shape..., strides...; Python ints are int64, floats float64), as Numba would pass them;
-- each launch builds that value list and calls ``cuda.core.launch``, the call Numba's own
-  launch ends in (it checks the driver's return code).
+- each launch packs the values into one reusable parameter buffer and calls the driver's
+  ``cuLaunchKernel`` on torch's current stream (``_RawLauncher``; ``_CoreLauncher`` instead
+  calls ``cuda.core.launch``, the call Numba's own launch ends in).  Return codes are checked.
 
 Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
 behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 
 import torch
@@ -60,6 +62,7 @@ GPU_MAX_BLOCKS = 65535 * 16
 if SIMULATING:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 else:                                              # pragma: no cover - GPU only
+    from cuda.bindings import driver as _cudrv
     from cuda.core import LaunchConfig as _LaunchConfig, launch as _core_launch
     from numba.cuda import types as _nbtypes
     from numba.cuda.cudadrv.devices import get_context as _get_context
@@ -229,7 +232,7 @@ def _dims(d) -> tuple[int, int, int]:
     return d + (1,) * (3 - len(d))
 
 
-class _Launcher:
+class _CoreLauncher:
     """One compiled kernel for one tuple of argument types, and how to turn each argument into
     the values Numba's ``_Kernel._prepare_args`` would pass (numba-cuda 0.30: arrays as plain
     ints -- meminfo, parent, nitems, itemsize, data, shape..., strides... --, integers as
@@ -238,10 +241,7 @@ class _Launcher:
 
     _SCALAR_WRAP = {"int64": ctypes.c_int64, "float64": ctypes.c_double, "bool": None}
 
-    def __init__(self, kernel, argtypes: tuple):
-        compiled = kernel.compile(argtypes)
-        if compiled.debug or compiled.extensions or compiled.cooperative:
-            raise NotImplementedError("debug / cooperative / extended kernels take Numba's launch")
+    def __init__(self, compiled, argtypes: tuple):
         self.kernel = compiled._codelibrary.get_cufunc().kernel
         self.wraps = []
         for t in argtypes:
@@ -252,7 +252,7 @@ class _Launcher:
             else:
                 raise NotImplementedError(f"argument type {t}")
 
-    def __call__(self, grid, block, args, stream) -> None:
+    def __call__(self, grid, block, args) -> None:
         values = []
         for a, wrap in zip(args, self.wraps):
             if wrap is GpuArray:
@@ -261,7 +261,58 @@ class _Launcher:
                 values.append(a)
             else:
                 values.append(wrap(a))
-        _core_launch(stream, _launch_config(grid, block), self.kernel, *values)
+        _core_launch(_current_stream(), _launch_config(grid, block), self.kernel, *values)
+
+
+class _RawLauncher:
+    """The same launch as ``_CoreLauncher`` one level lower: the parameter block Numba's
+    launch builds (every parameter in an 8-byte slot: an array is meminfo, parent, nitems,
+    itemsize, data, shape..., strides...; int64; float64; bool) is packed into one reusable
+    buffer with ``struct``, and ``cuLaunchKernel`` gets its address.  The return code is
+    checked."""
+
+    _SCALAR_FORMATS = {"int64": "q", "float64": "d", "bool": "?7x"}
+
+    def __init__(self, compiled, argtypes: tuple):
+        handle = compiled._codelibrary.get_cufunc().kernel.handle
+        err, self.function = _cudrv.cuKernelGetFunction(handle)
+        _check(err, "cuKernelGetFunction")
+        fmt, slots = "<", 0
+        for t in argtypes:
+            if isinstance(t, _nbtypes.Array):
+                fmt += "qqqqQ" + "q" * (2 * t.ndim)
+                slots += 5 + 2 * t.ndim
+            elif str(t) in self._SCALAR_FORMATS:
+                fmt += self._SCALAR_FORMATS[str(t)]
+                slots += 1
+            else:
+                raise NotImplementedError(f"argument type {t}")
+        self.pack = struct.Struct(fmt).pack_into
+        self.buffer = (ctypes.c_byte * (8 * max(1, slots)))()
+        base = ctypes.addressof(self.buffer)
+        self.params = (ctypes.c_void_p * max(1, slots))(*[base + 8 * i for i in range(slots)])
+        self.params_address = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+    def __call__(self, grid, block, args) -> None:
+        values = []
+        for a in args:
+            if a.__class__ is GpuArray:
+                values.extend(a.abi)
+            else:
+                values.append(a)
+        gx, gy, gz = _dims(grid)
+        bx, by, bz = _dims(block)
+        with self.lock:                       # one parameter buffer per launcher
+            self.pack(self.buffer, 0, *values)
+            err, = _cudrv.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, 0,
+                                         _current_stream_handle(), self.params_address, 0)
+        _check(err, "cuLaunchKernel")
+
+
+def _check(err, what: str) -> None:
+    if err != _cudrv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err!r}")
 
 
 _configs: dict = {}
@@ -276,8 +327,21 @@ def _launch_config(grid, block):
     return config
 
 
+def _current_stream_handle() -> int:
+    """torch's current stream as an integer handle (the cheap way, when torch offers it)."""
+    try:
+        return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+    except AttributeError:                    # pragma: no cover - other torch versions
+        return torch.cuda.current_stream().cuda_stream
+
+
+#: how GPU launches are made: "raw" (``_RawLauncher``), "core" (``_CoreLauncher``) or "numba"
+#: (Numba's own path, every call).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
+#: that fails on its first launch hands over to the next one, and the error is recorded.
+LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "raw")
+_MODES = {"raw": ("raw", "core"), "core": ("core",), "numba": ()}
 _launchers: dict = {}
-#: kernel name -> the error that sent it back to Numba's launch path (empty when all is well)
+#: (kernel name, launcher kind) -> the error that made it hand over (empty when all is well)
 FAST_LAUNCH_ERRORS: dict = {}
 _SCALAR_TYPES: dict = {}
 _thread_state = threading.local()
@@ -290,8 +354,27 @@ def _scalar_type(cls):
     return _SCALAR_TYPES.get(cls)
 
 
+def _first_launch(kernel, argtypes, grid, block, args):
+    """Compile, then try the launchers of LAUNCH_MODE in turn; the first that launches is kept
+    (False: none did, and nothing was launched)."""
+    compiled = kernel.compile(argtypes)
+    if compiled.debug or compiled.extensions or compiled.cooperative:
+        return False
+    for kind in _MODES.get(LAUNCH_MODE, ("core",)):
+        try:
+            launcher = (_RawLauncher if kind == "raw" else _CoreLauncher)(compiled, argtypes)
+            launcher(grid, block, args)
+            return launcher
+        except NotImplementedError:
+            return False
+        except Exception as exc:              # record it (tests check it), try the next
+            FAST_LAUNCH_ERRORS[(getattr(kernel, "__name__", str(kernel)), kind)] = \
+                repr(exc)[:300]
+    return False
+
+
 def _gpu_launch(kernel, grid, block, args) -> bool:
-    """The fast path; False when an argument is of a kind it does not handle."""
+    """The fast paths; False when an argument is of a kind they do not handle."""
     types = []
     for a in args:
         cls = a.__class__
@@ -304,30 +387,16 @@ def _gpu_launch(kernel, grid, block, args) -> bool:
             types.append(t)
     key = (kernel, tuple(types))
     launcher = _launchers.get(key)
+    if launcher:
+        launcher(grid, block, args)
+        return True
     if launcher is False:
         return False
     if not getattr(_thread_state, "context_ready", False):
-        _get_context()                  # Numba's context current on this thread (once)
+        _get_context()                        # Numba's context current on this thread (once)
         _thread_state.context_ready = True
-    if launcher is None:                # first launch of this signature: compile, try once
-        try:
-            launcher = _Launcher(kernel, key[1])
-            launcher(grid, block, args, _current_stream())
-        except NotImplementedError:
-            _launchers[key] = False
-            return False
-        except Exception as exc:        # record it (tests check), and take Numba's path
-            FAST_LAUNCH_ERRORS[getattr(kernel, "__name__", str(kernel))] = repr(exc)[:300]
-            _launchers[key] = False
-            return False
-        _launchers[key] = launcher
-        return True
-    launcher(grid, block, args, _current_stream())
-    return True
-
-
-#: PAGED_TUTORIAL_FAST_LAUNCH=0 sends every GPU launch through Numba's own path (to compare)
-FAST_LAUNCH = os.environ.get("PAGED_TUTORIAL_FAST_LAUNCH", "1") != "0"
+    launcher = _launchers[key] = _first_launch(kernel, key[1], grid, block, args)
+    return launcher is not False
 
 
 def launch(kernel, grid, block, *args) -> None:
@@ -335,7 +404,7 @@ def launch(kernel, grid, block, *args) -> None:
     if SIMULATING:
         with sim_shim.fast_thread_switching():
             kernel[grid, block](*args)
-    elif not (FAST_LAUNCH and _gpu_launch(kernel, grid, block, args)):
+    elif not _gpu_launch(kernel, grid, block, args):
         kernel[grid, block, _current_stream()](*args)
 
 

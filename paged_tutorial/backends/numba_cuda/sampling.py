@@ -38,11 +38,11 @@ MAX_SAMPLE_THREADS = 1024
 
 
 def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
-    """Blocks per row for the greedy path: about 256 blocks in all, at most 64 per row.
-    Depends only on the batch size, so a CUDA graph can fix it."""
+    """Blocks per row for the greedy path: about 1024 blocks in all (8 per SM of an H200),
+    at most 64 per row.  Depends only on the batch size, so a CUDA graph can fix it."""
     if simulating:
         return 2                                       # exercise the merge, cheaply
-    return max(1, min(64, -(-256 // max(1, batch))))
+    return max(1, min(64, -(-1024 // max(1, batch))))
 
 
 if SIMULATING:
