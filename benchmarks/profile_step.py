@@ -39,7 +39,10 @@ TOP = 40
 
 
 def short_name(name: str) -> str:
-    """A Numba kernel's Itanium-mangled name -> the Python function's name."""
+    """A Numba kernel's name (mangled, or demangled by the profiler) -> ``numba:`` + the
+    Python function's name; other kernels' names cut to 120 characters."""
+    if "paged_tutorial::" in name:
+        return "numba:" + name.split("[abi")[0].split("(")[0].split("::")[-1]
     if not name.startswith("_ZN"):
         return name[:120]
     tokens, i = [], 3
@@ -141,7 +144,7 @@ def host_costs(model) -> dict:
         return round((time.perf_counter() - t0) / n * 1e6, 2)
 
     saved = launch.LAUNCH_MODE
-    for mode in ("raw", "core", "numba"):
+    for mode in ("ctypes", "raw", "core", "numba"):
         launch.LAUNCH_MODE = mode
         launch._launchers.clear()
         res[f"rms_norm_{mode}_us"] = per_call_us(lambda: nb.rms_norm(x, w, 1e-5))

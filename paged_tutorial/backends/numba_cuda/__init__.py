@@ -185,8 +185,10 @@ class NumbaBackend(Backend):
         if not self.vector:
             return False
         for t in tensors:
-            if t.dtype != torch.bfloat16 or t.data_ptr() % 16 or t.shape[-1] % 8 \
-                    or t.stride(-1) != 1 or (t.dim() > 1 and t.stride(0) % 8):
+            if t.dtype != torch.bfloat16 or t.data_ptr() % 16 or t.shape[-1] % 8:
+                return False
+            st = t.stride()
+            if st[-1] != 1 or (len(st) > 1 and st[0] % 8):
                 return False
         return True
 

@@ -30,8 +30,12 @@ from .sim_shim import SIMULATING
 from .dtypes import float_to_bf16_bits, rnd_bf16
 from .vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4_nc, unpack2
 
-#: rows of x (tokens) up to which the GEMV replaces cuBLAS
-MAX_ROWS = 4
+#: rows of x (tokens) up to which the GEMV replaces cuBLAS.  Measured on an H200
+#: (benchmarks/results/kernels-*.json, table "gemv"): at one row the GEMV and cuBLAS are
+#: even over a layer's matrices (45.3 vs 45.7 us; faster for o, down and the LM head, slower
+#: for gate_up) and the GEMV alone fuses with RoPE; from two rows on cuBLAS is faster
+#: (each extra row costs this kernel a full pass of FMAs per weight chunk).
+MAX_ROWS = 1
 #: warps per block (the simulator runs two: every thread is a Python thread)
 WARPS = 2 if SIMULATING else 8
 #: 16-byte chunks a lane loads at once

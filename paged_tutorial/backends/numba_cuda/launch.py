@@ -30,8 +30,10 @@ work).  The GPU path here does the same work once per *signature*:
   how each argument becomes parameter values (an array is meminfo, parent, nitems, itemsize,
   data, shape..., strides...; Python ints are int64, floats float64), as Numba would pass them;
 - each launch packs the values into one reusable parameter buffer and calls the driver's
-  ``cuLaunchKernel`` on torch's current stream (``_RawLauncher``; ``_CoreLauncher`` instead
-  calls ``cuda.core.launch``, the call Numba's own launch ends in).  Return codes are checked.
+  ``cuLaunchKernel`` on torch's current stream, through ctypes (``_CtypesLauncher``) or the
+  CUDA Python binding (``_RawLauncher``); ``_CoreLauncher`` calls ``cuda.core.launch``, the
+  call Numba's own launch ends in.  Return codes are checked.  Host microseconds per launch
+  of each path: ``benchmarks/profile_step.py`` (section ``host``).
 
 Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
 behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
@@ -106,22 +108,31 @@ def _array_type(dtype_name: str, ndim: int):
 
 
 class GpuArray:
-    """A C-contiguous device array as a kernel argument: pointer, shape, Numba type and the
-    values of Numba's array parameter block (``abi``).  Holds its tensor while it lives (an
-    argument lives for one launch), and exposes ``__cuda_array_interface__`` so that Numba's
-    ordinary launch path accepts it too."""
+    """A C-contiguous device array as a kernel argument: pointer, shape, dtype and the values
+    of Numba's array parameter block (``abi``); ``key`` stands for its Numba type in the
+    launchers' cache (a short string: hashing it is cheap, unlike a Numba type).  Holds its
+    tensor while it lives (an argument lives for one launch), and exposes
+    ``__cuda_array_interface__`` so that Numba's ordinary launch path accepts it too."""
 
-    __slots__ = ("ptr", "shape", "dtype_name", "nbtype", "abi", "owner")
+    __slots__ = ("ptr", "shape", "dtype_name", "key", "abi", "owner")
 
     def __init__(self, ptr: int, shape: tuple, dtype_name: str, itemsize: int, owner=None):
         self.ptr, self.shape, self.dtype_name, self.owner = ptr, shape, dtype_name, owner
-        self.nbtype = _array_type(dtype_name, len(shape))
+        if len(shape) == 1:                      # the common case, kept short
+            n = shape[0]
+            self.key = _KEYS_1D[dtype_name]
+            self.abi = (0, 0, n, itemsize, ptr, n, itemsize)
+            return
+        self.key = f"{dtype_name}/{len(shape)}"
         strides, step = [], itemsize
         for n in reversed(shape):
             strides.append(step)
             step *= n
-        nitems = step // itemsize
-        self.abi = (0, 0, nitems, itemsize, ptr, *shape, *reversed(strides))
+        self.abi = (0, 0, step // itemsize, itemsize, ptr, *shape, *reversed(strides))
+
+    @property
+    def nbtype(self):
+        return _array_type(self.dtype_name, len(self.shape))
 
     @property
     def __cuda_array_interface__(self):
@@ -131,8 +142,11 @@ class GpuArray:
                 "typestr": np.dtype(self.dtype_name).str, "version": 3}
 
 
+_KEYS_1D = {name: f"{name}/1" for name, _ in _KERNEL_DTYPES.values()}
+
+
 def _gpu_array(t: torch.Tensor, shape: tuple, dtype=None) -> GpuArray:
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         raise ValueError(f"numba backend: tensors must be on the GPU, got {t.device}")
     name, size = _KERNEL_DTYPES[dtype or t.dtype]
     return GpuArray(t.data_ptr(), shape, name, size, t)
@@ -310,6 +324,40 @@ class _RawLauncher:
         _check(err, "cuLaunchKernel")
 
 
+class _CtypesLauncher(_RawLauncher):
+    """``_RawLauncher`` calling the driver library's ``cuLaunchKernel`` through ctypes (one
+    foreign call with fixed argument types, instead of the CUDA Python binding's argument
+    conversion)."""
+
+    _lib = None
+
+    def __init__(self, compiled, argtypes: tuple):
+        super().__init__(compiled, argtypes)
+        if _CtypesLauncher._lib is None:
+            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+            _CtypesLauncher._lib = fn
+        self.launch_fn = _CtypesLauncher._lib
+        self.function_address = int(self.function)
+
+    def __call__(self, grid, block, args) -> None:
+        values = []
+        for a in args:
+            if a.__class__ is GpuArray:
+                values.extend(a.abi)
+            else:
+                values.append(a)
+        gx, gy, gz = _dims(grid)
+        bx, by, bz = _dims(block)
+        with self.lock:
+            self.pack(self.buffer, 0, *values)
+            err = self.launch_fn(self.function_address, gx, gy, gz, bx, by, bz, 0,
+                                 _current_stream_handle(), self.params_address, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+
+
 def _check(err, what: str) -> None:
     if err != _cudrv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {err!r}")
@@ -330,16 +378,18 @@ def _launch_config(grid, block):
 def _current_stream_handle() -> int:
     """torch's current stream as an integer handle (the cheap way, when torch offers it)."""
     try:
-        return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
     except AttributeError:                    # pragma: no cover - other torch versions
         return torch.cuda.current_stream().cuda_stream
 
 
-#: how GPU launches are made: "raw" (``_RawLauncher``), "core" (``_CoreLauncher``) or "numba"
-#: (Numba's own path, every call).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
+#: how GPU launches are made: "ctypes" (``_CtypesLauncher``), "raw" (``_RawLauncher``), "core"
+#: (``_CoreLauncher``) or "numba" (Numba's own path, every call).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
 #: that fails on its first launch hands over to the next one, and the error is recorded.
-LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "raw")
-_MODES = {"raw": ("raw", "core"), "core": ("core",), "numba": ()}
+LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "ctypes")
+_MODES = {"ctypes": ("ctypes", "raw", "core"), "raw": ("raw", "core"), "core": ("core",),
+          "numba": ()}
+_LAUNCHER_KINDS = {}
 _launchers: dict = {}
 #: (kernel name, launcher kind) -> the error that made it hand over (empty when all is well)
 FAST_LAUNCH_ERRORS: dict = {}
@@ -362,7 +412,7 @@ def _first_launch(kernel, argtypes, grid, block, args):
         return False
     for kind in _MODES.get(LAUNCH_MODE, ("core",)):
         try:
-            launcher = (_RawLauncher if kind == "raw" else _CoreLauncher)(compiled, argtypes)
+            launcher = _LAUNCHER_KINDS[kind](compiled, argtypes)
             launcher(grid, block, args)
             return launcher
         except NotImplementedError:
@@ -373,29 +423,29 @@ def _first_launch(kernel, argtypes, grid, block, args):
     return False
 
 
+_LAUNCHER_KINDS.update(ctypes=_CtypesLauncher, raw=_RawLauncher, core=_CoreLauncher)
+
+
 def _gpu_launch(kernel, grid, block, args) -> bool:
     """The fast paths; False when an argument is of a kind they do not handle."""
-    types = []
-    for a in args:
-        cls = a.__class__
-        if cls is GpuArray:
-            types.append(a.nbtype)
-        else:
-            t = _scalar_type(cls)
-            if t is None:
-                return False
-            types.append(t)
-    key = (kernel, tuple(types))
+    key = (kernel, *[a.key if a.__class__ is GpuArray else a.__class__ for a in args])
     launcher = _launchers.get(key)
     if launcher:
         launcher(grid, block, args)
         return True
     if launcher is False:
         return False
+    types = []
+    for a in args:
+        t = a.nbtype if a.__class__ is GpuArray else _scalar_type(a.__class__)
+        if t is None:                         # not an argument kind the fast paths know
+            _launchers[key] = False
+            return False
+        types.append(t)
     if not getattr(_thread_state, "context_ready", False):
         _get_context()                        # Numba's context current on this thread (once)
         _thread_state.context_ready = True
-    launcher = _launchers[key] = _first_launch(kernel, key[1], grid, block, args)
+    launcher = _launchers[key] = _first_launch(kernel, tuple(types), grid, block, args)
     return launcher is not False
 
 
