@@ -5,8 +5,8 @@
 Llama-3.2-1B shapes, random bf16 weights (the GPU machine cannot download the real ones),
 prompts of 128 random tokens, greedy, every request generating exactly NEW_TOKENS tokens.
 
-- ours: ``Engine(model, backend="numba")`` as a user gets it (fast attention, fused RoPE +
-  cache write, CUDA graphs): ``engine_ms_per_step`` = median wall time of a decode step
+- ours: ``Engine(model, backend="numba")`` as a user gets it (fast attention, the GEMV fused
+  with RoPE + cache write at batch 1, 16-byte norms/SwiGLU, CUDA graphs): ``engine_ms_per_step`` = median wall time of a decode step
   (``StepReport.seconds``: scheduling, the graph replay, sampling, bookkeeping), and
   ``engine_gpu_ms_per_step`` = the graph replay alone (CUDA events);
 - the steps that got there: the article's kernel without graphs (the starting point), the
@@ -323,8 +323,13 @@ def main(argv=None):
             backend=NumbaBackend(prefill="numba"))
     print("prefill:", data["prefill"], flush=True)
     from paged_tutorial.backends.numba_cuda import attention_fast
+    from paged_tutorial.backends.numba_cuda import gemv, launch
     data["fast_kernel"] = {"num_warps": attention_fast.NUM_WARPS,
+                           "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
                            **attention_fast.DEFAULT_VARIANT}
+    data["gemv_max_rows"] = gemv.MAX_ROWS
+    data["launch_mode"] = launch.LAUNCH_MODE
+    data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
     data["seconds"] = round(time.time() - t_start, 1)
     write_json(data, "decode", args.out)
     print(f"ceilings: {data['ceilings']}")

@@ -144,7 +144,7 @@ def host_costs(model) -> dict:
         return round((time.perf_counter() - t0) / n * 1e6, 2)
 
     saved = launch.LAUNCH_MODE
-    for mode in ("ctypes", "raw", "core", "numba"):
+    for mode in ("raw", "core", "numba"):
         launch.LAUNCH_MODE = mode
         launch._launchers.clear()
         res[f"rms_norm_{mode}_us"] = per_call_us(lambda: nb.rms_norm(x, w, 1e-5))

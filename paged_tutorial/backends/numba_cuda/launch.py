@@ -30,10 +30,10 @@ work).  The GPU path here does the same work once per *signature*:
   how each argument becomes parameter values (an array is meminfo, parent, nitems, itemsize,
   data, shape..., strides...; Python ints are int64, floats float64), as Numba would pass them;
 - each launch packs the values into one reusable parameter buffer and calls the driver's
-  ``cuLaunchKernel`` on torch's current stream, through ctypes (``_CtypesLauncher``) or the
-  CUDA Python binding (``_RawLauncher``); ``_CoreLauncher`` calls ``cuda.core.launch``, the
-  call Numba's own launch ends in.  Return codes are checked.  Host microseconds per launch
-  of each path: ``benchmarks/profile_step.py`` (section ``host``).
+  ``cuLaunchKernel`` (CUDA Python binding) on torch's current stream (``_RawLauncher``);
+  ``_CoreLauncher`` calls ``cuda.core.launch``, the call Numba's own launch ends in.  Return
+  codes are checked.  Host microseconds per launch of each path:
+  ``benchmarks/profile_step.py`` (section ``host``).
 
 Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
 behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
@@ -324,40 +324,6 @@ class _RawLauncher:
         _check(err, "cuLaunchKernel")
 
 
-class _CtypesLauncher(_RawLauncher):
-    """``_RawLauncher`` calling the driver library's ``cuLaunchKernel`` through ctypes (one
-    foreign call with fixed argument types, instead of the CUDA Python binding's argument
-    conversion)."""
-
-    _lib = None
-
-    def __init__(self, compiled, argtypes: tuple):
-        super().__init__(compiled, argtypes)
-        if _CtypesLauncher._lib is None:
-            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-            _CtypesLauncher._lib = fn
-        self.launch_fn = _CtypesLauncher._lib
-        self.function_address = int(self.function)
-
-    def __call__(self, grid, block, args) -> None:
-        values = []
-        for a in args:
-            if a.__class__ is GpuArray:
-                values.extend(a.abi)
-            else:
-                values.append(a)
-        gx, gy, gz = _dims(grid)
-        bx, by, bz = _dims(block)
-        with self.lock:
-            self.pack(self.buffer, 0, *values)
-            err = self.launch_fn(self.function_address, gx, gy, gz, bx, by, bz, 0,
-                                 _current_stream_handle(), self.params_address, None)
-        if err:
-            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
-
-
 def _check(err, what: str) -> None:
     if err != _cudrv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {err!r}")
@@ -383,12 +349,13 @@ def _current_stream_handle() -> int:
         return torch.cuda.current_stream().cuda_stream
 
 
-#: how GPU launches are made: "ctypes" (``_CtypesLauncher``), "raw" (``_RawLauncher``), "core"
-#: (``_CoreLauncher``) or "numba" (Numba's own path, every call).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
+#: how GPU launches are made: "raw" (``_RawLauncher``), "core" (``_CoreLauncher``) or "numba"
+#: (Numba's own path, every call).  Host microseconds per rms_norm call on the H200
+#: (profile_step.py, 2026-11-30): raw 19, core 33, numba 128 (a direct ctypes call of
+#: cuLaunchKernel was tried too: 21, no better than the binding, so it is gone).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
 #: that fails on its first launch hands over to the next one, and the error is recorded.
-LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "ctypes")
-_MODES = {"ctypes": ("ctypes", "raw", "core"), "raw": ("raw", "core"), "core": ("core",),
-          "numba": ()}
+LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "raw")
+_MODES = {"raw": ("raw", "core"), "core": ("core",), "numba": ()}
 _LAUNCHER_KINDS = {}
 _launchers: dict = {}
 #: (kernel name, launcher kind) -> the error that made it hand over (empty when all is well)
@@ -423,7 +390,7 @@ def _first_launch(kernel, argtypes, grid, block, args):
     return False
 
 
-_LAUNCHER_KINDS.update(ctypes=_CtypesLauncher, raw=_RawLauncher, core=_CoreLauncher)
+_LAUNCHER_KINDS.update(raw=_RawLauncher, core=_CoreLauncher)
 
 
 def _gpu_launch(kernel, grid, block, args) -> bool:
