@@ -107,7 +107,3 @@ def pack2(lo, hi):
     """Two float32 -> one int32 word of two bf16 (round to nearest even)."""
     return int32((int32(float_to_bf16_bits(lo)) & 0xFFFF) | (int32(float_to_bf16_bits(hi)) << 16))
 
-
-def aligned16(*tensors) -> bool:
-    """All data pointers 16-byte aligned (a torch allocation is; a view may not be)."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
