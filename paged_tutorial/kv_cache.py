@@ -160,20 +160,20 @@ class PagedKVCache:
         if new_len > self.config.max_seq_len:
             raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
                              f"{self.config.max_seq_len}")
+        n_logical = self.config.blocks_for_tokens(new_len)
+        if n_logical == 0 or self.block_table[slot, 0, n_logical - 1] >= 0:
+            return          # most decode steps: the last block still has room (blocks are
+            #                 taken in logical order and all layers grow together)
         need = self.blocks_needed(slot, new_len)
         if need > len(self.free_blocks):
             raise CacheFullError(f"slot {slot} needs {need} blocks, {len(self.free_blocks)} free")
-        if need == 0:       # most decode steps: the last block still has room (all layers
-            return          # grow together, so layer 0 speaks for every layer)
-        n_logical = self.config.blocks_for_tokens(new_len)
         events = []
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
-            for logical in range(n_logical):
-                if row[logical] == -1:
-                    row[logical] = block = self.free_blocks.pop()
-                    self._dirty.add(self.flat_index(slot, layer, logical))
-                    events.append(("pop", block, slot, layer, logical))
+            for logical in np.flatnonzero(row[:n_logical] == -1).tolist():
+                row[logical] = block = self.free_blocks.pop()
+                self._dirty.add(self.flat_index(slot, layer, logical))
+                events.append(("pop", block, slot, layer, logical))
         self._notify(events)
 
     def release(self, slot: int) -> list[int]:

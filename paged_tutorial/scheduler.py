@@ -36,6 +36,8 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         """Tokens the model computes this step (K/V written for each)."""
+        if self.kind == "decode":
+            return len(self.requests)
         return sum(r.total_len - r.num_cached for r in self.requests)
 
 
