@@ -4,17 +4,17 @@ SmolLM2 model (loaded once per session)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from paged_tutorial.backends.numba_env import decide_numba_environment
+
 # Kernel tests run in Numba's CUDA simulator when no GPU is visible; decide before numba.cuda
 # is imported anywhere in this process (pytest imports this file before any test module, so
-# this is the one place the test suite makes that choice).
-if not torch.cuda.is_available():
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# this is the one place the test suite makes that choice; the package makes it the same way).
+decide_numba_environment()
 
 TINY_CONFIGS = {
     # name: (LlamaConfig kwargs, config.json spelling)
