@@ -31,7 +31,8 @@ BACKEND_HELP = {
 }
 SIM_WARNING = (
     "warning: numba-sim runs every GPU thread of every kernel as a Python thread: the embedded "
-    "SmolLM2 (30 layers) needs minutes for a short prompt and each token after it.  For a quick "
+    "SmolLM2 (30 layers) needs about a minute per token on a 2-core machine (4 minutes for a "
+    "1-token prompt and 3 new tokens, measured).  For a quick "
     "look keep it tiny (a short prompt, --no-chat, --max-new-tokens 4) or pass a small model "
     "folder (2 layers, e.g. one written by paged_tutorial.models.save_hf_folder("
     "random_model(...))); for answers use --backend torch.")
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=BACKEND_NAMES,
                    help="see 'backends' below (default: %(default)s)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on a GPU, float32 on a CPU")
+                   help="default: bfloat16 on a GPU (float16 on one without native bfloat16, "
+                        "such as a T4), float32 on a CPU")
     p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
                    help="tokens to generate per prompt (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=d["temperature"],
@@ -133,6 +135,7 @@ def choose_backend(name: str):
 
 def run(args, out=None, err=None) -> int:
     from . import Engine, load_model
+    from .model_choice import gpu_dtype
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -141,7 +144,7 @@ def run(args, out=None, err=None) -> int:
     if backend.name == "numba-sim":
         print(SIM_WARNING, file=err)
     device = backend.device
-    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = args.dtype or (gpu_dtype() if device.type == "cuda" else "float32")
     print(f"loading {args.model} ({dtype}, {device}) ...", file=err, flush=True)
     try:
         model = load_model(args.model, dtype=dtype, device=device,
@@ -187,7 +190,7 @@ def run(args, out=None, err=None) -> int:
         else:
             out.write(f"--- [{i}] {args.prompt[i]!r}\n{result.text}\n")
         out.flush()
-        tps = (f", {result.decode_tokens_per_s:.1f} tok/s decode"
+        tps = (f", {result.decode_tokens_per_s:.3g} tok/s decode"
                if result.decode_tokens_per_s else "")
         label = "" if single else f"[{i}] "
         print(f"[{label}{len(result.token_ids)} tokens, finish_reason={result.finish_reason}"

@@ -85,6 +85,10 @@ if resolve linux-dev x86_64-manylinux_2_28 dev; then
     expect linux-dev numba-cuda '^0\.30\.'
     expect linux-dev torch '^2\.'
 fi
+if resolve linux-arm-dev aarch64-manylinux_2_28 dev; then
+    expect linux-arm-dev numba-cuda '^0\.30\.'
+    expect linux-arm-dev torch '^2\.'
+fi
 if resolve linux-gpu x86_64-manylinux_2_28 dev gpu; then
     expect linux-gpu triton '^3\.'
 fi
