@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import re
 import sys
 import warnings
 
 from .backends import BACKEND_NAMES
 
 EXIT_USAGE = 2
+HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 
 BACKEND_HELP = {
     "auto": "numba on an NVIDIA GPU when it starts there (else torch on that GPU, with a "
@@ -135,6 +137,7 @@ def choose_backend(name: str):
 
 def run(args, out=None, err=None) -> int:
     from . import Engine, load_model
+    from .model_catalog import known_model, korean_note
     from .model_choice import gpu_dtype
 
     out = sys.stdout if out is None else out
@@ -157,6 +160,10 @@ def run(args, out=None, err=None) -> int:
             TypeError) as exc:
         raise UsageError(_one_line(exc)) from exc
     print(f"[{engine.describe()}]", file=err, flush=True)
+    if any(HANGUL.search(p) for p in args.prompt):
+        entry = known_model(args.model)
+        if entry is None or not entry.korean:
+            print(f"warning: {korean_note(args.model)}", file=err, flush=True)
 
     single = len(args.prompt) == 1
 
@@ -192,7 +199,7 @@ def run(args, out=None, err=None) -> int:
         out.flush()
         tps = (f", {result.decode_tokens_per_s:.3g} tok/s decode"
                if result.decode_tokens_per_s else "")
-        label = "" if single else f"[{i}] "
+        label = "" if single else f"{i}: "
         print(f"[{label}{len(result.token_ids)} tokens, finish_reason={result.finish_reason}"
               f"{tps}]", file=err, flush=True)
         shown.add(request_id)

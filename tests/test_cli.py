@@ -198,7 +198,8 @@ def test_numba_without_gpu_fails_before_loading(monkeypatch, capsys):
     _never_load(monkeypatch)
     status, out, err = run_cli(capsys, "hi", "--backend", "numba")
     assert status == 2 and out == ""
-    line = assert_one_error_line(err, "backend 'numba' cannot run here", "--backend torch")
+    line = assert_one_error_line(err, "backend 'numba' cannot run here", "needs an NVIDIA GPU",
+                                 "--backend torch")
     assert "numba-sim" in line
     assert not any(e.startswith("loading") for e in err)
 
@@ -208,6 +209,7 @@ def test_numba_gpu_problem_fails_before_loading(monkeypatch, capsys):
     from paged_tutorial.backends import availability
 
     _never_load(monkeypatch)
+    monkeypatch.setattr(availability, "torch_gpu_problem", lambda: None)      # a GPU is there
     monkeypatch.setattr(availability, "numba_gpu_problem",
                         lambda: "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: driver too old")
     status, _, err = run_cli(capsys, "hi", "--backend", "numba")
@@ -234,3 +236,14 @@ def test_ctrl_c(monkeypatch, capsys):
     status, _, err = run_cli(capsys, "hi", "--backend", "torch")
     assert status == 2
     assert_one_error_line(err, "interrupted")
+
+
+def test_a_korean_prompt_to_an_english_only_model_gets_a_pointer(tiny_gguf, capsys):
+    status, _, err = run_cli(capsys, "한국의 수도는?", "--model", str(tiny_gguf), "--backend",
+                             "torch", "--no-chat", "--max-new-tokens", "1")
+    assert status == 0
+    notes = [line for line in err if "kanana-nano-2.1b" in line]
+    assert len(notes) == 1 and notes[0].startswith("warning:")
+    status, _, err = run_cli(capsys, "abc", "--model", str(tiny_gguf), "--backend", "torch",
+                             "--no-chat", "--max-new-tokens", "1")
+    assert not any("kanana" in line for line in err)

@@ -17,9 +17,9 @@ import torch
 
 from .numba_env import SIM_ENV, numba_cuda_imported, numba_cuda_simulating
 
-FIX_HINT = ("see README.md, 'Troubleshooting': install numba-cuda with the extra matching your "
-            "driver (`pip install \"numba-cuda[cu12]>=0.30,<0.31\"` for a CUDA 12.x driver, "
-            "[cu13] for 13.x; `nvidia-smi` prints it)")
+FIX_HINT = ("install numba-cuda's CUDA toolkit for your driver: `pip install -e \".[cu12]\"` "
+            "in the repository for a CUDA 12.x driver, \".[cu13]\" for 13.x (`nvidia-smi` "
+            "prints it); README.md, 'Troubleshooting'")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -77,12 +77,16 @@ def check_backend(name: str) -> None:
     """Raise RuntimeError (one message, with the fix) if backend ``name`` cannot run in this
     process.  Cheap for ``torch`` and ``auto``; ``numba`` launches one small kernel."""
     if name == "numba":
+        alternatives = ("Use --backend torch (any machine) or numba-sim (the same kernels in "
+                        "Numba's CUDA simulator, slow)")
+        no_gpu = torch_gpu_problem()
+        if no_gpu is not None:
+            raise RuntimeError(f"backend 'numba' cannot run here: it needs an NVIDIA GPU and "
+                               f"{no_gpu}.  {alternatives}")
         problem = numba_gpu_problem()
         if problem is not None:
-            raise RuntimeError(
-                f"backend 'numba' cannot run here: {problem}.  Use --backend torch (any "
-                f"machine) or numba-sim (the same kernels in Numba's CUDA simulator, slow); "
-                f"for the GPU, {FIX_HINT}")
+            raise RuntimeError(f"backend 'numba' cannot run here: {problem}.  {alternatives}; "
+                               f"to fix numba on this GPU, {FIX_HINT}")
     elif name == "numba-sim":
         if numba_cuda_imported() and not numba_cuda_simulating():
             raise RuntimeError(
