@@ -31,9 +31,15 @@ nvidia-smi | grep -o "CUDA Version: [0-9.]*" || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 ls "$WHEELS" | wc -l | sed 's/$/ carried wheels/'
 
-step "a Colab-like venv: Python 3.12 + the preinstalled torch (system site-packages)"
-python3 -m venv --system-site-packages /tmp/colab-venv
+step "a Colab-like venv: Python 3.12 + the preinstalled torch (the image's packages visible)"
+# python3 there may itself be a venv, whose packages --system-site-packages would not show: a
+# .pth file adds its site-packages after the new venv's own, so pip installs what must change
+# into the new venv and leaves the image alone
+python3 -m venv /tmp/colab-venv
 PY=/tmp/colab-venv/bin/python
+python3 -c "import sysconfig; p = sysconfig.get_paths(); print(p['purelib']); print(p['platlib'])" \
+    | sort -u > "$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/preinstalled.pth"
+"$PY" -c "import torch; print('torch visible in the venv:', torch.__version__)"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
 export PAGED_TUTORIAL_CUDA_EXTRA=none
 mkdir -p /tmp/fake-colab/google/colab
