@@ -110,7 +110,8 @@ def test_install_runs_pip_with_the_readers_set_only(monkeypatch, capsys):
 
 
 def test_restart_is_asked_for_only_when_a_loaded_package_changed(monkeypatch, capsys):
-    before = {"numpy": "2.0.2", "pytest": colab_setup.importlib.metadata.version("pytest")}
+    before = {"numpy": "2.0.2", "pytest": colab_setup.importlib.metadata.version("pytest"),
+              "setuptools": "1.0"}                # a packaging tool: never a reason
     changed = colab_setup.changed_since(before)
     assert len(changed) == 1 and changed[0].startswith("numpy 2.0.2 -> ")
     monkeypatch.setattr(colab_setup, "pip", lambda *args: None)

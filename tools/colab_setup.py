@@ -83,10 +83,17 @@ def loaded_versions() -> dict[str, str]:
     return loaded
 
 
+#: packaging tools that Python imports at start-up (setuptools' distutils hook): a new version
+#: of them changes nothing a notebook uses, so it is no reason to restart
+NOT_A_RESTART_REASON = {"pip", "setuptools", "wheel"}
+
+
 def changed_since(before: dict[str, str]) -> list[str]:
     """The imported distributions whose installed version is no longer the one loaded."""
     changed = []
     for dist, version in before.items():
+        if dist.lower() in NOT_A_RESTART_REASON:
+            continue
         try:
             now = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
