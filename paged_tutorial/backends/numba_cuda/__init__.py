@@ -22,16 +22,7 @@ reductions), ``launch`` (torch <-> kernel glue) and ``sim_shim``.
 
 from __future__ import annotations
 
-import os
-import sys
-
-SIM_ENV = "NUMBA_ENABLE_CUDASIM"
-
-
-def _numba_cuda_simulating() -> bool:
-    """Which implementation the already-imported ``numba.cuda`` is."""
-    cuda = sys.modules["numba.cuda"]
-    return cuda.jit.__module__.startswith("numba.cuda.simulator")
+from ..numba_env import SIM_ENV, decide_numba_environment  # noqa: F401  (imports no numba)
 
 
 def ensure_simulator_decided() -> bool:
@@ -39,15 +30,9 @@ def ensure_simulator_decided() -> bool:
 
     If ``numba.cuda`` is already imported the decision is made: report it.  Otherwise, when the
     user has not set NUMBA_ENABLE_CUDASIM and torch sees no CUDA GPU, set it to 1 so that the
-    import below picks the simulator instead of failing to find a driver."""
-    if "numba.cuda" in sys.modules:
-        return _numba_cuda_simulating()
-    if SIM_ENV not in os.environ:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ[SIM_ENV] = "1"
-    return os.environ.get(SIM_ENV, "0").strip() not in ("", "0")
+    import below picks the simulator instead of failing to find a driver (and, without
+    ``cuda-bindings``, use numba-cuda's ctypes bindings: see ``numba_env.py``)."""
+    return decide_numba_environment()
 
 
 ensure_simulator_decided()
