@@ -33,7 +33,7 @@ from .config import ModelConfig, check_dtype
 from .packed_weights import is_packed_part, pack_weights
 from .tokenizer import Tokenizer
 from .weights import (EMBED, LM_HEAD, expected_tensor_shapes, load_gguf,
-                      load_safetensors_folder)
+                      load_safetensors_folder, read_generation_eos_ids)
 
 from .model_catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
 
@@ -164,12 +164,14 @@ def find_embedded_smollm2() -> Path:
     return files[0]
 
 
-def _merge_eos(config: ModelConfig, tokenizer: Tokenizer | None) -> ModelConfig:
-    """config.eos_token_ids gains the tokenizer's eos ids: one list for the engine to stop on."""
-    if tokenizer is None:
-        return config
-    merged = tuple(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
-    return config.replace(eos_token_ids=merged)
+def _merge_eos(config: ModelConfig, tokenizer: Tokenizer | None,
+               generation_eos: tuple[int, ...] = ()) -> ModelConfig:
+    """The one place stop ids are merged: the config's, then ``generation_config.json``'s, then
+    the tokenizer's (its eos token and, from a GGUF, end-of-turn ids), in that order without
+    repeats.  The engine stops on exactly ``config.eos_token_ids``."""
+    extra = tuple(generation_eos) + (tokenizer.eos_token_ids if tokenizer is not None else ())
+    merged = tuple(dict.fromkeys(config.eos_token_ids + extra))
+    return config if merged == config.eos_token_ids else config.replace(eos_token_ids=merged)
 
 
 def model_from_gguf(path, dtype: str = "bfloat16", source: str | None = None,
@@ -188,7 +190,8 @@ def model_from_folder(folder, dtype: str = "bfloat16", source: str | None = None
                       device="cpu", progress: bool = False) -> Model:
     config, weights = load_safetensors_folder(folder, dtype, device, progress)
     tokenizer = Tokenizer.from_folder(folder, required=False)
-    return Model(_merge_eos(config, tokenizer), weights, tokenizer, dtype,
+    config = _merge_eos(config, tokenizer, read_generation_eos_ids(Path(folder).expanduser()))
+    return Model(config, weights, tokenizer, dtype,
                  str(source if source is not None else folder))
 
 

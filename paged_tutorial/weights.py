@@ -164,20 +164,17 @@ def _require_folder(folder: Path) -> None:
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
-    """``config.json`` (hub or transformers-5 spelling) merged with the eos ids of
-    ``generation_config.json`` when present."""
+    """``config.json`` (hub or transformers-5 spelling).  The stop ids of
+    ``generation_config.json`` are merged with the others in one place: ``models.py``."""
     config_path = folder / HF_CONFIG
     if not config_path.is_file():
         raise FileNotFoundError(
             f"{folder} has no {HF_CONFIG}: a Hugging Face model folder needs config.json next to "
             "its *.safetensors; download the complete model repository")
     try:
-        config = ModelConfig.from_hf_dict(read_json(config_path))
+        return ModelConfig.from_hf_dict(read_json(config_path))
     except ValueError as exc:
         raise ValueError(f"{config_path}: {exc}") from exc
-    extra_eos = read_generation_eos_ids(folder)
-    merged = tuple(dict.fromkeys(config.eos_token_ids + extra_eos))
-    return config.replace(eos_token_ids=merged) if merged != config.eos_token_ids else config
 
 
 def read_generation_eos_ids(folder: Path) -> tuple[int, ...]:

@@ -299,8 +299,10 @@ def test_safetensors_dtype_and_generation_config(tmp_path):
     write_tiny_folder(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7, 9]}))
     config, tensors = load_safetensors_folder(tmp_path, "bf16")
-    assert config.eos_token_ids == (2, 7, 9)
+    assert config.eos_token_ids == (2,)                  # config.json's own
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    # the model's stop ids merge generation_config.json's in (models._merge_eos)
+    assert load_model(str(tmp_path), dtype="bf16").config.eos_token_ids == (2, 7, 9)
 
 
 def test_sharded_safetensors_folder(tmp_path):
