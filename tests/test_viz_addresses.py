@@ -58,7 +58,7 @@ def test_buffer_figure_colour_bars_show_the_tiles_colours():
     c = cache.config
     trace = oracles.kernel_read_trace(cache, 1, 0, 20, 3, 2)
     fig = addresses.plot_buffer_reads(cache, [trace], ["slot 0"])
-    bars = [ax for ax in fig.axes if ax.get_ylabel() == "slot 0: token position"]
+    bars = [ax for ax in fig.axes if ax.get_xlabel() == "slot 0: token position"]
     assert len(bars) == 1
     bar = bars[0]._colorbar                            # matplotlib's Colorbar of that axes
     for t in (0, trace.seq_len - 1):

@@ -74,7 +74,7 @@ def plot_buffer_reads(cache: PagedKVCache, traces, labels=None, ncols: int = 4,
                 row, col = np.divmod(index[t] % c.BLOCK_ELEMS, c.KV_DIM)
                 img[blk, row, col] = cmap(t / max(trace.seq_len - 1, 1))
     nrows = -(-nb // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.3 * ncols + 1.4, 1.25 * nrows + 0.7),
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.3 * ncols, 1.3 * nrows + 1.2),
                              dpi=FIG_DPI, squeeze=False)
     for b in range(nrows * ncols):
         ax = axes[b // ncols][b % ncols]
@@ -96,14 +96,18 @@ def plot_buffer_reads(cache: PagedKVCache, traces, labels=None, ncols: int = 4,
             ax.set_title(f"phys {b}: s{s_} L{layer} lb{lb}", fontsize=7)
         else:
             ax.set_title(f"phys {b}: free", fontsize=7, color="0.5")
-    for trace, cmap, label in zip(traces, cmaps, labels):
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.24, hspace=0.5, wspace=0.15)
+    width = min(0.26, 0.62 / max(len(traces), 1))
+    for i, (trace, cmap, label) in enumerate(zip(traces, cmaps, labels)):
+        cax = fig.add_axes((0.34 + i * (width + 0.05), 0.09, width, 0.025))
         bar = fig.colorbar(ScalarMappable(Normalize(0, max(trace.seq_len - 1, 1)), cmap),
-                           ax=axes.ravel().tolist(), fraction=0.025, pad=0.01, aspect=30)
+                           cax=cax, orientation="horizontal")
         bar.set_label(f"{label}: token position", fontsize=7)
         bar.ax.tick_params(labelsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, fc=OWNED_NOT_READ, ec="0.5", label="owned, not read"),
                plt.Rectangle((0, 0), 1, 1, fc="white", ec="0.5", label="free block")]
-    fig.legend(handles=handles, loc="lower left", ncol=2, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.03), ncol=1,
+               fontsize=7, frameon=False)
     fig.suptitle(title or "cache buffer: K rows (top) / V rows (bottom) of each physical block; "
                  "columns = KV_DIM", fontsize=8)
     return fig
@@ -147,13 +151,14 @@ def plot_thread_reads(config, reads_by_thread: dict, title: str = "", max_tiles:
             ax.axvline(h * c.head_dim - 0.5, color="0.4", lw=0.6, ls=":")
         ax.set_title(f"physical block {b}", fontsize=8)
         ax.set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
-        ax.set_yticklabels(["K rows", "V rows"], fontsize=7)
+        ax.set_yticklabels(["K rows", "V rows"] if ax is axes[0][0] else [], fontsize=7)
         ax.set_xticks([h * c.head_dim for h in range(c.num_kv_heads)])
         ax.set_xticklabels([f"kv head {h}" for h in range(c.num_kv_heads)], fontsize=7)
     if not blocks:
         axes[0][0].axis("off")
-    bar = fig.colorbar(ScalarMappable(Normalize(0, n_threads - 1), cmap), ax=axes.ravel().tolist(),
-                       fraction=0.04, pad=0.02)
+    fig.subplots_adjust(left=0.1, right=0.86, top=0.82, bottom=0.1, wspace=0.08)
+    bar = fig.colorbar(ScalarMappable(Normalize(0, n_threads - 1), cmap),
+                       cax=fig.add_axes((0.88, 0.1, 0.02, 0.72)))
     bar.set_label("thread (threadIdx.x) that read the element", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     fig.suptitle(title or "which thread read which element", fontsize=8)
