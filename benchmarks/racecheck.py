@@ -116,7 +116,7 @@ _SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+) hazards? displayed\s*\((\d+) 
 _RACE = re.compile(r"(Error|Warning|ERROR|WARN\S*)\s*:?\s*Race reported between (Read|Write) "
                    r"access at (.+?)\s*$")
 _AND = re.compile(r"^\s*and (Read|Write) access at (.+?)\s*\[(\d+) hazards?\]")
-_HAZARD = re.compile(r"(ERROR|WARN\S*|Error|Warning)[^:]*:\s*Potential (RAW|WAR|WAW) hazard "
+_HAZARD = re.compile(r"(ERROR|WARN|Error|Warning)\S*.*?Potential (RAW|WAR|WAW) hazard "
                      r"detected at __shared__ (0x[0-9a-fA-F]+) in block \(([^)]*)\)")
 _THREAD = re.compile(r"^\s*(Read|Write) Thread \(([^)]*)\) at (.+?)\s*$")
 _WHERE = re.compile(r"\bin (\S+?):(\d+)\b")

@@ -74,6 +74,21 @@ def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
     assert example["block"] == [1, 7, 0] and example["accesses"][1]["thread"] == [0, 0, 0]
 
 
+def test_warp_level_warnings_are_read_too(racecheck):
+    read = line_of("dot_product = dot_products[0]")
+    publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
+    text = f"""========= WARN:(Warp Level Programming) Potential WAR hazard detected at __shared__ 0x0 in block (0, 0, 0) :
+=========     Read Thread (33, 0, 0) at 0x00000170 in /x/attention.py:{read}:paged_attention_kernel
+=========     Write Thread (0, 0, 0) at 0x000001a8 in /x/attention.py:{publish}:paged_attention_kernel
+=========     Current Value : 0, Incoming Value : 0
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+"""
+    parsed = racecheck.parse_report(text, racecheck.kernel_source_lines())
+    assert parsed["summary"] == {"displayed": 1, "errors": 0, "warnings": 1}
+    assert parsed["by_cell"] == {"dot_products[0]": 1}
+    assert parsed["single_hazard_examples"][0]["severity"] == "WARN"
+
+
 def test_a_clean_report_and_other_kernels(racecheck):
     clean = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
     parsed = racecheck.parse_report(clean, racecheck.kernel_source_lines())
