@@ -79,3 +79,27 @@ def test_default_parts_in_plain_python():
     assert acc == pytest.approx(3 * math.exp(-1) + 5)
     assert len(attention.DEPARTURES) >= 5 and all(d.article.startswith("kernels.cu")
                                                   for d in attention.DEPARTURES)
+
+
+def test_the_articles_score_layout_builds_and_agrees_in_the_simulator():
+    """score_cell="article" writes the score back into dot_products[0] (kernels.cu:507-508),
+    the layout benchmarks/racecheck.py checks on a GPU.  Run sequentially (the simulator, or a
+    GPU where the race does not strike) it computes the same attention; it is a separate
+    kernel, and the default stays the port's own score cell."""
+    cache, q, ref, n = setup(head_dim=64)
+    own = attention.kernel_for(cache, "float32")
+    article = attention.kernel_for(cache, "float32", score_cell="article")
+    assert own is not article
+    assert own is attention.kernel_for(cache, "float32", score_cell="own")
+    out = attention.decode(q.to(cache.buffer.device).clone(), cache, cache.device_block_table(),
+                           0, [n], [0], 0.25, score_cell="article").cpu()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_build_options_are_checked():
+    with pytest.raises(ValueError, match="score_cell='shared'.*own.*article"):
+        attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512,
+                                              score_cell="shared")
+    with pytest.raises(TypeError, match="lineinfo"):
+        attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512,
+                                              lineinfo="yes")

@@ -97,6 +97,8 @@ WRONG = {
         "d not rescaled": _softmax(rescale_d=False),
         "correction inverted, exp(new - old)": _softmax(inverted=True),
         "running max never updated": _softmax(keep_first_max=True),
+        "no running max: exp(score) summed as it is (notebook 05's example)":
+            lambda m, d, acc, s, v: (m, d + math.exp(s), acc + math.exp(s) * v),
     },
     "06.prefill_pops": {
         "floor division": lambda n, BS: n // BS,

@@ -42,3 +42,12 @@ def test_departures_list_is_the_module_data():
     assert str(d).count("\n") == len(attention.DEPARTURES) - 1
     assert d._repr_html_().count("<li>") == len(attention.DEPARTURES)
     assert "race" in str(d) and "head_dim" in str(d)
+
+
+def test_departures_of_some_lines():
+    titles = [d.title for d in departures("486-508").items]
+    assert any("head_dim" in t for t in titles) and any("race" in t for t in titles)
+    assert any("scale" in t for t in titles)
+    assert not any("storage dtypes" in t for t in titles)           # kernels.cu:461 only
+    assert [d.title for d in departures(467).items] == ["any GQA ratio"]
+    assert departures("900-901").items == ()

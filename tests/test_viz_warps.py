@@ -1,5 +1,5 @@
 """``viz.warps``: the chapter-04 demo kernels (simulated on a CPU) checked against their NumPy
-models, the shared-memory race analysis, and the figures."""
+models, and the figures."""
 
 from __future__ import annotations
 
@@ -28,15 +28,6 @@ def test_shuffle_demos():
     fig = warps.plot_lane_diagram(steps)
     assert fig.axes
     plt.close(fig)
-
-
-def test_shared_memory_races():
-    article = warps.shared_memory_races("article")
-    assert len(article) == 32 and {r["cell"] for r in article} == {"dot_products[0]"}
-    assert {r["thread_a"] for r in article} == set(range(32, 64))
-    assert warps.shared_memory_races("package") == []
-    assert warps.shared_memory_races("package", num_warps=4, num_tokens=3) == []
-    assert len(warps.shared_memory_races("article", num_warps=4)) == 96
 
 
 def test_warp_coverage_figure():

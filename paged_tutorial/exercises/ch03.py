@@ -8,6 +8,12 @@ from .answers import Integer, Numbers
 from .registry import Exercise, Mistake
 from .setups import small_article_cache
 
+
+def _llama():
+    from ..config import llama_3_2_1b_config
+
+    return llama_3_2_1b_config()
+
 FLAT = (1, 3, 5)                  # slot, layer, logical block
 V_AT = (3, 5, 2, 10)              # physical block, token in block, kv head, dim
 
@@ -70,4 +76,21 @@ EXERCISES = (
     _loop_exercise(48, extra=(
         Mistake(lambda: (block_loop(48)[0], 48 % 16),
                 "48 % 16 = 0, but the last block is full: min(48 - 2*16, 16) = 16"),)),
+    Exercise(
+        "03.gqa_reads",
+        "Llama-3.2-1B has 32 query heads and 8 KV heads.  In one decode step of one layer, how "
+        "many thread blocks of the article's kernel read each K element of a sequence's cache?",
+        Integer(), lambda: _llama().q_per_kv,
+        explain=lambda e: (f"one block per query head, and 32 / 8 = {e} query heads share each KV "
+                           "head: every K and V element is read that many times"),
+        hint="the grid has one thread block per (batch row, query head); which query heads "
+             "read KV head kv_head = q_head // 4?",
+        mistakes=(
+            Mistake(lambda: 1, "one read per element is the fast kernel's grid (one block per KV "
+                               "head), not the article's (one block per query head)"),
+            Mistake(lambda: _llama().num_key_value_heads,
+                    "8 is the number of KV heads: count the query heads that share one of them"),
+            Mistake(lambda: _llama().num_attention_heads,
+                    "not every query head reads every KV head: kv_head = q_head // 4"),
+        )),
 )

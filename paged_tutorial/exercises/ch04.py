@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .answers import Integer, Numbers
+import math
+
+from .answers import Integer, Numbers, Real
 from .registry import Exercise, Mistake
 
 SHARED_DIMS = (64, 80, 128)
@@ -67,5 +69,18 @@ EXERCISES = (
                     "d // 32 rounds down: 80 threads need a third, partly filled warp"),
             Mistake(lambda: (2, 2, 2), "that is the article's fixed layout; the port has one "
                     "float per warp"),
+        )),
+    Exercise(
+        "04.scale_error_128",
+        "The article's thread 0 divides every score by SQRT_HEAD_DIM = 8.  Kept as it is for a "
+        "model with head_dim 128, by what factor are the scores too large?",
+        Real(), lambda: (1 / 8) / (1 / math.sqrt(128)),
+        explain=lambda e: f"1/8 against 1/sqrt(128): sqrt(128)/8 = {e:.4f}, a sharper softmax",
+        hint="the right scale is 1/sqrt(head_dim); compare it with 1/8",
+        mistakes=(
+            Mistake(lambda: 8 / math.sqrt(128), "that is the inverse: 1/8 is larger than "
+                                                "1/sqrt(128), so the scores come out too large"),
+            Mistake(lambda: 128 / 64, "the scale goes with the square root of head_dim, not "
+                                      "head_dim itself"),
         )),
 )

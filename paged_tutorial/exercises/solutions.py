@@ -49,10 +49,12 @@ EXERCISE_SOLUTIONS = {
     "03.v_byte_offset": 3 * BLOCK_BYTES + V_OFFSET + 5 * KV_DIM * BF16 + 2 * 64 * BF16 + 10 * BF16,
     "03.blocks_for_33": (_ceil_div(33, BLOCK_SIZE), min(33 - 2 * BLOCK_SIZE, BLOCK_SIZE)),
     "03.blocks_for_48": (_ceil_div(48, BLOCK_SIZE), min(48 - 2 * BLOCK_SIZE, BLOCK_SIZE)),
+    "03.gqa_reads": 32 // 8,
     # 04: warp shuffles
     "04.shfl_down_8": tuple(i + 8 if i + 8 < 32 else i for i in range(32)),
     "04.article_terms_80": 32 + 32,
     "04.shared_floats": tuple(_ceil_div(d, 32) for d in (64, 80, 128)),
+    "04.scale_error_128": math.sqrt(128) / 8,
     # 05: online softmax
     "05.corrections": (0.0, math.exp(0.5 - 2.0), 1.0, math.exp(2.0 - 3.0)),
     "05.denominator": sum(math.exp(s - 3.0) for s in (0.5, 2.0, 1.0, 3.0)),

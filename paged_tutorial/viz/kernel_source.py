@@ -6,6 +6,7 @@ and section, with the device functions it calls (``KernelParts``) below it.
     kernel_source(480)          # the piece that holds kernels.cu:480, and block_table_index
     kernel_source("509-522")    # the online softmax and the in-place store
     departures()                # where the port differs from the article, and why
+    departures("486-508")       # ... only where it concerns those kernels.cu lines
 
 Both return objects that Jupyter shows syntax-highlighted (HTML, through Pygments when it is
 installed) and that print as plain text anywhere else.  The source is read from the module
@@ -58,7 +59,7 @@ def section_of(line: int) -> str:
 
 def _kernel_text() -> str:
     source = inspect.getsource(attention._build_kernel)
-    start = source.index("    @cuda.jit\n")
+    start = source.index("    @cuda.jit")
     end = source.index("    return paged_attention_kernel")
     return textwrap.dedent(source[start:end]).rstrip() + "\n"
 
@@ -171,6 +172,25 @@ class DepartureList:
         return f"<ol>{rows}</ol>"
 
 
-def departures() -> DepartureList:
-    """Where the port in ``attention.py`` departs from the article's kernel, and why."""
-    return DepartureList()
+def _line_ranges(article: str) -> list[tuple[int, int]]:
+    """``"kernels.cu:6, 16-19, 484-485"`` -> [(6, 6), (16, 19), (484, 485)]."""
+    text = article.replace("kernels.cu:", "")
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.strip().isdigit():
+            out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def departures(lines: int | str | None = None) -> DepartureList:
+    """Where the port in ``attention.py`` departs from the article's kernel, and why: all of
+    them, or those that concern ``lines`` of kernels.cu (an int or "486-508")."""
+    if lines is None:
+        return DepartureList()
+    text = str(lines).replace("kernels.cu:", "")
+    lo, _, hi = text.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    chosen = [d for d in attention.DEPARTURES
+              if any(a <= hi and lo <= b for a, b in _line_ranges(d.article))]
+    return DepartureList(chosen)

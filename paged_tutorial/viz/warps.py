@@ -9,8 +9,6 @@ These are *demo* kernels, not engine kernels (the engine's decode kernel is
 - ``package_warp_sum``: the package's butterfly ``reduce.warp_sum``.
 - ``article_two_warp_dot``: the article's fixed two-warp score reduction (threads 0 and 32
   publish into two shared floats), kept to show why it needs head_dim 64.
-- ``shared_memory_races``: an epoch analysis of the score's shared memory (the article's
-  ``dot_products[0]`` reuse against the port's own ``score`` cell).
 
 Figures: ``plot_lane_diagram`` (lanes x shuffle steps), ``plot_warp_coverage`` (which head
 dimensions a cross-warp combine counted: the puzzle ``04.combine_warps`` draws it).
@@ -18,8 +16,6 @@ matplotlib is imported inside the plotting functions only.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import torch
@@ -33,7 +29,7 @@ from ..oracles import kernel_device
 from numba import cuda, float32  # noqa: E402
 
 __all__ = ["OFFSETS", "WARP_SIZE", "shuffle_chain", "shfl_down_model", "package_warp_sum",
-           "article_two_warp_dot", "shared_memory_races", "plot_lane_diagram",
+           "article_two_warp_dot", "plot_lane_diagram",
            "plot_warp_coverage"]
 
 WARP_SIZE = attention.WARP_SIZE
@@ -155,53 +151,6 @@ def article_two_warp_dot(q, k) -> dict:
     o = out.cpu().numpy()
     return {"score": float(o[0]), "dot_products": (float(o[1]), float(o[2])),
             "exact": float(np.dot(np.asarray(q, np.float64), np.asarray(k, np.float64)))}
-
-
-def shared_memory_races(variant: str, num_warps: int = 2, num_tokens: int = 2) -> list[dict]:
-    """Find unordered conflicting accesses to the decode kernel's shared memory.
-
-    Every shared access of ``num_tokens`` token iterations is listed per thread with its
-    *epoch* (barriers the thread has passed) and, within the epoch, its *warp step* (warp-wide
-    shuffles it has passed: a ``*_sync`` shuffle makes all 32 lanes of a warp meet).  Two
-    accesses by different threads to the same cell, at least one a write, race when they fall
-    in the same epoch and nothing orders them: they are in different warps, or in one warp at
-    the same warp step.
-
-    ``variant``: ``"article"`` (the summed score is stored back into ``dot_products[0]``,
-    kernels.cu:502-507) or ``"package"`` (the score has its own cell, attention.py)."""
-    if variant not in ("article", "package"):
-        raise ValueError("variant is 'article' or 'package'")
-    threads = num_warps * WARP_SIZE
-    score_cell = "dot_products[0]" if variant == "article" else "score[0]"
-    events = []   # (thread, epoch, warp_step, op, cell, token, what)
-    for t in range(num_tokens):
-        e = 2 * t                                       # barriers passed before token t
-        for tid in range(threads):
-            # 5 shuffles (warp step += 5), then the leaders publish their warp's sum
-            if tid % WARP_SIZE == 0:
-                events.append((tid, e, 5 * (t + 1), "W", f"dot_products[{tid // WARP_SIZE}]",
-                               t, "publishes its warp's partial sum"))
-        # barrier 1 -> epoch e + 1: thread 0 combines the partials and writes the score
-        for w in range(num_warps):
-            events.append((0, e + 1, 5 * (t + 1), "R", f"dot_products[{w}]", t,
-                           "reads a warp partial"))
-        events.append((0, e + 1, 5 * (t + 1), "W", score_cell, t, "writes the scaled score"))
-        # barrier 2 -> epoch e + 2: everyone reads the score (before token t + 1's shuffles)
-        for tid in range(threads):
-            events.append((tid, e + 2, 5 * (t + 1), "R", score_cell, t, "reads the score"))
-    races = []
-    for a, b in itertools.combinations(events, 2):
-        ta, ea, sa, oa, ca, *_ = a
-        tb, eb, sb, ob, cb, *_ = b
-        if ta == tb or ca != cb or ea != eb or "W" not in (oa, ob):
-            continue
-        same_warp = ta // WARP_SIZE == tb // WARP_SIZE
-        if same_warp and sa != sb:
-            continue                                    # ordered by the warp's shuffles
-        races.append({"cell": ca, "epoch": ea, "thread_a": ta, "op_a": oa, "token_a": a[5],
-                      "what_a": a[6], "thread_b": tb, "op_b": ob, "token_b": b[5],
-                      "what_b": b[6]})
-    return races
 
 
 # =========================================================================================

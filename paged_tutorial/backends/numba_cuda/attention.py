@@ -44,6 +44,10 @@ from .dtypes import DTYPE_OPS
 WARP_SIZE = 32
 WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
 MAX_THREADS_PER_BLOCK = 1024
+#: where the token's score waits between the two barriers: "own" (this port: a shared cell of
+#: its own) or "article" (written back into dot_products[0], kernels.cu:507-508, the layout with
+#: the race of DEPARTURES; built only by benchmarks/racecheck.py)
+SCORE_CELLS = ("own", "article")
 
 
 class Departure(NamedTuple):
@@ -77,7 +81,9 @@ DEPARTURES: tuple[Departure, ...] = (
         "before warp 1 has read the previous score: nothing orders warp 1's read after the "
         "second barrier against warp 0's next write.  The score here lives in its own shared "
         "cell, score[0]; every write is then separated from the last read of the same cell by "
-        "a barrier, with no extra barrier per token."),
+        "a barrier, with no extra barrier per token.  The article's layout can still be built "
+        "(score_cell=\"article\"), only so that benchmarks/racecheck.py can show the race "
+        "with compute-sanitizer; nothing else uses it."),
     Departure(
         "constants from one definition, addresses in elements", "kernels.cu:6, 16-19, 484-485",
         "BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS and "
@@ -199,25 +205,45 @@ def device_function(fn: Callable):
     return cuda.jit(device=True)(fn)
 
 
+def check_build_options(score_cell: str, lineinfo: bool) -> None:
+    if score_cell not in SCORE_CELLS:
+        raise ValueError(f"score_cell={score_cell!r}: choose one of {SCORE_CELLS} (\"own\" is "
+                         "the port's layout; \"article\" rebuilds the article's race for "
+                         "benchmarks/racecheck.py)")
+    if not isinstance(lineinfo, bool):
+        raise TypeError(f"lineinfo must be True or False, got {lineinfo!r}")
+
+
 def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int, N_LAYERS: int,
                                 MAX_BLOCKS_PER_SEQ: int, KV_DIM: int, BLOCK_ELEMS: int,
-                                V_OFFSET_ELEMS: int, parts: KernelParts = ARTICLE_PARTS):
-    """Compile (lazily, once per dtype, cache layout and set of parts) the decode attention
-    kernel.
+                                V_OFFSET_ELEMS: int, parts: KernelParts = ARTICLE_PARTS,
+                                score_cell: str = "own", lineinfo: bool = False):
+    """Compile (lazily, once per dtype, cache layout, set of parts and build options) the decode
+    attention kernel.
+
+    ``score_cell``: "own" (the default: the score has its own shared cell) or "article" (the
+    article's layout, score written back into ``dot_products[0]``: racy, see DEPARTURES; for
+    ``benchmarks/racecheck.py`` only).  ``lineinfo``: compile with source line information so
+    that compute-sanitizer names ``attention.py`` lines (on a GPU; the simulator ignores it).
 
     Launch: ``grid = (num_active_slots, num_q_heads)``, ``block = block_threads(HEAD_DIM)``."""
     check_head_dim(HEAD_DIM)
     if not isinstance(parts, KernelParts):
         raise TypeError(f"make_paged_attention_kernel: parts must be a KernelParts, got "
                         f"{type(parts).__name__}")
+    check_build_options(score_cell, lineinfo)
     return _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
-                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts)
+                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo)
 
 
 @functools.lru_cache(maxsize=64)
 def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
-                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts):
+                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo):
+    from .sim_shim import SIMULATING
+
     NUM_WARPS = block_threads(HEAD_DIM) // WARP_SIZE       # the article: 2
+    SCORE_IN_DOT_PRODUCTS = score_cell == "article"        # the article's racy layout
+    jit_options = {"lineinfo": True} if lineinfo and not SIMULATING else {}
     ops = DTYPE_OPS[dtype_name]
     load, store = ops.load, ops.store
     blocks_to_read = device_function(parts.blocks_to_read)
@@ -227,7 +253,7 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
     combine_warps = device_function(parts.combine_warps)
     softmax_update = device_function(parts.softmax_update)
 
-    @cuda.jit
+    @cuda.jit(**jit_options)
     def paged_attention_kernel(layer, q, q_row_stride, kv_cache, block_table, seq_lens,
                                active_slots, q_per_kv, scale):
         # --- kernels.cu:464-469: who am I? --------------------------------------------
@@ -285,10 +311,16 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
 
                 # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ----
                 if thread_id == 0:
-                    # own cell for the score: see DEPARTURES (a race removed)
-                    score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
+                    total = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
+                    if SCORE_IN_DOT_PRODUCTS:
+                        dot_products[0] = total    # the article's layout: racy (DEPARTURES)
+                    else:
+                        score[0] = total           # the port: the score has its own cell
                 cuda.syncthreads()
-                dot_product = score[0]
+                if SCORE_IN_DOT_PRODUCTS:
+                    dot_product = dot_products[0]
+                else:
+                    dot_product = score[0]
 
                 # --- kernels.cu:509-519: online softmax update ------------------------
                 v = float32(0.0)
@@ -303,21 +335,24 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
     return paged_attention_kernel
 
 
-def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS):
-    """The kernel for ``cache``'s layout (its ``CacheConfig`` constants) and ``parts``."""
+def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS,
+               score_cell: str = "own", lineinfo: bool = False):
+    """The kernel for ``cache``'s layout (its ``CacheConfig`` constants), ``parts`` and the
+    build options of ``make_paged_attention_kernel``."""
     c = cache.config
     return make_paged_attention_kernel(dtype_name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
                                        c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS,
-                                       c.V_OFFSET_ELEMS, parts)
+                                       c.V_OFFSET_ELEMS, parts, score_cell, lineinfo)
 
 
 def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: float,
-           parts: KernelParts = ARTICLE_PARTS):
+           parts: KernelParts = ARTICLE_PARTS, score_cell: str = "own", lineinfo: bool = False):
     """Run the article's kernel on q [B, nH, D] (in place) and return q, launched as
     ``NumbaBackend.decode_attention`` launches it: grid (B, nH), ``block_threads(head_dim)``
     threads.  ``seq_lens`` / ``active_slots`` may be lists or tensors; every tensor must live
     where this process's kernels run (the CPU in the simulator, the GPU otherwise).
-    ``parts`` replaces steps of the kernel (see ``KernelParts``)."""
+    ``parts`` replaces steps of the kernel (see ``KernelParts``); ``score_cell`` and
+    ``lineinfo`` are the build options of ``make_paged_attention_kernel``."""
     import torch
 
     from . import launch
@@ -332,7 +367,7 @@ def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: flo
                          f"a multiple of the cache's {c.num_kv_heads} kv heads, got "
                          f"{tuple(q.shape)}")
     n_seqs, n_q_heads, _ = q.shape
-    kernel = kernel_for(cache, ops_for(q.dtype).name, parts)
+    kernel = kernel_for(cache, ops_for(q.dtype).name, parts, score_cell, lineinfo)
     dev = q.device
     lens = torch.as_tensor(seq_lens).to(device=dev, dtype=torch.int32).contiguous()
     slots = torch.as_tensor(active_slots).to(device=dev, dtype=torch.int32).contiguous()

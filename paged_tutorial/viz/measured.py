@@ -1,0 +1,111 @@
+"""Results measured on a GPU, as the notebooks read them: the newest dated JSON file of a
+benchmark, ``benchmarks/results/<name>-<YYYY-MM-DD>.json``.
+
+    from paged_tutorial.viz.measured import load_newest
+    decode = load_newest("decode")
+    print(decode.describe())        # which file, which GPU, which day -- or why there is none
+    decode.data                     # the JSON object (None when missing)
+
+The results live in the repository's ``benchmarks/results`` folder, not inside the package.  It is
+found through ``paged_tutorial.results`` when the package has that loader, else next to the
+package (``Path(paged_tutorial.__file__).parents[1] / "benchmarks" / "results"``: a clone
+installed with ``pip install -e .``, the README's install).  Only names that end in a date are
+read (``decode-2026-11-30.json``, not ``decode-2026-11-30-quick.json`` or
+``racecheck-dryrun-2026-11-30.json``), and the newest date wins, so a notebook picks up a new
+measurement as soon as it is committed.  A missing folder or file is not an error: the result
+says plainly what is missing and how to make it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS_SUBDIR = Path("benchmarks") / "results"
+_DATED = re.compile(r"^(?P<name>.+)-(?P<date>\d{4}-\d{2}-\d{2})\.json$")
+
+
+def results_folder() -> Path | None:
+    """The repository's ``benchmarks/results`` folder, or None when it cannot be found."""
+    try:
+        from .. import results as loader          # the package's own loader, when it has one
+    except ImportError:
+        loader = None
+    if loader is not None and hasattr(loader, "results_dir"):
+        try:
+            return Path(loader.results_dir())
+        except FileNotFoundError:
+            return None
+    import paged_tutorial
+
+    folder = Path(paged_tutorial.__file__).resolve().parents[1] / RESULTS_SUBDIR
+    return folder if folder.is_dir() else None
+
+
+def dated_files(name: str, folder: Path | None = None) -> list[tuple[str, Path]]:
+    """(date, path) of every ``<name>-<date>.json`` in the results folder, oldest first."""
+    folder = results_folder() if folder is None else folder
+    if folder is None:
+        return []
+    found = []
+    for path in folder.glob(f"{name}-*.json"):
+        m = _DATED.match(path.name)
+        if m and m.group("name") == name:
+            found.append((m.group("date"), path))
+    return sorted(found)
+
+
+@dataclass
+class Measured:
+    """One benchmark's newest result file, or the reason there is none."""
+
+    name: str
+    path: Path | None
+    data: dict | None
+    message: str
+
+    @property
+    def found(self) -> bool:
+        return self.data is not None
+
+    @property
+    def file_name(self) -> str:
+        """Where the file is, relative to the repository (no machine paths)."""
+        return str(RESULTS_SUBDIR / (self.path.name if self.path else f"{self.name}-<date>.json"))
+
+    def describe(self) -> str:
+        return self.message
+
+    def get(self, *keys, default=None):
+        """``data[k1][k2]...``, or ``default`` when the file or a key is missing."""
+        value = self.data
+        for key in keys:
+            if not isinstance(value, dict) or key not in value:
+                return default
+            value = value[key]
+        return value
+
+
+def load_newest(name: str, how_to_make: str | None = None,
+                folder: Path | None = None) -> Measured:
+    """The newest ``<name>-<date>.json``; when there is none, a ``Measured`` whose message says
+    what is missing and (``how_to_make``) which command writes it."""
+    make = f"  It is written by `{how_to_make}` on a machine with an NVIDIA GPU." \
+        if how_to_make else ""
+    folder = results_folder() if folder is None else folder
+    if folder is None:
+        return Measured(name, None, None,
+                        f"The measured results are not here: this copy of the package has no "
+                        f"{RESULTS_SUBDIR} folder beside it (they come with a clone of the "
+                        f"repository installed with `pip install -e .`).{make}")
+    files = dated_files(name, folder)
+    if not files:
+        return Measured(name, None, None,
+                        f"{RESULTS_SUBDIR / (name + '-<date>.json')} is missing: "
+                        f"no {name} measurement has been committed yet.{make}")
+    date, path = files[-1]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    where = f" on {data['gpu']}" if isinstance(data, dict) and data.get("gpu") else ""
+    return Measured(name, path, data, f"{RESULTS_SUBDIR / path.name}: measured{where}, {date}")
