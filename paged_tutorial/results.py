@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 RESULTS_ENV = "PAGED_TUTORIAL_RESULTS"
 RESULTS_SUBDIR = Path("benchmarks") / "results"
+#: a result file of one run: ``<benchmark>-<YYYY-MM-DD>.json`` (not ``...-quick.json``)
+DATED = re.compile(r"^(?P<name>.+)-(?P<date>\d{4}-\d{2}-\d{2})\.json$")
 
 
 def candidate_dirs(cwd: Path | None = None) -> list[Path]:
@@ -50,6 +53,17 @@ def results_dir(cwd: Path | None = None) -> Path:
         f"install it with `pip install -e .`, or set {RESULTS_ENV} to a folder holding them")
 
 
+def dated_files(name: str, folder: Path) -> list[tuple[str, Path]]:
+    """(date, path) of every ``<name>-<date>.json`` in ``folder``, oldest first; files with
+    anything after the date (``decode-2026-11-30-quick.json``) are not runs of ``name``."""
+    found = []
+    for path in folder.glob(f"{name}-*.json"):
+        m = DATED.match(path.name)
+        if m and m.group("name") == name:
+            found.append((m.group("date"), path))
+    return sorted(found)
+
+
 def find(name: str, cwd: Path | None = None) -> Path:
     """The path of result file ``name``: a full file name (``decode-2026-11-30.png``), a stem
     (``decode-2026-11-30``, meaning .json), or a benchmark name (``decode``: the newest
@@ -60,9 +74,9 @@ def find(name: str, cwd: Path | None = None) -> Path:
         return exact
     if (folder / f"{name}.json").is_file():
         return folder / f"{name}.json"
-    dated = sorted(folder.glob(f"{name}-*.json"))
+    dated = dated_files(name, folder)
     if dated:
-        return dated[-1]
+        return dated[-1][1]
     available = sorted(p.name for p in folder.iterdir() if p.is_file())
     raise FileNotFoundError(f"no result {name!r} in {folder}; available: {', '.join(available)}")
 

@@ -6,10 +6,9 @@ benchmark, ``benchmarks/results/<name>-<YYYY-MM-DD>.json``.
     print(decode.describe())        # which file, which GPU, which day -- or why there is none
     decode.data                     # the JSON object (None when missing)
 
-The results live in the repository's ``benchmarks/results`` folder, not inside the package.  It is
-found through ``paged_tutorial.results`` when the package has that loader, else next to the
-package (``Path(paged_tutorial.__file__).parents[1] / "benchmarks" / "results"``: a clone
-installed with ``pip install -e .``, the README's install).  Only names that end in a date are
+The results live in the repository's ``benchmarks/results`` folder, not inside the package; it is
+found by ``paged_tutorial.results`` (next to the package for a clone installed with
+``pip install -e .``, the README's install).  Only names that end in a date are
 read (``decode-2026-11-30.json``, not ``decode-2026-11-30-quick.json`` or
 ``racecheck-dryrun-2026-11-30.json``), and the newest date wins, so a notebook picks up a new
 measurement as soon as it is committed.  A missing folder or file is not an error: the result
@@ -19,42 +18,26 @@ says plainly what is missing and how to make it.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULTS_SUBDIR = Path("benchmarks") / "results"
-_DATED = re.compile(r"^(?P<name>.+)-(?P<date>\d{4}-\d{2}-\d{2})\.json$")
+from .. import results
+from ..results import RESULTS_SUBDIR
 
 
 def results_folder() -> Path | None:
-    """The repository's ``benchmarks/results`` folder, or None when it cannot be found."""
+    """The repository's ``benchmarks/results`` folder (``paged_tutorial.results``), or None
+    when it cannot be found."""
     try:
-        from .. import results as loader          # the package's own loader, when it has one
-    except ImportError:
-        loader = None
-    if loader is not None and hasattr(loader, "results_dir"):
-        try:
-            return Path(loader.results_dir())
-        except FileNotFoundError:
-            return None
-    import paged_tutorial
-
-    folder = Path(paged_tutorial.__file__).resolve().parents[1] / RESULTS_SUBDIR
-    return folder if folder.is_dir() else None
+        return results.results_dir()
+    except FileNotFoundError:
+        return None
 
 
 def dated_files(name: str, folder: Path | None = None) -> list[tuple[str, Path]]:
     """(date, path) of every ``<name>-<date>.json`` in the results folder, oldest first."""
     folder = results_folder() if folder is None else folder
-    if folder is None:
-        return []
-    found = []
-    for path in folder.glob(f"{name}-*.json"):
-        m = _DATED.match(path.name)
-        if m and m.group("name") == name:
-            found.append((m.group("date"), path))
-    return sorted(found)
+    return [] if folder is None else results.dated_files(name, folder)
 
 
 @dataclass
