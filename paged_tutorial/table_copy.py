@@ -146,22 +146,22 @@ def time_one_copy(table_entries: int, device: str | torch.device, repeats: int =
     idle = median_ms(lambda: dev.copy_(host))
     out = {"copy_idle_ms": idle}
     if device.type == "cuda":
-        n = 2048
-        a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
         c = torch.empty_like(a)
-        torch.matmul(a, a, out=c)
-        sync()
-        t0 = time.perf_counter()
-        torch.matmul(a, a, out=c)
-        sync()
-        matmul_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
-        reps = max(1, round(queued_work_ms / matmul_ms))
 
-        def queue_then_copy() -> float:
+        def queue(reps: int) -> None:
             for _ in range(reps):
                 torch.matmul(a, a, out=c)          # queued: the host does not wait for it
+
+        def work_ms(reps: int) -> float:
+            return median_ms(lambda: (queue(reps), sync()))
+
+        reps = max(1, round(queued_work_ms / max(work_ms(1), 1e-3)))
+
+        def queue_then_copy() -> float:
+            queue(reps)
             t1 = time.perf_counter()
-            dev.copy_(host)                        # ... but the pageable copy does
+            dev.copy_(host)                        # ... but the pageable copy waits for it
             return (time.perf_counter() - t1) * 1e3
 
         queue_then_copy()
@@ -170,7 +170,7 @@ def time_one_copy(table_entries: int, device: str | torch.device, repeats: int =
             sync()
             behind.append(queue_then_copy())
         sync()
-        out.update(queued_work_ms=reps * matmul_ms,
+        out.update(queued_work_ms=work_ms(reps),
                    copy_behind_queued_work_ms=float(statistics.median(behind)))
     return out
 
