@@ -164,7 +164,7 @@ def _run_notebook_and_move_slider(page, url: str) -> None:
         pass
 
     # the last cell's output appears only when every cell before it ran without error
-    page.wait_for_selector("text=✔ correct [06.peak_blocks]", timeout=RUN_ALL_S * 1000)
+    page.wait_for_selector("text=✘ not solved yet [06.peak_blocks]", timeout=RUN_ALL_S * 1000)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                           has_text="Traceback")
     assert errors.count() == 0, "a cell raised an error"

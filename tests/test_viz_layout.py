@@ -39,18 +39,70 @@ def test_block_rows_and_drawing():
     plt.close(fig)
 
 
-def test_block_table_heatmap_masks_unassigned():
+def test_block_table_shows_ids_and_colours_by_step():
     import matplotlib.pyplot as plt
 
     cache = small_article_cache(num_blocks=16 * 3)
     cache.ensure_capacity(0, 20)                  # 2 logical blocks per layer
     cache.ensure_capacity(1, 5)                   # 1
-    fig = layout.draw_block_table(cache.block_table)
+    when = np.where(cache.block_table >= 0, 0, -1)
+    when[0, :, 1] = 7                             # as if slot 0's second block came in step 7
+    fig = layout.draw_block_table(cache.block_table, assigned_at=when, layers=range(4))
     axes = [ax for ax in fig.axes if ax.get_title().startswith("slot")]
     assert len(axes) == 2
-    data = axes[0].images[0].get_array()
-    assert data.shape == (16, 4)                  # default: at least 4 logical blocks drawn
-    assert data.mask[:, 2:].all() and not data.mask[:, :2].any()
+    img = axes[0].images[0].get_array()
+    assert img.shape[:2] == (4, 3)                # 4 layers drawn; columns: the used ones + one -1
+    assert np.allclose(img[0, 2], 0.87)           # -1 in grey
+    assert not np.allclose(img[0, 0], img[0, 1])  # popped in different steps, different colours
+    assert np.allclose(img[0, 0], img[3, 0])
+    texts = [t.get_text() for t in axes[0].texts]
+    assert str(int(cache.block_table[0, 0, 0])) in texts and "-1" in texts
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["popped in step 0", "popped in step 7", "-1 (no block yet)"]
+    plt.close(fig)
+    fig = layout.draw_block_table(cache.block_table)            # no steps: one colour for ids
+    assert len(fig.legends[0].get_texts()) == 2
+    plt.close(fig)
+
+
+def test_table_row_draws_one_arrow_per_assigned_entry():
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    table = np.full((2, 3, 8), -1)
+    table[1, 2, :3] = [40, 7, 93]
+    table[0, 0, :2] = [1, 2]
+    fig = layout.draw_table_row(table, slot=1, layer=2, num_blocks=100)
+    ax = fig.axes[0]
+    arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    assert len(arrows) == 3
+    from matplotlib.patches import Rectangle
+
+    marks = sorted(round(r.get_x() + r.get_width() / 2, 4) for r in ax.patches
+                   if isinstance(r, Rectangle) and r.get_y() == 0.0 and r.get_width() < 0.5)
+    assert marks == [round((b + 0.5) / 100, 4) for b in (7, 40, 93)]   # where the arrows land
+    texts = [t.get_text() for t in ax.texts]
+    assert {"40", "7", "93", "-1"} <= set(texts)
+    strip = ax.images[0].get_array()
+    assert np.allclose(strip[0, 1], 0.75)         # a block of another row: grey
+    assert np.allclose(strip[0, 50], 1.0)         # free: white
+    plt.close(fig)
+
+
+def test_memory_use_figure():
+    import matplotlib.pyplot as plt
+
+    from paged_tutorial import memory_use as mu
+
+    ours = {p: {"token states": 50.0, "reservation": 20.0, "internal fragmentation": 30.0}
+            for p in mu.POLICIES}
+    paper = {p: mu.PAPER_FIGURE_2[mu.PAPER_NAME[p]] for p in mu.POLICIES}
+    fig = layout.plot_memory_use(ours, paper)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert "paper: 20.4%" in texts and "paper: 96.3%" in texts and texts.count("ours: 50.0%") == 4
+    widths = sorted({round(p.get_width(), 1) for p in ax.patches})
+    assert 3.7 in widths                          # vLLM's remainder, drawn as "others"
     plt.close(fig)
 
 

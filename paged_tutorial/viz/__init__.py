@@ -1,7 +1,10 @@
 """Figures and widgets for the notebooks, drawn from what the engine actually holds or did.
 
-Modules by chapter: ``layout`` (01-02: a block's bytes, the block table as a heatmap, memory
-over a run, and the layout / placement figures of the puzzles 01.kv_offset and 02.locate),
+Modules by chapter: ``flow`` (00: the article's whole flow, free_blocks -> table -> kernel ->
+addresses -> softmax -> release, filled in from a live engine), ``layout`` (00-02: a block's
+bytes, the block table with its ids coloured by the step that popped them, one table row as
+arrows into the block pool, memory over a run, the paper's memory-use bars, and the layout /
+placement figures of the puzzles 01.kv_offset and 02.locate),
 ``addresses`` (03: where the decode kernel reads, and the read maps of the address puzzles),
 ``warps`` (04: demo kernels of one warp's shuffles, lane diagrams, warp coverage),
 ``softmax`` (05: the online softmax token by token), ``races`` (05: what NVIDIA's race checker

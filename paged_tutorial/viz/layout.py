@@ -92,46 +92,192 @@ def draw_block_bytes(config, *, token: int | None = None, kv_head: int | None = 
     return fig
 
 
-def draw_block_table(block_table, *, n_logical: int | None = None, annotate: bool = False,
-                     title: str | None = None):
-    """Heatmap of a block table ``[slots, layers, logical]``: one panel per slot, a row per
-    layer, a column per logical block; the colour is the physical block id, and ``-1``
-    (unassigned) is light grey.  ``n_logical`` limits the columns drawn (default: up to the
-    last assigned one, at least 4).  With ``annotate`` the ids are written in the cells."""
+def draw_block_table(block_table, *, assigned_at=None, layers=None, n_logical: int | None = None,
+                     annotate: bool = True, title: str | None = None):
+    """A block table ``[slots, layers, logical]`` as one panel per slot: a row per layer, a
+    column per logical block, each cell holding its physical block id (``-1``, unassigned, in
+    light grey).  Shuffled ids as colours would read as noise, so the colour says *when* the
+    entry got its block: ``assigned_at`` (same shape, the engine step of each entry's pop, -1
+    where none) gives one colour per step, named in the legend; without it every assigned entry
+    has one colour.  ``layers`` picks the rows drawn (default all), ``n_logical`` the columns
+    (default: up to the last assigned one, plus one)."""
     import matplotlib.pyplot as plt
     from matplotlib import colormaps
+    from matplotlib.patches import Patch
 
     table = np.asarray(block_table)
     n_slots, n_layers, n_cols = table.shape
+    layers = list(range(n_layers)) if layers is None else list(layers)
     if n_logical is None:
         used = np.flatnonzero((table >= 0).any(axis=(0, 1)))
-        n_logical = max(4, int(used[-1]) + 2 if used.size else 4)
+        n_logical = int(used[-1]) + 2 if used.size else 4
     n_logical = min(n_logical, n_cols)
-    shown = table[:, :, :n_logical]
-    assigned = shown[shown >= 0]
-    vmin, vmax = (int(assigned.min()), int(assigned.max())) if assigned.size else (0, 1)
-    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
-    fig, axes = plt.subplots(1, n_slots, figsize=(2.2 + 1.6 * n_slots + 0.25 * n_logical * n_slots,
-                                                  0.9 + 0.13 * n_layers),
+    shown = table[:, layers, :n_logical]
+    when = None if assigned_at is None else np.asarray(assigned_at)[:, layers, :n_logical]
+    unassigned = np.array([0.87, 0.87, 0.87])
+    if when is None:
+        steps, palette = [], {}
+    else:
+        steps = sorted({int(s) for s in when[shown >= 0]})
+        cmap = colormaps["tab10"]
+        palette = {s: np.array(cmap(i % 10)[:3]) for i, s in enumerate(steps)}
+    one_colour = np.array(colormaps["tab10"](0)[:3])
+    fig, axes = plt.subplots(1, n_slots, figsize=(1.2 + (0.42 * n_logical + 0.9) * n_slots,
+                                                  1.3 + 0.24 * len(layers)),
                              dpi=FIG_DPI, squeeze=False, sharey=True)
-    image = None
     for s, ax in enumerate(axes[0]):
-        data = np.ma.masked_less(shown[s].astype(float), 0)
-        image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=max(vmax, vmin + 1), aspect="auto",
-                          interpolation="nearest")
+        img = np.tile(unassigned, (len(layers), n_logical, 1))
+        for r, c in zip(*np.nonzero(shown[s] >= 0)):
+            img[r, c] = one_colour if when is None else palette[int(when[s, r, c])]
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        ax.set_xticks(np.arange(-0.5, n_logical, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(layers), 1), minor=True)
+        ax.grid(which="minor", color="white", linewidth=1)
+        ax.tick_params(which="minor", length=0)
         ax.set_title(f"slot {s}", fontsize=9)
         ax.set_xlabel("logical block")
         ax.set_xticks(range(n_logical))
         if annotate:
-            for layer in range(n_layers):
-                for lb in range(n_logical):
-                    v = shown[s, layer, lb]
-                    ax.text(lb, layer, "-1" if v < 0 else str(v), ha="center", va="center",
-                            fontsize=5, color="black" if v < 0 else "white")
+            for r in range(len(layers)):
+                for c in range(n_logical):
+                    v = int(shown[s, r, c])
+                    ax.text(c, r, str(v), ha="center", va="center", fontsize=6.5,
+                            color="dimgray" if v < 0 else "white")
+    axes[0][0].set_yticks(range(len(layers)))
+    axes[0][0].set_yticklabels([str(layer) for layer in layers], fontsize=7)
     axes[0][0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes[0]), label="physical block", shrink=0.9)
+    handles = [Patch(color=unassigned, label="-1 (no block yet)")]
+    if when is None:
+        handles.insert(0, Patch(color=one_colour, label="physical block id (written in the cell)"))
+    else:
+        handles = [Patch(color=palette[s], label=f"popped in step {s}") for s in steps] + handles
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7,
+               frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(handles) > 5), 1, 0.95 if title else 1))
+    return fig
+
+
+def draw_table_row(block_table, slot: int, layer: int, num_blocks: int, *,
+                   n_logical: int | None = None, title: str | None = None):
+    """One (slot, layer) row of the block table drawn as arrows into the pool of physical
+    blocks: the logical blocks across the top, each holding its entry; beneath, all
+    ``num_blocks`` physical blocks as a strip, where this row's blocks are coloured, blocks that
+    belong to other rows are grey and free ones white; an arrow goes from each logical block to
+    the physical block its entry names.  -1 entries get no arrow."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+
+    table = np.asarray(block_table)
+    row = table[slot, layer]
+    used = np.flatnonzero(row >= 0)
+    if n_logical is None:
+        n_logical = int(used[-1]) + 2 if used.size else 4
+    n_logical = min(n_logical, row.size)
+    owned_elsewhere = np.zeros(num_blocks, dtype=bool)
+    others = table[table >= 0]
+    owned_elsewhere[others[others < num_blocks]] = True
+    mine = [(lb, int(row[lb])) for lb in range(n_logical) if row[lb] >= 0]
+    owned_elsewhere[[b for _, b in mine]] = False
+
+    fig, ax = plt.subplots(figsize=(9.0, 3.4), dpi=FIG_DPI)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.32, 1.1)
+    ax.axis("off")
+    box_w = min(0.09, 0.9 / n_logical)
+    x0 = 0.5 - n_logical * box_w / 2
+    colors = plt.get_cmap("tab10")
+    for lb in range(n_logical):
+        entry = int(row[lb])
+        color = colors(lb % 10) if entry >= 0 else (0.87, 0.87, 0.87)
+        ax.add_patch(Rectangle((x0 + lb * box_w, 0.78), box_w * 0.92, 0.2, facecolor=color,
+                               edgecolor="dimgray", alpha=0.85 if entry >= 0 else 1.0))
+        ax.text(x0 + (lb + 0.46) * box_w, 0.93, f"logical {lb}", ha="center", va="center",
+                fontsize=6.5, color="white" if entry >= 0 else "dimgray")
+        ax.text(x0 + (lb + 0.46) * box_w, 0.84, str(entry), ha="center", va="center",
+                fontsize=8, fontweight="bold", color="white" if entry >= 0 else "dimgray")
+    ax.text(x0 - 0.01, 0.88, f"block_table[{slot}, {layer}, :]", ha="right", va="center",
+            fontsize=8, family="monospace")
+    # the pool: one thin cell per physical block
+    strip = np.ones((1, num_blocks, 3))
+    strip[0, owned_elsewhere] = (0.75, 0.75, 0.75)
+    for lb, b in mine:
+        strip[0, b] = colors(lb % 10)[:3]
+    ax.imshow(strip, extent=(0.0, 1.0, 0.0, 0.12), aspect="auto", interpolation="nearest")
+    ax.add_patch(Rectangle((0.0, 0.0), 1.0, 0.12, fill=False, edgecolor="dimgray", lw=0.8))
+    ax.text(0.0, -0.05, "0", ha="center", va="top", fontsize=7)
+    ax.text(1.0, -0.05, str(num_blocks - 1), ha="center", va="top", fontsize=7)
+    ax.text(0.5, -0.04, f"the pool: physical blocks 0 .. {num_blocks - 1} of the cache buffer",
+            ha="center", va="top", fontsize=8)
+    width = max(1.0 / num_blocks, 0.004)          # this row's blocks stay visible in a big pool
+    label_at, level = [], {}
+    for lb, b in sorted(mine, key=lambda m: m[1]):    # stagger labels that would overlap
+        x_pool = (b + 0.5) / num_blocks
+        near = [lv for x, lv in label_at if abs(x - x_pool) < 0.035]
+        level[lb] = min(set(range(4)) - set(near)) if len(near) < 4 else 0
+        label_at.append((x_pool, level[lb]))
+    for lb, b in mine:
+        x_pool = (b + 0.5) / num_blocks
+        ax.add_patch(Rectangle((x_pool - width / 2, 0.0), width, 0.12, color=colors(lb % 10)))
+        ax.add_patch(FancyArrowPatch((x0 + (lb + 0.46) * box_w, 0.78), (x_pool, 0.125),
+                                     arrowstyle="-|>", mutation_scale=10, lw=1.1,
+                                     color=colors(lb % 10)))
+        ax.text(x_pool + 0.004, 0.14 + 0.07 * level[lb], str(b), ha="left", va="bottom",
+                fontsize=7, color=colors(lb % 10), fontweight="bold")
+    handles = [Patch(facecolor=colors(0), label="this row's blocks (colour = logical block)"),
+               Patch(facecolor=(0.75, 0.75, 0.75), label="owned by another (slot, layer)"),
+               Patch(facecolor="white", edgecolor="dimgray", label="free")]
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, -0.12), ncol=3,
+              fontsize=7, frameon=False)
+    ax.set_title(title or f"slot {slot}, layer {layer}: logical blocks -> physical blocks",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+MEMORY_COLORS = {"token states": "#3182bd", "reservation": "#9ecae1",
+                 "internal fragmentation": "#fdae6b", "external fragmentation & others": "#bdbdbd"}
+
+
+def plot_memory_use(ours: Mapping[str, Mapping[str, float]],
+                    paper: Mapping[str, Mapping[str, float | None]], *, title: str | None = None):
+    """How each policy's KV memory is used, in percent: for every policy two stacked bars,
+    ``ours`` (policy -> {category: percent}) and, beneath it, ``paper`` (the same keys; a
+    category that is None is not broken down there, and what the known ones leave is drawn as
+    "external fragmentation & others")."""
+    fig, ax = _new_axes(None, (8.6, 0.9 + 0.95 * len(ours)))
+    labels, ticks = [], []
+    seen = set()
+    for i, policy in enumerate(ours):
+        for j, (who, parts) in enumerate((("ours", ours[policy]), ("paper", paper.get(policy)))):
+            if parts is None:
+                continue
+            y = i + 0.4 * j
+            known = {c: v for c, v in parts.items() if v is not None}
+            if "external fragmentation & others" not in known:
+                known["external fragmentation & others"] = 100.0 - sum(known.values())
+            left = 0.0
+            for category, value in known.items():
+                if value <= 0:
+                    continue
+                ax.barh(y, value, left=left, height=0.36, color=MEMORY_COLORS[category],
+                        edgecolor="white", label=None if category in seen else category)
+                seen.add(category)
+                left += value
+            ax.text(1.0, y, f"{who}: {known['token states']:.1f}%", ha="left", va="center",
+                    fontsize=7.5, color="white", fontweight="bold")
+        ticks.append(i + 0.2)
+        labels.append(policy)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the KV memory the policy holds (average over the run)")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10, pad=24)
+    fig.tight_layout()
     return fig
 
 

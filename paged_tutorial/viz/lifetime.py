@@ -15,7 +15,6 @@ matplotlib and ipywidgets are imported inside the functions that need them.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,39 +180,6 @@ def traffic_table(steps: list[StepRecord], table_entries: int, num_layers: int) 
         "engine_bytes": engine * (INT32_BYTES + INDEX_BYTES),
         "engine_copies": sum(1 for s in run if s.synced_entries),
     }
-
-
-def time_table_copies(table_entries: int, num_layers: int, dirty_entries: int,
-                      repeats: int = 50, device: str = "cuda") -> dict:
-    """On a GPU: milliseconds for one step's block-table traffic, the article's way
-    (``num_layers`` whole-table copies of int32 from pageable host memory) and the engine's
-    way (one scatter of ``dirty_entries`` changed entries).  Median of ``repeats``."""
-    import torch
-
-    table = torch.full((table_entries,), -1, dtype=torch.int32)
-    device_table = torch.full((table_entries,), -1, dtype=torch.int32, device=device)
-    idx = torch.arange(dirty_entries, dtype=torch.int64)
-    vals = torch.arange(dirty_entries, dtype=torch.int32)
-
-    def article_way():
-        for _ in range(num_layers):
-            device_table.copy_(table.to(device))
-
-    def engine_way():
-        device_table[idx.to(device)] = vals.to(device)
-
-    out = {}
-    for name, fn in (("article_ms", article_way), ("engine_ms", engine_way)):
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[name] = float(np.median(times))
-    return out
 
 
 # --- drawing ---------------------------------------------------------------------------------
