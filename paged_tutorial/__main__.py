@@ -42,19 +42,15 @@ SIM_WARNING = (
 
 def api_defaults() -> dict:
     """The defaults of the Python API, so the command line cannot drift from them:
-    Engine(...)'s max_slots / max_seq_len and generate(...)'s sampling arguments."""
+    Engine(...)'s max_slots / max_seq_len and SamplingParams' sampling arguments."""
+    import dataclasses
+
     from .engine import Engine
+    from .sampling_params import SamplingParams
 
     engine = inspect.signature(Engine.__init__).parameters
     defaults = {name: engine[name].default for name in ("max_slots", "max_seq_len")}
-    try:                                   # the engine's SamplingParams, where it exists
-        import dataclasses
-
-        from .sampling_params import SamplingParams
-        fields = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-    except ImportError:
-        generate = inspect.signature(Engine.generate).parameters
-        fields = {name: p.default for name, p in generate.items()}
+    fields = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
     for name in ("max_new_tokens", "temperature", "top_p", "seed"):
         defaults[name] = fields[name]
     return defaults

@@ -49,12 +49,12 @@ def assert_one_error_line(err_lines, *fragments):
 
 def test_defaults_are_the_apis():
     args = cli.build_parser().parse_args(["hi"])
-    generate = inspect.signature(pt.Engine.generate).parameters
+    params = pt.SamplingParams()
     engine = inspect.signature(pt.Engine.__init__).parameters
-    assert args.max_new_tokens == generate["max_new_tokens"].default == 64
-    assert args.temperature == generate["temperature"].default
-    assert args.top_p == generate["top_p"].default
-    assert args.seed is generate["seed"].default is None
+    assert args.max_new_tokens == params.max_new_tokens == 64
+    assert args.temperature == params.temperature
+    assert args.top_p == params.top_p
+    assert args.seed is params.seed is None
     assert args.max_slots == engine["max_slots"].default
     assert args.max_seq_len == engine["max_seq_len"].default
     assert args.backend == "auto" and args.model == "smollm2-135m"
