@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-slots", type=int, default=d["max_slots"],
                    help="requests decoded together (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"],
-                   help="prompt + answer tokens per request (default: %(default)s)")
+                   help="prompt + answer tokens per request (default: 2048, or the model's "
+                        "max_position_embeddings if smaller)")
     p.add_argument("--kv-cache-mib", type=float, default=None,
                    help="KV cache size in MiB (default: what max-slots x max-seq-len need, "
                         "capped)")
