@@ -8,11 +8,15 @@ decode step needs a block and none is free, the most recently admitted running r
 preempted: its blocks are freed, it goes back to the head of the queue with the tokens it has
 generated, and it is recomputed (prefilled again) when re-admitted.
 
+With prefix caching (``prefix_cache.py``) an admitted request's leading prompt blocks may be
+found in the cache: its ``num_cached`` then starts after them and only the rest is computed.
+
 One engine step is ``schedule()`` -> the model runner -> ``postprocess()``.  ``schedule`` may
 allocate blocks and admit or preempt requests; ``postprocess`` appends the sampled tokens and
 finishes requests.  If the model runner fails in between (an exception, Ctrl-C), ``rollback``
 preempts every request of the batch: their blocks go back, nothing was appended, and they are
-recomputed later with exactly the tokens they would have produced.
+recomputed later with exactly the tokens they would have produced.  ``postprocess`` also
+commits the prompt blocks the step registered for sharing; ``rollback`` forgets them.
 """
 
 from __future__ import annotations
@@ -74,18 +78,28 @@ class Scheduler:
 
     def _admit(self) -> list[Request]:
         """Move waiting requests into free slots while their tokens fit in free blocks.
-        FIFO: a request that does not fit yet blocks the ones behind it (no starvation)."""
+        FIFO: a request that does not fit yet blocks the ones behind it (no starvation).
+
+        With prefix caching the cache finds the request's leading prompt blocks (its
+        ``num_cached`` starts there, so only the rest is computed), and a request whose prefix
+        a request admitted in this very step is computing waits one step to find it cached
+        instead of computing it a second time."""
         admitted = []
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             slot = self.free_slots[-1]
+            if admitted and self.cache.prefix_in_flight(request.prompt_ids, request.total_len):
+                break
             try:
-                self.cache.ensure_capacity(slot, request.total_len)
+                cached = self.cache.allocate_prompt(slot, request.prompt_ids, request.total_len)
             except CacheFullError:
                 break
             self.waiting.popleft()
             self.free_slots.pop()
             request.slot, request.status = slot, Status.RUNNING
+            request.num_cached = cached
+            if request.num_cached_tokens is None:        # the first admission's count
+                request.num_cached_tokens = cached
             self.running.append(request)
             admitted.append(request)
         return admitted
@@ -110,6 +124,7 @@ class Scheduler:
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Request]:
         """Commit a step that ran: every request of the batch now has all its tokens cached,
         gains its sampled token and finishes if it should.  Returns the finished requests."""
+        self.cache.commit_step()
         finished = []
         now = time.perf_counter()
         for request, token in zip(batch.requests, token_ids):
@@ -136,7 +151,9 @@ class Scheduler:
     def rollback(self, batch: ScheduledBatch) -> None:
         """A step failed before ``postprocess``: preempt every request of the batch (in reverse,
         so that they wait at the head of the queue in their original order).  What the model
-        wrote into their blocks is discarded with the blocks; nothing was appended."""
+        wrote into their blocks is discarded with the blocks (prefix blocks registered for this
+        step are forgotten first: their K/V may be incomplete); nothing was appended."""
+        self.cache.discard_uncommitted()
         for request in reversed(batch.requests):
             if request.status is Status.RUNNING:
                 self.preempt(request)

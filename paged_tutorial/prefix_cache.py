@@ -1,0 +1,351 @@
+"""Prefix caching: one copy of the K/V of a prompt prefix, shared by every request that has it.
+
+Beyond the article.  Its block table already allows this: two table entries may name the same
+physical block, and a kernel that follows either reads the same K/V.  K/V of a token depend on
+the token, its position and every token before it (the model is causal), so two prompts that
+agree up to the end of a block have equal K/V in that block, in every layer.  vLLM (automatic
+prefix caching) and nano-vllm (``BlockManager``) use this; this module does it the same way,
+with the article's cache underneath.
+
+- **Only full blocks of prompt are shared.**  A full block is never written again: its owner
+  writes its next tokens into later blocks.  So nothing is ever written into a shared block.
+- **A hash chain names a block's contents.**  The key of logical block j is
+  ``hash_fn(key of block j-1, tokens of block j)``, so it stands for *all* the tokens from the
+  start of the prompt to the end of block j (``chain_hash``: 64-bit BLAKE2b).  A key is only a
+  name: on a hit the stored tokens are compared with the request's and the stored parent must
+  be the block matched just before, so a hash collision is a miss, never wrong K/V.
+- **One entry per logical block, one physical block per layer.**  Each layer keeps its own
+  blocks, as in the article; a ``CachedPrefix`` entry holds the prefix's block for every layer.
+- **Reference counts.**  ``ref_counts[b]`` is the number of block-table entries that point at
+  physical block b.  When the last one goes, a block that holds a registered prefix is not
+  pushed to ``free_blocks``: it stays *cached*, findable by its key, so a later request with the
+  same prefix reuses it (as vLLM does; the article's engine would have freed it).
+- **Eviction, least recently used first.**  ``free_blocks`` keeps the article's meaning: blocks
+  that hold nothing.  Only when an allocation finds it empty is a cached block evicted: the
+  entry that has been unused longest, and among entries freed together the end of the chain
+  first, so a prefix's head stays findable longest.  (A child entry always leaves the LRU order
+  before its parent, so eviction never strands a child behind a missing parent.)
+- **Registered when computed, committed when the step succeeds.**  A request's full prompt
+  blocks that are not found are popped, computed in its prefill, and registered at admission
+  as *pending*; ``commit_step`` (the step ran) makes them ordinary cached blocks,
+  ``discard_uncommitted`` (the step failed) forgets them.  A request whose prefix is pending
+  waits one step (``prefix_in_flight``) and then finds it, instead of computing it twice.
+- **At least one prompt token is computed**, because the last one's logits give the first
+  generated token: a prompt of exactly k full blocks shares at most k-1 of them.
+
+``free + cached + owned = NUM_BLOCKS`` at all times (``check_invariants``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import CacheConfig
+from .kv_cache import CacheFullError, PagedKVCache
+
+ROOT_KEY = b"paged-tutorial prefix root"
+
+
+def chain_hash(parent_key: int | None, tokens: tuple[int, ...]) -> int:
+    """The key of a block of ``tokens`` that follows the block keyed ``parent_key`` (None for
+    the first block of a prompt): 64 bits of BLAKE2b over the parent key and the token ids."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(ROOT_KEY if parent_key is None else parent_key.to_bytes(8, "little"))
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+@dataclass(eq=False)
+class CachedPrefix:
+    """One cached logical block of a prompt prefix: the tokens it holds, the entry of the
+    block before it, and its physical block in every layer."""
+    key: int
+    tokens: tuple[int, ...]
+    parent: "CachedPrefix | None"
+    logical_block: int                   # its position in the prompt (the chain's depth)
+    blocks: tuple[int, ...]              # physical block of each layer
+    committed: bool = False              # False while the step computing it has not finished
+
+    def matches(self, tokens: tuple[int, ...], parent: "CachedPrefix | None") -> bool:
+        """The sharing rule's check on a hit: same tokens, after the same verified block."""
+        return self.tokens == tokens and self.parent is parent
+
+
+class PrefixCachingKVCache(PagedKVCache):
+    """The article's paged cache, with full prompt blocks shared between requests and kept
+    after use (see the module docstring).  ``hash_fn(parent_key, tokens) -> int`` names a
+    block; replace it only for experiments (a constant one makes every block collide)."""
+
+    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu",
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash):
+        super().__init__(config, device)
+        self.hash_fn = hash_fn
+        self.ref_counts = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
+        self.index: dict[int, CachedPrefix] = {}          # key -> entry
+        self.entry_of_block: dict[int, CachedPrefix] = {}  # physical block -> its entry
+        self.lru: OrderedDict[int, CachedPrefix] = OrderedDict()   # unused entries, oldest first
+        self._pending: list[CachedPrefix] = []
+        # counters over the cache's life (benchmarks and notebooks read them)
+        self.hit_tokens = 0               # prompt tokens admitted from the cache
+        self.evictions = 0                # entries evicted
+
+    # --- what is where ---------------------------------------------------------------------
+    @property
+    def num_cached(self) -> int:
+        """Blocks nobody uses that are kept for their prefix (evictable)."""
+        return len(self.lru) * self.config.num_layers
+
+    def blocks_available(self) -> int:
+        return len(self.free_blocks) + self.num_cached
+
+    def block_keys(self, token_ids, n_blocks: int) -> list[int]:
+        """The chain keys of the first ``n_blocks`` full blocks of ``token_ids``."""
+        bs, keys, parent = self.BLOCK_SIZE, [], None
+        for j in range(n_blocks):
+            parent = self.hash_fn(parent, tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs]))
+            keys.append(parent)
+        return keys
+
+    def shareable_blocks(self, prompt_len: int, new_len: int) -> int:
+        """How many leading blocks of a prompt may come from the cache: full blocks of the
+        prompt only, and never all of the tokens (the last one must be computed)."""
+        return min(prompt_len // self.BLOCK_SIZE, (new_len - 1) // self.BLOCK_SIZE)
+
+    def _walk(self, token_ids, n_blocks: int):
+        """Follow the chain through the index: (entries matched from the start, whether the
+        walk stopped at a matching entry that is still pending)."""
+        bs, matched, parent_entry = self.BLOCK_SIZE, [], None
+        for j, key in enumerate(self.block_keys(token_ids, n_blocks)):
+            entry = self.index.get(key)
+            tokens = tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs])
+            if entry is None or not entry.matches(tokens, parent_entry):
+                return matched, False
+            if not entry.committed:
+                return matched, True
+            matched.append(entry)
+            parent_entry = entry
+        return matched, False
+
+    def match(self, prompt_ids, new_len: int | None = None) -> list[CachedPrefix]:
+        """The cached entries a request with this prompt would share now, from its first
+        block on (read-only).  ``new_len`` is the request's length (default: the prompt's)."""
+        new_len = len(prompt_ids) if new_len is None else new_len
+        return self._walk(prompt_ids, self.shareable_blocks(len(prompt_ids), new_len))[0]
+
+    def prefix_in_flight(self, prompt_ids, new_len: int) -> bool:
+        return self._walk(prompt_ids, self.shareable_blocks(len(prompt_ids), new_len))[1]
+
+    # --- allocation ------------------------------------------------------------------------
+    def allocate_prompt(self, slot: int, prompt_ids, new_len: int) -> int:
+        """Point ``slot``'s first table entries at the cached blocks of its prompt's prefix,
+        pop blocks for the rest (evicting unused cached blocks if ``free_blocks`` runs out),
+        and register its other full prompt blocks as pending.  Returns the number of prompt
+        tokens found in the cache.  Raises CacheFullError, changing nothing, if too few blocks
+        are available."""
+        if self.blocks_owned(slot):
+            raise ValueError(f"slot {slot} already owns blocks: allocate_prompt admits a slot")
+        if new_len > self.config.max_seq_len:
+            raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
+                             f"{self.config.max_seq_len}")
+        n_layers = self.config.num_layers
+        matched = self.match(prompt_ids, new_len)
+        need = (self.config.blocks_for_tokens(new_len) - len(matched)) * n_layers
+        revived = sum(1 for e in matched if e.key in self.lru) * n_layers
+        available = self.blocks_available() - revived
+        if need > available:
+            raise CacheFullError(f"slot {slot} needs {need} blocks, {available} available")
+        for entry in matched:
+            self._attach(slot, entry)
+        self.ensure_capacity(slot, new_len)
+        self._register_prompt_blocks(slot, prompt_ids, len(matched),
+                                     matched[-1] if matched else None)
+        self.hit_tokens += len(matched) * self.BLOCK_SIZE
+        return len(matched) * self.BLOCK_SIZE
+
+    def _attach(self, slot: int, entry: CachedPrefix) -> None:
+        """Point (slot, every layer, entry.logical_block) at the entry's blocks."""
+        kind = "reuse" if self.lru.pop(entry.key, None) is not None else "share"
+        logical = entry.logical_block
+        for layer, block in enumerate(entry.blocks):
+            self.block_table[slot, layer, logical] = block
+            self.ref_counts[block] += 1
+            self._dirty.add(self.flat_index(slot, layer, logical))
+            self._emit(kind, block, slot, layer, logical, self.ref_counts[block], entry.key)
+
+    def _register_prompt_blocks(self, slot: int, prompt_ids, first: int,
+                                parent: CachedPrefix | None) -> None:
+        """Make the slot's full prompt blocks from ``first`` on findable (pending until the
+        step commits).  Stops at a key the index already holds: that block stays private (a
+        prompt of whole blocks recomputing its last one, or a hash collision)."""
+        n_full = len(prompt_ids) // self.BLOCK_SIZE
+        keys = self.block_keys(prompt_ids, n_full)
+        bs = self.BLOCK_SIZE
+        for j in range(first, n_full):
+            if keys[j] in self.index:
+                return
+            blocks = tuple(int(b) for b in self.block_table[slot, :, j])
+            entry = CachedPrefix(keys[j], tuple(int(t) for t in prompt_ids[j * bs:(j + 1) * bs]),
+                                 parent, j, blocks)
+            self.index[entry.key] = entry
+            for layer, block in enumerate(blocks):
+                self.entry_of_block[block] = entry
+                self._emit("register", block, slot, layer, j, self.ref_counts[block], entry.key)
+            self._pending.append(entry)
+            parent = entry
+
+    def _take_free_block(self, slot: int, layer: int, logical: int) -> int:
+        if not self.free_blocks:
+            self._evict_one()
+        block = self.free_blocks.pop()
+        self.ref_counts[block] = 1
+        self._emit("pop", block, slot, layer, logical, 1)
+        return block
+
+    def _evict_one(self) -> None:
+        """Drop the least recently used unused entry; its blocks go back to ``free_blocks``
+        (the last layer's first, so that the next pops give layer 0 its old block)."""
+        _, entry = self.lru.popitem(last=False)
+        self._forget(entry)
+        self.evictions += 1
+        for layer in reversed(range(len(entry.blocks))):
+            block = entry.blocks[layer]
+            self.free_blocks.append(block)
+            self._emit("evict", block, -1, layer, entry.logical_block, 0, entry.key)
+
+    def evict_unused(self) -> int:
+        """Evict every cached block nobody uses (oldest first), as if allocations had needed
+        them all (vLLM's ``reset_prefix_cache``); returns how many blocks went back to
+        ``free_blocks``.  Blocks in use keep their prefix."""
+        n = 0
+        while self.lru:
+            n += len(self.lru[next(iter(self.lru))].blocks)
+            self._evict_one()
+        return n
+
+    def _forget(self, entry: CachedPrefix) -> None:
+        del self.index[entry.key]
+        for block in entry.blocks:
+            del self.entry_of_block[block]
+
+    # --- release ---------------------------------------------------------------------------
+    def release(self, slot: int) -> list[int]:
+        """Reset every entry of the slot and drop one reference per entry.  A block nobody uses
+        any more stays cached if it holds a committed prefix, else goes back to
+        ``free_blocks``.  Logical blocks are walked from the last to the first, so that the
+        end of a prefix is evicted before its beginning.  Returns the blocks pushed to
+        ``free_blocks``."""
+        freed = []
+        rows = self.block_table[slot]
+        owned = np.flatnonzero((rows >= 0).any(axis=0))
+        for logical in owned[::-1]:
+            logical = int(logical)
+            for layer in range(self.config.num_layers):
+                block = int(rows[layer, logical])
+                if block < 0:
+                    continue
+                rows[layer, logical] = -1
+                self._dirty.add(self.flat_index(slot, layer, logical))
+                self.ref_counts[block] -= 1
+                count = int(self.ref_counts[block])
+                entry = self.entry_of_block.get(block)
+                if count > 0:
+                    self._emit("unshare", block, slot, layer, logical, count,
+                               entry.key if entry else None)
+                elif entry is not None and entry.committed:
+                    self._emit("cache", block, slot, layer, logical, 0, entry.key)
+                    if layer == len(entry.blocks) - 1:
+                        self.lru[entry.key] = entry
+                else:
+                    if entry is not None:          # pending: its K/V may be incomplete
+                        self._drop_pending(entry)
+                    self.free_blocks.append(block)
+                    freed.append(block)
+                    self._emit("push", block, slot, layer, logical, 0)
+        return freed
+
+    # --- step boundaries -------------------------------------------------------------------
+    def commit_step(self) -> None:
+        for entry in self._pending:
+            entry.committed = True
+        self._pending.clear()
+
+    def discard_uncommitted(self) -> None:
+        for entry in list(self._pending):
+            self._drop_pending(entry)
+
+    def _drop_pending(self, entry: CachedPrefix) -> None:
+        if self.index.get(entry.key) is not entry:
+            return
+        self._forget(entry)
+        self._pending.remove(entry)
+        for layer, block in enumerate(entry.blocks):
+            self._emit("unregister", block, -1, layer, entry.logical_block,
+                       self.ref_counts[block], entry.key)
+
+    # --- invariants ------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Block accounting (tests and notebooks call this after every step):
+        every reference count equals the table entries pointing at the block; owned (count >
+        0), cached (count 0, in the index) and free blocks are disjoint and add up to
+        NUM_BLOCKS; a free block is referenced by nothing and indexed by nothing; a block is
+        reachable from at most one key, and a block used twice is an indexed prefix block."""
+        table = self.block_table
+        owned_entries = table[table >= 0]
+        if owned_entries.size and owned_entries.max() >= self.NUM_BLOCKS:
+            raise AssertionError("block table points past NUM_BLOCKS")
+        counts = self.reference_counts()
+        if not np.array_equal(counts, self.ref_counts):
+            bad = int(np.flatnonzero(counts != self.ref_counts)[0])
+            raise AssertionError(f"block {bad}: ref_count {int(self.ref_counts[bad])} but "
+                                 f"{int(counts[bad])} table entries point at it")
+        free = np.asarray(self.free_blocks, dtype=np.int64)
+        if len(np.unique(free)) != free.size:
+            raise AssertionError("free_blocks holds a block twice")
+        if free.size and counts[free].any():
+            raise AssertionError(f"block {int(free[counts[free] > 0][0])} is free but referenced")
+        indexed = {}
+        for key, entry in self.index.items():
+            if entry.key != key:
+                raise AssertionError(f"entry under key {key} says its key is {entry.key}")
+            if entry.parent is not None and self.index.get(entry.parent.key) is not entry.parent:
+                raise AssertionError(f"entry {key}'s parent is no longer in the cache")
+            if entry.logical_block != (0 if entry.parent is None
+                                       else entry.parent.logical_block + 1):
+                raise AssertionError(f"entry {key} is not one block after its parent")
+            entry_counts = {int(counts[b]) for b in entry.blocks}
+            if len(entry_counts) != 1:
+                raise AssertionError(f"entry {key}'s layers have different counts {entry_counts}")
+            for layer, block in enumerate(entry.blocks):
+                if block in indexed:
+                    raise AssertionError(f"block {block} is reachable from two keys")
+                indexed[block] = entry
+                users = np.argwhere(table == block)
+                if users.size and ((users[:, 1] != layer).any()
+                                   or (users[:, 2] != entry.logical_block).any()):
+                    raise AssertionError(f"block {block} is used outside (layer {layer}, "
+                                         f"logical block {entry.logical_block})")
+        if indexed.keys() != self.entry_of_block.keys() or any(
+                self.entry_of_block[b] is not e for b, e in indexed.items()):
+            raise AssertionError("entry_of_block disagrees with the index")
+        unused = {e.key for e in self.index.values() if counts[e.blocks[0]] == 0}
+        if unused != set(self.lru):
+            raise AssertionError(f"LRU holds {sorted(self.lru)}, unused entries are "
+                                 f"{sorted(unused)}")
+        if any(not e.committed for e in self.lru.values()):
+            raise AssertionError("an uncommitted entry is cached")
+        if free.size and any(int(b) in indexed for b in free):
+            raise AssertionError("a free block is still in the index")
+        shared = np.flatnonzero(counts > 1)
+        if any(int(b) not in indexed for b in shared):
+            raise AssertionError("a block used by two entries holds no registered prefix")
+        n_owned = int((counts > 0).sum())
+        n_cached = self.num_cached
+        if n_owned + n_cached + free.size != self.NUM_BLOCKS:
+            raise AssertionError(f"owned ({n_owned}) + cached ({n_cached}) + free "
+                                 f"({free.size}) != NUM_BLOCKS ({self.NUM_BLOCKS})")
