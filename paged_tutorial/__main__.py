@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-slots", type=int, default=2)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--kv-cache-mib", type=float, default=None, help="KV cache size in MiB")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="prompts that begin alike share the K/V of their common full blocks "
+                        "instead of computing them again")
     p.add_argument("--no-chat", action="store_true",
                    help="feed the prompt as plain text, without the chat template")
     return p
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
     try:
         model = load_model(args.model, dtype=dtype)
         engine = Engine(model, backend=args.backend, max_slots=args.max_slots,
-                        max_seq_len=args.max_seq_len,
+                        max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
                         kv_cache_bytes=None if args.kv_cache_mib is None
                         else int(args.kv_cache_mib * 2**20))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
