@@ -5,8 +5,8 @@
 Llama-3.2-1B shapes, random bf16 weights (the GPU machine cannot download the real ones),
 prompts of 128 random tokens, greedy, every request generating exactly NEW_TOKENS tokens.
 
-- ours: ``Engine(model, backend="numba")`` as a user gets it (fast attention, fused RoPE +
-  cache write, CUDA graphs): ``engine_ms_per_step`` = median wall time of a decode step
+- ours: ``Engine(model, backend="numba")`` as a user gets it (fast attention, the GEMV fused
+  with RoPE + cache write at batch 1, 16-byte norms/SwiGLU, CUDA graphs): ``engine_ms_per_step`` = median wall time of a decode step
   (``StepReport.seconds``: scheduling, the graph replay, sampling, bookkeeping), and
   ``engine_gpu_ms_per_step`` = the graph replay alone (CUDA events);
 - the steps that got there: the article's kernel without graphs (the starting point), the
@@ -90,21 +90,25 @@ def weight_bytes(model: Model) -> int:
 # --- ours ------------------------------------------------------------------------------------
 
 def make_engine(model, batch, **kw):
-    engine = pt.Engine(model, max_slots=batch, max_seq_len=PROMPT_LEN + NEW_TOKENS + 64, **kw)
-    engine.eos_ids = set()                 # random weights: generate exactly NEW_TOKENS
-    return engine
+    return pt.Engine(model, max_slots=batch, max_seq_len=PROMPT_LEN + NEW_TOKENS + 64, **kw)
+
+
+def exactly(n: int) -> pt.SamplingParams:
+    """Greedy, exactly n tokens (random weights: EOS ignored)."""
+    return pt.SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
 def time_engine(model, batch, **kw) -> dict:
     engine = make_engine(model, batch, **kw)
     prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
-    engine.generate(prompts, max_new_tokens=8, chat=False)           # warm-up, graph capture
+    engine.generate(prompts, exactly(8), chat=False)           # warm-up, graph capture
     steps = []
-    engine.generate(prompts, max_new_tokens=NEW_TOKENS, chat=False, on_step=steps.append)
+    engine.generate(prompts, exactly(NEW_TOKENS), chat=False, on_step=steps.append)
     decode = [r.seconds * 1e3 for r in steps if r.kind == "decode" and r.num_tokens == batch]
     res = {"ms_per_step": statistics.median(decode[2:]), "steps": len(decode)}
-    if engine.graphs is not None:
-        graph = engine.graphs.graphs[engine.graphs.bucket_for(batch)][0]
+    graphs = engine.model_runner.graphs
+    if graphs is not None:
+        graph = graphs.graphs[graphs.bucket_for(batch)][0]
         res["gpu_ms_per_step"] = events_ms(graph.replay, reps=30)
     return res
 
@@ -119,7 +123,7 @@ def run_recorded(model, prompts, n_new, **kw):
         for i, rid in enumerate(report.request_ids):
             per_req.setdefault(rid, []).append(report.logits[i])
 
-    results = engine.generate(prompts, max_new_tokens=n_new, chat=False, on_step=record)
+    results = engine.generate(prompts, exactly(n_new), chat=False, on_step=record)
     return [r.token_ids for r in results], [per_req[r.request_id] for r in results]
 
 
@@ -210,13 +214,12 @@ def prefill_flops(cfg, lens) -> float:
 
 def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     engine = pt.Engine(model, max_slots=2, max_seq_len=max(PREFILL_LENS) + 8, **kw)
-    engine.eos_ids = set()
     prompts = [prompts_for(1, n, 11 + i, model.config.vocab_size)[0]
                for i, n in enumerate(PREFILL_LENS)]
     times = []
     for _ in range(6):
         steps = []
-        engine.generate(prompts, max_new_tokens=1, chat=False, on_step=steps.append)
+        engine.generate(prompts, exactly(1), chat=False, on_step=steps.append)
         times.append(next(r.seconds for r in steps if r.kind == "prefill") * 1e3)
     flops = prefill_flops(model.config, PREFILL_LENS)
     res = {"tokens": sum(PREFILL_LENS), "flops": flops,
@@ -224,7 +227,7 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     res["engine_tflops"] = flops / (res["engine_ms"] * 1e-3) / 1e12
     res["engine_pct_of_matmul_rate"] = 100 * res["engine_tflops"] / matmul_tflops
     # the forward pass alone (no host bookkeeping), CUDA events
-    runner, cache = engine.runner, engine.cache
+    runner, cache = engine.model_runner.llama, engine.cache
     for r, p in enumerate(prompts):
         cache.ensure_capacity(r, len(p))
     toks = torch.tensor(sum(prompts, []), dtype=torch.int32, device="cuda")
@@ -238,6 +241,9 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     res["forward_ms"] = events_ms(lambda: runner.forward(toks, pos, slots, cache, bt,
                                                          prefill_cu_seqlens=cu,
                                                          logit_rows=rows), reps=10)
+    from paged_tutorial.backends.numba_cuda import prefill_sdpa
+    res["attention_path"] = prefill_sdpa.LAST_PATH if getattr(
+        engine.backend, "prefill", None) == "sdpa" else "numba-kernel"
     res["forward_tflops"] = flops / (res["forward_ms"] * 1e-3) / 1e12
     res["forward_pct_of_matmul_rate"] = 100 * res["forward_tflops"] / matmul_tflops
     if hf is not None:
@@ -252,7 +258,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="folder for decode-<date>.json")
     p.add_argument("--skip-hf-static", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
-    p.add_argument("--skip-variants", action="store_true")
+    p.add_argument("--skip-variants", action="store_true",
+                   help="only the engine's default path (graphs) and the eager one")
     p.add_argument("--variant-file", default=None,
                    help="JSON from attention.py --best-out: fast-kernel variant to use")
     args = p.parse_args(argv)
@@ -284,7 +291,7 @@ def main(argv=None):
         "triton_graphs": dict(backend=NumbaBackend(attention="triton")),
     }
     if args.skip_variants:
-        variants = {"engine": {}}
+        variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False)}
     data["rows"] = []
     for batch in BATCHES:
         mean_ctx = PROMPT_LEN + NEW_TOKENS / 2
@@ -319,8 +326,13 @@ def main(argv=None):
             backend=NumbaBackend(prefill="numba"))
     print("prefill:", data["prefill"], flush=True)
     from paged_tutorial.backends.numba_cuda import attention_fast
+    from paged_tutorial.backends.numba_cuda import gemv, launch
     data["fast_kernel"] = {"num_warps": attention_fast.NUM_WARPS,
+                           "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
                            **attention_fast.DEFAULT_VARIANT}
+    data["gemv_max_rows"] = gemv.MAX_ROWS
+    data["launch_mode"] = launch.LAUNCH_MODE
+    data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
     data["seconds"] = round(time.time() - t_start, 1)
     write_json(data, "decode", args.out)
     print(f"ceilings: {data['ceilings']}")
@@ -330,10 +342,13 @@ def main(argv=None):
               f"HF static {row.get('hf_static_ms_per_step', float('nan')):.2f}, "
               f"HF eager {row.get('hf_eager_ms_per_step', float('nan')):.1f}, "
               f"floor {row['floor_ms_per_step']:.3f}")
+        print(f"TARGET B={row['batch']} eager (no graphs): "
+              f"{row.get('engine_fast_no_graphs_ms_per_step', float('nan')):.2f} ms/step")
     pf = data["prefill"]
-    print(f"TARGET prefill 2x1024: {pf['engine_ms']:.2f} ms = {pf['engine_tflops']:.0f} TFLOP/s "
-          f"= {pf['engine_pct_of_matmul_rate']:.0f}% of matmul rate (forward alone "
-          f"{pf['forward_pct_of_matmul_rate']:.0f}%)")
+    print(f"TARGET prefill 2x1024: {pf['engine_ms']:.2f} ms (forward alone "
+          f"{pf['forward_ms']:.2f} ms; HF forward {pf.get('hf_forward_ms', float('nan')):.2f} ms) "
+          f"= {pf['engine_tflops']:.0f} TFLOP/s = {pf['engine_pct_of_matmul_rate']:.0f}% of "
+          f"matmul rate; attention: {pf['attention_path']}")
     return 0
 
 

@@ -235,9 +235,13 @@ def main():
 
     result["numba"] = numba.__version__
     if "kernels" not in skip:
-        from paged_tutorial.backends.numba_cuda import selfcheck
-
-        result["kernels"] = selfcheck.run("bfloat16")
+        # every kernel at full size: the GPU-marked tests (tests/test_gpu.py)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/test_gpu.py"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+        result["kernels"] = {"command": "python -m pytest -q tests/test_gpu.py",
+                             "pass": proc.returncode == 0,
+                             "summary": proc.stdout.strip().splitlines()[-1:]}
     if "models" not in skip:
         result["models"] = [model_check("Llama-3.2-1B shapes", llama_3_2_1b_config(), 0),
                             model_check("SmolLM2-135M shapes", smollm2_135m_config(), 1)]

@@ -2,8 +2,10 @@
 
     python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots] [--readme README.md]
 
-Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json`` and
-``attention-*.json`` (written by ``decode.py`` and ``attention.py`` on the GPU), prints the
+Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json``,
+``attention-*.json``, ``kernels-*.json``, ``profile-*.json`` and ``gpu-tests-*.json`` (written
+on the GPU by ``decode.py``, ``attention.py``, ``kernels.py``, ``profile_step.py`` and
+``gpu_tests.py``, all run by ``gpu_all.sh``), prints the
 tables, draws ``decode-<date>.png`` and ``attention-<date>.png`` beside them, and with
 ``--readme`` rewrites the README's block between ``<!-- benchmarks:start -->`` and
 ``<!-- benchmarks:end -->``.
@@ -32,12 +34,13 @@ def decode_table(d: dict) -> str:
     out = [f"Decode, Llama-3.2-1B shapes (random bf16 weights), {d['prompt_len']}-token prompts, "
            f"{d['new_tokens']} new tokens, greedy; {d['gpu']}, {d['date']}.  ms per decode step "
            "(median), lower is better.", "",
-           "| batch | ours (engine) | ours, GPU only | HF static cache | HF eager | floor | "
-           "ours vs HF static |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
+           "| batch | ours (engine, CUDA graphs) | ours, GPU only | ours without graphs | "
+           "HF static cache | HF eager | floor | ours vs HF static |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
         ours, hf = r.get("engine_ms_per_step"), r.get("hf_static_ms_per_step")
         out.append(f"| {r['batch']} | {fmt(ours)} | {fmt(r.get('engine_gpu_ms_per_step'))} | "
+                   f"{fmt(r.get('engine_fast_no_graphs_ms_per_step'))} | "
                    f"{fmt(hf)} | {fmt(r.get('hf_eager_ms_per_step'), 1)} | "
                    f"{fmt(r['floor_ms_per_step'])} | "
                    f"{fmt(hf / ours if ours and hf else None, 2)}x |")
@@ -53,11 +56,15 @@ def decode_table(d: dict) -> str:
                    f"{fmt(r.get('engine_triton_graphs_ms_per_step'))} |")
     p = d.get("prefill")
     if p:
+        path = {"varlen": "one variable-length FlashAttention call per layer",
+                "per-sequence": "one SDPA call per sequence and layer"}.get(
+                    p.get("attention_path"), p.get("attention_path") or "SDPA")
         out += ["", f"Prefill of 2 x 1024-token prompts (one engine step): {p['engine_ms']:.1f} ms "
                 f"= {p['engine_tflops']:.0f} TFLOP/s = {p['engine_pct_of_matmul_rate']:.0f}% of "
                 f"the bf16 matmul rate measured in the same run "
                 f"({d['ceilings']['bf16_matmul_tflops']:.0f} TFLOP/s); forward pass alone "
-                f"{p['forward_ms']:.1f} ms; HF forward {fmt(p.get('hf_forward_ms'), 1)} ms."]
+                f"{p['forward_ms']:.1f} ms; HF forward {fmt(p.get('hf_forward_ms'), 1)} ms; "
+                f"attention: {path}."]
     c = d.get("correctness")
     if c:
         out += ["", f"Checked first: logits vs HF teacher-forced on our greedy tokens "
@@ -106,9 +113,11 @@ def attention_table(a: dict) -> str:
                    f"{cell('article')} | {r['floor_us']:.1f} |")
     p = a.get("prefill")
     if p:
-        out += ["", f"Prefill attention, 2 x 1024 tokens, one layer: Numba kernel "
-                f"{p['us']['numba']:.0f} us ({p['tflops']['numba']:.1f} TFLOP/s), torch SDPA "
-                f"(flash) {p['us']['sdpa']:.0f} us ({p['tflops']['sdpa']:.0f} TFLOP/s)."]
+        names = {"numba": "Numba kernel", "varlen": "one varlen flash call (the GPU default)",
+                 "sdpa_per_sequence": "SDPA per sequence", "sdpa": "torch SDPA (flash)"}
+        out += ["", "Prefill attention, 2 x 1024 tokens, one layer: " + ", ".join(
+            f"{names.get(k, k)} {us:.0f} us ({p['tflops'][k]:.1f} TFLOP/s)"
+            for k, us in p["us"].items()) + "."]
     if best:
         knobs = {k: v for k, v in a["best_variant"].items() if k not in ("name", "geomean_us")}
         out += ["", f"Fast-kernel variant chosen by the sweep and committed as the default: "
@@ -117,6 +126,82 @@ def attention_table(a: dict) -> str:
                 "'defaults of the run' column is the previous default (`wide-g8u1l2`, 4 warps, "
                 "target 528 blocks)."]
     return "\n".join(out)
+
+
+def kernels_table(k: dict) -> str:
+    bw = k["ceilings"]["copy_bandwidth_gbs"]
+    out = [f"Small kernels, Llama-3.2-1B shapes, bf16; {k['gpu']}, {k['date']}; copy bandwidth "
+           f"{bw:.0f} GB/s.  Microseconds per call (median of CUDA-graph replays), % of the copy "
+           "bandwidth for the bytes the op must move.", "",
+           "| op | tokens | floor | ours (16-byte kernels) | scalar kernel (before) | torch |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for r in k.get("small_ops", []):
+        us, pct = r["us"], r["pct_of_copy_bw"]
+
+        def cell(name):
+            return f"{us[name]:.1f} ({pct[name]:.0f}%)" if name in us else "-"
+
+        out.append(f"| {r['op']} | {r['tokens']} | {r['floor_us']:.1f} | {cell('ours')} | "
+                   f"{cell('scalar_kernel')} | {cell('torch') if 'torch' in us else cell('torch_argmax')} |")
+    if k.get("gemv"):
+        out += ["", f"Decode GEMV (one token row) against cuBLAS, microseconds per call; the "
+                f"engine uses the GEMV up to {k.get('gemv_max_rows', '?')} row(s):", "",
+                "| matrix | N x K | tokens | ours | cuBLAS | floor |", "|---|---|---:|---:|---:|---:|"]
+        for r in k["gemv"]:
+            out.append(f"| {r['matrix']} | {r['shape'][0]} x {r['shape'][1]} | {r['tokens']} | "
+                       f"{r['us']['ours']:.1f} | {r['us']['cublas']:.1f} | {r['floor_us']:.1f} |")
+    if k.get("attention_short"):
+        out += ["", "Decode attention at short contexts over warps per block (w) and splits (s), "
+                "microseconds:", "", "| batch | context | best | 8 warps, auto splits | "
+                "4 warps, auto splits | floor |", "|---:|---:|---|---:|---:|---:|"]
+        for r in k["attention_short"]:
+            us = r["us"]
+            out.append(f"| {r['batch']} | {r['context']} | {r['best']} {us[r['best']]:.1f} | "
+                       f"{fmt(us.get('w8 sauto'), 1)} | {fmt(us.get('w4 sauto'), 1)} | "
+                       f"{r['floor_us']:.1f} |")
+    return "\n".join(out)
+
+
+def short_kernel_name(name: str) -> str:
+    """``numba:gemv`` for our kernels (profile_step.py's names, or the profiler's demangled
+    ones), cuBLAS / torch kernel names cut short."""
+    if "paged_tutorial::" in name:
+        name = "numba:" + name.split("[abi")[0].split("(")[0].split("::")[-1]
+    if name.startswith("void "):
+        name = name[5:]
+    return name.split("<")[0][:40]
+
+
+def profile_table(p: dict, top: int = 8) -> str:
+    out = [f"Where a step's time goes (torch.profiler, one step; {p['gpu']}, {p['date']}):", "",
+           "| step | wall ms | kernel ms | kernels | largest kernels (us in the step) |",
+           "|---|---:|---:|---:|---|"]
+    for name in ("decode_graph_b1", "decode_graph_b64", "decode_eager_b1", "prefill_2x1024"):
+        r = p.get(name)
+        if not r or "error" in r:
+            continue
+        largest = "; ".join(f"{short_kernel_name(k['name'])} {k['total_us']:.0f}"
+                            for k in r["by_kernel"][:top])
+        out.append(f"| {name} | {r['wall_ms']:.2f} | {r['kernel_ms']:.2f} | {r['kernels']} | "
+                   f"{largest} |")
+    h = p.get("host")
+    if h and "error" not in h:
+        modes = [m for m in ("ctypes", "raw", "core", "numba") if f"rms_norm_{m}_us" in h]
+        out += ["", "Host time per small op (rms_norm, one row), by launch path: " + ", ".join(
+            f"{m} {h[f'rms_norm_{m}_us']:.0f} us" for m in modes) +
+            f"; torch.empty {h['torch_empty_us']:.1f} us, torch linear {h['torch_linear_us']:.0f} us."]
+    return "\n".join(out)
+
+
+def tests_line(t: dict) -> str:
+    c = t["counts"]
+    nb = [n["notebook"].split("/")[-1] for n in t["could_not_run_here"]["notebooks"]]
+    fails = ", ".join(f["test"] for f in t["failures"]) or "none"
+    return (f"GPU test run ({t['gpu']}, {t['date']}, `{t['command']}`): {c['passed']} passed, "
+            f"{c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped; "
+            f"{c['needs_missing_model']} tests and the notebooks {', '.join(nb) or '-'} could not "
+            f"run there ({t['could_not_run_here']['tests_needing_the_model_file']['reason']}). "
+            f"Failures: {fails}.")
 
 
 def plot_decode(d: dict, path: Path) -> None:
@@ -200,6 +285,7 @@ def main(argv=None):
     folder = Path(args.results)
     c = newest(folder, "cpu-generate")
     d, a = newest(folder, "decode"), newest(folder, "attention")
+    k, prof, t = newest(folder, "kernels"), newest(folder, "profile"), newest(folder, "gpu-tests")
     if c is None and d is None and a is None:
         print(f"no cpu-generate-, decode- or attention-*.json in {folder}", file=sys.stderr)
         return 1
@@ -214,6 +300,12 @@ def main(argv=None):
         parts.append(attention_table(a))
         if not args.no_plots:
             plot_attention(a, folder / f"attention-{a['date']}.png")
+    if k:
+        parts.append(kernels_table(k))
+    if prof:
+        parts.append(profile_table(prof))
+    if t:
+        parts.append(tests_line(t))
     text = "\n\n".join(parts)
     print(text)
     if args.readme:

@@ -1,83 +1,233 @@
 """Command line: ``python -m paged_tutorial "prompt" [--model SOURCE] [--backend B] ...``
 
-Streams the answer to stdout; engine facts (backend, cache size) and timing go to stderr.
+One prompt streams its answer to stdout token by token; several prompts are served together
+(one slot each) and each answer is printed, labelled, as soon as it finishes.  Engine facts
+(backend, cache size), progress and timing go to stderr.
+
+Every failure the user can cause (a model that is missing, gated or cannot be downloaded, a
+backend this machine cannot run, a bad option value, Ctrl-C) ends with one ``error:`` line on
+stderr and exit status 2.  The backend is checked before any weights are loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
+import re
 import sys
+import warnings
 
 from .backends import BACKEND_NAMES
 
+EXIT_USAGE = 2
+HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
+
+BACKEND_HELP = {
+    "auto": "numba on an NVIDIA GPU when it starts there (else torch on that GPU, with a "
+            "warning); torch on a CPU",
+    "torch": "every op in plain torch: the reference; GPU if visible, else CPU",
+    "numba": "Numba CUDA kernels + cuBLAS on an NVIDIA GPU (the engine the notebooks take apart)",
+    "numba-sim": "the same kernels in Numba's CUDA simulator on the CPU: every GPU thread is a "
+                 "Python thread, so it is very slow; for small models and a few tokens",
+}
+SIM_WARNING = (
+    "warning: numba-sim runs every GPU thread of every kernel as a Python thread: the embedded "
+    "SmolLM2 (30 layers) needs about a minute per token on a 2-core machine (4 minutes for a "
+    "1-token prompt and 3 new tokens, measured).  For a quick "
+    "look keep it tiny (a short prompt, --no-chat, --max-new-tokens 4) or pass a small model "
+    "folder (2 layers, e.g. one written by paged_tutorial.models.save_hf_folder("
+    "random_model(...))); for answers use --backend torch.")
+
+
+def api_defaults() -> dict:
+    """The defaults of the Python API, so the command line cannot drift from them:
+    Engine(...)'s max_slots / max_seq_len and generate(...)'s sampling arguments."""
+    from .engine import Engine
+
+    engine = inspect.signature(Engine.__init__).parameters
+    defaults = {name: engine[name].default for name in ("max_slots", "max_seq_len")}
+    try:                                   # the engine's SamplingParams, where it exists
+        import dataclasses
+
+        from .sampling_params import SamplingParams
+        fields = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    except ImportError:
+        generate = inspect.signature(Engine.generate).parameters
+        fields = {name: p.default for name, p in generate.items()}
+    for name in ("max_new_tokens", "temperature", "top_p", "seed"):
+        defaults[name] = fields[name]
+    return defaults
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m paged_tutorial",
-                                description="Generate text with the paged-attention engine.")
+    d = api_defaults()
+    backends = "\n".join(f"  {name:10s} {text}" for name, text in BACKEND_HELP.items())
+    p = argparse.ArgumentParser(
+        prog="python -m paged_tutorial",
+        description="Generate text with the paged-attention engine.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"backends:\n{backends}\n\n"
+               "models: smollm2-135m (embedded, English only), llama-3.2-1b (gated hub repo), "
+               "llama-3.2-1b-ungated\n(same weights, no login), kanana-nano-2.1b (Korean and "
+               "English), a .gguf file, a Hugging Face\nmodel folder, or any hub id of a "
+               "Llama-architecture model.\n\n"
+               "Exit status: 0 on success, 2 on any error (one 'error:' line on stderr).")
     p.add_argument("prompt", nargs="+", help="one or more prompts (each served in a slot)")
     p.add_argument("--model", default="smollm2-135m",
-                   help="smollm2-135m (embedded, default), a .gguf file, an HF folder, or a hub "
-                        "id such as meta-llama/Llama-3.2-1B-Instruct")
-    p.add_argument("--backend", default="auto", choices=BACKEND_NAMES)
-    p.add_argument("--dtype", default=None,
-                   help="bfloat16 | float16 | float32 (default: bfloat16 on a GPU, float32 on "
-                        "a CPU)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-slots", type=int, default=2)
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--kv-cache-mib", type=float, default=None, help="KV cache size in MiB")
+                   help="an alias, a .gguf file, an HF folder or a hub id (default: "
+                        "%(default)s)")
+    p.add_argument("--backend", default="auto", choices=BACKEND_NAMES,
+                   help="see 'backends' below (default: %(default)s)")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="default: bfloat16 on a GPU (float16 on one without native bfloat16, "
+                        "such as a T4), float32 on a CPU")
+    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                   help="tokens to generate per prompt (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=d["temperature"],
+                   help="0 = greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=d["top_p"],
+                   help="nucleus sampling mass (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"],
+                   help="sampling seed (default: random)")
+    p.add_argument("--max-slots", type=int, default=d["max_slots"],
+                   help="requests decoded together (default: %(default)s)")
+    p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"],
+                   help="prompt + answer tokens per request (default: %(default)s)")
+    p.add_argument("--kv-cache-mib", type=float, default=None,
+                   help="KV cache size in MiB (default: what max-slots x max-seq-len need, "
+                        "capped)")
     p.add_argument("--prefix-caching", action="store_true",
                    help="prompts that begin alike share the K/V of their common full blocks "
                         "instead of computing them again")
     p.add_argument("--no-chat", action="store_true",
-                   help="feed the prompt as plain text, without the chat template")
+                   help="feed the prompt as plain text, without the model's chat template")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar while the weights load")
     return p
+
+
+class UsageError(Exception):
+    """A failure the user caused: printed as one 'error:' line."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    text = " ".join(str(message).split())
+    return text + "\n" if text.startswith("warning:") else f"warning: {text}\n"
+
+
+def choose_backend(name: str):
+    """The backend object, made (and for numba, test-launched) before any weights load."""
+    from .backends import make_backend
+    from .backends.availability import check_backend
+
+    if name == "numba-sim" and "numba.cuda" not in sys.modules:
+        if os.environ.get("NUMBA_ENABLE_CUDASIM", "1").strip() in ("", "0"):
+            raise UsageError("--backend numba-sim needs Numba's CUDA simulator, but "
+                             "NUMBA_ENABLE_CUDASIM=0 is set: unset it")
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"     # this process simulates
+    try:
+        check_backend(name)
+        return make_backend(name)
+    except RuntimeError as exc:
+        raise UsageError(_one_line(exc)) from exc
+
+
+def run(args, out=None, err=None) -> int:
+    from . import Engine, load_model
+    from .model_catalog import known_model, korean_note
+    from .model_choice import gpu_dtype
+
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+
+    backend = choose_backend(args.backend)
+    if backend.name == "numba-sim":
+        print(SIM_WARNING, file=err)
+    device = backend.device
+    dtype = args.dtype or (gpu_dtype() if device.type == "cuda" else "float32")
+    print(f"loading {args.model} ({dtype}, {device}) ...", file=err, flush=True)
+    try:
+        model = load_model(args.model, dtype=dtype, device=device,
+                           progress=not args.no_progress and err.isatty())
+        engine = Engine(model, backend=backend, max_slots=args.max_slots,
+                        max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
+                        kv_cache_bytes=None if args.kv_cache_mib is None
+                        else int(args.kv_cache_mib * 2**20))
+    except (ValueError, FileNotFoundError, PermissionError, ConnectionError, RuntimeError,
+            TypeError) as exc:
+        raise UsageError(_one_line(exc)) from exc
+    print(f"[{engine.describe()}]", file=err, flush=True)
+    if any(HANGUL.search(p) for p in args.prompt):
+        entry = known_model(args.model)
+        if entry is None or not entry.korean:
+            print(f"warning: {korean_note(args.model)}", file=err, flush=True)
+
+    single = len(args.prompt) == 1
+
+    streamed: list[str] = []
+
+    def on_token_for(index):
+        def on_token(_request_id, _token, piece):
+            if single and piece:
+                streamed.append(piece)
+                out.write(piece)
+                out.flush()
+        return on_token
+
+    try:
+        requests = [engine.add_request(prompt, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature, top_p=args.top_p,
+                                       seed=args.seed, chat=not args.no_chat,
+                                       on_token=on_token_for(i))
+                    for i, prompt in enumerate(args.prompt)]
+    except (ValueError, TypeError) as exc:
+        raise UsageError(_one_line(exc)) from exc
+    index_of = {r.request_id: i for i, r in enumerate(requests)}
+    shown: set[int] = set()
+
+    def show(request_id):
+        i = index_of[request_id]
+        result = engine.result(request_id)
+        if single:       # what the streaming detokenizer still held back (an incomplete
+            done = "".join(streamed)          # UTF-8 sequence at the very end), then a newline
+            out.write((result.text[len(done):] if result.text.startswith(done) else "") + "\n")
+        else:
+            out.write(f"--- [{i}] {args.prompt[i]!r}\n{result.text}\n")
+        out.flush()
+        tps = (f", {result.decode_tokens_per_s:.3g} tok/s decode"
+               if result.decode_tokens_per_s else "")
+        label = "" if single else f"{i}: "
+        print(f"[{label}{len(result.token_ids)} tokens, finish_reason={result.finish_reason}"
+              f"{tps}]", file=err, flush=True)
+        shown.add(request_id)
+
+    while engine.has_unfinished():
+        report = engine.step()
+        for request_id in report.finished:
+            if request_id in index_of and request_id not in shown:
+                show(request_id)
+    for r in requests:                  # finished when queued (prompt too long, 0 tokens)
+        if r.request_id not in shown:
+            show(r.request_id)
+    return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
-
-    from . import Engine, load_model
-
-    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    warnings.formatwarning = _warning_line
     try:
-        model = load_model(args.model, dtype=dtype)
-        engine = Engine(model, backend=args.backend, max_slots=args.max_slots,
-                        max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
-                        kv_cache_bytes=None if args.kv_cache_mib is None
-                        else int(args.kv_cache_mib * 2**20))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"[{engine.describe()}]", file=sys.stderr)
-    many = len(args.prompt) > 1
-
-    def on_token(i, _token, piece):
-        if not many:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-
-    try:
-        results = engine.generate(args.prompt, max_new_tokens=args.max_new_tokens,
-                                  temperature=args.temperature, top_p=args.top_p,
-                                  seed=args.seed, chat=not args.no_chat, on_token=on_token)
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for i, r in enumerate(results):
-        if many:
-            print(f"--- [{i}] {args.prompt[i]!r}")
-            print(r.text)
-        else:
-            print()
-        tps = f", {r.decode_tokens_per_s:.1f} tok/s decode" if r.decode_tokens_per_s else ""
-        print(f"[{len(r.token_ids)} tokens, finish_reason={r.finish_reason}{tps}]",
-              file=sys.stderr)
-    return 0
+        return run(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\nerror: interrupted (Ctrl-C)", file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

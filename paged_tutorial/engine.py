@@ -189,7 +189,14 @@ class Engine:
                  kv_cache_bytes: int | None = None, max_slots: int = 2,
                  max_seq_len: int | None = None, device: str | None = None,
                  debug: bool | None = None, cuda_graphs: bool | None = None,
-                 allow_beyond_max_positions: bool = False, prefix_caching: bool = False):
+                 allow_beyond_max_positions: bool = False, prefix_caching: bool = False,
+                 cache_factory: Callable[[CacheConfig, torch.device], PagedKVCache]
+                 | None = None):
+        """``prefix_caching``: requests whose prompts begin with the same full blocks share
+        those blocks (``prefix_cache.PrefixCachingKVCache``).  ``cache_factory(cache_config,
+        device)`` builds the paged cache instead (a subclass with other allocation rules: the
+        puzzles of chapters 06 and 09); with ``prefix_caching=True`` it must build a
+        ``PrefixCachingKVCache``."""
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -221,9 +228,16 @@ class Engine:
         # the weights once, on the backend's device (the caller's CPU copy, if any, is theirs)
         self.model = model.to(self.backend.device)
         # with prefix caching, full prompt blocks are shared between requests (prefix_cache.py)
-        self.prefix_caching = prefix_caching
-        cache_class = PrefixCachingKVCache if prefix_caching else PagedKVCache
-        self.cache = cache_class(self.cache_config, self.backend.device)
+        if cache_factory is None:
+            cache_factory = PrefixCachingKVCache if prefix_caching else PagedKVCache
+        self.cache = cache_factory(self.cache_config, self.backend.device)
+        if not isinstance(self.cache, PagedKVCache) or self.cache.config != self.cache_config:
+            raise TypeError("cache_factory(cache_config, device) must return a PagedKVCache "
+                            "(or subclass) built from the cache_config it was given")
+        if prefix_caching and not isinstance(self.cache, PrefixCachingKVCache):
+            raise TypeError("prefix_caching=True needs a PrefixCachingKVCache: the "
+                            "cache_factory built a " + type(self.cache).__name__)
+        self.prefix_caching = isinstance(self.cache, PrefixCachingKVCache)
         self.scheduler = Scheduler(self.cache, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
         # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend
@@ -432,7 +446,11 @@ class Engine:
         for request_id in sorted(self._deferred_cancels):
             self.scheduler.finish(self._requests[request_id], "cancelled")
         self._deferred_cancels.clear()
-        batch = self.scheduler.schedule()
+        try:
+            batch = self.scheduler.schedule()
+        except BaseException:                # a cache listener raised: undo the admissions
+            self.scheduler.abort_schedule()
+            raise
         token_ids: list[int] = []
         if batch is None:
             report = StepReport(self.step_count, "idle", [], [], 0)
@@ -455,6 +473,7 @@ class Engine:
                 if self.record_logits:
                     report.logits = logits.detach().float().cpu()
         self.step_count += 1
+        self.scheduler.release_retired()     # last: a raising cache listener finds all done
         report.num_free_blocks = self.cache.num_free
         report.num_cached_blocks = self.cache.num_cached
         report.seconds = time.perf_counter() - t0

@@ -12,8 +12,9 @@
 
 Beyond the article, ``prefix_cache.PrefixCachingKVCache`` refines this class: full prompt
 blocks shared between requests, reference counts, cached blocks evicted least-recently-used.
-The hooks it overrides (``allocate_prompt``, ``_take_free_block``, ``blocks_available``,
-``release``, ``commit_step``, ``discard_uncommitted``) do the article's thing here.
+The hooks it overrides (``allocate_prompt``, ``can_allocate_prompt``, ``blocks_available``,
+``_take_free_block``, ``release``, ``commit_step``, ``discard_uncommitted``) do the article's
+thing here.
 
 The host copy is the truth.  The kernels read a device copy; instead of copying all entries
 after every change (the article copies the whole table each decode layer, TODO at
@@ -132,8 +133,10 @@ class PagedKVCache:
     def add_listener(self, listener: Callable[[BlockEvent], None]) -> None:
         """Call ``listener(event)`` for every change of a block's owners (a ``BlockEvent``: pops
         from and pushes to ``free_blocks``, and with prefix caching the sharing events), in the
-        order the cache does them.  Listeners observe; they must not
-        change the cache (an exception in one propagates to the caller of the change)."""
+        order the cache did them.  Events are delivered after the
+        operation that caused them has completed, so the cache is consistent when a listener
+        runs, and stays so if it raises (the exception then propagates to the caller).
+        Listeners observe; they must not change the cache or the engine."""
         if not callable(listener):
             raise TypeError(f"a listener must be callable, got {type(listener).__name__}")
         self._listeners.append(listener)
@@ -141,13 +144,15 @@ class PagedKVCache:
     def remove_listener(self, listener) -> None:
         self._listeners.remove(listener)
 
-    def _emit(self, kind: str, block: int, slot: int, layer: int, logical: int,
-              ref_count: int, key: int | None = None) -> None:
-        if self._listeners:
-            event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical),
-                               int(ref_count), key)
-            for listener in list(self._listeners):
-                listener(event)
+    def _notify(self, events: list[tuple]) -> None:
+        """Deliver the events of one completed operation to every listener.  An event is
+        (kind, block, slot, layer, logical_block, ref_count, key)."""
+        if self._listeners and events:
+            for kind, block, slot, layer, logical, ref_count, key in events:
+                event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical),
+                                   int(ref_count), key)
+                for listener in list(self._listeners):
+                    listener(event)
 
     @property
     def num_blocks(self) -> int:
@@ -199,6 +204,10 @@ class PagedKVCache:
         have = int((self.block_table[slot, 0] >= 0).sum())
         return max(0, self.config.blocks_for_tokens(new_len) - have) * self.config.num_layers
 
+    def can_grow(self, slot: int, new_len: int) -> bool:
+        """Whether ``ensure_capacity(slot, new_len)`` would find enough free blocks."""
+        return self.blocks_needed(slot, new_len) <= self.blocks_available()
+
     def ensure_capacity(self, slot: int, new_len: int) -> None:
         """Give ``slot`` physical blocks (every layer) for positions < new_len.  A block is
         popped only when a logical block is first needed (its entry is -1), as the article's
@@ -207,27 +216,38 @@ class PagedKVCache:
         if new_len > self.config.max_seq_len:
             raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
                              f"{self.config.max_seq_len}")
+        n_logical = self.config.blocks_for_tokens(new_len)
+        if n_logical == 0 or self.block_table[slot, 0, n_logical - 1] >= 0:
+            return          # most decode steps: the last block still has room (blocks are
+            #                 taken in logical order and all layers grow together)
         need = self.blocks_needed(slot, new_len)
         if need > self.blocks_available():
             raise CacheFullError(f"slot {slot} needs {need} blocks, {self.blocks_available()} "
                                  "available")
-        if need == 0:       # most decode steps: the last block still has room (all layers
-            return          # grow together, so layer 0 speaks for every layer)
-        n_logical = self.config.blocks_for_tokens(new_len)
+        events = []
+        self._grow(slot, n_logical, events)
+        self._notify(events)
+
+    def _grow(self, slot: int, n_logical: int, events: list) -> None:
+        """Fill the slot's -1 entries below ``n_logical`` (every layer) with blocks taken by
+        ``_take_free_block`` (the caller has checked that enough are available)."""
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
-            for logical in range(n_logical):
-                if row[logical] == -1:
-                    row[logical] = self._take_free_block(slot, layer, logical)
-                    self._dirty.add(self.flat_index(slot, layer, logical))
+            for logical in np.flatnonzero(row[:n_logical] == -1).tolist():
+                row[logical] = self._take_free_block(slot, layer, logical, events)
+                self._dirty.add(self.flat_index(slot, layer, logical))
 
-    def _take_free_block(self, slot: int, layer: int, logical: int) -> int:
-        """Pop the block for a new entry (the caller has checked that one is available)."""
+    def _take_free_block(self, slot: int, layer: int, logical: int, events: list) -> int:
+        """Pop the block for a new entry."""
         block = self.free_blocks.pop()
-        self._emit("pop", block, slot, layer, logical, 1)
+        events.append(("pop", block, slot, layer, logical, 1, None))
         return block
 
     # --- admission and step boundaries (prefix caching refines these) ----------------------
+    def can_allocate_prompt(self, slot: int, prompt_ids: list[int], new_len: int) -> bool:
+        """Whether ``allocate_prompt`` would find enough blocks now."""
+        return self.can_grow(slot, new_len)
+
     def allocate_prompt(self, slot: int, prompt_ids: list[int], new_len: int) -> int:
         """Give a slot that owns nothing its blocks for ``new_len`` tokens, the first of which
         are ``prompt_ids``.  Returns how many leading tokens are already in the cache (always 0
@@ -250,7 +270,7 @@ class PagedKVCache:
     def release(self, slot: int) -> list[int]:
         """Push every block the slot owns back to free_blocks and reset its entries to -1
         (``src/main.cpp:1018-1029``: layer by layer, logical block by logical block)."""
-        freed = []
+        freed, events = [], []
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
             for logical in np.flatnonzero(row >= 0):
@@ -259,7 +279,8 @@ class PagedKVCache:
                 self.free_blocks.append(block)
                 row[logical] = -1
                 self._dirty.add(self.flat_index(slot, layer, int(logical)))
-                self._emit("push", block, slot, layer, int(logical), 0)
+                events.append(("push", block, slot, layer, int(logical), 0, None))
+        self._notify(events)
         return freed
 
     # --- the device copy ----------------------------------------------------------------

@@ -63,24 +63,19 @@ class Llama:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.dtype = self.embed.dtype
 
-    def split_qkv(self, qkv: torch.Tensor):
-        """The q, k, v views of a QKV projection's output [T, q_dim + 2*kv_dim]: rows strided,
-        each row contiguous, so every backend op takes them without a copy."""
-        cfg, t = self.config, qkv.shape[0]
-        q_dim, kv_dim = cfg.q_dim, cfg.kv_dim
-        q = qkv[:, :q_dim].view(t, cfg.n_heads, cfg.head_dim)
-        k = qkv[:, q_dim:q_dim + kv_dim].view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, q_dim + kv_dim:].view(t, cfg.n_kv_heads, cfg.head_dim)
-        return q, k, v
-
     # ------------------------------------------------------------------------------------
-    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool):
+    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool, index: int,
+                        positions, slots, cache, block_table):
         b, cfg = self.backend, self.config
         if first:
             x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
         else:
             x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
-        return self.split_qkv(b.linear(x, layer.qkv))
+        # QKV projection, RoPE, K/V into the paged cache (one op: a backend may fuse it).
+        # q, k, v are views into the projection (rows strided, each row contiguous): every
+        # backend op accepts them, and three copy kernels per layer are saved
+        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, positions, self.cos, self.sin,
+                                   cache, block_table, index, slots)
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
         b, cfg = self.backend, self.config
@@ -91,9 +86,10 @@ class Llama:
 
     def _logits(self, h, residual, rows: torch.Tensor | None):
         b, cfg = self.backend, self.config
-        residual.add_(h)
-        last = residual if rows is None else residual[rows]
-        x = b.rms_norm(last.contiguous(), self.final_norm, cfg.rms_norm_eps)
+        if rows is not None:            # only the rows that need logits (prefill: last tokens)
+            h, residual = h[rows], residual[rows]
+        # the last residual add fused with the final norm: one kernel, as in every layer
+        x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
         return b.linear(x, self.lm_head).float()
 
     # ------------------------------------------------------------------------------------
@@ -111,8 +107,8 @@ class Llama:
         residual = b.embed(self.embed, token_ids)
         h = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._layer_prologue(layer, h, residual, first=(i == 0))
-            b.rope_write_kv(q, k, v, positions, self.cos, self.sin, cache, block_table, i, slots)
+            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, positions, slots,
+                                           cache, block_table)
             if prefill_context is not None:
                 context_lens, seq_slots = prefill_context
                 attn = b.prefill_attention_from_cache(q, cache, block_table, i,

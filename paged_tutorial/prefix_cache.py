@@ -72,20 +72,37 @@ class CachedPrefix:
     blocks: tuple[int, ...]              # physical block of each layer
     committed: bool = False              # False while the step computing it has not finished
 
-    def matches(self, tokens: tuple[int, ...], parent: "CachedPrefix | None") -> bool:
-        """The sharing rule's check on a hit: same tokens, after the same verified block."""
-        return self.tokens == tokens and self.parent is parent
+
+def may_share(found: CachedPrefix, tokens: tuple[int, ...], previous: CachedPrefix | None,
+              logical_block: int, n_tokens: int, BLOCK_SIZE: int) -> bool:
+    """The sharing rule.  The index returned ``found`` for the key of logical block
+    ``logical_block`` of a request's prompt; ``tokens`` are the request's own ids in that block,
+    ``previous`` the cached block it already shares for the block before (None for block 0),
+    ``n_tokens`` the tokens it has (its prompt, plus what it had generated if it is being
+    recomputed after a preemption).  It may use ``found``'s blocks if
+
+    - the block is not its last token's: at least one token is left to compute, because the
+      first generated token comes from the last token's logits;
+    - ``found`` holds exactly these tokens (a key is a hash: two contents can share one), and
+    - ``found`` was computed after exactly the block this request shares before it (so after
+      the same tokens all the way from the start: K/V depend on every earlier token)."""
+    return ((logical_block + 1) * BLOCK_SIZE < n_tokens
+            and found.tokens == tokens and found.parent is previous)
 
 
 class PrefixCachingKVCache(PagedKVCache):
     """The article's paged cache, with full prompt blocks shared between requests and kept
     after use (see the module docstring).  ``hash_fn(parent_key, tokens) -> int`` names a
-    block; replace it only for experiments (a constant one makes every block collide)."""
+    block; replace it only for experiments (a constant one makes every block collide).
+    ``share_rule`` has ``may_share``'s signature and decides each hit (chapter 09's puzzle
+    puts the reader's rule there)."""
 
     def __init__(self, config: CacheConfig, device: str | torch.device = "cpu",
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash):
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash,
+                 share_rule: Callable[..., bool] = may_share):
         super().__init__(config, device)
         self.hash_fn = hash_fn
+        self.share_rule = share_rule
         self.ref_counts = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
         self.index: dict[int, CachedPrefix] = {}          # key -> entry
         self.entry_of_block: dict[int, CachedPrefix] = {}  # physical block -> its entry
@@ -112,36 +129,44 @@ class PrefixCachingKVCache(PagedKVCache):
             keys.append(parent)
         return keys
 
-    def shareable_blocks(self, prompt_len: int, new_len: int) -> int:
-        """How many leading blocks of a prompt may come from the cache: full blocks of the
-        prompt only, and never all of the tokens (the last one must be computed)."""
-        return min(prompt_len // self.BLOCK_SIZE, (new_len - 1) // self.BLOCK_SIZE)
-
-    def _walk(self, token_ids, n_blocks: int):
-        """Follow the chain through the index: (entries matched from the start, whether the
-        walk stopped at a matching entry that is still pending)."""
-        bs, matched, parent_entry = self.BLOCK_SIZE, [], None
-        for j, key in enumerate(self.block_keys(token_ids, n_blocks)):
-            entry = self.index.get(key)
-            tokens = tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs])
-            if entry is None or not entry.matches(tokens, parent_entry):
-                return matched, False
-            if not entry.committed:
+    def _walk(self, prompt_ids, new_len: int):
+        """Follow the prompt's full blocks through the index while ``share_rule`` accepts what
+        each key finds: (entries matched from the start, whether the walk stopped at an
+        accepted entry that is still pending)."""
+        bs, matched, previous, key = self.BLOCK_SIZE, [], None, None
+        for j in range(len(prompt_ids) // bs):
+            tokens = tuple(int(t) for t in prompt_ids[j * bs:(j + 1) * bs])
+            key = self.hash_fn(key, tokens)
+            found = self.index.get(key)
+            if found is None or not self.share_rule(found, tokens, previous, j, new_len, bs):
+                break
+            if not found.committed:
                 return matched, True
-            matched.append(entry)
-            parent_entry = entry
+            matched.append(found)
+            previous = found
         return matched, False
 
     def match(self, prompt_ids, new_len: int | None = None) -> list[CachedPrefix]:
         """The cached entries a request with this prompt would share now, from its first
         block on (read-only).  ``new_len`` is the request's length (default: the prompt's)."""
-        new_len = len(prompt_ids) if new_len is None else new_len
-        return self._walk(prompt_ids, self.shareable_blocks(len(prompt_ids), new_len))[0]
+        return self._walk(prompt_ids, len(prompt_ids) if new_len is None else new_len)[0]
 
     def prefix_in_flight(self, prompt_ids, new_len: int) -> bool:
-        return self._walk(prompt_ids, self.shareable_blocks(len(prompt_ids), new_len))[1]
+        return self._walk(prompt_ids, new_len)[1]
 
     # --- allocation ------------------------------------------------------------------------
+    def _shortfall(self, matched: list[CachedPrefix], new_len: int) -> tuple[int, int]:
+        """(blocks a new request sharing ``matched`` must take, blocks it can take): the
+        cached entries it revives are no longer evictable room."""
+        n_layers = self.config.num_layers
+        need = (self.config.blocks_for_tokens(new_len) - len(matched)) * n_layers
+        revived = sum(1 for e in matched if e.key in self.lru) * n_layers
+        return need, self.blocks_available() - revived
+
+    def can_allocate_prompt(self, slot: int, prompt_ids, new_len: int) -> bool:
+        need, available = self._shortfall(self.match(prompt_ids, new_len), new_len)
+        return need <= available
+
     def allocate_prompt(self, slot: int, prompt_ids, new_len: int) -> int:
         """Point ``slot``'s first table entries at the cached blocks of its prompt's prefix,
         pop blocks for the rest (evicting unused cached blocks if ``free_blocks`` runs out),
@@ -153,22 +178,25 @@ class PrefixCachingKVCache(PagedKVCache):
         if new_len > self.config.max_seq_len:
             raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
                              f"{self.config.max_seq_len}")
-        n_layers = self.config.num_layers
         matched = self.match(prompt_ids, new_len)
-        need = (self.config.blocks_for_tokens(new_len) - len(matched)) * n_layers
-        revived = sum(1 for e in matched if e.key in self.lru) * n_layers
-        available = self.blocks_available() - revived
+        if len(matched) * self.BLOCK_SIZE >= new_len:
+            raise ValueError(f"the share rule found all {new_len} tokens of slot {slot} in the "
+                             "cache: at least the last one must be computed (its logits give "
+                             "the first generated token)")
+        need, available = self._shortfall(matched, new_len)
         if need > available:
             raise CacheFullError(f"slot {slot} needs {need} blocks, {available} available")
+        events = []
         for entry in matched:
-            self._attach(slot, entry)
-        self.ensure_capacity(slot, new_len)
+            self._attach(slot, entry, events)
+        self._grow(slot, self.config.blocks_for_tokens(new_len), events)
         self._register_prompt_blocks(slot, prompt_ids, len(matched),
-                                     matched[-1] if matched else None)
+                                     matched[-1] if matched else None, events)
         self.hit_tokens += len(matched) * self.BLOCK_SIZE
+        self._notify(events)
         return len(matched) * self.BLOCK_SIZE
 
-    def _attach(self, slot: int, entry: CachedPrefix) -> None:
+    def _attach(self, slot: int, entry: CachedPrefix, events: list) -> None:
         """Point (slot, every layer, entry.logical_block) at the entry's blocks."""
         kind = "reuse" if self.lru.pop(entry.key, None) is not None else "share"
         logical = entry.logical_block
@@ -176,10 +204,10 @@ class PrefixCachingKVCache(PagedKVCache):
             self.block_table[slot, layer, logical] = block
             self.ref_counts[block] += 1
             self._dirty.add(self.flat_index(slot, layer, logical))
-            self._emit(kind, block, slot, layer, logical, self.ref_counts[block], entry.key)
+            events.append((kind, block, slot, layer, logical, self.ref_counts[block], entry.key))
 
     def _register_prompt_blocks(self, slot: int, prompt_ids, first: int,
-                                parent: CachedPrefix | None) -> None:
+                                parent: CachedPrefix | None, events: list) -> None:
         """Make the slot's full prompt blocks from ``first`` on findable (pending until the
         step commits).  Stops at a key the index already holds: that block stays private (a
         prompt of whole blocks recomputing its last one, or a hash collision)."""
@@ -195,19 +223,20 @@ class PrefixCachingKVCache(PagedKVCache):
             self.index[entry.key] = entry
             for layer, block in enumerate(blocks):
                 self.entry_of_block[block] = entry
-                self._emit("register", block, slot, layer, j, self.ref_counts[block], entry.key)
+                events.append(("register", block, slot, layer, j, self.ref_counts[block],
+                               entry.key))
             self._pending.append(entry)
             parent = entry
 
-    def _take_free_block(self, slot: int, layer: int, logical: int) -> int:
+    def _take_free_block(self, slot: int, layer: int, logical: int, events: list) -> int:
         if not self.free_blocks:
-            self._evict_one()
+            self._evict_one(events)
         block = self.free_blocks.pop()
         self.ref_counts[block] = 1
-        self._emit("pop", block, slot, layer, logical, 1)
+        events.append(("pop", block, slot, layer, logical, 1, None))
         return block
 
-    def _evict_one(self) -> None:
+    def _evict_one(self, events: list) -> None:
         """Drop the least recently used unused entry; its blocks go back to ``free_blocks``
         (the last layer's first, so that the next pops give layer 0 its old block)."""
         _, entry = self.lru.popitem(last=False)
@@ -216,16 +245,17 @@ class PrefixCachingKVCache(PagedKVCache):
         for layer in reversed(range(len(entry.blocks))):
             block = entry.blocks[layer]
             self.free_blocks.append(block)
-            self._emit("evict", block, -1, layer, entry.logical_block, 0, entry.key)
+            events.append(("evict", block, -1, layer, entry.logical_block, 0, entry.key))
 
     def evict_unused(self) -> int:
         """Evict every cached block nobody uses (oldest first), as if allocations had needed
         them all (vLLM's ``reset_prefix_cache``); returns how many blocks went back to
         ``free_blocks``.  Blocks in use keep their prefix."""
-        n = 0
+        n, events = 0, []
         while self.lru:
             n += len(self.lru[next(iter(self.lru))].blocks)
-            self._evict_one()
+            self._evict_one(events)
+        self._notify(events)
         return n
 
     def _forget(self, entry: CachedPrefix) -> None:
@@ -240,7 +270,7 @@ class PrefixCachingKVCache(PagedKVCache):
         ``free_blocks``.  Logical blocks are walked from the last to the first, so that the
         end of a prefix is evicted before its beginning.  Returns the blocks pushed to
         ``free_blocks``."""
-        freed = []
+        freed, events = [], []
         rows = self.block_table[slot]
         owned = np.flatnonzero((rows >= 0).any(axis=0))
         for logical in owned[::-1]:
@@ -255,18 +285,19 @@ class PrefixCachingKVCache(PagedKVCache):
                 count = int(self.ref_counts[block])
                 entry = self.entry_of_block.get(block)
                 if count > 0:
-                    self._emit("unshare", block, slot, layer, logical, count,
-                               entry.key if entry else None)
+                    events.append(("unshare", block, slot, layer, logical, count,
+                                   entry.key if entry else None))
                 elif entry is not None and entry.committed:
-                    self._emit("cache", block, slot, layer, logical, 0, entry.key)
+                    events.append(("cache", block, slot, layer, logical, 0, entry.key))
                     if layer == len(entry.blocks) - 1:
                         self.lru[entry.key] = entry
                 else:
                     if entry is not None:          # pending: its K/V may be incomplete
-                        self._drop_pending(entry)
+                        self._drop_pending(entry, events)
                     self.free_blocks.append(block)
                     freed.append(block)
-                    self._emit("push", block, slot, layer, logical, 0)
+                    events.append(("push", block, slot, layer, logical, 0, None))
+        self._notify(events)
         return freed
 
     # --- step boundaries -------------------------------------------------------------------
@@ -276,17 +307,19 @@ class PrefixCachingKVCache(PagedKVCache):
         self._pending.clear()
 
     def discard_uncommitted(self) -> None:
+        events = []
         for entry in list(self._pending):
-            self._drop_pending(entry)
+            self._drop_pending(entry, events)
+        self._notify(events)
 
-    def _drop_pending(self, entry: CachedPrefix) -> None:
+    def _drop_pending(self, entry: CachedPrefix, events: list) -> None:
         if self.index.get(entry.key) is not entry:
             return
         self._forget(entry)
         self._pending.remove(entry)
         for layer, block in enumerate(entry.blocks):
-            self._emit("unregister", block, -1, layer, entry.logical_block,
-                       self.ref_counts[block], entry.key)
+            events.append(("unregister", block, -1, layer, entry.logical_block,
+                           self.ref_counts[block], entry.key))
 
     # --- invariants ------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -40,6 +40,8 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         """Tokens the model computes this step (K/V written for each)."""
+        if self.kind == "decode":
+            return len(self.requests)
         return sum(r.total_len - r.num_cached for r in self.requests)
 
 
@@ -53,6 +55,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []          # in admission order
         self.free_slots: list[int] = list(range(max_slots - 1, -1, -1))   # pop() gives slot 0 first
+        self._admitting: list[Request] = []       # admitted by the schedule() in progress
+        self._to_release: list[int] = []          # slots of retired requests, blocks not freed
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -65,7 +69,12 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """Admit what fits and prefill it; otherwise decode every running request (preempting
-        while blocks run short).  None when there is nothing to run."""
+        while blocks run short).  None when there is nothing to run.
+
+        Every change is complete before the cache reports it to its listeners, so if a
+        listener raises, the state is consistent and ``abort_schedule`` undoes the admissions
+        of this call."""
+        self._admitting = []
         admitted = self._admit()
         if admitted:
             return ScheduledBatch("prefill", admitted)
@@ -84,25 +93,54 @@ class Scheduler:
         ``num_cached`` starts there, so only the rest is computed), and a request whose prefix
         a request admitted in this very step is computing waits one step to find it cached
         instead of computing it a second time."""
-        admitted = []
+        admitted = self._admitting
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             slot = self.free_slots[-1]
             if admitted and self.cache.prefix_in_flight(request.prompt_ids, request.total_len):
                 break
-            try:
-                cached = self.cache.allocate_prompt(slot, request.prompt_ids, request.total_len)
-            except CacheFullError:
+            if not self.cache.can_allocate_prompt(slot, request.prompt_ids, request.total_len):
                 break
             self.waiting.popleft()
             self.free_slots.pop()
             request.slot, request.status = slot, Status.RUNNING
-            request.num_cached = cached
-            if request.num_cached_tokens is None:        # the first admission's count
-                request.num_cached_tokens = cached
             self.running.append(request)
             admitted.append(request)
+            try:
+                request.num_cached = self.cache.allocate_prompt(slot, request.prompt_ids,
+                                                                request.total_len)
+                if request.num_cached_tokens is None:      # the first admission's count
+                    request.num_cached_tokens = request.num_cached
+            except CacheFullError:      # a cache with its own rules (a subclass) disagreed
+                admitted.pop()
+                self.running.pop()
+                self.free_slots.append(slot)
+                request.slot, request.status = None, Status.WAITING
+                self.waiting.appendleft(request)
+                break
         return admitted
+
+    def abort_schedule(self) -> None:
+        """``schedule()`` raised (a cache listener did): put the requests it admitted back at
+        the head of the queue, as if it had not run."""
+        admitted, self._admitting = self._admitting, []
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(admitted, count=False)
+
+    def _undo(self, requests: list[Request], count: bool) -> None:
+        """Preempt these requests (in reverse, so that they wait at the head of the queue in
+        their order), all of them even if a cache listener raises on the way."""
+        first = None
+        for request in reversed(requests):
+            if request.status is Status.RUNNING:
+                try:
+                    self.preempt(request, count=count)
+                except BaseException as exc:      # noqa: BLE001 - re-raised below
+                    first = first or exc
+        if first is not None:
+            raise first
 
     def _reserve_decode_blocks(self) -> list[Request]:
         """Give every running request room for the token it writes this step, preempting the
@@ -123,7 +161,9 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Request]:
         """Commit a step that ran: every request of the batch now has all its tokens cached,
-        gains its sampled token and finishes if it should.  Returns the finished requests."""
+        gains its sampled token and is retired if it should stop.  Returns the finished
+        requests; their blocks go back in ``release_retired()``, once the engine has
+        recorded the step (so a cache listener that raises cannot cut a commit in half)."""
         self.cache.commit_step()
         finished = []
         now = time.perf_counter()
@@ -134,7 +174,7 @@ class Scheduler:
                 request.first_token_time = now
             reason = self.stop_reason(request)
             if reason is not None:
-                self.finish(request, reason)
+                self._retire(request, reason)
                 finished.append(request)
         return finished
 
@@ -153,35 +193,56 @@ class Scheduler:
         so that they wait at the head of the queue in their original order).  What the model
         wrote into their blocks is discarded with the blocks (prefix blocks registered for this
         step are forgotten first: their K/V may be incomplete); nothing was appended."""
-        self.cache.discard_uncommitted()
-        for request in reversed(batch.requests):
-            if request.status is Status.RUNNING:
-                self.preempt(request)
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(batch.requests, count=True)
 
     # --- preemption and retirement ---------------------------------------------------------
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: Request, count: bool = True) -> None:
+        """Free the request's blocks and slot and requeue it at the head (recomputed later).
+        The cache is released last: its listeners then see a consistent scheduler."""
+        slot = request.slot
         self.running.remove(request)
-        self.cache.release(request.slot)
-        self.free_slots.append(request.slot)
+        self.free_slots.append(slot)
         request.slot, request.status = None, Status.WAITING
         request.num_cached = 0
-        request.num_preemptions += 1
+        request.num_preemptions += int(count)
         self.waiting.appendleft(request)
+        self.cache.release(slot)
 
     def finish(self, request: Request, reason: str) -> None:
-        """Retire a request: release its blocks and slot at once (also used by cancel)."""
+        """Retire a request and release its blocks and slot at once (also used by cancel)."""
+        self._retire(request, reason)
+        self.release_retired()
+
+    def _retire(self, request: Request, reason: str) -> None:
+        """Mark a request finished and free its slot; its blocks wait in ``_to_release``."""
         if request.status is Status.FINISHED:
             return
         if request.status is Status.RUNNING:
             self.running.remove(request)
-            self.cache.release(request.slot)
             self.free_slots.append(request.slot)
+            self._to_release.append(request.slot)
             request.slot = None
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = Status.FINISHED
         request.finish_reason = reason
         request.finish_time = time.perf_counter()
+
+    def release_retired(self) -> None:
+        """Push the blocks of retired requests back to ``free_blocks`` (every slot is released
+        even if a cache listener raises; the first such exception is re-raised after)."""
+        first = None
+        while self._to_release:
+            slot = self._to_release.pop(0)
+            try:
+                self.cache.release(slot)
+            except BaseException as exc:          # noqa: BLE001 - re-raised below
+                first = first or exc
+        if first is not None:
+            raise first
 
     # --- invariants -----------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -197,5 +258,6 @@ class Scheduler:
         if any(r.slot is not None or r.status is not Status.WAITING for r in self.waiting):
             raise AssertionError("a waiting request holds a slot or is not WAITING")
         for slot in range(self.max_slots):
-            if slot in self.free_slots and self.cache.blocks_owned(slot):
+            if slot in self.free_slots and slot not in self._to_release and \
+                    self.cache.blocks_owned(slot):
                 raise AssertionError(f"free slot {slot} still owns blocks")

@@ -9,8 +9,13 @@ Two on-disk formats are understood:
   llama.cpp's converter reorders each head's rows so its RoPE can rotate adjacent pairs, while
   HF (and this engine) rotate the two halves of a head.
 
-Both loaders end in :func:`check_weights`, so a config that does not match its weights fails
-with the tensor's name and both shapes instead of a shape error deep inside a matmul.
+Both loaders check shapes with :func:`check_weights` from the file headers *before* reading any
+data, so a config that does not match its weights fails at once, with the tensor's name and
+both shapes, instead of a shape error deep inside a matmul.
+
+Both read tensor by tensor and put each one on the target ``device`` in the target dtype before
+reading the next: loading Llama-3.2-1B in bfloat16 onto a GPU holds one tensor at a time in host
+memory, never a second copy of the model.  ``progress=True`` shows a tqdm bar (on stderr).
 """
 
 from __future__ import annotations
@@ -39,6 +44,33 @@ LAYER_TENSORS = (
 )
 # Saved by some older checkpoints; a buffer recomputed from the config, never a weight.
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def progress_bar(total: int, label: str, enabled: bool):
+    """A tqdm bar over ``total`` tensors on stderr when ``enabled``, else a silent stand-in
+    with the same ``update`` / ``close`` methods."""
+    if enabled:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=label, unit="tensor", leave=False, dynamic_ncols=True)
+
+    class _Silent:
+        def update(self, n=1):
+            pass
+
+        def close(self):
+            pass
+
+    return _Silent()
+
+
+def place_tensor(tensor: torch.Tensor, torch_dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` in ``torch_dtype``.  To a GPU, the copy goes first and the
+    conversion runs there (the host holds only the tensor as read from the file)."""
+    if device.type == "cpu":
+        return tensor.to(torch_dtype)
+    return tensor.to(device).to(torch_dtype)
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -187,36 +219,76 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def read_safetensors_file(path: Path, torch_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """All tensors of one safetensors file, each converted to ``torch_dtype``."""
+def _safetensors_error(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({exc}): it is truncated or "
+                      "corrupt; re-download it")
+
+
+def read_safetensors_file(path: Path, torch_dtype: torch.dtype,
+                          device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file, each converted to ``torch_dtype`` on ``device``."""
+    return read_safetensors_files([path], torch_dtype, device)
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the file headers only (no tensor data is read)."""
     from safetensors import SafetensorError, safe_open
 
+    shapes = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if not name.endswith(IGNORED_TENSOR_SUFFIXES):
+                        shapes[name] = tuple(f.get_slice(name).get_shape())
+        except SafetensorError as exc:
+            raise _safetensors_error(path, exc) from exc
+    return shapes
+
+
+def read_safetensors_files(files: list[Path], torch_dtype: torch.dtype,
+                           device: str | torch.device = "cpu", progress: bool = False,
+                           total: int | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of ``files``, read one at a time and placed on ``device`` as ``torch_dtype``
+    (see :func:`place_tensor`)."""
+    from safetensors import SafetensorError, safe_open
+
+    device = torch.device(device)
+    label = f"loading {files[0].parent.name or files[0].name}" if files else "loading"
+    bar = progress_bar(total if total is not None else 0, label, progress)
     tensors = {}
     try:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if name.endswith(IGNORED_TENSOR_SUFFIXES):
-                    continue
-                tensors[name] = f.get_tensor(name).to(torch_dtype)
-    except SafetensorError as exc:
-        raise ValueError(
-            f"{path} is not a readable safetensors file ({exc}): it is truncated or corrupt; "
-            "re-download it") from exc
+        for path in files:
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for name in f.keys():
+                        if name.endswith(IGNORED_TENSOR_SUFFIXES):
+                            continue
+                        tensors[name] = place_tensor(f.get_tensor(name), torch_dtype, device)
+                        bar.update()
+            except SafetensorError as exc:
+                raise _safetensors_error(path, exc) from exc
+    finally:
+        bar.close()
     return tensors
 
 
-def load_safetensors_folder(path, dtype: str = "bfloat16"
+def load_safetensors_folder(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
+                            progress: bool = False
                             ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and weights (HF names, converted to ``dtype``) of a Hugging Face model folder.
+    """Config and weights (HF names, converted to ``dtype``, on ``device``) of a Hugging Face
+    model folder.  Shapes are checked from the headers before any data is read.
 
     A tied model (no ``lm_head.weight``) stays tied: the engine reuses the embedding."""
     folder = Path(path).expanduser()
     torch_dtype = getattr(torch, check_dtype(dtype))
     _require_folder(folder)
     config = read_hf_config(folder)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(folder):
-        tensors.update(read_safetensors_file(file, torch_dtype))
+    files = safetensors_files(folder)
+    shapes = safetensors_shapes(files)
+    check_weights(config, {name: torch.empty(shape, device="meta")
+                           for name, shape in shapes.items()})
+    tensors = read_safetensors_files(files, torch_dtype, device, progress, total=len(shapes))
     check_weights(config, tensors)
     return config, tensors
 
@@ -450,10 +522,12 @@ def _gguf_tensors_by_hf_name(reader, path: Path) -> dict[str, Any]:
     return by_name
 
 
-def load_gguf(path, dtype: str = "bfloat16"
+def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
+              progress: bool = False
               ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """Config, dequantized weights (HF names and layout, in ``dtype``) and the GGUF metadata
-    (which holds the tokenizer: ``tokenizer.ggml.*``, ``tokenizer.chat_template``)."""
+    """Config, dequantized weights (HF names and layout, in ``dtype``, on ``device``) and the
+    GGUF metadata (which holds the tokenizer: ``tokenizer.ggml.*``, ``tokenizer.chat_template``).
+    Tensors are dequantized one at a time on the CPU and placed on ``device`` before the next."""
     path = Path(path).expanduser()
     torch_dtype = getattr(torch, check_dtype(dtype))
     if not path.is_file():
@@ -470,8 +544,15 @@ def load_gguf(path, dtype: str = "bfloat16"
     # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
     check_weights(config, {name: torch.empty(_gguf_shape(t), device="meta")
                            for name, t in gguf_tensors.items()})
-    tensors = {name: _gguf_to_hf_tensor(name, t, config).to(torch_dtype)
-               for name, t in gguf_tensors.items()}
+    device = torch.device(device)
+    bar = progress_bar(len(gguf_tensors), f"loading {path.name}", progress)
+    tensors = {}
+    try:
+        for name, t in gguf_tensors.items():
+            tensors[name] = place_tensor(_gguf_to_hf_tensor(name, t, config), torch_dtype, device)
+            bar.update()
+    finally:
+        bar.close()
     return config, tensors, meta
 
 

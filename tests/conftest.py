@@ -4,17 +4,34 @@ SmolLM2 model (loaded once per session)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-# Kernel tests run in Numba's CUDA simulator when no GPU is visible; decide before numba.cuda
-# is imported anywhere in this process (pytest imports this file before any test module, so
-# this is the one place the test suite makes that choice).
-if not torch.cuda.is_available():
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# Simulator or GPU: the one place the test suite decides.  pytest imports this file before any
+# test module, so importing the backend package here applies the package's own rule
+# (``ensure_simulator_decided``: Numba's CUDA simulator when no CUDA GPU is visible and
+# NUMBA_ENABLE_CUDASIM is unset) before anything else imports numba.cuda.  Test modules read
+# the outcome (``SIMULATING``) and never decide again.
+from paged_tutorial.backends.numba_cuda import SIMULATING  # noqa: E402
+
+GPU_SKIP_REASON = ("needs a CUDA GPU: this process runs Numba's CUDA simulator (no GPU was "
+                   "visible, or NUMBA_ENABLE_CUDASIM=1)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: runs the real kernels at full model size; needs a "
+                                       "CUDA GPU (skipped, with the reason, in the simulator)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if SIMULATING:
+        skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
 
 TINY_CONFIGS = {
     # name: (LlamaConfig kwargs, config.json spelling)

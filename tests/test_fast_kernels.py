@@ -6,6 +6,9 @@ these checks at full size on the GPU before timing anything.
   logical block, split-KV merged by the last block) against a float32 oracle, with one and
   several splits, sequence lengths that end mid-block and empty splits.
 - ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``.
+- the 16-byte bf16 kernels (norms, SwiGLU, embedding): bit for bit against the scalar ones
+  (``NumbaBackend(vector=False)``); the GEMV against float32 products; the greedy sampler
+  split over several blocks against ``sample_reference``; the launch glue.
 - ``prefill_sdpa``: torch SDPA prefill against the torch backend.
 - ``triton_attention``: only where Triton can run (a GPU, or TRITON_INTERPRET=1).
 - ``cuda_graphs``: the bucket arithmetic (capture itself needs a GPU).
@@ -162,6 +165,7 @@ def test_rope_write_kv_fused_is_bit_exact(nb, dtype):
     other = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=nb.device)
     other.buffer.copy_(cache.buffer)
     other.block_table[...] = cache.block_table
+    other.mark_table_changed()      # a hand edit: on a GPU the device copy must hear of it
     slots = torch.tensor([2] * 5 + [0] * 3, dtype=torch.int32).to(nb.device)
     positions = torch.tensor([25, 26, 27, 28, 29, 15, 16, 17], dtype=torch.int32).to(nb.device)
     qkv = torch.randn(8, (n_q + 2 * n_kv) * head_dim, generator=g).to(dt).to(nb.device)
@@ -227,3 +231,139 @@ def test_graph_buckets():
     assert default_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert default_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
     assert np.all(np.diff(default_buckets(256)) > 0)
+
+
+# --- 16-byte bf16 kernels, GEMV, split greedy sampling, launch glue ----------------------------
+
+def bits16(t):
+    return t.detach().cpu().view(torch.int16)
+
+
+def ulps(a, b):
+    """max |a - b| / (1e-2 |b| + 1e-3): <= 1 is one or two bf16 roundings apart."""
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float(((a - b).abs() / (1e-2 * b.abs() + 1e-3)).max())
+
+
+def test_vector_kernels_match_scalar_ones(nb):
+    """The 16-byte kernels against the scalar ones, on strided rows as the engine passes
+    them: elementwise ops bit for bit (same rounding, element for element), norms within one
+    rounding."""
+    scalar = NumbaBackend(vector=False)
+    g = gen(21)
+    bf = torch.bfloat16
+    dev = nb.device
+    hidden = 320                                  # 40 chunks: more than one per simulated thread
+    x = (torch.randn(3, hidden, generator=g) * 3).to(bf).to(dev)
+    w = torch.randn(hidden, generator=g).to(bf).to(dev)
+    wide = torch.randn(3, 2 * hidden, generator=g).to(bf).to(dev)
+    strided = wide[:, hidden:]                    # rows 2 * hidden apart, like o_proj's input
+    assert nb._vec_rows(x, w) and nb._vec_rows(strided)
+    # norms: the sum of squares is added in another order (8 elements per thread), so the
+    # outputs may differ from the scalar kernel's by one rounding; the residual is exact
+    assert ulps(nb.rms_norm(x, w, 1e-5), scalar.rms_norm(x, w, 1e-5)) <= 1
+    assert ulps(nb.rms_norm(x, w, 1e-5),
+                TorchBackend("cpu").rms_norm(x.cpu(), w.cpu(), 1e-5).to(dev)) <= 1
+    r1, r2 = x.clone(), x.clone()
+    a = nb.add_rms_norm(strided, r1, w, 1e-5)
+    b = scalar.add_rms_norm(strided, r2, w, 1e-5)
+    assert ulps(a, b) <= 1 and torch.equal(bits16(r1), bits16(r2))
+    gate_up = (torch.randn(3, 2 * 48, generator=g) * 3).to(bf).to(dev)
+    assert torch.equal(bits16(nb.silu_mul(gate_up)), bits16(scalar.silu_mul(gate_up)))
+    table = torch.randn(20, hidden, generator=g).to(bf).to(dev)
+    ids = torch.tensor([19, 0, 7], dtype=torch.int32).to(dev)
+    assert torch.equal(bits16(nb.embed(table, ids)), bits16(table[ids.long()]))
+    # a view that is not 16-byte aligned falls back to the scalar kernels, same results
+    odd = wide[:, 1:hidden + 1]
+    assert not nb._vec_rows(odd) and nb._vec_rows(odd.contiguous())
+
+
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_gemv_matches_float32_products(n_rows):
+    from paged_tutorial.backends.numba_cuda import gemv
+
+    nb = NumbaBackend(gemv=True)
+    g = gen(30 + n_rows)
+    k = 8 * (32 * gemv.UNROLL + 1)                # rows split over 2 warps (k_split), a tail
+    assert gemv.k_split(k) == 2
+    x_wide = torch.randn(n_rows, 2 * k, generator=g).to(torch.bfloat16).to(nb.device)
+    x = x_wide[:, :k]                             # strided rows
+    w = torch.randn(3, k, generator=g).to(torch.bfloat16).to(nb.device)
+    y = nb.linear(x, w)
+    assert y.dtype == torch.bfloat16 and y.shape == (n_rows, w.shape[0])
+    want = x.float().cpu() @ w.float().cpu().T
+    assert rel_err(y, want) < 4e-3                # one bf16 rounding of float32 sums
+    assert not NumbaBackend(gemv=False).gemv
+
+
+def test_greedy_sampling_split_over_blocks(nb):
+    from paged_tutorial.backends.numba_cuda import sampling
+    from paged_tutorial.sampling import sample_reference
+
+    g = gen(40)
+    vocab = 700
+    logits = torch.randn(4, vocab, generator=g) * 3
+    logits[0, 650] = logits[0, 20] = 50.0         # a tie across the parts: the first id wins
+    logits[1, 699] = 60.0                         # the winner in the last part
+    logits[2, 5] = float("nan")                   # NaN counts as the largest, like argmax
+    temperature = torch.zeros(4)
+    got = nb.sample(logits.to(nb.device), temperature.to(nb.device),
+                    torch.ones(4).to(nb.device), torch.rand(4, generator=g).to(nb.device))
+    assert sampling.greedy_parts(4) > 1
+    assert got.cpu().tolist() == [20, 699, 5, int(logits[3].argmax())]
+    assert got.cpu().tolist() == sample_reference(logits, temperature, torch.ones(4),
+                                                  torch.zeros(4)).tolist()
+    tickets = launch_module().persistent_buffer(nb.device, "sample.tickets", 4, torch.int32)
+    assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
+
+
+def launch_module():
+    from paged_tutorial.backends.numba_cuda import launch
+
+    return launch
+
+
+def test_launch_glue_rows_words_and_buffers(nb):
+    launch = launch_module()
+    t = torch.zeros(3, 16, dtype=torch.bfloat16).to(nb.device)
+    _, stride = launch.rows(t[:, :8], "t", words=True)
+    assert stride == 8                            # 16 bf16 = 8 words between rows
+    with pytest.raises(ValueError, match="row must be contiguous"):
+        launch.rows(t.t(), "t")
+    with pytest.raises(ValueError, match="word view"):
+        launch.rows(t[:, 1:4], "t", words=True)
+    a = launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32, zero=True)
+    assert launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32) is a
+    b = launch.persistent_buffer(nb.device, "test.grow", a.numel() + 1, torch.int32, zero=True)
+    assert b.numel() > a.numel() and int(b.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n_tokens", [1, 2])
+def test_fused_qkv_rope_write_kv_matches_the_separate_ops(n_tokens):
+    """gemv.qkv_rope_write_kv_kernel against the GEMV, then rope_write_kv: the same bits in
+    q, k, v and in the cache (one kernel instead of two per layer at decode)."""
+    fused = NumbaBackend(gemv=True)
+    separate = NumbaBackend(gemv=True, fuse_qkv=False)
+    g = gen(50 + n_tokens)
+    n_q, n_kv, d, hidden = 4, 2, 16, 64
+    cache = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    assign(g, cache, {1: 20, 3: 9})
+    other = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    other.buffer.copy_(cache.buffer)
+    other.block_table[...] = cache.block_table
+    other.mark_table_changed()
+    slots = torch.tensor([1, 3][:n_tokens], dtype=torch.int32).to(fused.device)
+    positions = torch.tensor([19, 8][:n_tokens], dtype=torch.int32).to(fused.device)
+    x = torch.randn(n_tokens, hidden, generator=g).to(torch.bfloat16).to(fused.device)
+    w = (torch.randn((n_q + 2 * n_kv) * d, hidden, generator=g) * 0.2).to(torch.bfloat16)
+    cos = torch.rand(32, d // 2, generator=g).to(fused.device)
+    sin = torch.rand(32, d // 2, generator=g).to(fused.device)
+    got = fused.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, cache,
+                                  cache.device_block_table(), 1, slots)
+    want = separate.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, other,
+                                      other.device_block_table(), 1, slots)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(bits16(a), bits16(b))
+    assert torch.equal(bits16(cache.buffer), bits16(other.buffer))
+    assert not torch.equal(bits16(cache.buffer), bits16(make_cache(
+        gen(50 + n_tokens), "bfloat16", n_kv=n_kv, head_dim=d).buffer)), "the cache was written"

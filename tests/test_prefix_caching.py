@@ -18,7 +18,7 @@ import paged_tutorial as pt
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
 from paged_tutorial.kv_cache import EVENT_KINDS
-from paged_tutorial.prefix_cache import PrefixCachingKVCache, chain_hash
+from paged_tutorial.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -90,11 +90,12 @@ def assert_idle(engine):
     assert not sets["owned"] and (engine.cache.block_table == -1).all()
 
 
-def small_cache(num_blocks=16, layers=2, slots=3, hash_fn=chain_hash, max_seq_len=64):
+def small_cache(num_blocks=16, layers=2, slots=3, hash_fn=chain_hash, max_seq_len=64,
+                share_rule=may_share):
     config = CacheConfig(num_layers=layers, num_kv_heads=1, head_dim=8, dtype="float32",
                          kv_cache_bytes=num_blocks * 2 * BS * 8 * 4, max_slots=slots,
                          max_seq_len=max_seq_len)
-    cache = PrefixCachingKVCache(config, hash_fn=hash_fn)
+    cache = PrefixCachingKVCache(config, hash_fn=hash_fn, share_rule=share_rule)
     events = []
     cache.add_listener(events.append)
     return cache, events
@@ -214,6 +215,16 @@ def test_allocation_that_does_not_fit_changes_nothing():
         cache.allocate_prompt(1, a[:32] + list(range(50, 83)), 65)    # 3 new: 6 > 8 - 4
     assert cache.num_cached == 4 and not cache.blocks_owned(1)
     assert cache.allocate_prompt(1, a[:32] + list(range(50, 77)), 59) == 32
+    accounting(cache)
+
+
+def test_a_rule_that_would_leave_nothing_to_compute_is_refused():
+    cache, _ = small_cache(share_rule=lambda *args: True)
+    a = list(range(1, 33))
+    cache.allocate_prompt(0, a, 32)
+    cache.commit_step()
+    with pytest.raises(ValueError, match="at least the last one must be computed"):
+        cache.allocate_prompt(1, a, 32)
     accounting(cache)
 
 

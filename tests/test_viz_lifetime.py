@@ -135,5 +135,17 @@ def test_recorder_watches_generate():
     assert sum(len(s.popped) for s in steps) == sum(len(s.pushed) for s in steps)
     recorder.close()
     assert type(engine.cache.free_blocks) is list
-    with pytest.raises(RuntimeError, match="replaced"):
+    with pytest.raises(RuntimeError, match="closed"):
         recorder.step()
+
+
+def test_table_and_free_list_figure_marks_differences():
+    import matplotlib.pyplot as plt
+
+    mine = np.array([[[3, -1], [2, -1]]])
+    article = np.array([[[3, -1], [1, -1]]])
+    fig = lifetime.plot_table_and_free_list(mine, [0, 1, 4], article, [0, 2, 4], title="step 3")
+    tables = [ax for ax in fig.axes if ax.get_title().startswith("block table")]
+    img = tables[0].images[0].get_array()
+    assert not np.allclose(img[0, 0], img[1, 0])        # the differing entry is marked
+    plt.close(fig)

@@ -70,6 +70,24 @@ class Backend(abc.ABC):
         self.rope(q, k, positions, cos, sin)
         self.write_kv(cache, k, v, block_table, layer, slots, positions)
 
+    def qkv_rope_write_kv(self, x: torch.Tensor, qkv_weight: torch.Tensor, n_q_heads: int,
+                          positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                          block_table: torch.Tensor, layer: int, slots: torch.Tensor):
+        """The start of every layer after its norm: ``linear(x, qkv_weight)`` (weight rows: the
+        q heads, then the k heads, then the v heads), then ``rope_write_kv`` on the q, k, v
+        views of that projection.  Returns (q [T, nH, D], k [T, nKV, D], v [T, nKV, D]), views
+        of one [T, (nH + 2 nKV) D] tensor, q and k rotated.  A backend may fuse it (the numba
+        backend does, for decode); the result must be the same."""
+        qkv = self.linear(x, qkv_weight)
+        c = cache.config
+        t, d = qkv.shape[0], c.head_dim
+        q_dim = n_q_heads * d
+        q = qkv[:, :q_dim].view(t, n_q_heads, d)
+        k = qkv[:, q_dim:q_dim + c.KV_DIM].view(t, c.num_kv_heads, d)
+        v = qkv[:, q_dim + c.KV_DIM:].view(t, c.num_kv_heads, d)
+        self.rope_write_kv(q, k, v, positions, cos, sin, cache, block_table, layer, slots)
+        return q, k, v
+
     @abc.abstractmethod
     def write_kv(self, cache, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
                  layer: int, slots: torch.Tensor, positions: torch.Tensor) -> None:

@@ -1,66 +1,37 @@
-"""Exercises at the end of each notebook, checked by ``check(name, answer)``.
+"""Exercises and puzzles of the notebooks, behind one checker.
 
-Each chapter module ``chNN.py`` defines ``CHECKS = {"NN.short_name": checker}``.  A checker
-takes the reader's answer, computes the right one from the package itself (never a stored
-literal where the package can compute it), and returns ``(ok, message)``; ``check`` prints a
-one-line verdict, so a notebook's stored output stays the same for a correct answer.
+    import paged_tutorial as pt
+    import paged_tutorial.exercises
+    pt.exercises.names()                         # every exercise and puzzle, e.g. "03.k_index"
+    pt.exercises.check("05.q_index", 581)        # prints a verdict, returns True / False
+    pt.exercises.reveal("05.q_index")            # the worked solution (a value or a function)
+    print(pt.exercises.puzzle("03.k_index").describe())   # a puzzle's signature and hint
+
+*Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
+and answers are compared without coercion (``answers.py``: a float or a string for an integer
+is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
+lists element by element).  *Puzzles* (``paged_tutorial.puzzles``) ask for a function that the
+grader runs inside the article's kernel or a real engine.  Worked solutions live in
+``solutions.py``, never in the notebooks.
 """
 
 from __future__ import annotations
 
-import importlib
-import numbers
-import pkgutil
-
-_CHECKS: dict = {}
-
-
-def _load_all() -> dict:
-    if not _CHECKS:
-        for info in pkgutil.iter_modules(__path__):
-            if info.name.startswith("ch"):
-                module = importlib.import_module(f"{__name__}.{info.name}")
-                _CHECKS.update(getattr(module, "CHECKS", {}))
-    return _CHECKS
-
-
-def check(name: str, answer) -> bool:
-    """Check the answer to exercise ``name`` (e.g. ``"01.v_offset"``); print and return the
-    verdict."""
-    checks = _load_all()
-    if name not in checks:
-        raise KeyError(f"no exercise named {name!r}; known: {', '.join(sorted(checks))}")
-    ok, message = checks[name](answer)
-    print(f"{'✔ correct' if ok else '✘ not yet'} [{name}]: {message}")
-    return ok
+from .registry import Verdict, check, expected_answer, get, grade, names, reveal
 
 
 def exercises(prefix: str = "") -> list[str]:
-    """Names of the exercises (of one chapter, with prefix "03.")."""
-    return sorted(n for n in _load_all() if n.startswith(prefix))
+    """Names of the exercises and puzzles (of one notebook with prefix "03."); the first
+    round's name for ``names``."""
+    return names(prefix)
 
 
-# --- helpers the chapter checkers share ---------------------------------------------------
-def as_int(value):
-    """``value`` as a Python int if it is an integral number (int, numpy int, 3.0), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    return None
+def puzzle(name: str):
+    """The ``Puzzle`` called ``name``: ``.describe()``, ``.stub()``, ``.signature``, ``.hint``."""
+    from ..puzzles import puzzle as find
+
+    return find(name)
 
 
-def tiny_engine(num_layers: int = 2, max_slots: int = 1, max_seq_len: int = 128):
-    """A real Engine on a tiny random Llama (torch backend, CPU): for exercises whose answer is
-    counted by running the engine rather than stored."""
-    from ..config import ModelConfig
-    from ..engine import Engine
-    from ..models import random_model
-
-    config = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=num_layers, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8)
-    return Engine(random_model(config, seed=0), backend="torch", device="cpu",
-                  max_slots=max_slots, max_seq_len=max_seq_len)
+__all__ = ["Verdict", "check", "exercises", "expected_answer", "get", "grade", "names", "puzzle",
+           "reveal"]

@@ -1,68 +1,73 @@
-"""Exercises of notebook 03: logical block -> physical block -> address.
-
-Every expected answer is computed from the package (``PagedKVCache`` and the NumPy replay of
-the decode kernel's addressing in ``viz.kernels``) for the article's Llama-3.2-1B cache.
-"""
+"""Exercises of notebook 03: logical block -> physical block -> address.  Right answers are
+computed from the package (``PagedKVCache``, and ``oracles.kernel_read_trace``, the NumPy
+replay of the decode kernel's addressing) for the article's Llama-3.2-1B cache."""
 
 from __future__ import annotations
-from . import as_int
+
+from .answers import Integer, Numbers
+from .registry import Exercise, Mistake
+from .setups import small_article_cache
+
+FLAT = (1, 3, 5)                  # slot, layer, logical block
+V_AT = (3, 5, 2, 10)              # physical block, token in block, kv head, dim
 
 
-def _article_cache():
-    """A PagedKVCache with the article's layout (Llama-3.2-1B, bf16, 2 slots, 2048 tokens) but a
-    one-block buffer: offsets and table indices do not depend on NUM_BLOCKS."""
-    from ..config import CacheConfig, llama_3_2_1b_config
-    from ..kv_cache import PagedKVCache
+def block_loop(seq_len: int) -> tuple[int, int]:
+    """(blocks the kernel reads, tokens it reads from the last one) for ``seq_len``, from the
+    NumPy replay of the kernel's loop."""
+    from ..oracles import kernel_read_trace
 
-    model = llama_3_2_1b_config()
-    one = CacheConfig.for_model(model, dtype="bfloat16", max_slots=2, max_seq_len=2048)
-    return PagedKVCache(CacheConfig.for_model(model, dtype="bfloat16", max_slots=2,
-                                              max_seq_len=2048, kv_cache_bytes=one.BLOCK_BYTES))
+    cache = small_article_cache()
+    trace = kernel_read_trace(cache, layer=0, slot=0, seq_len=seq_len, q_head=0, q_per_kv=4)
+    return int(trace.num_blocks), int(trace.tokens_in_block[-1])
 
 
-def check_flat_index(answer):
-    """Flat block-table index of (slot 1, layer 3, logical block 5) in the article's table."""
-    cache = _article_cache()
-    expected = cache.flat_index(1, 3, 5)
-    c = cache.config
-    if as_int(answer) == expected:
-        return True, (f"1*{c.num_layers}*{c.MAX_BLOCKS_PER_SEQ} + 3*{c.MAX_BLOCKS_PER_SEQ} + 5 = "
-                      f"{expected} (of {c.block_table_entries} entries)")
-    return False, ("use slot*N_LAYERS*MAX_BLOCKS_PER_SEQ + layer*MAX_BLOCKS_PER_SEQ + "
-                   "logical_block with the article's N_LAYERS and MAX_BLOCKS_PER_SEQ")
+def _loop_exercise(seq_len: int, extra: tuple = ()) -> Exercise:
+    return Exercise(
+        f"03.blocks_for_{seq_len}",
+        f"The decode kernel runs for a sequence of seq_len = {seq_len}: (how many logical blocks "
+        "it reads, how many tokens it reads from the last one).",
+        Numbers(Integer(), 2, ("num_blocks", "tokens in the last block")),
+        lambda: block_loop(seq_len),
+        explain=lambda e: (f"ceil({seq_len}/16) = {e[0]} blocks; the last one holds "
+                           f"min({seq_len} - {e[0] - 1}*16, 16) = {e[1]} "
+                           + ("token" if e[1] == 1 else "tokens")),
+        hint="num_blocks = ceil(seq_len / 16); tokens_in_block = min(seq_len - lb*16, 16)",
+        mistakes=(
+            Mistake(lambda: (seq_len // 16, block_loop(seq_len)[1]),
+                    "seq_len // 16 rounds down: a partly filled block must be read too"),
+            Mistake(lambda: (seq_len // 16 + 1, block_loop(seq_len)[1]),
+                    "seq_len // 16 + 1 is one too many when seq_len is a multiple of 16"),
+            *extra,
+        ))
 
 
-def check_v_byte_offset(answer):
-    """Byte offset of V for physical block 3, token 5 of the block, kv head 2, dim 10 (bf16)."""
-    cache = _article_cache()
-    expected = cache.v_byte_offset(3, 5, 2, 10)
-    if as_int(answer) == expected:
-        return True, (f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {expected} bytes")
-    if as_int(answer) == cache.k_byte_offset(3, 5, 2, 10):
-        return False, "that is the K address: V lives V_OFFSET bytes further"
-    return False, ("block start + V_OFFSET + token row + head slice + element, all in bytes "
-                   "(bf16 = 2)")
-
-
-def check_blocks_for_33(answer):
-    """(num_blocks, tokens read from the last block) when the kernel decodes with seq_len 33."""
-    from ..viz.kernels import kernel_read_trace
-
-    cache = _article_cache()
-    trace = kernel_read_trace(cache, layer=0, slot=0, seq_len=33, q_head=0, q_per_kv=4)
-    expected = (int(trace.num_blocks), int(trace.tokens_in_block[-1]))
-    try:
-        got = tuple(int(x) for x in answer)
-    except TypeError:
-        got = None
-    if got == expected:
-        return True, (f"ceil(33/16) = {expected[0]} blocks; the last one holds "
-                      f"min(33 - 2*16, 16) = {expected[1]} token")
-    return False, "num_blocks = ceil(seq_len / 16); tokens_in_block = min(seq_len - lb*16, 16)"
-
-
-CHECKS = {
-    "03.flat_index": check_flat_index,
-    "03.v_byte_offset": check_v_byte_offset,
-    "03.blocks_for_33": check_blocks_for_33,
-}
+EXERCISES = (
+    Exercise(
+        "03.flat_index",
+        "Flat block-table index of (slot {}, layer {}, logical block {}) in the article's "
+        "table.".format(*FLAT),
+        Integer(), lambda: small_article_cache().flat_index(*FLAT),
+        explain=lambda e: (f"{FLAT[0]}*16*128 + {FLAT[1]}*128 + {FLAT[2]} = {e} (of "
+                           f"{small_article_cache().config.block_table_entries} entries)"),
+        hint=("slot*N_LAYERS*MAX_BLOCKS_PER_SEQ + layer*MAX_BLOCKS_PER_SEQ + logical_block with "
+              "the article's N_LAYERS and MAX_BLOCKS_PER_SEQ")),
+    Exercise(
+        "03.v_byte_offset",
+        "Byte offset of V for physical block {}, token {} of the block, kv head {}, dim {} "
+        "(bf16).".format(*V_AT),
+        Integer(), lambda: small_article_cache().v_byte_offset(*V_AT),
+        explain=lambda e: f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {e} bytes",
+        hint=("block start + V_OFFSET + token row + head slice + element, all in bytes "
+              "(bf16 = 2)"),
+        mistakes=(
+            Mistake(lambda: small_article_cache().k_byte_offset(*V_AT),
+                    "that is the K address: V lives V_OFFSET bytes further"),
+            Mistake(lambda: small_article_cache().v_byte_offset(*V_AT) // 2,
+                    "that counts elements: the question asks for bytes"),
+        )),
+    _loop_exercise(33),
+    _loop_exercise(48, extra=(
+        Mistake(lambda: (block_loop(48)[0], 48 % 16),
+                "48 % 16 = 0, but the last block is full: min(48 - 2*16, 16) = 16"),)),
+)

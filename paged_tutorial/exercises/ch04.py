@@ -1,68 +1,71 @@
-"""Exercises of notebook 04: the warp-shuffle reduction.
-
-Expected answers are produced by running the package's kernels (the shuffle demo kernel and
-the article's two-warp layout from ``viz.kernels``, simulated on a CPU) or read from
-``backends.numba_cuda.attention``.
-"""
+"""Exercises of notebook 04: the warp-shuffle reduction.  Right answers come from running the
+package's kernels (the shuffle demo kernel and the article's two-warp layout of ``viz.warps``,
+simulated on a CPU) or from ``backends.numba_cuda.attention``."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from .answers import Integer, Numbers
+from .registry import Exercise, Mistake
 
-def check_shfl_down_8(answer):
-    """All 32 lanes' values after ``v = shfl_down_sync(FULL, v, 8)`` when lane i holds i."""
-    from ..viz.kernels import shuffle_chain
-
-    expected = shuffle_chain(np.arange(32), offsets=[8], accumulate=False)[1]
-    try:
-        got = np.asarray(answer, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        got = None
-    if got is not None and got.shape == expected.shape and np.array_equal(got, expected):
-        return True, "lanes 0-23 read lane i+8; lanes 24-31 have no source and keep their own"
-    if got is not None and got.shape == expected.shape:
-        bad = int(np.flatnonzero(got != expected)[0])
-        return False, (f"lane {bad} is off: a lane reads lane + 8 when that lane exists in "
-                       "the 32-lane warp, and otherwise keeps its own value")
-    return False, "give one value per lane: a list of 32 numbers"
+SHARED_DIMS = (64, 80, 128)
 
 
-def check_article_terms_80(answer):
-    """How many of the 80 products q[d]*k[d] the article's two-warp layout adds up when
-    launched with head_dim = 80 threads."""
-    from ..viz.kernels import article_two_warp_dot
+def _shfl_down_8():
+    from ..viz.warps import shuffle_chain
+
+    return tuple(int(x) for x in shuffle_chain(np.arange(32), offsets=[8], accumulate=False)[1])
+
+
+def _article_terms_80():
+    from ..viz.warps import article_two_warp_dot
 
     ones = np.ones(80, dtype=np.float32)
-    expected = int(round(article_two_warp_dot(ones, ones)["score"]))
-    try:
-        got = int(answer)
-    except (TypeError, ValueError):
-        got = None
-    if got == expected:
-        return True, (f"only threads 0 and 32 publish: warps 0 and 1 = {expected} terms; "
-                      f"the third warp's {80 - expected} products are dropped")
-    return False, "which warps have their lane 0 write into dot_products?"
+    return int(round(article_two_warp_dot(ones, ones)["score"]))
 
 
-def check_shared_floats(answer):
-    """Shared partial-sum floats (one per warp) of the package's decode kernel for head_dim
-    64, 80 and 128, as a tuple."""
+def _shared_floats(dims=SHARED_DIMS):
     from ..backends.numba_cuda import attention
 
-    dims = (64, 80, 128)
-    expected = tuple(attention.block_threads(d) // attention.WARP_SIZE for d in dims)
-    try:
-        got = tuple(int(x) for x in answer)
-    except (TypeError, ValueError):
-        got = None
-    if got == expected:
-        return True, f"head_dim {dims} -> {expected} warps, one shared float each"
-    return False, "threads = head_dim rounded up to whole warps of 32; one float per warp"
+    return tuple(attention.block_threads(d) // attention.WARP_SIZE for d in dims)
 
 
-CHECKS = {
-    "04.shfl_down_8": check_shfl_down_8,
-    "04.article_terms_80": check_article_terms_80,
-    "04.shared_floats": check_shared_floats,
-}
+EXERCISES = (
+    Exercise(
+        "04.shfl_down_8",
+        "All 32 lanes' values after v = shfl_down_sync(FULL, v, 8) when lane i holds i.",
+        Numbers(Integer(), 32), _shfl_down_8,
+        explain=lambda e: "lanes 0-23 read lane i+8; lanes 24-31 have no source and keep their own",
+        hint=("a lane reads lane + 8 when that lane exists in the 32-lane warp, and otherwise "
+              "keeps its own value"),
+        mistakes=(
+            Mistake(lambda: tuple((i + 8) % 32 for i in range(32)),
+                    "shfl_down does not wrap around: lanes 24-31 have no lane i+8 and keep "
+                    "their own value"),
+            Mistake(lambda: tuple(i - 8 if i >= 8 else i for i in range(32)),
+                    "that is shfl_up: shfl_down reads from the higher lane i + 8"),
+        )),
+    Exercise(
+        "04.article_terms_80",
+        "How many of the 80 products q[d]*k[d] does the article's two-warp layout add up when "
+        "launched with head_dim = 80 threads?",
+        Integer(), _article_terms_80,
+        explain=lambda e: (f"only threads 0 and 32 publish: warps 0 and 1 = {e} terms; the "
+                           f"third warp's {80 - e} products are dropped"),
+        hint="which warps have their lane 0 write into dot_products?",
+        mistakes=(Mistake(lambda: 80, "count again: does anything read the third warp's sum?"),)),
+    Exercise(
+        "04.shared_floats",
+        "Shared partial-sum floats (one per warp) of the package's decode kernel for head_dim "
+        "{}, {} and {}.".format(*SHARED_DIMS),
+        Numbers(Integer(), 3, tuple(f"head_dim {d}" for d in SHARED_DIMS)), _shared_floats,
+        explain=lambda e: f"head_dim {SHARED_DIMS} -> {e} warps, one shared float each",
+        hint="threads = head_dim rounded up to whole warps of 32; one float per warp",
+        mistakes=(
+            Mistake(lambda: tuple(d // 32 for d in SHARED_DIMS),
+                    "d // 32 rounds down: 80 threads need a third, partly filled warp"),
+            Mistake(lambda: (2, 2, 2), "that is the article's fixed layout; the port has one "
+                    "float per warp"),
+        )),
+)

@@ -14,6 +14,12 @@ import numpy as np
 FIG_DPI = 80
 
 
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _new_axes(ax, figsize):
     import matplotlib.pyplot as plt
 
@@ -149,4 +155,100 @@ def plot_kv_bytes(steps: Sequence[int], series: Mapping[str, Sequence[float]], *
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+# --- puzzle figure: a reader's block layout against the article's ---------------------------
+
+def _owner_image(config, offsets):
+    """RGB [2*BLOCK_SIZE, KV_DIM*ITEMSIZE] of the bytes each element covers (white: no element,
+    red: two elements), and the owner (K/V, token, head, dim) of every byte (-1: none)."""
+    import matplotlib.colors as mcolors
+
+    c = config
+    width = c.KV_DIM * c.ITEMSIZE
+    img = np.ones((2 * c.BLOCK_SIZE, width, 3))
+    owner = -np.ones((2 * c.BLOCK_SIZE * width,), dtype=np.int64)
+    count = np.zeros_like(owner)
+    k_colors, v_colors = ("C0", "C2", "C9", "C7"), ("C1", "C4", "C5", "C6")     # never red
+    bases = {(0, h): mcolors.to_rgb(k_colors[h % 4]) for h in range(c.num_kv_heads)}
+    bases.update({(1, h): mcolors.to_rgb(v_colors[h % 4]) for h in range(c.num_kv_heads)})
+    flat = img.reshape(-1, 3)
+    for which, t, h, d in np.ndindex(offsets.shape):
+        element = np.ravel_multi_index((which, t, h, d), offsets.shape)
+        shade = 0.55 + 0.45 * d / max(c.head_dim - 1, 1)
+        for b in range(int(offsets[which, t, h, d]), int(offsets[which, t, h, d]) + c.ITEMSIZE):
+            if 0 <= b < owner.size:
+                count[b] += 1
+                owner[b] = element
+                flat[b] = np.array(bases[(which, h)]) * shade + (1 - shade)
+    flat[count > 1] = (0.84, 0.15, 0.16)
+    return img, owner, bases
+
+
+def plot_block_layout(config, offsets, expected):
+    """One block's bytes as 2*BLOCK_SIZE rows of KV_DIM*ITEMSIZE bytes: where the article puts
+    each element (left) and where ``offsets`` put it (right).  Colour: K or V and kv head
+    (darker = higher dim); red: bytes two elements share; x: a byte holding another element
+    than in the article's layout.  ``offsets``/``expected``: [2, BLOCK_SIZE, heads, head_dim]
+    byte offsets inside the block."""
+    plt = _plt()
+    c = config
+    left, want_owner, bases = _owner_image(c, np.asarray(expected))
+    right, got_owner, _ = _owner_image(c, np.asarray(offsets))
+    width = c.KV_DIM * c.ITEMSIZE
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), dpi=FIG_DPI, sharey=True)
+    for ax, img, title in ((axes[0], left, "the article's layout"), (axes[1], right, "yours")):
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        ax.axhline(c.BLOCK_SIZE - 0.5, color="black", lw=0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(f"byte within a {width}-byte row", fontsize=8)
+    wrong = np.flatnonzero((got_owner != want_owner) & (got_owner >= 0))
+    axes[1].scatter(wrong % width, wrong // width, marker="x", s=10, color="black", lw=0.6)
+    axes[0].set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
+    axes[0].set_yticklabels(["K rows", "V rows"], fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=col, label=f"{'KV'[w]} head {h}")
+               for (w, h), col in sorted(bases.items())]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color=(0.84, 0.15, 0.16), label="two elements"))
+    handles.append(plt.Line2D([], [], marker="x", ls="", color="black", label="not the article's"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.suptitle(f"one block = {c.BLOCK_BYTES} bytes", fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return fig
+
+
+def plot_placements(config, writes):
+    """Where a puzzle's ``locate`` wrote each token against where the decode kernel reads it:
+    one panel per layer, physical blocks across, block rows down.  ``writes``: (layer, slot,
+    position, (block, row) written, (block, row) read by the kernel).  Green: written where it
+    is read; red: written where nothing reads it; orange: read where nothing was written."""
+    plt = _plt()
+    from .addresses import READ_COLORS, UNTOUCHED
+
+    good, missed, extra = READ_COLORS.values()
+    c = config
+    layers = sorted({w[0] for w in writes})
+    fig, axes = plt.subplots(len(layers), 1, figsize=(max(7.5, min(2 + 0.32 * c.NUM_BLOCKS, 10)),
+                                                      1.0 + 1.5 * len(layers)),
+                             dpi=FIG_DPI, squeeze=False, sharex=True)
+    for ax, layer in zip(axes[:, 0], layers):
+        img = np.ones((c.BLOCK_SIZE, c.NUM_BLOCKS, 3)) * np.array(UNTOUCHED)
+        written = {w[3] for w in writes if w[0] == layer}
+        wanted = {w[4] for w in writes if w[0] == layer}
+        for cells, colour in ((wanted - written, missed), (written - wanted, extra),
+                              (written & wanted, good)):
+            for block, row in cells:
+                if 0 <= block < c.NUM_BLOCKS:
+                    img[row, block] = colour
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        ax.set_ylabel(f"layer {layer}\nrow", fontsize=8)
+    axes[-1, 0].set_xlabel("physical block", fontsize=8)
+    labels = {"written where the kernel reads it": good,
+              "the kernel reads here, nothing was written": missed,
+              "written where the kernel never reads": extra}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=col, label=n) for n, col in labels.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.suptitle("each token's K/V: where it was written, where the decode kernel reads it",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     return fig

@@ -4,9 +4,8 @@
 ``LifetimeRecorder(engine)`` drives ``engine.step()`` and, after every step, keeps a copy of
 the block table, the size of the free list, the physical blocks popped from and pushed back to
 ``engine.cache.free_blocks`` (in the order the cache did it) and how many block-table entries
-the step's device sync carried.  The pops and pushes are observed on the engine's own free
-list, not inferred: the recorder swaps it for a list that logs ``pop``/``append`` and behaves
-otherwise exactly like the original.
+the step's device sync carried.  The pops and pushes are observed, not inferred: through the
+cache's event hook (``cache.add_listener``).
 
 The drawing functions turn a recording into the *physical* view the block table hides: one
 cell per physical block, coloured by the (slot, layer) that owns it, grey when free.
@@ -26,28 +25,6 @@ INDEX_BYTES = 8          # the engine scatters changed entries with int64 indice
 
 
 # --- recording -----------------------------------------------------------------------------
-
-class _WatchedFreeList(list):
-    """A list that logs the cache's stack operations: ``pop`` (allocate) and ``append``
-    (release), as ``("pop" | "push", block)`` tuples in ``log``."""
-
-    def __init__(self, items, log: list):
-        super().__init__(items)
-        self.log = log
-
-    def pop(self, *args):
-        block = super().pop(*args)
-        self.log.append(("pop", int(block)))
-        return block
-
-    def append(self, block):
-        super().append(block)
-        self.log.append(("push", int(block)))
-
-    def extend(self, blocks):
-        for block in blocks:
-            self.append(block)
-
 
 @dataclass
 class StepRecord:
@@ -76,16 +53,22 @@ class StepRecord:
 
 
 class LifetimeRecorder:
-    """Step an engine and record the block table and the free list after every step."""
+    """Step an engine and record the block table and the free list after every step.
+
+    Pops and pushes come from the cache's own event hook (``cache.add_listener``)."""
 
     def __init__(self, engine):
         self.engine = engine
         self.cache = engine.cache
         self.log: list[tuple[str, int]] = []
-        self.cache.free_blocks = _WatchedFreeList(self.cache.free_blocks, self.log)
+        self.cache.add_listener(self._on_block_event)
+        self.closed = False
         self._log_mark = 0
         self._synced_mark = self.cache.dirty_entries_synced
         self.steps: list[StepRecord] = [self._record_start()]
+
+    def _on_block_event(self, event) -> None:
+        self.log.append((event.kind, int(event.block)))
 
     def _state(self) -> tuple[dict, dict]:
         running = self.engine.scheduler.running
@@ -100,13 +83,14 @@ class LifetimeRecorder:
 
     def step(self) -> StepRecord:
         """Run one ``engine.step()`` and record it."""
-        self._check_watching()
         return self.on_step(self.engine.step())
 
     def on_step(self, report) -> StepRecord:
         """Record a step the engine has just made; pass this as ``engine.generate(...,
         on_step=recorder.on_step)`` to watch a ``generate`` call."""
-        self._check_watching()
+        if self.closed:
+            raise RuntimeError("this LifetimeRecorder was closed: it no longer sees pops and "
+                               "pushes; make a new one")
         events = self.log[self._log_mark:]
         owner, cached = self._state()
         record = StepRecord(
@@ -124,11 +108,6 @@ class LifetimeRecorder:
         self.steps.append(record)
         return record
 
-    def _check_watching(self) -> None:
-        if not isinstance(self.cache.free_blocks, _WatchedFreeList):
-            raise RuntimeError("the cache's free_blocks list was replaced: the recorder can no "
-                               "longer see pops and pushes; make a new LifetimeRecorder")
-
     def run(self, check_invariants: bool = True) -> list[StepRecord]:
         """Step until every request has finished; check the cache's invariants each step."""
         while self.engine.has_unfinished():
@@ -138,8 +117,10 @@ class LifetimeRecorder:
         return self.steps
 
     def close(self) -> None:
-        """Give the cache back a plain list (the recorder stops seeing pops and pushes)."""
-        self.cache.free_blocks = list(self.cache.free_blocks)
+        """Stop watching the cache's pops and pushes."""
+        if not self.closed:
+            self.cache.remove_listener(self._on_block_event)
+            self.closed = True
 
     # --- summaries -------------------------------------------------------------------------
     def reused_blocks(self) -> list[tuple[int, int]]:
@@ -399,3 +380,54 @@ def lifetime_widget(steps: list[StepRecord], num_blocks: int, dpi: int = 80):
     box = widgets.VBox([slider, out])
     box.add_class("pt-lifetime")
     return box
+
+
+def plot_table_and_free_list(table, free_blocks, article_table, article_free_blocks,
+                             title: str = ""):
+    """A puzzle's cache next to the article's engine's after the same step: each block table
+    as [slot, layer] rows x logical-block columns with the physical ids (entries that differ
+    in red), and each free list as a strip whose right end is the next block popped."""
+    import matplotlib.pyplot as plt
+
+    from .addresses import READ_COLORS, UNTOUCHED
+
+    wrong = READ_COLORS["read, should not be"]
+    tables = (np.asarray(table), np.asarray(article_table))
+    frees = (list(free_blocks), list(article_free_blocks))
+    slots, layers, logical = tables[0].shape
+    width = max(len(frees[0]), len(frees[1]), 1)
+    fig, axes = plt.subplots(2, 2, figsize=(max(7.5, 0.42 * width + 2), 2.2 + 0.5 * slots * layers),
+                             dpi=80, gridspec_kw={"height_ratios": [slots * layers, 1.2]})
+    for col, (tab, free, name) in enumerate(zip(tables, frees, ("yours", "the article's"))):
+        ax = axes[0, col]
+        flat = tab.reshape(slots * layers, logical)
+        other = tables[1 - col].reshape(slots * layers, logical)
+        img = np.ones((slots * layers, logical, 3)) * np.array(UNTOUCHED)
+        img[flat >= 0] = (0.78, 0.87, 0.95)
+        img[flat != other] = wrong
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        for r in range(slots * layers):
+            for lb in range(logical):
+                ax.text(lb, r, str(int(flat[r, lb])), ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(slots * layers))
+        ax.set_yticklabels([f"slot {r // layers}, layer {r % layers}"
+                            for r in range(slots * layers)], fontsize=7)
+        ax.set_xticks(range(logical))
+        ax.set_xlabel("logical block", fontsize=7)
+        ax.set_title(f"block table, {name}", fontsize=8)
+        ax = axes[1, col]
+        strip = np.ones((1, width, 3)) * np.array(UNTOUCHED)
+        other_free = frees[1 - col]
+        for i, b in enumerate(free):
+            j = width - len(free) + i
+            k = len(other_free) - len(free) + i
+            same = 0 <= k < len(other_free) and other_free[k] == b
+            strip[0, j] = (0.78, 0.87, 0.95) if same else wrong
+            ax.text(j, 0, str(b), ha="center", va="center", fontsize=7)
+        ax.imshow(strip, aspect="auto", interpolation="nearest")
+        ax.set_yticks([])
+        ax.set_xticks([])
+        ax.set_title(f"free_blocks, {name} (next pop: right end)", fontsize=8)
+    fig.suptitle(title + "  (red: differs from the article's)", fontsize=9)
+    fig.tight_layout()
+    return fig

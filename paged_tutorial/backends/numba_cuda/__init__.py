@@ -22,16 +22,7 @@ reductions), ``launch`` (torch <-> kernel glue) and ``sim_shim``.
 
 from __future__ import annotations
 
-import os
-import sys
-
-SIM_ENV = "NUMBA_ENABLE_CUDASIM"
-
-
-def _numba_cuda_simulating() -> bool:
-    """Which implementation the already-imported ``numba.cuda`` is."""
-    cuda = sys.modules["numba.cuda"]
-    return cuda.jit.__module__.startswith("numba.cuda.simulator")
+from ..numba_env import SIM_ENV, decide_numba_environment  # noqa: F401  (imports no numba)
 
 
 def ensure_simulator_decided() -> bool:
@@ -39,15 +30,9 @@ def ensure_simulator_decided() -> bool:
 
     If ``numba.cuda`` is already imported the decision is made: report it.  Otherwise, when the
     user has not set NUMBA_ENABLE_CUDASIM and torch sees no CUDA GPU, set it to 1 so that the
-    import below picks the simulator instead of failing to find a driver."""
-    if "numba.cuda" in sys.modules:
-        return _numba_cuda_simulating()
-    if SIM_ENV not in os.environ:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ[SIM_ENV] = "1"
-    return os.environ.get(SIM_ENV, "0").strip() not in ("", "0")
+    import below picks the simulator instead of failing to find a driver (and, without
+    ``cuda-bindings``, use numba-cuda's ctypes bindings: see ``numba_env.py``)."""
+    return decide_numba_environment()
 
 
 ensure_simulator_decided()
@@ -62,12 +47,15 @@ from ..base import Backend
 from . import attention, elementwise, kv_write, launch, norms, prefill, sampling  # noqa: F401
 from . import sim_shim  # noqa: F401  (installs the simulator's shuffles)
 from . import rope as rope_kernels
-from . import attention_fast, prefill_sdpa, rope_write_kv  # the optimised paths
+from . import attention_fast, gemv, prefill_sdpa, rope_write_kv  # the optimised paths
 from .dtypes import DTYPE_OPS, ops_for
-from .launch import as_kernel_array, flat, launch as _launch, rows
+from .launch import as_kernel_array, flat, launch as _launch, rows, words
 from .sim_shim import SIMULATING
 
 ATTENTION_KERNELS = ("fast", "article", "triton")
+#: most threads per block of the 16-byte row kernels (norms): one 16-byte chunk per thread up
+#: to rows of 8 * this many elements
+VEC_ROW_MAX_THREADS = 32 if SIMULATING else 512
 
 __all__ = ["NumbaBackend", "ensure_simulator_decided", "SIMULATING", "backend_name"]
 
@@ -101,12 +89,15 @@ class NumbaBackend(Backend):
     and raises a RuntimeError explaining how to get it when the process runs the other.
     ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
     device sync) validates token ids, positions and block-table entries on the host before
-    the kernels use them.
+    the kernels use them.  ``attention`` picks the decode kernel, ``prefill`` the prefill
+    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` the 16-byte bf16 kernels, the small-batch
+    GEMV and its fusion with RoPE and the cache write.
     """
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
-                 attention: str = "fast", prefill: str | None = None):
+                 attention: str = "fast", prefill: str | None = None, vector: bool = True,
+                 gemv: bool | None = None, fuse_qkv: bool = True):
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
                              f"{ATTENTION_KERNELS}")
@@ -141,7 +132,17 @@ class NumbaBackend(Backend):
             self.device = torch.device(device) if device is not None else \
                 torch.device("cuda", torch.cuda.current_device())
         self.check_inputs = SIMULATING if check_inputs is None else bool(check_inputs)
+        #: bf16 rows take the 16-byte kernels (``vector_io.py``) when aligned; False: always
+        #: the scalar kernels (the reference the vector kernels are tested against)
+        self.vector = bool(vector)
+        #: the Numba GEMV (``gemv.py``) replaces cuBLAS for bf16 at <= gemv.MAX_ROWS rows;
+        #: default on the GPU only (in the simulator every output row is a Python warp)
+        self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
+        #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
+        self.fuse_qkv = bool(fuse_qkv)
         self._tiles_cache: tuple | None = None
+        self._cu_cache: tuple | None = None
+        self._checked_tables: set = set()
 
     def describe(self) -> str:
         mode = "Numba CUDA simulator" if SIMULATING else "Numba CUDA kernels + cuBLAS"
@@ -157,8 +158,49 @@ class NumbaBackend(Backend):
         return ops_for(dtype).name
 
     def _int32(self, t: torch.Tensor) -> torch.Tensor:
-        """Index tensors: int32, contiguous, on this device (a no-op when they already are)."""
+        """Index tensors: int32, contiguous, on this device (returned as they are when they
+        already are: the hot path)."""
+        if t.dtype == torch.int32 and t.device == self.device and t.is_contiguous():
+            return t
         return t.to(device=self.device, dtype=torch.int32).contiguous()
+
+    def _vec_rows(self, *tensors) -> bool:
+        """May the 16-byte bf16 kernels take these [R, n] tensors?  bf16, n a multiple of 8,
+        rows starting 16-byte aligned (data pointer and row stride), each row contiguous."""
+        if not self.vector:
+            return False
+        for t in tensors:
+            if t.dtype != torch.bfloat16 or t.data_ptr() % 16 or t.shape[-1] % 8:
+                return False
+            st = t.stride()
+            if st[-1] != 1 or (len(st) > 1 and st[0] % 8):
+                return False
+        return True
+
+    def _table_ok(self, cache, block_table) -> None:
+        """``_check_table`` once per (cache, device table): the hot path skips it after."""
+        key = (id(cache), block_table.data_ptr())
+        if key not in self._checked_tables:
+            self._check_table(cache, block_table)
+            if len(self._checked_tables) > 64:
+                self._checked_tables.clear()
+            self._checked_tables.add(key)
+
+    # --- GEMMs -----------------------------------------------------------------------
+    def linear(self, x, weight):
+        """torch (cuBLAS) for GEMMs; the Numba GEMV (``gemv.py``) for bf16 at up to
+        ``gemv.MAX_ROWS`` rows, where a decode step is all weight reads."""
+        if self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS \
+                and weight.is_contiguous() and self._vec_rows(x, weight):
+            n_out, k = weight.shape
+            if x.shape[1] != k:
+                raise ValueError(f"linear: x has {x.shape[1]} columns, weight {k}")
+            out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
+            xa, x_rs = rows(x, "x", words=True)
+            _launch(gemv.gemv_kernel(x.shape[0], k), gemv.grid(n_out, k), 32 * gemv.WARPS,
+                    xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
+            return out
+        return torch.nn.functional.linear(x, weight)
 
     # --- per-token ops ---------------------------------------------------------------
     def embed(self, weight, token_ids):
@@ -172,6 +214,13 @@ class NumbaBackend(Backend):
         n = n_tokens * hidden
         if n == 0:
             return out
+        if self._vec_rows(weight):
+            w, w_rs = rows(weight, "weight", words=True)
+            n_chunks = n // 8
+            _launch(elementwise.embed_vec_kernel, launch.elemwise_grid(n_chunks),
+                    launch.ELEMWISE_THREADS, w, w_rs, flat(ids), words(out), hidden // 2,
+                    n_chunks)
+            return out
         w, w_rs = rows(weight, "weight")
         _launch(elementwise.embed_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
                 w, w_rs, flat(ids), flat(out), hidden, n)
@@ -182,6 +231,13 @@ class NumbaBackend(Backend):
         n_tokens, hidden = x.shape
         out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
         if n_tokens == 0:
+            return out
+        if self._vec_rows(x, weight):
+            threads, per_thread = norms.vec_row_threads(hidden, VEC_ROW_MAX_THREADS)
+            kernel = norms.rms_norm_vec_kernels(per_thread)[0]
+            xa, x_rs = rows(x, "x", words=True)
+            _launch(kernel, n_tokens, threads, xa, x_rs, words(weight, "weight"), words(out),
+                    hidden, float(eps))
             return out
         kernel, _ = norms.rms_norm_kernels(dtype)
         xa, x_rs = rows(x, "x")
@@ -197,6 +253,14 @@ class NumbaBackend(Backend):
                              f"{tuple(x.shape)}")
         out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
         if n_tokens == 0:
+            return out
+        if self._vec_rows(x, residual, weight):
+            threads, per_thread = norms.vec_row_threads(hidden, VEC_ROW_MAX_THREADS)
+            kernel = norms.rms_norm_vec_kernels(per_thread)[1]
+            xa, x_rs = rows(x, "x", words=True)
+            ra, r_rs = rows(residual, "residual", words=True)
+            _launch(kernel, n_tokens, threads, xa, x_rs, ra, r_rs, words(weight, "weight"),
+                    words(out), hidden, float(eps))
             return out
         _, kernel = norms.rms_norm_kernels(dtype)
         xa, x_rs = rows(x, "x")
@@ -233,6 +297,12 @@ class NumbaBackend(Backend):
         n = n_tokens * inter
         if n == 0:
             return out
+        if inter % 8 == 0 and self._vec_rows(gate_up):
+            ga, g_rs = rows(gate_up, "gate_up", words=True)
+            n_chunks = n // 8
+            _launch(elementwise.silu_mul_vec_kernel, launch.elemwise_grid(n_chunks),
+                    launch.ELEMWISE_THREADS, ga, g_rs, words(out), inter // 2, n_chunks)
+            return out
         ga, g_rs = rows(gate_up, "gate_up")
         _launch(elementwise.silu_mul_kernel(dtype), launch.elemwise_grid(n),
                 launch.ELEMWISE_THREADS, ga, g_rs, flat(out), inter, n)
@@ -253,7 +323,7 @@ class NumbaBackend(Backend):
 
     def write_kv(self, cache, k, v, block_table, layer, slots, positions):
         self._same_dtype(k, v, cache.buffer)
-        self._check_table(cache, block_table)
+        self._table_ok(cache, block_table)
         c = cache.config
         n_tokens = k.shape[0]
         if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape:
@@ -276,10 +346,54 @@ class NumbaBackend(Backend):
                 as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
                 n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
 
+    @staticmethod
+    def _check_rope_write(cache, block_table, layer, pos32, slots32, cos) -> None:
+        """check_inputs: positions inside the RoPE tables, block-table entries assigned."""
+        if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
+            raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+        table = block_table.cpu().numpy()
+        s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+        for slot in np.unique(s):
+            check_block_entries(cache, table, int(slot), layer, int(p[s == slot].max()) + 1,
+                                "write_kv")
+
+    def qkv_rope_write_kv(self, x, qkv_weight, n_q_heads, positions, cos, sin, cache,
+                          block_table, layer, slots):
+        """The QKV GEMV, RoPE and the cache write in one kernel (``gemv.py``) for bf16 decode
+        at up to ``gemv.MAX_ROWS`` tokens; otherwise the separate ops (``Backend``)."""
+        c = cache.config
+        n_out, k_in = qkv_weight.shape
+        n_tokens = x.shape[0]
+        if not (self.fuse_qkv and self.gemv and x.dim() == 2 and 0 < n_tokens <= gemv.MAX_ROWS
+                and x.shape[1] == k_in and qkv_weight.is_contiguous()
+                and self._vec_rows(x, qkv_weight) and cache.buffer.dtype == torch.bfloat16
+                and gemv.fused_qkv_supported(k_in, c.head_dim)
+                and n_out == (n_q_heads + 2 * c.num_kv_heads) * c.head_dim
+                and cos.dtype == torch.float32 and sin.dtype == torch.float32
+                and cos.shape[-1] == c.head_dim // 2 and cos.is_contiguous()
+                and sin.is_contiguous()):
+            return super().qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin,
+                                             cache, block_table, layer, slots)
+        self._table_ok(cache, block_table)
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
+        xa, x_rs = rows(x, "x", words=True)
+        _launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
+                32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out), n_out,
+                flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
+                flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table), int(layer),
+                flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        d, q_dim = c.head_dim, n_q_heads * c.head_dim
+        return (out[:, :q_dim].view(n_tokens, n_q_heads, d),
+                out[:, q_dim:q_dim + c.KV_DIM].view(n_tokens, c.num_kv_heads, d),
+                out[:, q_dim + c.KV_DIM:].view(n_tokens, c.num_kv_heads, d))
+
     def rope_write_kv(self, q, k, v, positions, cos, sin, cache, block_table, layer, slots):
         """``rope`` then ``write_kv`` in one kernel (``rope_write_kv.py``)."""
         dtype = self._same_dtype(q, k, v, cache.buffer)
-        self._check_table(cache, block_table)
+        self._table_ok(cache, block_table)
         c = cache.config
         n_tokens, n_q_heads, head_dim = q.shape
         if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape \
@@ -292,13 +406,7 @@ class NumbaBackend(Backend):
             return
         pos32, slots32 = self._int32(positions), self._int32(slots)
         if self.check_inputs:
-            if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
-                raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
-            table = block_table.cpu().numpy()
-            s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
-            for slot in np.unique(s):
-                check_block_entries(cache, table, int(slot), layer,
-                                    int(p[s == slot].max()) + 1, "write_kv")
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
         qa, q_rs = rows(q, "q")
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
@@ -321,6 +429,17 @@ class NumbaBackend(Backend):
         self._tiles_cache = (key, tiles)
         return tiles
 
+    def _cu_seqlens(self, cu_seqlens) -> tuple[torch.Tensor, int]:
+        """(int32 cu_seqlens on the device, longest sequence); cached like ``_tiles``: one
+        host-to-device copy per prefill step, not per layer."""
+        key = tuple(int(x) for x in cu_seqlens)
+        if self._cu_cache is not None and self._cu_cache[0] == key:
+            return self._cu_cache[1]
+        longest = max((e - s for s, e in zip(key[:-1], key[1:])), default=0)
+        value = (torch.tensor(key, dtype=torch.int32).to(self.device), longest)
+        self._cu_cache = (key, value)
+        return value
+
     def prefill_attention(self, q, k, v, cu_seqlens, scale):
         dtype = self._same_dtype(q, k, v)
         n_tokens, n_q_heads, head_dim = q.shape
@@ -329,6 +448,9 @@ class NumbaBackend(Backend):
             raise ValueError(f"prefill_attention: {n_q_heads} q heads are not a multiple of "
                              f"{n_kv_heads} kv heads")
         if self.prefill == "sdpa":
+            if prefill_sdpa.varlen_supported(q):
+                cu, longest = self._cu_seqlens(cu_seqlens)
+                return prefill_sdpa.prefill_attention_varlen(q, k, v, cu, longest, scale)
             return prefill_sdpa.prefill_attention_sdpa(q, k, v, cu_seqlens, scale)
         out = torch.empty(n_tokens, n_q_heads, head_dim, dtype=q.dtype, device=q.device)
         tile = prefill.tile_for(head_dim, SIMULATING)
@@ -344,8 +466,8 @@ class NumbaBackend(Backend):
         return out
 
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
-        dtype = self._same_dtype(q, cache.buffer)
-        self._check_table(cache, block_table)
+        self._same_dtype(q, cache.buffer)
+        self._table_ok(cache, block_table)
         c = cache.config
         n_seqs, n_q_heads, head_dim = q.shape
         if head_dim != c.head_dim:
@@ -354,9 +476,12 @@ class NumbaBackend(Backend):
         if n_q_heads % c.num_kv_heads:
             raise ValueError(f"decode_attention: {n_q_heads} q heads are not a multiple of "
                              f"{c.num_kv_heads} kv heads")
-        kernel = attention.make_paged_attention_kernel(
-            dtype, c.head_dim, c.BLOCK_SIZE, c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
-            c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        use_fast = self.attention == "fast" and attention_fast.supports(c.head_dim)
+        kernel = None
+        if not use_fast and self.attention != "triton":      # (the factory checks head_dim)
+            kernel = attention.make_paged_attention_kernel(
+                ops_for(q.dtype).name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
+                c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
         if n_seqs == 0:
             return q
         lens32, slots32 = self._int32(seq_lens), self._int32(active_slots)
@@ -367,7 +492,7 @@ class NumbaBackend(Backend):
                     raise ValueError(f"decode_attention: seq_len {n} outside [1, "
                                      f"{c.max_seq_len}]")
                 check_block_entries(cache, table, slot, layer, n, "decode_attention")
-        if self.attention == "fast" and attention_fast.supports(c.head_dim):
+        if use_fast:
             return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
                                                         slots32, scale)
         if self.attention == "triton":
@@ -390,12 +515,19 @@ class NumbaBackend(Backend):
             return out
 
         def f32(t):
+            if t.dtype == torch.float32 and t.device == logits.device and t.is_contiguous():
+                return t
             return t.to(device=logits.device, dtype=torch.float32).reshape(-1).contiguous()
 
-        probs = torch.empty(n_rows, vocab, dtype=torch.float32, device=logits.device)
+        dev = logits.device
+        parts = sampling.greedy_parts(n_rows)
+        probs = launch.persistent_buffer(dev, "sample.probs", n_rows * vocab)
+        part_v = launch.persistent_buffer(dev, "sample.part_v", n_rows * parts)
+        part_i = launch.persistent_buffer(dev, "sample.part_i", n_rows * parts, torch.int32)
+        tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
+                                           zero=True)
         la, l_rs = rows(logits, "logits")
-        _launch(sampling.sample_kernel, n_rows, launch.SAMPLE_THREADS, la, l_rs, vocab,
+        _launch(sampling.sample_kernel, (n_rows, parts), launch.SAMPLE_THREADS, la, l_rs, vocab,
                 flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
-                flat(out))
+                flat(out), flat(part_v), flat(part_i), flat(tickets))
         return out
-

@@ -19,32 +19,23 @@ Two index spaces, as in the article: the compact ``active_slot`` (= blockIdx.x: 
 seq_lens and active_slots) and the real cache ``slot = active_slots[active_slot]``, which is
 what the block table is indexed by.
 
-Where this port departs from the article, on purpose:
-1. **head_dim (the article's limit 2).**  The article's reduction hard-codes two warps
-   (``dot_products[0..1]``, threads 0 and 32), valid only for HEAD_DIM = 64.  Here the block
-   has ``head_dim`` threads rounded up to whole warps (``block_threads``) and one shared float per
-   warp; the extra lanes of a partial last warp hold a zero product and write nothing.  So any
-   head_dim from 1 to 1024 works (16, 64, 80, 128, ...); for 64 it is exactly the article's
-   two-warp path.  Larger head dims (more than 1024 threads per block) are rejected with a
-   ValueError by ``make_paged_attention_kernel``.
-2. **GQA ratio**: ``kv_head = q_head // q_per_kv`` for any ratio (the article hard-codes / 4).
-3. **Scale** is the ``scale`` argument (the article divides by SQRT_HEAD_DIM = 8).
-4. **A race removed (the article's limit 3).**  The article stores the summed score back into
-   ``dot_products[0]``.  In the next token's step, thread 0 writes its warp's partial sum into
-   that same ``dot_products[0]``, possibly before warp 1 has read the previous score: nothing
-   orders warp 1's read after the second barrier against warp 0's next write.  The score here
-   lives in its own shared cell, ``score[0]``; every write is then separated from the last read
-   of the same cell by a barrier, with no extra barrier per token.
-5. Constants (BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS,
-   HEAD_DIM) are closure constants taken from the cache's ``CacheConfig``, not literals
-   repeated in the kernel (the article's ``kernels.cu:6`` TODO), and addresses are counted in
-   elements (``*_ELEMS``) rather than bytes.
+**The kernel's parts.**  Six small steps of the kernel are plain Python functions below
+(``block_table_index``, ``blocks_to_read``, ``tokens_in_block``, ``k_index``,
+``combine_warps``, ``softmax_update``), each annotated with its ``kernels.cu`` lines, which
+``make_paged_attention_kernel`` compiles as device functions.  ``KernelParts`` names them;
+``ARTICLE_PARTS`` is the article's arithmetic, and a puzzle builds the same kernel with one
+part replaced by the reader's function (``ARTICLE_PARTS.replace(k_index=mine)``).
+
+Where this port departs from the article, on purpose: see ``DEPARTURES`` (one entry each, with
+the article's lines; ``viz.kernel_source`` shows them next to the code).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from typing import Callable, NamedTuple
 
 from numba import cuda, float32
 
@@ -55,8 +46,61 @@ WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes
 MAX_THREADS_PER_BLOCK = 1024
 
 
+class Departure(NamedTuple):
+    """One way this port differs from the article's kernel, and why."""
+
+    title: str
+    article: str            # the article's lines (``kernels.cu:...``) it concerns
+    text: str
+
+
+DEPARTURES: tuple[Departure, ...] = (
+    Departure(
+        "any head_dim (the article's limit 2)", "kernels.cu:494-507",
+        "The article's reduction hard-codes two warps (dot_products[0..1], threads 0 and 32), "
+        "valid only for HEAD_DIM = 64.  Here the block has head_dim threads rounded up to whole "
+        "warps (block_threads) and one shared float per warp; the extra lanes of a partial last "
+        "warp hold a zero product and write nothing.  Any head_dim from 1 to 1024 works (16, "
+        "64, 80, 128, ...); for 64 it is exactly the article's two-warp path.  Larger head dims "
+        "(more than 1024 threads per block) are refused with a ValueError."),
+    Departure(
+        "any GQA ratio", "kernels.cu:467",
+        "kv_head = q_head // q_per_kv for any ratio; the article divides by 4."),
+    Departure(
+        "the scale is an argument", "kernels.cu:506",
+        "The score is multiplied by the scale argument; the article divides by SQRT_HEAD_DIM = "
+        "8, a second place where it assumes head_dim 64."),
+    Departure(
+        "a race removed (the article's limit 3)", "kernels.cu:502-508",
+        "The article stores the summed score back into dot_products[0].  In the next token's "
+        "step, thread 0 writes its warp's partial sum into that same dot_products[0], possibly "
+        "before warp 1 has read the previous score: nothing orders warp 1's read after the "
+        "second barrier against warp 0's next write.  The score here lives in its own shared "
+        "cell, score[0]; every write is then separated from the last read of the same cell by "
+        "a barrier, with no extra barrier per token."),
+    Departure(
+        "constants from one definition, addresses in elements", "kernels.cu:6, 16-19, 484-485",
+        "BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS and "
+        "HEAD_DIM are closure constants taken from the cache's CacheConfig, not literals "
+        "repeated in the kernel (the article's kernels.cu:6 TODO), and addresses are counted "
+        "in elements (the *_ELEMS constants) rather than in bytes: a byte offset is the "
+        "element index times the item size (2 for bf16)."),
+    Departure(
+        "storage dtypes", "kernels.cu:461",
+        "The cache may hold bfloat16, float16 or float32 (dtypes.py load/store); every sum is "
+        "float32, as in the article.  The article's kernel reads __nv_bfloat16 only."),
+    Departure(
+        "six steps are device functions", "kernels.cu:470-519",
+        "The block count, the table index, the fill of a block, the K address, the cross-warp "
+        "combine and the online-softmax update are small device functions (KernelParts) "
+        "rather than inline code, so that a puzzle can compile the same kernel with one of "
+        "them replaced by the reader's version.  Numba inlines them; the arithmetic is the "
+        "article's."),
+)
+
+
 def check_head_dim(head_dim: int) -> None:
-    """The decode kernel runs one thread per dimension in one block (see limit 2 above)."""
+    """The decode kernel runs one thread per dimension in one block (see DEPARTURES[0])."""
     if not 1 <= head_dim <= MAX_THREADS_PER_BLOCK:
         raise ValueError(
             f"paged_attention_kernel: head_dim={head_dim} is not supported: the kernel runs one "
@@ -69,17 +113,119 @@ def block_threads(head_dim: int) -> int:
     return -(-head_dim // WARP_SIZE) * WARP_SIZE
 
 
+# =========================================================================================
+# The kernel's parts: plain Python, compiled as device functions by the kernel factory.
+# =========================================================================================
+
+def blocks_to_read(seq_len, BLOCK_SIZE):
+    """kernels.cu:470-471: how many logical blocks hold the sequence's ``seq_len`` tokens
+    (the division rounded up: the last block may be partly filled)."""
+    return (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):
+    """kernels.cu:480: the flat block-table entry of (cache slot, layer, logical block): the
+    article's three-term index over a table of [slots][N_LAYERS][MAX_BLOCKS_PER_SEQ]."""
+    return slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ + logical_block
+
+
+def tokens_in_block(seq_len, logical_block, BLOCK_SIZE):
+    """kernels.cu:481: how many tokens of logical block ``logical_block`` hold data (BLOCK_SIZE
+    for every block but possibly the last)."""
+    return min(seq_len - logical_block * BLOCK_SIZE, BLOCK_SIZE)
+
+
+def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    """kernels.cu:484: the element of the cache buffer holding dimension ``thread_id`` of kv
+    head ``kv_head``'s K vector for row ``token`` of ``physical_block`` (the article's byte
+    address divided by the item size).  V is ``V_OFFSET_ELEMS`` further (kernels.cu:485)."""
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
+
+
+def combine_warps(dot_products, HEAD_DIM, WARP_SIZE):
+    """kernels.cu:503-506 (thread 0, after the barrier): add the per-warp partial sums
+    ``dot_products[w]`` into the whole q.k; the block has HEAD_DIM threads rounded up to whole
+    warps, so ceil(HEAD_DIM / WARP_SIZE) cells (the article adds exactly two)."""
+    total = float32(0.0)
+    for w in range((HEAD_DIM + WARP_SIZE - 1) // WARP_SIZE):
+        total += dot_products[w]
+    return total
+
+
+def softmax_update(current_max, d, acc, score, v):
+    """kernels.cu:509-519: fold one token (its scaled score and this thread's V element) into
+    the running max, the denominator d and the accumulator acc; returns the three new values.
+    When the max rises, the old d and acc are rescaled by exp(old max - new max)."""
+    new_max = current_max
+    if score > current_max:
+        new_max = score
+    correction = math.exp(current_max - new_max)
+    exp_score = math.exp(score - new_max)
+    return new_max, d * correction + exp_score, acc * correction + exp_score * v
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelParts:
+    """The replaceable steps of the kernel (plain Python functions with the signatures of the
+    article's versions above).  Hashable: the kernel factory caches one kernel per set."""
+
+    blocks_to_read: Callable = blocks_to_read
+    block_table_index: Callable = block_table_index
+    tokens_in_block: Callable = tokens_in_block
+    k_index: Callable = k_index
+    combine_warps: Callable = combine_warps
+    softmax_update: Callable = softmax_update
+
+    def replace(self, **parts: Callable) -> "KernelParts":
+        """A copy with some parts replaced (``parts`` named as the fields)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(parts) - names)
+        if unknown:
+            raise TypeError(f"KernelParts: no part named {', '.join(unknown)}; the parts are "
+                            f"{', '.join(sorted(names))}")
+        for name, fn in parts.items():
+            if not callable(fn):
+                raise TypeError(f"KernelParts.{name} must be a function, got {type(fn).__name__}")
+        return dataclasses.replace(self, **parts)
+
+
+#: the article's arithmetic for every part
+ARTICLE_PARTS = KernelParts()
+
+
 @functools.lru_cache(maxsize=None)
+def device_function(fn: Callable):
+    """``fn`` compiled as a CUDA device function (once per function object)."""
+    return cuda.jit(device=True)(fn)
+
+
 def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int, N_LAYERS: int,
                                 MAX_BLOCKS_PER_SEQ: int, KV_DIM: int, BLOCK_ELEMS: int,
-                                V_OFFSET_ELEMS: int):
-    """Compile (lazily, once per dtype and cache layout) the decode attention kernel.
+                                V_OFFSET_ELEMS: int, parts: KernelParts = ARTICLE_PARTS):
+    """Compile (lazily, once per dtype, cache layout and set of parts) the decode attention
+    kernel.
 
     Launch: ``grid = (num_active_slots, num_q_heads)``, ``block = block_threads(HEAD_DIM)``."""
     check_head_dim(HEAD_DIM)
+    if not isinstance(parts, KernelParts):
+        raise TypeError(f"make_paged_attention_kernel: parts must be a KernelParts, got "
+                        f"{type(parts).__name__}")
+    return _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts):
     NUM_WARPS = block_threads(HEAD_DIM) // WARP_SIZE       # the article: 2
     ops = DTYPE_OPS[dtype_name]
     load, store = ops.load, ops.store
+    blocks_to_read = device_function(parts.blocks_to_read)
+    block_table_index = device_function(parts.block_table_index)
+    tokens_in_block = device_function(parts.tokens_in_block)
+    k_index = device_function(parts.k_index)
+    combine_warps = device_function(parts.combine_warps)
+    softmax_update = device_function(parts.softmax_update)
 
     @cuda.jit
     def paged_attention_kernel(layer, q, q_row_stride, kv_cache, block_table, seq_lens,
@@ -101,29 +247,31 @@ def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int,
 
         # --- kernels.cu:470-471: how many blocks to read ----------------------------------
         seq_len = seq_lens[active_slot]
-        num_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+        num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
 
         # --- kernels.cu:473-476: online softmax state ---------------------------------
         current_max = float32(-math.inf)
         acc = float32(0.0)
         d = float32(0.0)                           # denominator
 
-        for logical_block in range(num_blocks):         # kernels.cu:478
+        # --- kernels.cu:478: one logical block at a time ------------------------------
+        for logical_block in range(num_blocks):
             # --- kernels.cu:480: logical -> physical, via the three-term index ----------
-            physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ
-                                         + layer * MAX_BLOCKS_PER_SEQ + logical_block]
+            physical_block = block_table[block_table_index(slot, layer, logical_block,
+                                                           N_LAYERS, MAX_BLOCKS_PER_SEQ)]
             # --- kernels.cu:481: the last block may be partly filled --------------------
-            tokens_in_block = min(seq_len - logical_block * BLOCK_SIZE, BLOCK_SIZE)
-            for token in range(tokens_in_block):       # kernels.cu:482
+            n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
+            # --- kernels.cu:482: one token of the block at a time -----------------------
+            for token in range(n_tokens):
                 # --- kernels.cu:484-485: physical block -> element addresses ------------
-                k_index = (physical_block * BLOCK_ELEMS + token * KV_DIM
-                           + kv_head * HEAD_DIM + thread_id)
-                v_index = k_index + V_OFFSET_ELEMS
+                k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS,
+                                 KV_DIM, HEAD_DIM)
+                v_elem = k_elem + V_OFFSET_ELEMS
 
                 # --- kernels.cu:486-493: one product each, warp shuffle tree ------------
                 qk = float32(0.0)
                 if owns_dim:
-                    qk = q_val * load(kv_cache, k_index)
+                    qk = q_val * load(kv_cache, k_elem)
                 qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
                 qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
                 qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
@@ -135,28 +283,67 @@ def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int,
                     dot_products[thread_id // WARP_SIZE] = qk
                 cuda.syncthreads()
 
-                # --- kernels.cu:503-507: thread 0 adds the warps and scales --------------
+                # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ----
                 if thread_id == 0:
-                    total = float32(0.0)
-                    for w in range(NUM_WARPS):
-                        total += dot_products[w]
-                    score[0] = total * float32(scale)  # own cell: see note 4 in the docstring
+                    # own cell for the score: see DEPARTURES (a race removed)
+                    score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
                 cuda.syncthreads()
-                dot_product = score[0]             # kernels.cu:508
+                dot_product = score[0]
 
                 # --- kernels.cu:509-519: online softmax update ------------------------
-                new_max = current_max
-                if dot_product > current_max:
-                    new_max = dot_product
-                correction = math.exp(current_max - new_max)
-                current_max = new_max
-                exp_score = math.exp(dot_product - current_max)
-                d = d * correction + exp_score
+                v = float32(0.0)
                 if owns_dim:
-                    acc = acc * correction + exp_score * load(kv_cache, v_index)
+                    v = load(kv_cache, v_elem)
+                current_max, d, acc = softmax_update(current_max, d, acc, dot_product, v)
 
         # --- kernels.cu:522: the output overwrites q ----------------------------------
         if owns_dim:
             store(q, q_index, acc / d)
 
     return paged_attention_kernel
+
+
+def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS):
+    """The kernel for ``cache``'s layout (its ``CacheConfig`` constants) and ``parts``."""
+    c = cache.config
+    return make_paged_attention_kernel(dtype_name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
+                                       c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS,
+                                       c.V_OFFSET_ELEMS, parts)
+
+
+def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: float,
+           parts: KernelParts = ARTICLE_PARTS):
+    """Run the article's kernel on q [B, nH, D] (in place) and return q, launched as
+    ``NumbaBackend.decode_attention`` launches it: grid (B, nH), ``block_threads(head_dim)``
+    threads.  ``seq_lens`` / ``active_slots`` may be lists or tensors; every tensor must live
+    where this process's kernels run (the CPU in the simulator, the GPU otherwise).
+    ``parts`` replaces steps of the kernel (see ``KernelParts``)."""
+    import torch
+
+    from . import launch
+    from .dtypes import ops_for
+    from .sim_shim import SIMULATING
+
+    c = cache.config
+    if q.dtype != cache.buffer.dtype:
+        raise TypeError(f"attention.decode: q is {q.dtype}, the cache holds {cache.buffer.dtype}")
+    if q.dim() != 3 or q.shape[2] != c.head_dim or q.shape[1] % c.num_kv_heads:
+        raise ValueError(f"attention.decode: q must be [B, n_q_heads, {c.head_dim}] with n_q_heads "
+                         f"a multiple of the cache's {c.num_kv_heads} kv heads, got "
+                         f"{tuple(q.shape)}")
+    n_seqs, n_q_heads, _ = q.shape
+    kernel = kernel_for(cache, ops_for(q.dtype).name, parts)
+    dev = q.device
+    lens = torch.as_tensor(seq_lens).to(device=dev, dtype=torch.int32).contiguous()
+    slots = torch.as_tensor(active_slots).to(device=dev, dtype=torch.int32).contiguous()
+    table = block_table.to(device=dev, dtype=torch.int32).contiguous()
+    if n_seqs == 0:
+        return q
+    qa, q_rs = launch.rows(q, "q")
+    launch.launch(kernel, (n_seqs, n_q_heads), block_threads(c.head_dim), int(layer), qa, q_rs,
+                  launch.flat(cache.buffer, "cache.buffer"), launch.flat(table),
+                  launch.flat(lens), launch.flat(slots), n_q_heads // c.num_kv_heads,
+                  float(scale))
+    if not SIMULATING:
+        torch.cuda.synchronize()
+    return q

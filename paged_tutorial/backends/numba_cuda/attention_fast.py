@@ -509,6 +509,18 @@ def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warp
 
 #: warps per thread block (the simulator runs one: every thread is a Python thread)
 NUM_WARPS = 1 if SIMULATING else 8
+#: ... and from this many (sequence, KV head) blocks on, 4 warps per block: measured on an
+#: H200 (attention-2026-11-30.json and kernels-*.json "attention_short"): 8 warps win at
+#: batch 1 (6.4 against 8.4 us at context 160), 4 warps from batch 8 x 8 KV heads on
+#: (16.9 against 18.2 us at batch 8, context 1024; 14.9 against 20.2 at batch 64, context 160)
+FEW_WARPS_FROM_BLOCKS = 64
+
+
+def num_warps_for(batch: int, n_kv_heads: int) -> int:
+    """Warps per block for a launch: depends only on the batch (a CUDA graph fixes it)."""
+    if SIMULATING or batch * n_kv_heads < FEW_WARPS_FROM_BLOCKS:
+        return NUM_WARPS
+    return min(NUM_WARPS, 4)
 #: the kernel's shape knobs (see make_fast_decode_kernel), chosen by ``benchmarks/attention.py
 #: --sweep`` on an H200 (attention-2026-11-30.json: variant "wide-g8u2l2"): 16-byte loads,
 #: 8 lanes per token, 2 passes (8 tokens) per load and per softmax update.
@@ -537,14 +549,12 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
                           **variant):
     """Launch the fast kernel: output written over q (as the article's kernel does).
     ``seq_lens`` / ``active_slots``: int32 on q's device; ``block_table`` as in base.py."""
-    import torch
-
-    from .launch import as_kernel_array, flat, launch, rows
+    from .launch import as_kernel_array, flat, launch, persistent_buffer, rows, words
 
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
-    nw = NUM_WARPS if num_warps is None else num_warps
+    nw = num_warps_for(n_seqs, n_kv) if num_warps is None else num_warps
     options = {**DEFAULT_VARIANT, **variant}     # lanes, update/load passes, prefetch, wide
     kernel = make_fast_decode_kernel(c.dtype, head_dim, n_q_heads // n_kv, c.BLOCK_SIZE,
                                      c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
@@ -556,12 +566,15 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
     n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
-    part_acc = torch.empty(n_part * head_dim, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(n_part * 2, dtype=torch.float32, device=q.device)
+    # scratch for the split partials: kept for the process (no allocation per call; every
+    # launch on the stream finishes before the next one reuses it)
+    part_acc = persistent_buffer(q.device, "attention.part_acc", n_part * head_dim)
+    part_ml = persistent_buffer(q.device, "attention.part_ml", n_part * 2)
     tickets = _ticket_buffer(q.device, n_seqs * n_kv)
     qa, q_rs = rows(q, "q")
     launch(kernel, (n_seqs, n_kv, splits), nw * WARP_SIZE, int(layer), qa, q_rs,
-           as_kernel_array(kv_view(cache.buffer, wide_loads(c.dtype, head_dim, options["wide"]))),
+           words(cache.buffer) if wide_loads(c.dtype, head_dim, options["wide"])
+           else as_kernel_array(kv_view(cache.buffer, False)),
            flat(block_table), flat(seq_lens),
            flat(active_slots), float(scale), as_kernel_array(part_acc),
            as_kernel_array(part_ml), as_kernel_array(tickets))

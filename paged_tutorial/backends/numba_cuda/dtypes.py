@@ -22,7 +22,10 @@ from typing import NamedTuple
 
 import torch
 from numba import cuda
-from numba.cuda.types import float16, float32, int16, int32
+try:        # numba-cuda 0.30 (Linux, Windows) has its own copy of Numba's type system
+    from numba.cuda.types import float16, float32, int16, int32
+except ImportError:         # numba-cuda 0.20.1 (macOS: simulator only) uses Numba's
+    from numba.types import float16, float32, int16, int32
 
 from .sim_shim import libdevice
 

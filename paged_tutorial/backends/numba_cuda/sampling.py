@@ -1,9 +1,14 @@
-"""Sampling without sorting: one thread block per row of logits, block-wide reductions only.
+"""Sampling without sorting: thread blocks per row of logits, block-wide reductions only.
 
 The rule is ``paged_tutorial.sampling`` (``sample_reference``):
 
-- temperature 0: greedy, the first index of the largest logit (``block_argmax``).
-- otherwise p = softmax(logits / T) (a max reduction, then a sum reduction of the exps; the
+- temperature 0: greedy, the first index of the largest logit.  One block reading a
+  128256-entry row alone takes ~60 us (benchmarks/results/decode-2026-11-30.json); so the row
+  is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``)
+  and publishes it, and the last block to finish (an atomic ticket per row, as in
+  ``attention_fast.py``) picks the winner of the winners (``beats``: ties to the smaller id).
+- otherwise (one block per row; the other blocks of the row return at once)
+  p = softmax(logits / T) (a max reduction, then a sum reduction of the exps; the
   probabilities go to a float32 scratch row).  Top-p keeps token i when the mass of the tokens
   strictly more likely than i, M(p_i) = sum of p_j > p_i, is below top_p.  M(v) only decreases
   as v grows, so the kept set is {i : p_i >= theta} for the smallest value theta with
@@ -27,15 +32,39 @@ import math
 from numba import cuda, float32, int32
 
 from .reduce import MAX_WARPS, beats, block_argmax, block_max, block_sum
-from .sim_shim import libdevice
+from .sim_shim import SIMULATING, libdevice
 
 MAX_SAMPLE_THREADS = 1024
 
 
+def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
+    """Blocks per row for the greedy path: about 256 blocks in all (two per SM of an H200:
+    the kernel's 512-thread blocks, sized for the top-p path, fit two per SM; 1024 blocks
+    measured slower at batch 64, 51 us against 36), at most 64 per row.  Depends only on the
+    batch size, so a CUDA graph can fix it."""
+    if simulating:
+        return 2                                       # exercise the merge, cheaply
+    return max(1, min(64, -(-256 // max(1, batch))))
+
+
+if SIMULATING:
+    def _fence():
+        """The simulator runs blocks one after another: nothing to order."""
+else:                                                  # pragma: no cover - GPU only
+    @cuda.jit(device=True)
+    def _fence():
+        cuda.threadfence()
+
+
 @cuda.jit
-def sample_kernel(logits, logits_row_stride, vocab, temperature, top_p, uniforms, probs, out):
-    """Launch: ``grid = B``, ``block`` = a multiple of 32, at most 1024."""
+def sample_kernel(logits, logits_row_stride, vocab, temperature, top_p, uniforms, probs, out,
+                  part_v, part_i, tickets):
+    """Launch: ``grid = (B, parts)``, ``block`` = a multiple of 32, at most 1024.  ``part_v`` /
+    ``part_i``: float32 / int32 scratch of B * parts entries; ``tickets``: int32, B entries,
+    zero before the launch (left at zero)."""
     row = cuda.blockIdx.x
+    part = cuda.blockIdx.y
+    n_parts = cuda.gridDim.y
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
     red_v = cuda.shared.array(MAX_WARPS, float32)
@@ -43,21 +72,47 @@ def sample_kernel(logits, logits_row_stride, vocab, temperature, top_p, uniforms
     chunk_mass = cuda.shared.array(MAX_SAMPLE_THREADS, float32)
     chosen_chunk = cuda.shared.array(1, int32)
     chosen_prefix = cuda.shared.array(2, float32)      # [running mass before, target]
+    is_last = cuda.shared.array(1, int32)
     base = row * logits_row_stride
     t = float32(temperature[row])
 
     if t == float32(0.0):
-        # --- greedy: first index of the maximum ---------------------------------------
+        # --- greedy: first index of the maximum, the row split over ``parts`` blocks -------
+        span = (vocab + n_parts - 1) // n_parts
+        lo = part * span
+        hi = min(lo + span, vocab)
         best = float32(-math.inf)
         best_i = int32(vocab)                          # "nothing yet": loses every tie
-        for i in range(tid, vocab, n_threads):         # increasing i: the first max stays
+        for i in range(lo + tid, hi, n_threads):       # increasing i: the first max stays
             x = float32(logits[base + i])
             if beats(x, int32(i), best, best_i):
                 best = x
                 best_i = int32(i)
         best_i = block_argmax(best, best_i, red_v, red_i)
-        if tid == 0:
-            out[row] = best_i
+        if n_parts == 1:
+            if tid == 0:
+                out[row] = best_i
+            return
+        if tid == 0:                                   # publish this part's winner
+            part_v[row * n_parts + part] = float32(logits[base + best_i]) if best_i < vocab \
+                else float32(-math.inf)
+            part_i[row * n_parts + part] = best_i
+            _fence()
+            ticket = cuda.atomic.add(tickets, row, 1)
+            is_last[0] = 1 if ticket == n_parts - 1 else 0
+        cuda.syncthreads()
+        if is_last[0] == 1 and tid == 0:               # the last part to finish merges
+            _fence()
+            bv = part_v[row * n_parts]
+            bi = part_i[row * n_parts]
+            for p in range(1, n_parts):
+                if beats(part_v[row * n_parts + p], part_i[row * n_parts + p], bv, bi):
+                    bv = part_v[row * n_parts + p]
+                    bi = part_i[row * n_parts + p]
+            out[row] = bi
+            tickets[row] = 0
+        return
+    if part != 0:                                      # top-p rows: one block does the row
         return
 
     # --- p = softmax(logits / T) into the scratch row --------------------------------

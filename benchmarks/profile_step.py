@@ -1,0 +1,219 @@
+"""Where one engine step's time goes, kernel by kernel (torch.profiler), on the GPU:
+
+    python benchmarks/profile_step.py [--out DIR]
+
+Llama-3.2-1B shapes, random bf16 weights (as ``decode.py``), 128-token prompts.  Profiled:
+
+- ``decode_graph_b1`` / ``decode_graph_b64``: one CUDA-graph replay of a decode step (the
+  engine's default path) at batch 1 and 64;
+- ``decode_eager_b1``: one decode step without graphs (every launch from Python), with the
+  step's wall time beside its kernel time: the gap is host time;
+- ``prefill_2x1024``: one prefill engine step of two 1024-token prompts;
+- ``host``: host microseconds per call of small ops through each launch path of
+  ``launch.py`` (and torch's own ops for scale), and a cProfile of eager decode steps.
+
+For each: the wall time of the step (median of several, measured without the profiler), the
+sum of kernel times, the number of kernels, and per kernel name its calls, total and mean
+microseconds, sorted by total.  Numba's mangled kernel names are shortened to the Python
+function's name.  Writes ``profile-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+
+import torch
+
+from common import gpu_info, setup_numba_env, write_json
+
+setup_numba_env()
+
+import paged_tutorial as pt  # noqa: E402
+from decode import PROMPT_LEN, make_engine, prompts_for, random_gpu_model  # noqa: E402
+
+TOP = 40
+
+
+def short_name(name: str) -> str:
+    """A Numba kernel's name (mangled, or demangled by the profiler) -> ``numba:`` + the
+    Python function's name; other kernels' names cut to 120 characters."""
+    if "paged_tutorial::" in name:
+        return "numba:" + name.split("[abi")[0].split("(")[0].split("::")[-1]
+    if not name.startswith("_ZN"):
+        return name[:120]
+    tokens, i = [], 3
+    while i < len(name) and name[i].isdigit():
+        m = re.match(r"\d+", name[i:])
+        n = int(m.group())
+        i += len(m.group())
+        tokens.append(name[i:i + n])
+        i += n
+    return f"numba:{tokens[-1]}" if tokens else name[:120]
+
+
+def kernel_table(prof) -> dict:
+    per: dict[str, list[float]] = {}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        per.setdefault(short_name(evt.name), []).append(evt.time_range.elapsed_us())
+    rows = sorted(({"name": k, "calls": len(v), "total_us": round(sum(v), 2),
+                    "mean_us": round(sum(v) / len(v), 2)} for k, v in per.items()),
+                  key=lambda r: -r["total_us"])
+    total = sum(r["total_us"] for r in rows)
+    return {"kernel_ms": round(total / 1e3, 4), "kernels": sum(r["calls"] for r in rows),
+            "by_kernel": rows[:TOP], "other_kernels_us": round(
+                sum(r["total_us"] for r in rows[TOP:]), 2)}
+
+
+def profiled(fn, wall_reps: int = 15) -> dict:
+    """Wall time of fn() (median, synchronized), then one profiled call."""
+    fn()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(wall_reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {"wall_ms": round(statistics.median(walls), 4), **kernel_table(prof)}
+
+
+def decode_step_fn(model, batch: int, graphs: bool):
+    """An engine mid-generation, and a function running one decode step of it (the running
+    requests' positions are restored after each call, so every call is the same step)."""
+    engine = make_engine(model, batch, cuda_graphs=graphs)
+    prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
+    for p in prompts:
+        engine.add_request(p, pt.SamplingParams(max_new_tokens=1 << 20, ignore_eos=True),
+                           chat=False)
+    engine.step()                                            # prefill
+    engine.step()                                            # first decode (graph capture)
+    requests = list(engine.scheduler.running)
+
+    def step():
+        lens = [(r, r.num_cached, len(r.output_ids)) for r in requests]
+        report = engine.step()
+        assert report.kind == "decode" and report.num_tokens == batch
+        for r, cached, n_out in lens:                        # rewind: same step next time
+            r.num_cached = cached
+            del r.output_ids[n_out:]
+    return step
+
+
+def prefill_step_fn(model):
+    engine = pt.Engine(model, max_slots=2, max_seq_len=1100)
+    prompts = [prompts_for(1, 1024, 11 + i, model.config.vocab_size)[0] for i in range(2)]
+
+    def step():
+        results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=1, ignore_eos=True),
+                                  chat=False)
+        assert all(len(r.token_ids) == 1 for r in results)
+    return step
+
+
+def host_costs(model) -> dict:
+    """Host microseconds per call of small ops (2000 calls, then one sync: the GPU keeps up,
+    so this is the host's time), for each launch path of ``launch.py``; and a cProfile of
+    eager decode steps at batch 1: which Python functions the host time goes to."""
+    import cProfile
+    import pstats
+
+    from paged_tutorial.backends.numba_cuda import NumbaBackend, launch
+
+    nb = NumbaBackend()
+    x = torch.randn(1, model.config.hidden_size, device="cuda").to(torch.bfloat16)
+    w = torch.ones(model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    gu = torch.randn(1, 2 * model.config.intermediate_size, device="cuda").to(torch.bfloat16)
+    res = {}
+
+    def per_call_us(fn, n=2000):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return round((time.perf_counter() - t0) / n * 1e6, 2)
+
+    saved = launch.LAUNCH_MODE
+    for mode in ("raw", "core", "numba"):
+        launch.LAUNCH_MODE = mode
+        launch._launchers.clear()
+        res[f"rms_norm_{mode}_us"] = per_call_us(lambda: nb.rms_norm(x, w, 1e-5))
+        res[f"silu_mul_{mode}_us"] = per_call_us(lambda: nb.silu_mul(gu))
+    launch.LAUNCH_MODE = saved
+    launch._launchers.clear()
+    res["torch_empty_us"] = per_call_us(lambda: torch.empty(1, 2048, device="cuda",
+                                                            dtype=torch.bfloat16))
+    wl = model.weights["model.layers.0.self_attn.o_proj.weight"]
+    res["torch_linear_us"] = per_call_us(lambda: torch.nn.functional.linear(x, wl))
+    res["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
+    step = decode_step_fn(model, 1, False)
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"function": f"{file.rsplit('/', 1)[-1]}:{line}:{fn}", "calls_per_step":
+                     nc / 20, "self_us_per_step": round(tt / 20 * 1e6, 1),
+                     "total_us_per_step": round(ct / 20 * 1e6, 1)})
+    rows.sort(key=lambda r: -r["self_us_per_step"])
+    res["eager_decode_b1_cprofile_top"] = rows[:30]
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    t0 = time.time()
+    data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
+            "prompt_len": PROMPT_LEN}
+    model = random_gpu_model()
+    cases = {"decode_graph_b1": lambda: decode_step_fn(model, 1, True),
+             "decode_graph_b64": lambda: decode_step_fn(model, 64, True),
+             "decode_eager_b1": lambda: decode_step_fn(model, 1, False),
+             "prefill_2x1024": lambda: prefill_step_fn(model)}
+    for name, make in cases.items():
+        try:
+            data[name] = profiled(make())
+        except Exception as exc:                             # report, keep the others
+            data[name] = {"error": repr(exc)[:400]}
+        d = data[name]
+        print(f"{name}: wall {d.get('wall_ms')} ms, kernels {d.get('kernel_ms')} ms "
+              f"({d.get('kernels')} launches)", flush=True)
+        for r in d.get("by_kernel", [])[:12]:
+            print(f"    {r['total_us']:9.1f} us {r['calls']:4d} x {r['mean_us']:7.2f}  "
+                  f"{r['name'][:90]}", flush=True)
+        torch.cuda.empty_cache()
+    try:
+        data["host"] = host_costs(model)
+        print("host:", {k: v for k, v in data["host"].items() if k.endswith("_us")},
+              data["host"]["launch_errors"], flush=True)
+        for r in data["host"]["eager_decode_b1_cprofile_top"][:25]:
+            print(f"    self {r['self_us_per_step']:8.1f} us/step  {r['calls_per_step']:6.0f} "
+                  f"calls  {r['function'][:90]}", flush=True)
+    except Exception as exc:
+        data["host"] = {"error": repr(exc)[:400]}
+        print("host costs failed:", data["host"], flush=True)
+    data["seconds"] = round(time.time() - t0, 1)
+    write_json(data, "profile", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""A pytest plugin for ``gpu_tests.py``: one JSON line per test phase, written as the run goes
+(so a run stopped by its time limit still leaves its results).
+
+    PYTEST_JSONL=out.jsonl python -m pytest -p pytest_jsonl ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+_PATH = os.environ.get("PYTEST_JSONL")
+
+
+def pytest_runtest_logreport(report):
+    if not _PATH:
+        return
+    if report.when != "call" and report.outcome == "passed":
+        return                                   # setup/teardown passing: nothing to say
+    message = ""
+    if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2])
+    elif report.outcome == "failed":
+        message = report.longreprtext[-1500:]
+    with open(_PATH, "a") as f:
+        f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                            "outcome": report.outcome, "seconds": round(report.duration, 2),
+                            "message": message}) + "\n")

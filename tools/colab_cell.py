@@ -1,0 +1,169 @@
+"""The first cell of every notebook (what makes it run on Google Colab), and the README's
+"open in Colab" links, both built from ONE constant: ``INSTALL_SOURCE``.
+
+    python tools/colab_cell.py --print            # show the cell
+    python tools/colab_cell.py --write            # put it first in every notebooks/*.ipynb
+    python tools/colab_cell.py --check            # exit 1 if a notebook's first cell is stale
+    python tools/colab_cell.py --readme           # rewrite README.md's Colab link table
+
+INSTALL_SOURCE is where the cell clones the tutorial from: the repository's clone URL.  The
+repository has no public home yet: whoever publishes it (or a fork) sets INSTALL_SOURCE to its
+URL here and runs ``--write --readme``.  A reader can also edit the constant at the top of the
+cell itself (a fork, or a folder uploaded to the Colab machine).  When the source cannot be
+cloned the cell stops with a message saying so and what to change.
+
+The cell does nothing outside Colab, so local runs and the test suite (nbval) see no output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+#: the repository the Colab cell clones (README, "Open the notebooks")
+INSTALL_SOURCE = "https://github.com/paged-tutorial/paged-tutorial.git"
+#: the branch the "open in Colab" links point at
+BRANCH = "main"
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+CELL_TAG = "colab-install"
+CHECKOUT = "/content/paged-tutorial"
+README_START, README_END = "<!-- colab:start -->", "<!-- colab:end -->"
+
+CELL_TEMPLATE = '''\
+# Colab only: fetch the tutorial and install what the notebooks need (does nothing elsewhere).
+# INSTALL_SOURCE: the tutorial's git repository (or your fork, or a folder you uploaded here).
+INSTALL_SOURCE = "{source}"
+import sys
+if "google.colab" in sys.modules:
+    import os, subprocess
+    checkout = INSTALL_SOURCE if os.path.isdir(INSTALL_SOURCE) else "{checkout}"
+    if not os.path.isdir(checkout) and subprocess.run(
+            ["git", "clone", "-q", "--depth", "1", INSTALL_SOURCE, checkout]).returncode:
+        raise RuntimeError(
+            f"Could not clone {{INSTALL_SOURCE}} (git's message is above): it is unreachable or "
+            "not a git repository. Set INSTALL_SOURCE at the top of this cell to the tutorial's "
+            "repository (its clone URL, your fork, or a folder uploaded to this machine) and "
+            "run the cell again.")
+    sys.path.insert(0, os.path.join(checkout, "tools"))
+    import colab_setup
+    colab_setup.install(checkout)
+'''
+
+
+def cell_source(source: str = INSTALL_SOURCE) -> str:
+    return CELL_TEMPLATE.format(source=source, checkout=CHECKOUT)
+
+
+def colab_url(notebook_name: str, source: str = INSTALL_SOURCE, branch: str = BRANCH) -> str:
+    """Colab's address for a notebook of a GitHub repository (clone URL -> owner/name)."""
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", source)
+    if not match:
+        raise ValueError(f"INSTALL_SOURCE {source!r} is not a GitHub clone URL: Colab opens "
+                         "notebooks from GitHub (https://github.com/OWNER/NAME.git)")
+    owner, name = match.groups()
+    return (f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/"
+            f"notebooks/{notebook_name}")
+
+
+def make_cell(source: str = INSTALL_SOURCE) -> dict:
+    text = cell_source(source)
+    return {"cell_type": "code", "execution_count": None,
+            "metadata": {"tags": [CELL_TAG]}, "outputs": [],
+            "source": text.splitlines(keepends=True)}
+
+
+def _is_install_cell(cell: dict) -> bool:
+    text = "".join(cell.get("source", []))
+    return CELL_TAG in cell.get("metadata", {}).get("tags", []) or \
+        text.startswith("# Colab only:")
+
+
+def apply_to_notebook(path: Path, source: str = INSTALL_SOURCE) -> bool:
+    """Make the install cell the notebook's first cell (replacing an older one); True if the
+    file changed.  Everything else in the notebook is kept as it is."""
+    text = path.read_text(encoding="utf-8")
+    notebook = json.loads(text)
+    cells = notebook["cells"]
+    new = make_cell(source)
+    if cells and _is_install_cell(cells[0]):
+        old = cells[0]
+        new["execution_count"] = old.get("execution_count")
+        new["metadata"] = {**old.get("metadata", {}), "tags": sorted(
+            set(old.get("metadata", {}).get("tags", [])) | {CELL_TAG})}
+        cells[0] = new
+    else:
+        cells.insert(0, new)
+    updated = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+    if updated == text:
+        return False
+    path.write_text(updated, encoding="utf-8")
+    return True
+
+
+def stale_notebooks(folder: Path = NOTEBOOKS, source: str = INSTALL_SOURCE) -> list[str]:
+    """Notebooks whose first cell is not the current install cell."""
+    stale = []
+    for path in sorted(folder.glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if not cells or "".join(cells[0].get("source", [])) != cell_source(source):
+            stale.append(path.name)
+    return stale
+
+
+def readme_block(folder: Path = NOTEBOOKS, source: str = INSTALL_SOURCE) -> str:
+    rows = ["| notebook | open in Colab |", "|---|---|"]
+    for path in sorted(folder.glob("*.ipynb")):
+        url = colab_url(path.name, source)
+        rows.append(f"| [{path.stem}](notebooks/{path.name}) | "
+                    f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                    f"({url}) |")
+    return "\n".join([README_START, *rows, README_END])
+
+
+def update_readme(readme: Path = ROOT / "README.md", folder: Path = NOTEBOOKS,
+                  source: str = INSTALL_SOURCE) -> bool:
+    text = readme.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{readme} has no {README_START} ... {README_END} block")
+    updated = pattern.sub(lambda _: readme_block(folder, source), text)
+    if updated == text:
+        return False
+    readme.write_text(updated, encoding="utf-8")
+    return True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--print", action="store_true", help="print the cell")
+    p.add_argument("--write", action="store_true", help="update every notebook's first cell")
+    p.add_argument("--check", action="store_true", help="exit 1 if a notebook is stale")
+    p.add_argument("--readme", action="store_true", help="rewrite README.md's Colab links")
+    args = p.parse_args(argv)
+    if not (args.print or args.write or args.check or args.readme):
+        p.error("choose --print, --write, --check and/or --readme")
+    if args.print:
+        print(cell_source(), end="")
+    if args.write:
+        for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+            if apply_to_notebook(path):
+                print(f"updated {path.relative_to(ROOT)}")
+    if args.readme and update_readme():
+        print("updated README.md")
+    if args.check:
+        stale = stale_notebooks()
+        if stale:
+            print(f"stale Colab cell in: {', '.join(stale)} "
+                  "(run python tools/colab_cell.py --write)")
+            return 1
+        print("every notebook starts with the current Colab cell")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
