@@ -108,9 +108,7 @@ class PrefixCachingKVCache(PagedKVCache):
         self.entry_of_block: dict[int, CachedPrefix] = {}  # physical block -> its entry
         self.lru: OrderedDict[int, CachedPrefix] = OrderedDict()   # unused entries, oldest first
         self._pending: list[CachedPrefix] = []
-        # counters over the cache's life (benchmarks and notebooks read them)
-        self.hit_tokens = 0               # prompt tokens admitted from the cache
-        self.evictions = 0                # entries evicted
+        self.evictions = 0                # entries evicted over the cache's life
 
     # --- what is where ---------------------------------------------------------------------
     @property
@@ -192,7 +190,6 @@ class PrefixCachingKVCache(PagedKVCache):
         self._grow(slot, self.config.blocks_for_tokens(new_len), events)
         self._register_prompt_blocks(slot, prompt_ids, len(matched),
                                      matched[-1] if matched else None, events)
-        self.hit_tokens += len(matched) * self.BLOCK_SIZE
         self._notify(events)
         return len(matched) * self.BLOCK_SIZE
 
@@ -237,8 +234,8 @@ class PrefixCachingKVCache(PagedKVCache):
         return block
 
     def _evict_one(self, events: list) -> None:
-        """Drop the least recently used unused entry; its blocks go back to ``free_blocks``
-        (the last layer's first, so that the next pops give layer 0 its old block)."""
+        """Drop the least recently used unused entry; its blocks (one per layer) go back to
+        ``free_blocks``."""
         _, entry = self.lru.popitem(last=False)
         self._forget(entry)
         self.evictions += 1
