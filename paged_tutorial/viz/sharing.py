@@ -233,13 +233,15 @@ def step_title(record: SharingRecord) -> str:
         return "before the first step"
     k = record.kinds()
     parts = [f"{k[name]} {name}" for name in ("share", "reuse", "cache", "evict") if k.get(name)]
-    what = f" ({', '.join(parts)})" if parts else ""
-    return f"step {record.index} {record.kind}, {record.num_tokens} tokens computed{what}"
+    return (f"step {record.index} {record.kind}, {record.num_tokens} computed\n"
+            + (", ".join(parts) if parts else " "))
 
 
-def draw_table(ax, record: SharingRecord, layer: int = 0, max_logical: int | None = None):
+def draw_table(ax, record: SharingRecord, layer: int = 0, max_logical: int | None = None,
+               show_owner: bool = True):
     """Layer ``layer``'s block table after the step: one row per slot, one column per logical
-    block, each cell the physical block id it names, coloured like the block."""
+    block, each cell the physical block id it names, coloured like the block (``show_owner``:
+    the request holding each slot in the row label)."""
     table = record.block_table[:, layer, :]
     used = np.flatnonzero((table >= 0).any(axis=0))
     width = max_logical or (int(used.max()) + 1 if used.size else 1)
@@ -256,7 +258,7 @@ def draw_table(ax, record: SharingRecord, layer: int = 0, max_logical: int | Non
             if table[s, lb] >= 0:
                 ax.text(lb, s, str(int(table[s, lb])), ha="center", va="center", fontsize=7)
     ax.set_yticks(range(slots), [f"slot {s}" + (f" r{record.slot_owner[s]}"
-                                                if s in record.slot_owner else "")
+                                                if show_owner and s in record.slot_owner else "")
                                  for s in range(slots)], fontsize=8)
     ax.set_xticks(range(width), [str(i) for i in range(width)], fontsize=7)
     ax.set_xlabel(f"logical block (layer {layer}; every layer alike)", fontsize=8)
@@ -329,7 +331,7 @@ def plot_sharing(steps: list[SharingRecord], positions: list[int], dpi: int = 80
     for i, pos in enumerate(positions):
         draw_block_states(fig.add_subplot(grid[0, i]), steps[pos])
         ax = fig.add_subplot(grid[1, i])
-        draw_table(ax, steps[pos], max_logical=width)
+        draw_table(ax, steps[pos], max_logical=width, show_owner=False)
         if i:
             ax.set_yticklabels([])
     ax = fig.add_subplot(grid[2, :])
