@@ -492,6 +492,7 @@ def test_prefix_caching_argument_and_cli_flag(tiny_model):
     assert build_parser().parse_args(["hi"]).prefix_caching is False
 
 
+@pytest.mark.slow
 def test_numba_backend_runs_prefix_caching_through_the_default_op():
     from paged_tutorial.backends.numba_cuda import backend_name
 
