@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-mib", type=float, default=None,
                    help="KV cache size in MiB (default: what max-slots x max-seq-len need, "
                         "capped)")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="prompts that begin alike share the K/V of their common full blocks "
+                        "instead of computing them again")
     p.add_argument("--no-chat", action="store_true",
                    help="feed the prompt as plain text, without the model's chat template")
     p.add_argument("--no-progress", action="store_true",
@@ -150,7 +153,7 @@ def run(args, out=None, err=None) -> int:
         model = load_model(args.model, dtype=dtype, device=device,
                            progress=not args.no_progress and err.isatty())
         engine = Engine(model, backend=backend, max_slots=args.max_slots,
-                        max_seq_len=args.max_seq_len,
+                        max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
                         kv_cache_bytes=None if args.kv_cache_mib is None
                         else int(args.kv_cache_mib * 2**20))
     except (ValueError, FileNotFoundError, PermissionError, ConnectionError, RuntimeError,

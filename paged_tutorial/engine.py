@@ -18,6 +18,10 @@ What the engine guarantees, whatever happens mid-run:
   cancels that request and is re-raised by the call that submitted it (in its own thread).
   Calling ``step``/``generate``/``stream`` from inside a callback raises a RuntimeError;
   ``cancel`` and ``add_request`` are allowed there.
+- **Prefix caching** (``prefix_caching=True``, ``prefix_cache.py``): requests whose prompts
+  begin with the same full blocks share those blocks' K/V instead of computing them again,
+  and the blocks stay cached after their last user finishes; ``GenerationResult.
+  num_cached_tokens`` says how many prompt tokens were found.  Tokens are the same as without.
 - **Threads.**  An Engine may be shared by threads: steps are serialized by a lock, so
   ``generate``/``stream`` from several threads run their requests together (continuous
   batching across callers), each call returning when its own requests are done, with the
@@ -43,6 +47,7 @@ from .config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, Cach
 from .kv_cache import PagedKVCache
 from .model_runner import ModelRunner
 from .models import Model
+from .prefix_cache import PrefixCachingKVCache
 from .request import Request
 from .sampling_params import SamplingParams, draw_seed, is_integer
 from .scheduler import Scheduler
@@ -60,6 +65,7 @@ class GenerationResult:
     time_to_first_token_s: float | None = None
     total_time_s: float | None = None
     decode_tokens_per_s: float | None = None
+    num_cached_tokens: int = 0           # prompt tokens served from shared prefix blocks
 
 
 @dataclass
@@ -74,6 +80,7 @@ class StepReport:
     finished: list[int] = field(default_factory=list)
     new_tokens: dict = field(default_factory=dict)     # request_id -> token id
     num_free_blocks: int = 0
+    num_cached_blocks: int = 0           # unused blocks kept for their prefix (prefix caching)
     seconds: float = 0.0
     logits: torch.Tensor | None = None   # float32 [rows, vocab], kept when engine.record_logits
 
@@ -182,11 +189,14 @@ class Engine:
                  kv_cache_bytes: int | None = None, max_slots: int = 2,
                  max_seq_len: int | None = None, device: str | None = None,
                  debug: bool | None = None, cuda_graphs: bool | None = None,
-                 allow_beyond_max_positions: bool = False,
+                 allow_beyond_max_positions: bool = False, prefix_caching: bool = False,
                  cache_factory: Callable[[CacheConfig, torch.device], PagedKVCache]
                  | None = None):
-        """``cache_factory(cache_config, device)`` builds the paged cache instead of
-        ``PagedKVCache`` (a subclass with other allocation rules: the chapter-06 puzzles)."""
+        """``prefix_caching``: requests whose prompts begin with the same full blocks share
+        those blocks (``prefix_cache.PrefixCachingKVCache``).  ``cache_factory(cache_config,
+        device)`` builds the paged cache instead (a subclass with other allocation rules: the
+        puzzles of chapters 06 and 09); with ``prefix_caching=True`` it must build a
+        ``PrefixCachingKVCache``."""
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -203,6 +213,8 @@ class Engine:
                 f"allow_beyond_max_positions=True if you mean to go past it")
         if kv_cache_bytes is not None:
             kv_cache_bytes = _positive_int("kv_cache_bytes", kv_cache_bytes)
+        if not isinstance(prefix_caching, bool):
+            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.config = model.config
         self.tokenizer = model.tokenizer
         self.backend = make_backend(backend, device, debug)
@@ -215,11 +227,17 @@ class Engine:
         self.cache_config = CacheConfig(kv_cache_bytes=kv_cache_bytes, **cache_kwargs)
         # the weights once, on the backend's device (the caller's CPU copy, if any, is theirs)
         self.model = model.to(self.backend.device)
-        factory = PagedKVCache if cache_factory is None else cache_factory
-        self.cache = factory(self.cache_config, self.backend.device)
+        # with prefix caching, full prompt blocks are shared between requests (prefix_cache.py)
+        if cache_factory is None:
+            cache_factory = PrefixCachingKVCache if prefix_caching else PagedKVCache
+        self.cache = cache_factory(self.cache_config, self.backend.device)
         if not isinstance(self.cache, PagedKVCache) or self.cache.config != self.cache_config:
             raise TypeError("cache_factory(cache_config, device) must return a PagedKVCache "
                             "(or subclass) built from the cache_config it was given")
+        if prefix_caching and not isinstance(self.cache, PrefixCachingKVCache):
+            raise TypeError("prefix_caching=True needs a PrefixCachingKVCache: the "
+                            "cache_factory built a " + type(self.cache).__name__)
+        self.prefix_caching = isinstance(self.cache, PrefixCachingKVCache)
         self.scheduler = Scheduler(self.cache, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
         # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend
@@ -254,7 +272,8 @@ class Engine:
         return (f"backend {self.backend.describe()}, {self.model.dtype}; KV cache "
                 f"{c.cache_bytes_used / 2**20:.1f} MiB = {c.NUM_BLOCKS} blocks x {c.BLOCK_BYTES} B "
                 f"(BLOCK_SIZE {c.BLOCK_SIZE}, KV_DIM {c.KV_DIM}, V_OFFSET {c.V_OFFSET}); "
-                f"{self.max_slots} slots, max_seq_len {self.max_seq_len}")
+                f"{self.max_slots} slots, max_seq_len {self.max_seq_len}"
+                + ("; prefix caching on" if self.prefix_caching else ""))
 
     # --- locking ---------------------------------------------------------------------------
     def _refuse_reentry(self, what: str) -> None:
@@ -456,6 +475,7 @@ class Engine:
         self.step_count += 1
         self.scheduler.release_retired()     # last: a raising cache listener finds all done
         report.num_free_blocks = self.cache.num_free
+        report.num_cached_blocks = self.cache.num_cached
         report.seconds = time.perf_counter() - t0
         if token_ids:
             self._dispatch(batch.requests, token_ids)
@@ -520,7 +540,7 @@ class Engine:
             time_to_first_token_s=(r.first_token_time - r.arrival_time)
             if r.first_token_time else None,
             total_time_s=(r.finish_time - r.arrival_time) if r.finish_time else None,
-            decode_tokens_per_s=decode_tps)
+            decode_tokens_per_s=decode_tps, num_cached_tokens=r.num_cached_tokens or 0)
 
     def run_until_done(self, on_step: Callable[[StepReport], None] | None = None) -> None:
         """Step until no request is waiting or running."""

@@ -10,6 +10,12 @@
   logical_block`` (numpy's C order gives exactly that).  Each layer of a sequence owns its own
   blocks.
 
+Beyond the article, ``prefix_cache.PrefixCachingKVCache`` refines this class: full prompt
+blocks shared between requests, reference counts, cached blocks evicted least-recently-used.
+The hooks it overrides (``allocate_prompt``, ``can_allocate_prompt``, ``blocks_available``,
+``_take_free_block``, ``release``, ``commit_step``, ``discard_uncommitted``) do the article's
+thing here.
+
 The host copy is the truth.  The kernels read a device copy; instead of copying all entries
 after every change (the article copies the whole table each decode layer, TODO at
 ``src/main.cpp:551``), the cache records which entries changed and ``device_block_table()``
@@ -36,16 +42,47 @@ class CacheFullError(RuntimeError):
 
 @dataclass(frozen=True)
 class BlockEvent:
-    """One change of a block's owner, as a listener (``PagedKVCache.add_listener``) sees it.
+    """One change of a physical block, as a listener (``PagedKVCache.add_listener``) sees it.
 
-    ``kind`` is ``"pop"`` (taken from the end of ``free_blocks`` into
-    ``block_table[slot, layer, logical_block]``) or ``"push"`` (that entry reset to -1 and the
-    block appended to ``free_blocks``)."""
+    ``slot``, ``layer``, ``logical_block`` name the block-table entry that changed;
+    ``ref_count`` is the number of table entries pointing at the block *after* the event;
+    ``key`` is the block's hash when it holds a cached prompt prefix.
+
+    Every cache emits:
+
+    - ``"pop"``: taken from the end of ``free_blocks`` into ``block_table[slot, layer,
+      logical_block]`` (count 0 -> 1);
+    - ``"push"``: that entry reset to -1 and the block appended to ``free_blocks`` (1 -> 0).
+
+    A cache with prefix caching (``prefix_cache.PrefixCachingKVCache``) also emits:
+
+    - ``"register"``: the block, popped for a full block of prompt that this step computes, is
+      now findable by its ``key`` (requests admitted in later steps may share it);
+    - ``"share"``: the entry points at a block another entry already uses (n -> n+1, n >= 1);
+    - ``"reuse"``: the entry points at a cached block nobody used (0 -> 1): a cache hit on a
+      block that was kept after its last user finished;
+    - ``"unshare"``: the entry reset to -1 while other entries still use the block (n -> n-1);
+    - ``"cache"``: the entry reset to -1, nobody uses the block any more, and it stays cached,
+      findable by its key, instead of going back to ``free_blocks`` (1 -> 0);
+    - ``"evict"``: an unused cached block is dropped from the cache (least recently used
+      first) and appended to ``free_blocks``, because an allocation found no free block;
+    - ``"unregister"``: a block registered in a step that failed loses its key (its K/V were
+      never completely computed), before the rollback releases it.
+
+    ``"evict"`` and ``"unregister"`` change no table entry: their ``slot`` is -1, ``layer``
+    the layer whose K/V the block holds and ``logical_block`` its position in the prompt."""
     kind: str
     block: int
     slot: int
     layer: int
     logical_block: int
+    ref_count: int = -1
+    key: int | None = None
+
+
+#: every BlockEvent kind, in the order the docstring explains them
+EVENT_KINDS = ("pop", "push", "register", "share", "reuse", "unshare", "cache", "evict",
+               "unregister")
 
 
 def check_block_entries(cache: "PagedKVCache", table, slot: int, layer: int, n_tokens: int,
@@ -94,8 +131,9 @@ class PagedKVCache:
 
     # --- observation ----------------------------------------------------------------------
     def add_listener(self, listener: Callable[[BlockEvent], None]) -> None:
-        """Call ``listener(event)`` for every pop from and push to ``free_blocks`` (a
-        ``BlockEvent``), in the order the cache did them.  Events are delivered after the
+        """Call ``listener(event)`` for every change of a block's owners (a ``BlockEvent``: pops
+        from and pushes to ``free_blocks``, and with prefix caching the sharing events), in the
+        order the cache did them.  Events are delivered after the
         operation that caused them has completed, so the cache is consistent when a listener
         runs, and stays so if it raises (the exception then propagates to the caller).
         Listeners observe; they must not change the cache or the engine."""
@@ -107,10 +145,12 @@ class PagedKVCache:
         self._listeners.remove(listener)
 
     def _notify(self, events: list[tuple]) -> None:
-        """Deliver the events of one completed operation to every listener."""
+        """Deliver the events of one completed operation to every listener.  An event is
+        (kind, block, slot, layer, logical_block, ref_count, key)."""
         if self._listeners and events:
-            for kind, block, slot, layer, logical in events:
-                event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical))
+            for kind, block, slot, layer, logical, ref_count, key in events:
+                event = BlockEvent(kind, int(block), int(slot), int(layer), int(logical),
+                                   int(ref_count), key)
                 for listener in list(self._listeners):
                     listener(event)
 
@@ -121,6 +161,22 @@ class PagedKVCache:
     @property
     def num_free(self) -> int:
         return len(self.free_blocks)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks nobody uses that still hold K/V worth keeping (0 without prefix caching)."""
+        return 0
+
+    def blocks_available(self) -> int:
+        """Blocks an allocation may take now: the free ones (with prefix caching, also the
+        cached ones nobody uses, which it would evict)."""
+        return len(self.free_blocks)
+
+    def reference_counts(self) -> np.ndarray:
+        """For every physical block, how many block-table entries point at it (0 or 1 here;
+        with prefix caching a shared block has one entry per request that uses it)."""
+        owned = self.block_table[self.block_table >= 0]
+        return np.bincount(owned, minlength=self.NUM_BLOCKS)
 
     # --- addresses (the article's arithmetic, for notebooks and tests) --------------------
     def flat_index(self, slot: int, layer: int, logical_block: int) -> int:
@@ -150,7 +206,7 @@ class PagedKVCache:
 
     def can_grow(self, slot: int, new_len: int) -> bool:
         """Whether ``ensure_capacity(slot, new_len)`` would find enough free blocks."""
-        return self.blocks_needed(slot, new_len) <= len(self.free_blocks)
+        return self.blocks_needed(slot, new_len) <= self.blocks_available()
 
     def ensure_capacity(self, slot: int, new_len: int) -> None:
         """Give ``slot`` physical blocks (every layer) for positions < new_len.  A block is
@@ -165,16 +221,51 @@ class PagedKVCache:
             return          # most decode steps: the last block still has room (blocks are
             #                 taken in logical order and all layers grow together)
         need = self.blocks_needed(slot, new_len)
-        if need > len(self.free_blocks):
-            raise CacheFullError(f"slot {slot} needs {need} blocks, {len(self.free_blocks)} free")
+        if need > self.blocks_available():
+            raise CacheFullError(f"slot {slot} needs {need} blocks, {self.blocks_available()} "
+                                 "available")
         events = []
+        self._grow(slot, n_logical, events)
+        self._notify(events)
+
+    def _grow(self, slot: int, n_logical: int, events: list) -> None:
+        """Fill the slot's -1 entries below ``n_logical`` (every layer) with blocks taken by
+        ``_take_free_block`` (the caller has checked that enough are available)."""
         for layer in range(self.config.num_layers):
             row = self.block_table[slot, layer]
             for logical in np.flatnonzero(row[:n_logical] == -1).tolist():
-                row[logical] = block = self.free_blocks.pop()
+                row[logical] = self._take_free_block(slot, layer, logical, events)
                 self._dirty.add(self.flat_index(slot, layer, logical))
-                events.append(("pop", block, slot, layer, logical))
-        self._notify(events)
+
+    def _take_free_block(self, slot: int, layer: int, logical: int, events: list) -> int:
+        """Pop the block for a new entry."""
+        block = self.free_blocks.pop()
+        events.append(("pop", block, slot, layer, logical, 1, None))
+        return block
+
+    # --- admission and step boundaries (prefix caching refines these) ----------------------
+    def can_allocate_prompt(self, slot: int, prompt_ids: list[int], new_len: int) -> bool:
+        """Whether ``allocate_prompt`` would find enough blocks now."""
+        return self.can_grow(slot, new_len)
+
+    def allocate_prompt(self, slot: int, prompt_ids: list[int], new_len: int) -> int:
+        """Give a slot that owns nothing its blocks for ``new_len`` tokens, the first of which
+        are ``prompt_ids``.  Returns how many leading tokens are already in the cache (always 0
+        here: every block is popped empty; a prefix cache returns the prompt tokens it found).
+        Raises CacheFullError, changing nothing, if the blocks are not available."""
+        self.ensure_capacity(slot, new_len)
+        return 0
+
+    def prefix_in_flight(self, prompt_ids: list[int], new_len: int) -> bool:
+        """True if part of this prompt's prefix is being computed by a request admitted this
+        step (so waiting one step would find it cached).  Never, without prefix caching."""
+        return False
+
+    def commit_step(self) -> None:
+        """The step's model run succeeded: what it computed is now in the cache for good."""
+
+    def discard_uncommitted(self) -> None:
+        """The step's model run failed: forget anything that promised its results."""
 
     def release(self, slot: int) -> list[int]:
         """Push every block the slot owns back to free_blocks and reset its entries to -1
@@ -188,7 +279,7 @@ class PagedKVCache:
                 self.free_blocks.append(block)
                 row[logical] = -1
                 self._dirty.add(self.flat_index(slot, layer, int(logical)))
-                events.append(("push", block, slot, layer, int(logical)))
+                events.append(("push", block, slot, layer, int(logical), 0, None))
         self._notify(events)
         return freed
 

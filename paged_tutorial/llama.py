@@ -1,7 +1,8 @@
 """The Llama forward pass over one engine step, written once against the Backend contract.
 
 A step is either a *prefill* of newly admitted sequences (their prompts packed into one token
-batch, causal attention inside each, K/V scattered into their blocks) or a *decode* of every
+batch, causal attention inside each, K/V scattered into their blocks; a sequence whose prompt
+prefix was found in the cache attends to it there) or a *decode* of every
 running sequence (one token each, attention read from the paged cache through the block
 table).  Per layer (article parts 1-6): RMSNorm, QKV projection, RoPE, K/V written to the
 paged cache, attention, O projection + residual, RMSNorm, SwiGLU MLP + residual.
@@ -94,16 +95,26 @@ class Llama:
     # ------------------------------------------------------------------------------------
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 cache: PagedKVCache, block_table: torch.Tensor, *, prefill_cu_seqlens=None,
-                decode_seq_lens: torch.Tensor | None = None, logit_rows=None) -> torch.Tensor:
+                decode_seq_lens: torch.Tensor | None = None, logit_rows=None,
+                prefill_context=None) -> torch.Tensor:
         """Run all layers for one step and return float32 logits for ``logit_rows`` (all rows
-        when None).  Exactly one of ``prefill_cu_seqlens`` / ``decode_seq_lens`` is given."""
+        when None).  Exactly one of ``prefill_cu_seqlens`` / ``decode_seq_lens`` is given.
+
+        ``prefill_context``: (context_lens, seq_slots) host lists when some prefilled sequence
+        continues tokens already in the cache (prefix caching); its attention then reads the
+        whole context through the block table (``prefill_attention_from_cache``)."""
         b = self.backend
         residual = b.embed(self.embed, token_ids)
         h = None
         for i, layer in enumerate(self.layers):
             q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, positions, slots,
                                            cache, block_table)
-            if prefill_cu_seqlens is not None:
+            if prefill_context is not None:
+                context_lens, seq_slots = prefill_context
+                attn = b.prefill_attention_from_cache(q, cache, block_table, i,
+                                                      prefill_cu_seqlens, context_lens,
+                                                      seq_slots, self.scale)
+            elif prefill_cu_seqlens is not None:
                 attn = b.prefill_attention(q, k, v, prefill_cu_seqlens, self.scale)
             else:
                 attn = b.decode_attention(q, cache, block_table, i, decode_seq_lens, slots,

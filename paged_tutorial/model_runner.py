@@ -2,7 +2,9 @@
 
 For a prefill it packs the new tokens of every admitted request into one batch (positions from
 each request's ``num_cached``, the slot of every token, ``cu_seqlens`` boundaries) and asks for
-logits at each sequence's last row only.  For a decode it takes each running request's last
+logits at each sequence's last row only.  A request admitted with part of its prompt found in
+the prefix cache starts at that ``num_cached``; its attention reads the cached part from the
+paged cache.  For a decode it takes each running request's last
 token and replays a captured CUDA graph when the engine has them (``cuda_graphs.py``), else runs
 the layers eagerly.  Sampling follows ``sampling.py``'s rule with each request's own random
 stream, so a request gets the same tokens whatever batch it shares.
@@ -80,10 +82,13 @@ class ModelRunner:
     def _prefill(self, requests: list[Request]) -> torch.Tensor:
         tokens, positions, slots, cu_seqlens, last_rows = self.prepare_prefill(requests)
         block_table = self.cache.device_block_table()
+        context = None
+        if any(r.num_cached for r in requests):       # a prefix found in the cache
+            context = ([r.num_cached for r in requests], [r.slot for r in requests])
         return self.llama.forward(
             self._ints(tokens), self._ints(positions), self._ints(slots), self.cache,
             block_table, prefill_cu_seqlens=cu_seqlens,
-            logit_rows=torch.tensor(last_rows, device=self.device))
+            logit_rows=torch.tensor(last_rows, device=self.device), prefill_context=context)
 
     def _decode(self, requests: list[Request]):
         """Returns (logits, sampled ids or None when the caller still has to sample)."""

@@ -13,8 +13,9 @@ the engine runs it like any other::
     [c for c in recorder.calls if c.name == "decode_attention" and c.layer == 0]
 
 The other public hooks: ``PagedKVCache.add_listener`` (every pop from and push to
-``free_blocks``), ``Engine.step_count`` and the ``StepReport`` each ``Engine.step()`` returns,
-and, in the simulator, ``backends.numba_cuda.access_log`` (which elements a kernel read/wrote).
+``free_blocks``, and with prefix caching every share, cache hit, release and eviction),
+``Engine.step_count`` and the ``StepReport`` each ``Engine.step()`` returns, and, in the
+simulator, ``backends.numba_cuda.access_log`` (which elements a kernel read/wrote).
 
 A recording backend is never captured in a CUDA graph (the engine turns graphs off for it):
 a replayed graph calls no Python, so nothing would be recorded.
@@ -32,7 +33,8 @@ from .backends.base import Backend
 
 #: the operations of the Backend contract, in the order a layer calls them
 OPS = ("embed", "rms_norm", "add_rms_norm", "linear", "rope", "write_kv", "rope_write_kv",
-       "prefill_attention", "decode_attention", "silu_mul", "sample")
+       "prefill_attention", "prefill_attention_from_cache", "decode_attention", "silu_mul",
+       "sample")
 
 
 @dataclass
@@ -141,6 +143,13 @@ class RecordingBackend(Backend):
     def prefill_attention(self, q, k, v, cu_seqlens, scale):
         return self._record("prefill_attention", self.inner.prefill_attention,
                             (q, k, v, cu_seqlens, scale), {})
+
+    def prefill_attention_from_cache(self, q, cache, block_table, layer, cu_seqlens,
+                                     context_lens, slots, scale):
+        return self._record("prefill_attention_from_cache",
+                            self.inner.prefill_attention_from_cache,
+                            (q, cache, block_table, layer, cu_seqlens, context_lens, slots,
+                             scale), {})
 
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
         return self._record("decode_attention", self.inner.decode_attention,

@@ -43,6 +43,8 @@ class Request:
     status: Status = Status.WAITING
     slot: int | None = None
     num_cached: int = 0                  # tokens whose K/V are in the cache
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its
+                                          # first admission (None until admitted)
     finish_reason: str | None = None
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)

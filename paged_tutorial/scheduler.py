@@ -8,11 +8,15 @@ decode step needs a block and none is free, the most recently admitted running r
 preempted: its blocks are freed, it goes back to the head of the queue with the tokens it has
 generated, and it is recomputed (prefilled again) when re-admitted.
 
+With prefix caching (``prefix_cache.py``) an admitted request's leading prompt blocks may be
+found in the cache: its ``num_cached`` then starts after them and only the rest is computed.
+
 One engine step is ``schedule()`` -> the model runner -> ``postprocess()``.  ``schedule`` may
 allocate blocks and admit or preempt requests; ``postprocess`` appends the sampled tokens and
 finishes requests.  If the model runner fails in between (an exception, Ctrl-C), ``rollback``
 preempts every request of the batch: their blocks go back, nothing was appended, and they are
-recomputed later with exactly the tokens they would have produced.
+recomputed later with exactly the tokens they would have produced.  ``postprocess`` also
+commits the prompt blocks the step registered for sharing; ``rollback`` forgets them.
 """
 
 from __future__ import annotations
@@ -83,12 +87,19 @@ class Scheduler:
 
     def _admit(self) -> list[Request]:
         """Move waiting requests into free slots while their tokens fit in free blocks.
-        FIFO: a request that does not fit yet blocks the ones behind it (no starvation)."""
+        FIFO: a request that does not fit yet blocks the ones behind it (no starvation).
+
+        With prefix caching the cache finds the request's leading prompt blocks (its
+        ``num_cached`` starts there, so only the rest is computed), and a request whose prefix
+        a request admitted in this very step is computing waits one step to find it cached
+        instead of computing it a second time."""
         admitted = self._admitting
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             slot = self.free_slots[-1]
-            if not self.cache.can_grow(slot, request.total_len):
+            if admitted and self.cache.prefix_in_flight(request.prompt_ids, request.total_len):
+                break
+            if not self.cache.can_allocate_prompt(slot, request.prompt_ids, request.total_len):
                 break
             self.waiting.popleft()
             self.free_slots.pop()
@@ -96,7 +107,10 @@ class Scheduler:
             self.running.append(request)
             admitted.append(request)
             try:
-                self.cache.ensure_capacity(slot, request.total_len)
+                request.num_cached = self.cache.allocate_prompt(slot, request.prompt_ids,
+                                                                request.total_len)
+                if request.num_cached_tokens is None:      # the first admission's count
+                    request.num_cached_tokens = request.num_cached
             except CacheFullError:      # a cache with its own rules (a subclass) disagreed
                 admitted.pop()
                 self.running.pop()
@@ -110,7 +124,10 @@ class Scheduler:
         """``schedule()`` raised (a cache listener did): put the requests it admitted back at
         the head of the queue, as if it had not run."""
         admitted, self._admitting = self._admitting, []
-        self._undo(admitted, count=False)
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(admitted, count=False)
 
     def _undo(self, requests: list[Request], count: bool) -> None:
         """Preempt these requests (in reverse, so that they wait at the head of the queue in
@@ -147,6 +164,7 @@ class Scheduler:
         gains its sampled token and is retired if it should stop.  Returns the finished
         requests; their blocks go back in ``release_retired()``, once the engine has
         recorded the step (so a cache listener that raises cannot cut a commit in half)."""
+        self.cache.commit_step()
         finished = []
         now = time.perf_counter()
         for request, token in zip(batch.requests, token_ids):
@@ -173,8 +191,12 @@ class Scheduler:
     def rollback(self, batch: ScheduledBatch) -> None:
         """A step failed before ``postprocess``: preempt every request of the batch (in reverse,
         so that they wait at the head of the queue in their original order).  What the model
-        wrote into their blocks is discarded with the blocks; nothing was appended."""
-        self._undo(batch.requests, count=True)
+        wrote into their blocks is discarded with the blocks (prefix blocks registered for this
+        step are forgotten first: their K/V may be incomplete); nothing was appended."""
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(batch.requests, count=True)
 
     # --- preemption and retirement ---------------------------------------------------------
     def preempt(self, request: Request, count: bool = True) -> None:

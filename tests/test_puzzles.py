@@ -119,6 +119,17 @@ WRONG = {
         "layer 0 only (the other layers leak)": lambda t, s: [int(b) for b in t[s, 0] if b >= 0],
         "-1 entries pushed too": lambda t, s: [int(b) for b in t[s].ravel()],
     },
+    "09.can_share": {
+        "trusts the key (no token check)":
+            lambda f, t, p, lb, n, BS: f.parent is p and (lb + 1) * BS < n,
+        "no parent check (a hash of the block alone)":
+            lambda f, t, p, lb, n, BS: f.tokens == t and (lb + 1) * BS < n,
+        "shares the last token's block too":
+            lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * BS <= n,
+        "never shares": lambda f, t, p, lb, n, BS: False,
+        "compares a list with the tuple":
+            lambda f, t, p, lb, n, BS: list(f.tokens) == t and f.parent is p and (lb + 1) * BS < n,
+    },
 }
 
 NAMES = [p.name for p in PUZZLES]

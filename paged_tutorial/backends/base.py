@@ -102,6 +102,30 @@ class Backend(abc.ABC):
         q [T, nH, D], k/v [T, nKV, D]; sequence i is rows cu_seqlens[i]:cu_seqlens[i+1]
         (a host list).  Returns [T, nH, D]."""
 
+    def prefill_attention_from_cache(self, q: torch.Tensor, cache, block_table: torch.Tensor,
+                                     layer: int, cu_seqlens: list[int], context_lens: list[int],
+                                     slots: list[int], scale: float) -> torch.Tensor:
+        """Causal attention of a prefill whose sequences continue tokens already in the cache
+        (prefix caching: the shared prefix is not recomputed).  q [T, nH, D] holds the new
+        tokens packed as in ``prefill_attention``: sequence i is rows cu_seqlens[i]:
+        cu_seqlens[i+1], its tokens sit at positions context_lens[i], context_lens[i] + 1, ...
+        of cache slot slots[i] (host lists), and their K/V have already been written there
+        (``rope_write_kv``).  The query at position p attends to the slot's positions 0..p,
+        all read through the block table.  Returns [T, nH, D].
+
+        Default: the torch oracle's reading of the cache and attention (``torch_ref``), with
+        torch ops on the cache's device, so every backend has it; a backend may replace it
+        with a kernel that gives the same result."""
+        from .torch_ref import attention, gather_kv
+
+        out = torch.empty_like(q)
+        for i, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+            total = context_lens[i] + (end - start)
+            k, v = gather_kv(cache, block_table, slots[i], layer, total,
+                             host_table=cache.block_table)
+            out[start:end] = attention(q[start:end], k, v, scale, causal=True)
+        return out
+
     @abc.abstractmethod
     def decode_attention(self, q: torch.Tensor, cache, block_table: torch.Tensor, layer: int,
                          seq_lens: torch.Tensor, active_slots: torch.Tensor,

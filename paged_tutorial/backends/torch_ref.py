@@ -16,6 +16,47 @@ from ..sampling import sample_reference
 from .base import Backend
 
 
+# --- reading the paged cache and attending: the oracle's pieces, also the default of
+# Backend.prefill_attention_from_cache (base.py) for every backend ---------------------------
+def cache_view(cache) -> torch.Tensor:
+    """The flat buffer seen as [NUM_BLOCKS, 2 (K, V), BLOCK_SIZE, KV_DIM]."""
+    c = cache.config
+    return cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.KV_DIM)
+
+
+def gather_kv(cache, block_table, slot: int, layer: int, seq_len: int, host_table=None):
+    """K, V of the first ``seq_len`` tokens of (slot, layer), read through the block table
+    into contiguous [seq_len, nKV, D] tensors on the cache's device.  ``host_table``: a host
+    copy of the table for the entry check (default: block_table copied to the host)."""
+    c = cache.config
+    view = cache_view(cache)
+    n_blocks = -(-seq_len // c.BLOCK_SIZE)
+    check_block_entries(cache, block_table.cpu().numpy() if host_table is None else host_table,
+                        slot, layer, seq_len, "gather_kv")
+    phys = block_table[slot, layer, :n_blocks].long()
+    kv = view[phys]                                        # [nb, 2, BS, KV_DIM]
+    k = kv[:, 0].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
+    v = kv[:, 1].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
+    return k, v
+
+
+def attention(q, k, v, scale, causal):
+    """q [Tq, nH, D], k/v [Tk, nKV, D] -> [Tq, nH, D]; softmax in float32 like HF.  Causal:
+    query i is the (Tk - Tq + i)-th key's token, so it sees keys 0 .. Tk - Tq + i (the queries
+    are the last Tq of the Tk tokens)."""
+    group = q.shape[1] // k.shape[1]
+    qh = q.transpose(0, 1)                                  # [nH, Tq, D]
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [nH, Tk, D]
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+    scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
+    if causal:
+        tq, tk = scores.shape[-2:]
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, vh).transpose(0, 1)
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -50,11 +91,7 @@ class TorchBackend(Backend):
         return F.silu(gate) * up
 
     # --- the paged cache ---------------------------------------------------------------
-    @staticmethod
-    def _cache_view(cache):
-        """The flat buffer seen as [NUM_BLOCKS, 2 (K, V), BLOCK_SIZE, KV_DIM]."""
-        c = cache.config
-        return cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.KV_DIM)
+    _cache_view = staticmethod(cache_view)
 
     def write_kv(self, cache, k, v, block_table, layer, slots, positions):
         view = self._cache_view(cache)
@@ -72,15 +109,7 @@ class TorchBackend(Backend):
     def gather_kv(self, cache, block_table, slot: int, layer: int, seq_len: int):
         """K, V of one (slot, layer) as contiguous [seq_len, nKV, D] tensors (a dense copy the
         notebooks and tests use to check the paged layout)."""
-        c = cache.config
-        view = self._cache_view(cache)
-        n_blocks = -(-seq_len // c.BLOCK_SIZE)
-        check_block_entries(cache, block_table.cpu().numpy(), slot, layer, seq_len, "gather_kv")
-        phys = block_table[slot, layer, :n_blocks].long()
-        kv = view[phys]                                        # [nb, 2, BS, KV_DIM]
-        k = kv[:, 0].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
-        v = kv[:, 1].reshape(-1, c.num_kv_heads, c.head_dim)[:seq_len]
-        return k, v
+        return gather_kv(cache, block_table, slot, layer, seq_len)
 
     def prefill_attention(self, q, k, v, cu_seqlens, scale):
         out = torch.empty_like(q)
@@ -108,20 +137,7 @@ class TorchBackend(Backend):
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.matmul(probs, v.transpose(0, 1)).reshape(q.shape)  # [nH, D]
 
-    @staticmethod
-    def _attend(q, k, v, scale, causal):
-        """q [Tq, nH, D], k/v [Tk, nKV, D] -> [Tq, nH, D]; softmax in float32 like HF."""
-        group = q.shape[1] // k.shape[1]
-        qh = q.transpose(0, 1)                                  # [nH, Tq, D]
-        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [nH, Tk, D]
-        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
-        scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
-        if causal:
-            tq, tk = scores.shape[-2:]
-            mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, vh).transpose(0, 1)
+    _attend = staticmethod(attention)     # the same function, under the name others use
 
     # --- sampling ----------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, uniforms):

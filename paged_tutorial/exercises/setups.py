@@ -31,7 +31,8 @@ def small_article_cache(num_blocks: int = 1, **changes) -> PagedKVCache:
                                              **changes))
 
 
-def tiny_engine(num_layers: int = 2, max_slots: int = 1, max_seq_len: int = 128):
+def tiny_engine(num_layers: int = 2, max_slots: int = 1, max_seq_len: int = 128,
+                prefix_caching: bool = False):
     """A real Engine on a tiny random Llama (torch backend, CPU, no EOS token)."""
     from ..engine import Engine
     from ..models import random_model
@@ -40,4 +41,4 @@ def tiny_engine(num_layers: int = 2, max_slots: int = 1, max_seq_len: int = 128)
                          num_hidden_layers=num_layers, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=8)
     return Engine(random_model(config, seed=0), backend="torch", device="cpu",
-                  max_slots=max_slots, max_seq_len=max_seq_len)
+                  max_slots=max_slots, max_seq_len=max_seq_len, prefix_caching=prefix_caching)

@@ -3,8 +3,8 @@
 An exercise's solution is the arithmetic a reader would do by hand, from the article's numbers:
 the checker computes the right answer independently, from the package, and the tests check
 that the two agree.  A puzzle's solution is a function with the puzzle's signature; where the
-package's own code *is* the answer (the kernel's parts in ``attention.py``), the solution is
-that code, so there is one definition of it.
+package's own code *is* the answer (the kernel's parts in ``attention.py``, the sharing rule
+in ``prefix_cache.py``), the solution is that code, so there is one definition of it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 
 from ..backends.numba_cuda.attention import (block_table_index, blocks_to_read, combine_warps,
                                              k_index, softmax_update, tokens_in_block)
+from ..prefix_cache import may_share
 
 # --- the article's numbers -------------------------------------------------------------
 N_LAYERS, KV_DIM, BF16, BLOCK_SIZE = 16, 8 * 64, 2, 16
@@ -67,6 +68,9 @@ EXERCISE_SOLUTIONS = {
     "07.steps_for_three_requests": 1 + 9 + 1 + 20,
     "07.sequences_in_2gib": (2 * 1024 ** 3 // BLOCK_BYTES) // (MAX_BLOCKS_PER_SEQ * N_LAYERS),
     "07.smollm2_kv_bytes_per_token": 30 * 2 * 3 * 64 * 4,
+    # 09: prefix caching (beyond the article)
+    "09.second_prefill_tokens": BLOCK_SIZE,          # 3 of 4 blocks cached; the 4th computed
+    "09.blocks_saved": (8 - 1) * (100 // BLOCK_SIZE) * 30,   # full shared blocks x copies x layers
 }
 
 def kv_byte_offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
@@ -117,6 +121,7 @@ PUZZLE_SOLUTIONS = {
     "06.prefill_pops": prefill_pops,
     "06.decode_pops": decode_pops,
     "06.release_order": release_order,
+    "09.can_share": may_share,
 }
 
 SOLUTIONS = {**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS}

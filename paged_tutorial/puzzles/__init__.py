@@ -13,7 +13,8 @@ Modules, one per part of the article: ``block_layout`` (01: a K/V element's byte
 ``block_table`` (02: logical -> physical through the table, in the engine's write path),
 ``kernel_addresses`` (02-03: the table index, the block loop, the K address, in the kernel),
 ``warp_combine`` (04: adding the warps' partial sums for any head_dim), ``online_softmax`` (05:
-the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes).
+the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes),
+``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
 Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
 a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,
 against a stock one).
@@ -22,7 +23,7 @@ against a stock one).
 from __future__ import annotations
 
 from . import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
-               warp_combine)
+               prefix_sharing, warp_combine)
 from .base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
@@ -32,6 +33,7 @@ PUZZLES: tuple[Puzzle, ...] = (
     *warp_combine.PUZZLES,
     *online_softmax.PUZZLES,
     *free_list.PUZZLES,
+    *prefix_sharing.PUZZLES,
 )
 
 __all__ = ["PUZZLES", "Puzzle", "puzzle"]
