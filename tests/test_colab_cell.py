@@ -138,6 +138,8 @@ def test_write_replaces_or_inserts_the_first_cell_and_keeps_the_rest(tmp_path):
         shutil.copy(ROOT / "notebooks" / name, tmp_path / name)
     first = tmp_path / "00_overview.ipynb"
     original = json.loads(first.read_text())
+    original["cells"][0]["source"] = ["# an older install cell\n", "pass"]     # a stale cell
+    first.write_text(json.dumps(original, indent=1) + "\n")
     no_cell = json.loads((tmp_path / "08_performance.ipynb").read_text())
     no_cell["cells"] = no_cell["cells"][1:]                 # a notebook without an install cell
     (tmp_path / "08_performance.ipynb").write_text(json.dumps(no_cell, indent=1) + "\n")
@@ -152,3 +154,7 @@ def test_write_replaces_or_inserts_the_first_cell_and_keeps_the_rest(tmp_path):
     assert updated["cells"][1:] == original["cells"][1:]
     assert len(json.loads((tmp_path / "08_performance.ipynb").read_text())["cells"]) == \
         len(no_cell["cells"]) + 1
+
+
+def test_every_stored_notebook_starts_with_the_current_cell():
+    assert colab_cell.stale_notebooks() == []
