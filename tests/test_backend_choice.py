@@ -9,6 +9,8 @@ This machine has no GPU, so "a GPU is visible" is simulated by replacing
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -95,3 +97,23 @@ def test_numba_env_sets_ctypes_bindings_only_without_cuda_bindings(monkeypatch):
     monkeypatch.setattr(numba_env, "_cuda_bindings_installed", lambda: False)
     numba_env.decide_numba_environment()
     assert os.environ[numba_env.BINDING_ENV] == "1"
+
+
+def test_numba_cuda_import_hook_is_installed_when_the_process_lacks_it():
+    """A kernel started before numba-cuda was installed (Colab, right after the install cell)
+    has no numba-cuda import hook; deciding the environment installs it, so numba.cuda is
+    numba-cuda's and not numba's own older CUDA target."""
+    code = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "NumbaCudaFinder"]
+sys.modules.pop("_numba_cuda_redirector", None)
+from paged_tutorial.backends.numba_env import decide_numba_environment
+decide_numba_environment()
+assert any(type(f).__name__ == "NumbaCudaFinder" for f in sys.meta_path)
+import numba.cuda
+print(numba.cuda.__file__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "numba_cuda" in out.stdout, out.stdout

@@ -18,6 +18,7 @@ import paged_tutorial as pt
 from fixtures_loading import tiny_config, write_tiny_gguf
 from paged_tutorial import __main__ as cli
 from paged_tutorial.backends import BACKEND_NAMES
+from paged_tutorial.backends.numba_cuda import SIMULATING
 from paged_tutorial.models import random_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -83,8 +84,8 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
             return super().write(text)
 
     args = cli.build_parser().parse_args(
-        ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
-         "--max-new-tokens", "6", "--seed", "0"])
+        ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
+         "--no-chat", "--max-new-tokens", "6", "--seed", "0"])
     out, err = Recorder(), io.StringIO()
     assert cli.run(args, out=out, err=err) == 0
     engine = pt.Engine(pt.load_model(tiny_gguf, "float32"), backend="torch")
@@ -92,7 +93,8 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
     assert out.getvalue() == expected.text + "\n"      # nothing held back is lost
     assert len([w for w in writes if w.strip()]) >= 2     # written as tokens came, not at once
     assert f"[{len(expected.token_ids)} tokens, finish_reason=" in err.getvalue()
-    assert err.getvalue().startswith(f"loading {tiny_gguf} (float32, cpu)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"     # the torch backend's choice
+    assert err.getvalue().startswith(f"loading {tiny_gguf} (float32, {device})")
 
 
 def test_several_prompts_print_labelled_answers_as_each_finishes(tiny_gguf, monkeypatch):
@@ -112,8 +114,8 @@ def test_several_prompts_print_labelled_answers_as_each_finishes(tiny_gguf, monk
 
     prompts = ["ab", "xyz", "q"]
     args = cli.build_parser().parse_args(
-        [*prompts, "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
-         "--max-new-tokens", "4", "--max-slots", "1"])
+        [*prompts, "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
+         "--no-chat", "--max-new-tokens", "4", "--max-slots", "1"])
     out = Recorder()
     assert cli.run(args, out=out, err=io.StringIO()) == 0
     monkeypatch.setattr(pt.Engine, "step", real_step)
@@ -137,6 +139,8 @@ def test_progress_line_and_bar_while_loading(tiny_gguf, capsys):
     assert capsys.readouterr().err == ""                         # silent by default (notebooks)
 
 
+@pytest.mark.skipif(not SIMULATING, reason="this process runs numba on the GPU: numba-sim is "
+                    "refused here (Numba picks one mode per process); checked on a CPU")
 def test_numba_sim_warns_that_it_is_slow(tiny_gguf, capsys):
     status, out, err = run_cli(capsys, "ab", "--model", str(tiny_gguf), "--backend",
                                "numba-sim", "--no-chat", "--max-new-tokens", "2")

@@ -42,11 +42,30 @@ def _cuda_bindings_installed() -> bool:
         return False
 
 
+def ensure_numba_cuda_redirect() -> None:
+    """numba-cuda makes ``import numba.cuda`` load its own package through an import hook that
+    its ``_numba_cuda_redirector.pth`` installs when the interpreter starts.  A process that
+    started before numba-cuda was installed (a Colab kernel right after the install cell) or
+    whose site-packages were added without their ``.pth`` files has no hook, and ``numba.cuda``
+    would be numba's own, older CUDA target (no ``cgutils``; kernels fail to build).  Install
+    the hook here when it is missing (importing the redirector module is what the .pth does)."""
+    if "_numba_cuda_redirector" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("_numba_cuda_redirector") is None:
+            return                                # a numba-cuda without the redirector
+    except (ImportError, ValueError):
+        return
+    import _numba_cuda_redirector  # noqa: F401  (inserts numba-cuda's finder in sys.meta_path)
+
+
 def decide_numba_environment() -> bool:
-    """Set both variables (unless the user did) *before* ``numba.cuda`` is imported; return
-    True if this process simulates.  After the import the decision is made: report it."""
+    """Set both variables (unless the user did) *before* ``numba.cuda`` is imported, and make
+    sure ``numba.cuda`` will be numba-cuda's; return True if this process simulates.  After
+    the import the decision is made: report it."""
     if numba_cuda_imported():
         return numba_cuda_simulating()
+    ensure_numba_cuda_redirect()
     if BINDING_ENV not in os.environ and not _cuda_bindings_installed():
         os.environ[BINDING_ENV] = "0"
     if SIM_ENV not in os.environ:
