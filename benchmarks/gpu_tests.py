@@ -88,6 +88,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
     p.add_argument("--timeout", type=float, default=200.0)
+    p.add_argument("--only", nargs="+", default=None, metavar="PATH",
+                   help="run these test files / notebooks instead of all of them (a re-run "
+                        "of what an earlier run could not finish)")
+    p.add_argument("--name", default="gpu-tests", help="result file: <name>-<date>.json")
     args, extra = p.parse_known_args(argv)
     os.chdir(ROOT)
     have_model = model_available()
@@ -95,7 +99,10 @@ def main(argv=None):
     run_nb = [f for f in notebooks if have_model or not any(n in f for n in NEED_MODEL)]
     not_run = {"notebooks": [{"notebook": f, "reason": MODEL_REASON}
                              for f in notebooks if f not in run_nb]}
-    pytest_args = ["-q", "-p", "pytest_jsonl", "tests", *run_nb, *extra]
+    paths = ["tests", *run_nb] if args.only is None else args.only
+    if args.only is not None:
+        not_run["notebooks"] = [n for n in not_run["notebooks"] if n["notebook"] in args.only]
+    pytest_args = ["-q", "-p", "pytest_jsonl", *paths, *extra]
     not_run["args"] = pytest_args
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +123,7 @@ def main(argv=None):
         if jsonl.exists() else []
     jsonl.unlink(missing_ok=True)
     data = summarize(records, finished, returncode, seconds, not_run)
-    path = out / f"gpu-tests-{data['date']}.json"
+    path = out / f"{args.name}-{data['date']}.json"
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}: {data['counts']}, finished {finished}, "
           f"{len(data['failures'])} failures", flush=True)

@@ -93,11 +93,15 @@ def apply_to_notebook(path: Path, source: str = INSTALL_SOURCE) -> bool:
     if cells and _is_install_cell(cells[0]):
         old = cells[0]
         new["execution_count"] = old.get("execution_count")
+        if "id" in old:                                   # nbformat 4.5 cell ids stay stable
+            new["id"] = old["id"]
         new["metadata"] = {**old.get("metadata", {}), "tags": sorted(
             set(old.get("metadata", {}).get("tags", [])) | {CELL_TAG})}
         cells[0] = new
     else:
         cells.insert(0, new)
+    if notebook.get("nbformat_minor", 0) >= 5 and "id" not in cells[0]:
+        cells[0]["id"] = "colab-install"
     updated = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
     if updated == text:
         return False

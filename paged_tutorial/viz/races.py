@@ -67,6 +67,11 @@ def summary(data: dict) -> str:
         where = "; ".join(f"{n} on {cell}" for cell, n in cells.items())
         lines.append(f"{title}: {hazards} hazard{'s' if hazards != 1 else ''}"
                      + (f" ({where})" if where else ""))
+        reported = result.get("summary", {})
+        total = reported.get("errors", 0) + reported.get("warnings", 0)
+        if total > reported.get("displayed", total):
+            lines.append(f"    (racecheck reported {total} in all but printed only "
+                         f"{reported['displayed']}: the counts above are of those printed)")
         for race in result.get("races", [])[:3]:
             lines.append(f"    {race['hazards']} between the {_access(race['first'])}"
                          f"\n      and the {_access(race['second'])}")
