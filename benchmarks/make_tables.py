@@ -18,12 +18,15 @@ import json
 import sys
 from pathlib import Path
 
+from paged_tutorial.results import dated_files
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def newest(folder: Path, stem: str) -> dict | None:
-    files = sorted(folder.glob(f"{stem}-*.json"))
-    return json.loads(files[-1].read_text()) if files else None
+    """The newest ``<stem>-<date>.json`` (not ``<stem>-rerun-<date>.json``: results.py's rule)."""
+    files = dated_files(stem, folder)
+    return json.loads(files[-1][1].read_text()) if files else None
 
 
 def fmt(x, digits=2):
@@ -193,15 +196,25 @@ def profile_table(p: dict, top: int = 8) -> str:
     return "\n".join(out)
 
 
-def tests_line(t: dict) -> str:
+def tests_line(t: dict, rerun: dict | None = None) -> str:
     c = t["counts"]
     nb = [n["notebook"].split("/")[-1] for n in t["could_not_run_here"]["notebooks"]]
     fails = ", ".join(f["test"] for f in t["failures"]) or "none"
-    return (f"GPU test run ({t['gpu']}, {t['date']}, `{t['command']}`): {c['passed']} passed, "
+    cut = "" if t.get("finished_within_limit", True) else \
+        f" The run stopped at its {t['seconds']:.0f} s limit before every notebook had run."
+    line = (f"GPU test run ({t['gpu']}, {t['date']}, `{t['command']}`): {c['passed']} passed, "
             f"{c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped; "
             f"{c['needs_missing_model']} tests and the notebooks {', '.join(nb) or '-'} could not "
             f"run there ({t['could_not_run_here']['tests_needing_the_model_file']['reason']}). "
-            f"Failures: {fails}.")
+            f"Failures: {fails}.{cut}")
+    if rerun is not None:
+        r = rerun["counts"]
+        line += (f" After fixing those, a second run ({rerun['date']}, `{rerun['command']}`): "
+                 f"{r['passed']} passed, {r['failed']} failed, {r['errors']} errors, "
+                 f"{r['skipped']} skipped"
+                 + ("" if rerun.get("finished_within_limit", True) else ", cut by its limit")
+                 + ".")
+    return line
 
 
 def plot_decode(d: dict, path: Path) -> None:
@@ -305,7 +318,8 @@ def main(argv=None):
     if prof:
         parts.append(profile_table(prof))
     if t:
-        parts.append(tests_line(t))
+        rerun = newest(folder, "gpu-tests-rerun")
+        parts.append(tests_line(t, rerun if rerun and rerun["date"] >= t["date"] else None))
     text = "\n\n".join(parts)
     print(text)
     if args.readme:
