@@ -14,6 +14,8 @@ import torch
 
 import paged_tutorial as pt
 from paged_tutorial.config import ModelConfig
+from streams import drive
+from threads import generate_in_threads
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -321,20 +323,7 @@ def test_max_seq_len_beyond_the_models_positions_needs_opting_in(tiny_model):
 def test_two_threads_generate_on_one_engine(tiny_model, solo):
     engine = make_engine(tiny_model, max_slots=3)
     jobs = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 2: [PROMPTS[2], PROMPTS[0]]}
-    out, errors = {}, []
-
-    def work(k):
-        try:
-            out[k] = [r.token_ids for r in engine.generate(jobs[k], max_new_tokens=7 + k)]
-        except BaseException as exc:           # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    out = generate_in_threads(engine, jobs, lambda k: 7 + k)
     for k, prompts in jobs.items():
         assert out[k] == [solo(p, 7 + k) for p in prompts]
     assert_idle(engine)
@@ -412,47 +401,15 @@ def test_random_streams_with_failures_closes_and_thread_cancels(tiny_model, solo
     engine = make_engine(tiny_model, backend=backend, max_slots=slots, max_seq_len=64,
                          kv_cache_bytes=cache_blocks * block_bytes)
     rng = np.random.default_rng(seed)
-    pending = sorted(events, key=lambda e: e[0])
-    live, streams = [], []           # (request, prompt, n)
-    step = 0
-    while pending or engine.has_unfinished():
-        while pending and pending[0][0] <= step:
-            _, what, plen, n = pending.pop(0)
-            prompt = rng.integers(0, 97, plen).tolist()
-            worst = min(plen + n, 64)
-            fits = -(-worst // 16) * TINY.num_hidden_layers <= engine.cache.NUM_BLOCKS
-            if what in ("submit", "stream"):
-                if not fits:
-                    with pytest.raises(ValueError, match="raise kv_cache_bytes"):
-                        engine.add_request(prompt, max_new_tokens=n)
-                    continue
-                if what == "submit":
-                    live.append((engine.add_request(prompt, max_new_tokens=n), prompt, n))
-                else:
-                    s = engine.stream(prompt, max_new_tokens=n)
-                    streams.append((s, prompt, n))
-            elif what == "close" and streams:
-                streams[0][0].close()
-            elif what == "cancel_thread" and live:
-                victim = live[int(rng.integers(len(live)))][0]
-                t = threading.Thread(target=engine.cancel, args=(victim.request_id,))
-                t.start()
-                t.join(30)
-            elif what == "fail":
-                backend.arm()
-        try:
-            engine.step()
-        except Boom:
-            pass
-        step += 1
+
+    def check():
         engine.cache.check_invariants()
         engine.scheduler.check_invariants()
+
+    finished = drive(engine, events, lambda plen: rng.integers(0, 97, plen).tolist(),
+                     backend.arm, Boom, rng, check, max_seq_len=64)
     backend.armed = False
     assert_idle(engine)
-    finished = [(engine.result(r.request_id), p, n) for r, p, n in live]
-    for s, p, n in streams:
-        s.close()
-        finished.append((s.result, p, n))
     for res, prompt, n in finished:
         expected = solo(prompt, n)
         if res.finish_reason == "cancelled":       # what it produced is where it was going

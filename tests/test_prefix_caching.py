@@ -19,6 +19,8 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
 from paged_tutorial.kv_cache import EVENT_KINDS
 from paged_tutorial.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
+from streams import drive
+from threads import generate_in_threads
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -447,20 +449,7 @@ def test_threads_share_a_prefix(tiny_model, solo):
     engine = make_engine(tiny_model)
     prompts = shared_prompts()
     jobs = {0: prompts[:2], 1: prompts[2:4], 2: prompts[4:]}
-    out, errors = {}, []
-
-    def work(k):
-        try:
-            out[k] = [r.token_ids for r in engine.generate(jobs[k], max_new_tokens=6 + k)]
-        except BaseException as exc:          # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    out = generate_in_threads(engine, jobs, lambda k: 6 + k)
     for k, ps in jobs.items():
         assert out[k] == [solo(p, 6 + k) for p in ps]
     assert_idle(engine)
@@ -564,50 +553,18 @@ def test_random_streams_around_shared_prefixes(tiny_model, solo, events, cache_b
     engine.cache.hash_fn = HASHES[hash_name]
     rng = np.random.default_rng(seed)
     prefixes = [rng.integers(0, 97, 40).tolist() for _ in range(2)] + [SYSTEM]
-    pending = sorted(events, key=lambda e: e[0])
-    live, streams = [], []
-    step = 0
-    while pending or engine.has_unfinished():
-        while pending and pending[0][0] <= step:
-            _, what, which, plen, tail, n = pending.pop(0)
-            prompt = prefixes[which][:plen] + rng.integers(0, 97, tail).tolist()
-            if not prompt:
-                prompt = [int(rng.integers(0, 97))]
-            worst = min(len(prompt) + n, 64)
-            fits = -(-worst // BS) * TINY.num_hidden_layers <= engine.cache.NUM_BLOCKS
-            if what in ("submit", "stream"):
-                if not fits:
-                    with pytest.raises(ValueError, match="raise kv_cache_bytes"):
-                        engine.add_request(prompt, max_new_tokens=n)
-                    continue
-                if len(prompt) >= 64:
-                    continue
-                if what == "submit":
-                    live.append((engine.add_request(prompt, max_new_tokens=n), prompt, n))
-                else:
-                    streams.append((engine.stream(prompt, max_new_tokens=n), prompt, n))
-            elif what == "close" and streams:
-                streams[int(rng.integers(len(streams)))][0].close()
-            elif what == "cancel_thread" and live:
-                victim = live[int(rng.integers(len(live)))][0]
-                t = threading.Thread(target=engine.cancel, args=(victim.request_id,))
-                t.start()
-                t.join(30)
-            elif what == "fail":
-                backend.arm()
-        try:
-            engine.step()
-        except Boom:
-            pass
-        step += 1
+
+    def make_prompt(which, plen, tail):
+        prompt = prefixes[which][:plen] + rng.integers(0, 97, tail).tolist()
+        return prompt or [int(rng.integers(0, 97))]
+
+    def check():
         accounting(engine.cache)
         engine.scheduler.check_invariants()
+
+    finished = drive(engine, events, make_prompt, backend.arm, Boom, rng, check, max_seq_len=64)
     backend.armed = False
     assert_idle(engine)
-    finished = [(engine.result(r.request_id), p, n) for r, p, n in live]
-    for s, p, n in streams:
-        s.close()
-        finished.append((s.result, p, n))
     for res, prompt, n in finished:
         expected = solo(prompt, n, max_seq_len=64)
         assert res.num_cached_tokens % BS == 0 and res.num_cached_tokens < len(prompt)

@@ -20,6 +20,11 @@ from typing import Callable
 
 import numpy as np
 
+# The article's own rules (main.cpp:266-272, 859-865, 1018-1029), used for the two rules a
+# puzzle does not ask for, are the worked solutions: one definition.
+from ..exercises.solutions import decode_pops as article_decode_pops
+from ..exercises.solutions import prefill_pops as article_prefill_pops
+from ..exercises.solutions import release_order as article_release_order
 from ..kv_cache import CacheFullError, PagedKVCache
 from .base import Puzzle, Wrong, host_call, need_int
 from .engine_harness import engine_with_cache, run, tiny_model
@@ -36,26 +41,6 @@ class Rules:
     prefill_pops: Callable
     decode_pops: Callable
     release_order: Callable
-
-
-def article_prefill_pops(prompt_len, BLOCK_SIZE):
-    """Blocks per layer a prompt of ``prompt_len`` tokens takes (main.cpp:266-272)."""
-    return (prompt_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-
-
-def article_decode_pops(position, BLOCK_SIZE):
-    """Does writing the token at ``position`` pop a block?  (main.cpp:859-865)"""
-    return position % BLOCK_SIZE == 0
-
-
-def article_release_order(block_table, slot):
-    """The physical blocks a finished ``slot`` pushes back, in push order (main.cpp:1018-1029)."""
-    order = []
-    for layer in range(block_table.shape[1]):
-        for logical in range(block_table.shape[2]):
-            if block_table[slot, layer, logical] != -1:
-                order.append(int(block_table[slot, layer, logical]))
-    return order
 
 
 ARTICLE_RULES = Rules(article_prefill_pops, article_decode_pops, article_release_order)

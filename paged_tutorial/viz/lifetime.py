@@ -323,29 +323,10 @@ def plot_step(steps: list[StepRecord], pos: int, num_blocks: int, dpi: int = 80)
 def lifetime_widget(steps: list[StepRecord], num_blocks: int, dpi: int = 80):
     """An IntSlider over the recorded engine steps (the first value is the start record) and an Output
     that redraws ``plot_step`` for the chosen one."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    from .widgets import step_slider
 
-    first = steps[0].index
-    slider = widgets.IntSlider(value=first, min=first, max=steps[-1].index, step=1,
-                               description="engine step", continuous_update=False,
-                               style={"description_width": "initial"},
-                               layout=widgets.Layout(width="480px"))
-    out = widgets.Output(layout=widgets.Layout(min_height="280px"))
-
-    def show(_change=None):
-        fig = plot_step(steps, slider.value - first, num_blocks, dpi=dpi)
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
-        plt.close(fig)
-
-    slider.observe(show, names="value")
-    show()
-    box = widgets.VBox([slider, out])
-    box.add_class("pt-lifetime")
-    return box
+    return step_slider(steps, lambda pos: plot_step(steps, pos, num_blocks, dpi=dpi),
+                       "pt-lifetime", "280px")
 
 
 def plot_table_and_free_list(table, free_blocks, article_table, article_free_blocks,

@@ -344,26 +344,8 @@ def plot_sharing(steps: list[SharingRecord], positions: list[int], dpi: int = 80
 
 def sharing_widget(steps: list[SharingRecord], dpi: int = 80, max_logical: int | None = None):
     """An IntSlider over the recorded steps and an Output that redraws ``plot_step``."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    from .widgets import step_slider
 
-    first = steps[0].index
-    slider = widgets.IntSlider(value=first, min=first, max=steps[-1].index, step=1,
-                               description="engine step", continuous_update=False,
-                               style={"description_width": "initial"},
-                               layout=widgets.Layout(width="480px"))
-    out = widgets.Output(layout=widgets.Layout(min_height="340px"))
-
-    def show(_change=None):
-        fig = plot_step(steps, slider.value - first, dpi=dpi, max_logical=max_logical)
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
-        plt.close(fig)
-
-    slider.observe(show, names="value")
-    show()
-    box = widgets.VBox([slider, out])
-    box.add_class("pt-sharing")
-    return box
+    return step_slider(steps, lambda pos: plot_step(steps, pos, dpi=dpi,
+                                                    max_logical=max_logical),
+                       "pt-sharing", "340px")
