@@ -27,16 +27,17 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PART=${1:-core}
-if [ ! -e /tmp/site/.gpu_all_installed ]; then
+SITE=${TMPDIR:-/tmp}/site        # the carried wheels are installed here, beside the image's
+if [ ! -e "$SITE/.gpu_all_installed" ]; then
     if [ -d .whl ]; then
         wheels=(.whl/*.whl)
     else                         # the chapters part needs numpy < 2.5 only (numba-cuda 0.30)
         wheels=(.colab-sim/wheels/numpy-*.whl)
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "${wheels[@]}" && touch /tmp/site/.gpu_all_installed || exit 1
+        --target "$SITE" "${wheels[@]}" && touch "$SITE/.gpu_all_installed" || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
 export PYTHONUNBUFFERED=1
 LOG=$OUT/gpu_all.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee -a "$LOG"

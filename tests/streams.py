@@ -8,6 +8,32 @@ import threading
 
 import pytest
 
+import paged_tutorial as pt
+
+#: every op a step may run attention through (prefill, prefill after a cached prefix, decode)
+ATTENTION_OPS = ("prefill_attention", "prefill_attention_from_cache", "decode_attention")
+
+
+class Boom(Exception):
+    """The failure the tests inject."""
+
+
+class SwitchableFailure(pt.RecordingBackend):
+    """The torch backend, raising Boom from the model at the next attention call after
+    ``arm()``."""
+
+    def __init__(self):
+        self.armed = False
+
+        def on_call(call):
+            if self.armed:
+                self.armed = False
+                raise Boom("injected")
+        super().__init__("torch", ops=ATTENTION_OPS, on_call=on_call)
+
+    def arm(self):
+        self.armed = True
+
 
 def drive(engine, events, make_prompt, arm_failure, failure, rng, check, max_seq_len: int):
     """``events``: tuples ``(step, what, *prompt_args, max_new_tokens)`` with ``what`` one of

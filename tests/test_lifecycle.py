@@ -14,7 +14,7 @@ import torch
 
 import paged_tutorial as pt
 from paged_tutorial.config import ModelConfig
-from streams import drive
+from streams import Boom, SwitchableFailure, drive
 from threads import generate_in_threads
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -57,8 +57,6 @@ def assert_idle(engine):
     assert sorted(engine.cache.free_blocks) == list(range(engine.cache.NUM_BLOCKS))
 
 
-class Boom(Exception):
-    pass
 
 
 class FailingBackend(pt.RecordingBackend):
@@ -373,21 +371,6 @@ event_st = st.tuples(st.integers(0, 10),                                   # ste
                      st.integers(1, 16))                                    # max_new_tokens
 
 
-class SwitchableFailure(pt.RecordingBackend):
-    """Raises Boom from the model at the next attention call after ``arm()``."""
-
-    def __init__(self):
-        self.armed = False
-
-        def on_call(call):
-            if self.armed:
-                self.armed = False
-                raise Boom("injected")
-        super().__init__("torch", ops=["prefill_attention", "decode_attention"],
-                         on_call=on_call)
-
-    def arm(self):
-        self.armed = True
 
 
 @settings(max_examples=20, deadline=None,

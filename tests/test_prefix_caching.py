@@ -19,7 +19,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
 from paged_tutorial.kv_cache import EVENT_KINDS
 from paged_tutorial.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
-from streams import drive
+from streams import Boom, SwitchableFailure, drive
 from threads import generate_in_threads
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -519,25 +519,6 @@ event_st = st.tuples(st.integers(0, 6),                                    # ste
                      st.integers(1, 20))                                    # max_new_tokens
 
 
-class Boom(Exception):
-    pass
-
-
-class SwitchableFailure(pt.RecordingBackend):
-    """Raises Boom from the model at the next attention call after ``arm()``."""
-
-    def __init__(self):
-        self.armed = False
-
-        def on_call(call):
-            if self.armed:
-                self.armed = False
-                raise Boom("injected")
-        super().__init__("torch", ops=["prefill_attention", "prefill_attention_from_cache",
-                                       "decode_attention"], on_call=on_call)
-
-    def arm(self):
-        self.armed = True
 
 
 @settings(max_examples=25, deadline=None,

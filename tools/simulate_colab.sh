@@ -20,6 +20,9 @@ mkdir -p "$OUT"
 LOG="$OUT/colab-sim.log"
 exec > >(tee "$LOG") 2>&1
 REPO=$(pwd)
+SCRATCH=${TMPDIR:-/tmp}
+VENV=$SCRATCH/colab-venv           # the simulated runtime's Python
+FAKE_COLAB=$SCRATCH/fake-colab     # an importable google.colab, as Colab has
 WHEELS="$REPO/.colab-sim/wheels"
 status=0
 step() { echo; echo "=== $*"; }
@@ -35,19 +38,19 @@ step "a Colab-like venv: Python 3.12 + the preinstalled torch (the image's packa
 # python3 there may itself be a venv, whose packages --system-site-packages would not show: a
 # .pth file adds its site-packages after the new venv's own, so pip installs what must change
 # into the new venv and leaves the image alone
-python3 -m venv /tmp/colab-venv
-PY=/tmp/colab-venv/bin/python
+python3 -m venv "$VENV"
+PY=$VENV/bin/python
 python3 -c "import sysconfig; p = sysconfig.get_paths(); print(p['purelib']); print(p['platlib'])" \
     | sort -u > "$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/preinstalled.pth"
 "$PY" -c "import torch; print('torch visible in the venv:', torch.__version__)"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
 export PAGED_TUTORIAL_CUDA_EXTRA=none
-mkdir -p /tmp/fake-colab/google/colab
-: > /tmp/fake-colab/google/colab/__init__.py
+mkdir -p "$FAKE_COLAB/google/colab"
+: > "$FAKE_COLAB/google/colab/__init__.py"
 
 # run_cell SOURCE: the notebooks' first cell, as Colab would run it, with INSTALL_SOURCE=SOURCE
 run_cell() {
-    PYTHONPATH=/tmp/fake-colab "$PY" - "$1" <<'PYCELL'
+    PYTHONPATH="$FAKE_COLAB" "$PY" - "$1" <<'PYCELL'
 import sys
 sys.path.insert(0, "tools")
 import google.colab                                 # imported at start-up on Colab
@@ -136,7 +139,7 @@ from paged_tutorial import results
 print(results.find('decode'), results.load('attention-2026-11-30')['gpu'])") || { echo "FAILED: results"; status=1; }
 
 step "pip list of the simulated runtime (what the cell changed)"
-"$PY" -m pip list --path /tmp/colab-venv/lib/python3.12/site-packages 2>/dev/null
+"$PY" -m pip list --path "$VENV/lib/python3.12/site-packages" 2>/dev/null
 echo
 echo "simulation status: $status"
 exit $status
