@@ -57,8 +57,6 @@ def assert_idle(engine):
     assert sorted(engine.cache.free_blocks) == list(range(engine.cache.NUM_BLOCKS))
 
 
-
-
 class FailingBackend(pt.RecordingBackend):
     """Raises ``exc`` from inside the forward pass at the ``at``-th call of ``op``."""
 
