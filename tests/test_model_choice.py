@@ -159,7 +159,9 @@ def test_results_are_found_outside_the_repository(tmp_path, monkeypatch):
     monkeypatch.delenv(results.RESULTS_ENV, raising=False)
     decode = results.load("decode-2026-11-30")
     assert decode["gpu"].startswith("NVIDIA")
-    assert results.find("decode") == results.find("decode-2026-11-30.json")
+    newest = results.dated_files("decode", results.results_dir())[-1]
+    assert newest[0] >= "2026-11-30"
+    assert results.find("decode") == newest[1] == results.find(newest[1].name)
     assert results.find("decode-2026-11-30.png").suffix == ".png"
     with pytest.raises(FileNotFoundError, match="no result 'nothing'.*available: .*decode"):
         results.find("nothing")
