@@ -50,7 +50,7 @@ import math
 from numba import cuda, float32, int32, int64
 
 from .dtypes import DTYPE_OPS
-from .sim_shim import SIMULATING, libdevice
+from .sim_shim import SIMULATING, libdevice, threadfence
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -71,14 +71,6 @@ def lanes_per_token(head_dim: int, max_lanes: int = 8, vec: int = VEC) -> int:
         g *= 2
     return g
 
-
-if SIMULATING:
-    def _fence():
-        """The simulator runs blocks one after another: nothing to order."""
-else:                                            # pragma: no cover - GPU only
-    @cuda.jit(device=True)
-    def _fence():
-        cuda.threadfence()
 
 
 # --- 16-byte loads ------------------------------------------------------------------------
@@ -450,7 +442,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE
             return
 
         # --- split-KV: the last split block of this (sequence, KV head) merges ------------
-        _fence()
+        threadfence()
         cuda.syncthreads()
         if tid == 0:
             ticket = cuda.atomic.add(tickets, b * cuda.gridDim.y + kv_head, 1)
@@ -458,7 +450,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, QPK: int, BLOCK_SIZE
         cuda.syncthreads()
         if sm_last[0] == 0:
             return
-        _fence()
+        threadfence()
         for idx in range(tid, OUT_ELEMS, THREADS):
             h = idx // HEAD_DIM
             d = idx - h * HEAD_DIM

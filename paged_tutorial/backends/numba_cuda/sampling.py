@@ -32,7 +32,7 @@ import math
 from numba import cuda, float32, int32
 
 from .reduce import MAX_WARPS, beats, block_argmax, block_max, block_sum
-from .sim_shim import SIMULATING, libdevice
+from .sim_shim import SIMULATING, libdevice, threadfence
 
 MAX_SAMPLE_THREADS = 1024
 
@@ -46,14 +46,6 @@ def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
         return 2                                       # exercise the merge, cheaply
     return max(1, min(64, -(-256 // max(1, batch))))
 
-
-if SIMULATING:
-    def _fence():
-        """The simulator runs blocks one after another: nothing to order."""
-else:                                                  # pragma: no cover - GPU only
-    @cuda.jit(device=True)
-    def _fence():
-        cuda.threadfence()
 
 
 @cuda.jit
@@ -97,12 +89,12 @@ def sample_kernel(logits, logits_row_stride, vocab, temperature, top_p, uniforms
             part_v[row * n_parts + part] = float32(logits[base + best_i]) if best_i < vocab \
                 else float32(-math.inf)
             part_i[row * n_parts + part] = best_i
-            _fence()
+            threadfence()
             ticket = cuda.atomic.add(tickets, row, 1)
             is_last[0] = 1 if ticket == n_parts - 1 else 0
         cuda.syncthreads()
         if is_last[0] == 1 and tid == 0:               # the last part to finish merges
-            _fence()
+            threadfence()
             bv = part_v[row * n_parts]
             bi = part_i[row * n_parts]
             for p in range(1, n_parts):

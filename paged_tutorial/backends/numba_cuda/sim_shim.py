@@ -92,6 +92,16 @@ else:                                          # pragma: no cover - GPU process
     from numba.cuda import libdevice  # noqa: F401  (re-exported for the kernels)
 
 
+# --- memory fence between blocks (the last-block merges of sampling and attention_fast) --------
+if SIMULATING:
+    def threadfence():
+        """The simulator runs blocks one after another: nothing to order."""
+else:                                          # pragma: no cover - GPU only
+    @cuda.jit(device=True)
+    def threadfence():
+        cuda.threadfence()
+
+
 # --- warp shuffles -----------------------------------------------------------------------
 
 class _BlockScratch:
