@@ -36,10 +36,11 @@ from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write
 setup_numba_env()
 
 from paged_tutorial.backends import triton_attention  # noqa: E402
-from paged_tutorial.backends.numba_cuda import NumbaBackend, attention_fast  # noqa: E402
-from paged_tutorial.backends.numba_cuda.prefill_sdpa import prefill_attention_sdpa  # noqa: E402
+from paged_tutorial.backends.numba_cuda import NumbaBackend
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast  # noqa: E402
+from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa  # noqa: E402
 from paged_tutorial.config import CacheConfig  # noqa: E402
-from paged_tutorial.kv_cache import PagedKVCache  # noqa: E402
+from paged_tutorial.cache.paged_cache import PagedKVCache  # noqa: E402
 
 N_Q, N_KV, D, BS = 32, 8, 64, 16
 SCALE = 1.0 / math.sqrt(D)

@@ -56,7 +56,7 @@ def main():
     args = ap.parse_args()
     from transformers import LlamaForCausalLM
 
-    from paged_tutorial.models import find_embedded_smollm2
+    from paged_tutorial.loading.models import find_embedded_smollm2
 
     torch.manual_seed(0)
     model = pt.load_model("smollm2-135m", dtype="float32")

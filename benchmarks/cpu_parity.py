@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import paged_tutorial as pt
-from paged_tutorial.models import find_embedded_smollm2
+from paged_tutorial.loading.models import find_embedded_smollm2
 
 PROMPTS = ["What is the capital of France?",
            "Write a haiku about the sea.",

@@ -42,8 +42,8 @@ setup_numba_env()
 import paged_tutorial as pt  # noqa: E402
 from paged_tutorial.backends.numba_cuda import NumbaBackend  # noqa: E402
 from paged_tutorial.config import llama_3_2_1b_config  # noqa: E402
-from paged_tutorial.models import Model  # noqa: E402
-from paged_tutorial.weights import expected_tensor_shapes  # noqa: E402
+from paged_tutorial.loading.models import Model  # noqa: E402
+from paged_tutorial.loading.weights import expected_tensor_shapes  # noqa: E402
 
 BATCHES = (1, 64)
 PROMPT_LEN = 128
@@ -241,7 +241,7 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     res["forward_ms"] = events_ms(lambda: runner.forward(toks, pos, slots, cache, bt,
                                                          prefill_cu_seqlens=cu,
                                                          logit_rows=rows), reps=10)
-    from paged_tutorial.backends.numba_cuda import prefill_sdpa
+    from paged_tutorial.backends.numba_cuda.kernels import prefill_sdpa
     res["attention_path"] = prefill_sdpa.LAST_PATH if getattr(
         engine.backend, "prefill", None) == "sdpa" else "numba-kernel"
     res["forward_tflops"] = flops / (res["forward_ms"] * 1e-3) / 1e12
@@ -265,7 +265,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     t_start = time.time()
     if args.variant_file and Path(args.variant_file).exists():
-        from paged_tutorial.backends.numba_cuda import attention_fast
+        from paged_tutorial.backends.numba_cuda.kernels import attention_fast
         best = json.loads(Path(args.variant_file).read_text())
         attention_fast.NUM_WARPS = best["num_warps"]
         attention_fast.DEFAULT_VARIANT.update(
@@ -325,8 +325,9 @@ def main(argv=None):
             model, data["ceilings"]["bf16_matmul_tflops"],
             backend=NumbaBackend(prefill="numba"))
     print("prefill:", data["prefill"], flush=True)
-    from paged_tutorial.backends.numba_cuda import attention_fast
-    from paged_tutorial.backends.numba_cuda import gemv, launch
+    from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+    from paged_tutorial.backends.numba_cuda.kernels import gemv
+    from paged_tutorial.backends.numba_cuda.runtime import launch
     data["fast_kernel"] = {"num_warps": attention_fast.NUM_WARPS,
                            "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
                            **attention_fast.DEFAULT_VARIANT}

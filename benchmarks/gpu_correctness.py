@@ -37,7 +37,7 @@ import torch
 
 import paged_tutorial as pt
 from paged_tutorial.config import llama_3_2_1b_config, smollm2_135m_config
-from paged_tutorial.models import save_hf_folder
+from paged_tutorial.loading.models import save_hf_folder
 
 LOGIT_RTOL = 3e-2
 MARGIN = 0.25          # logits; above ~10x the bf16 noise measured on these models
@@ -235,11 +235,11 @@ def main():
 
     result["numba"] = numba.__version__
     if "kernels" not in skip:
-        # every kernel at full size: the GPU-marked tests (tests/test_gpu.py)
+        # every kernel at full size: the GPU-marked tests (tests/gpu/test_gpu.py)
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_gpu.py"], capture_output=True, text=True,
+                               "tests/gpu/test_gpu.py"], capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
-        result["kernels"] = {"command": "python -m pytest -q tests/test_gpu.py",
+        result["kernels"] = {"command": "python -m pytest -q tests/gpu/test_gpu.py",
                              "pass": proc.returncode == 0,
                              "summary": proc.stdout.strip().splitlines()[-1:]}
     if "models" not in skip:

@@ -33,7 +33,7 @@ MODEL_REASON = ("needs the embedded SmolLM2-135M GGUF (98 MB, from the PyPI pack
 
 def model_available() -> bool:
     try:
-        from paged_tutorial.models import find_embedded_smollm2
+        from paged_tutorial.loading.models import find_embedded_smollm2
 
         find_embedded_smollm2()
         return True

@@ -25,10 +25,11 @@ from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write
 
 setup_numba_env()
 
-from paged_tutorial.backends.numba_cuda import NumbaBackend, gemv  # noqa: E402
+from paged_tutorial.backends.numba_cuda import NumbaBackend
+from paged_tutorial.backends.numba_cuda.kernels import gemv  # noqa: E402
 from paged_tutorial.backends.torch_ref import TorchBackend  # noqa: E402
 from paged_tutorial.config import llama_3_2_1b_config  # noqa: E402
-from paged_tutorial.sampling import sample_reference  # noqa: E402
+from paged_tutorial.model.sampling import sample_reference  # noqa: E402
 
 M = llama_3_2_1b_config()
 H, I, V = M.hidden_size, M.intermediate_size, M.vocab_size
@@ -131,7 +132,7 @@ def attention_short_contexts(bw_gbs: float, g) -> list[dict]:
     160 tokens) and at 1024, over warps per block and splits per sequence: how the launch
     policy for short contexts was chosen."""
     from attention import SCALE, build_cache, reference
-    from paged_tutorial.backends.numba_cuda import attention_fast
+    from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 
     rows = []
     for batch, ctx in ((1, 160), (64, 160), (1, 1024), (64, 1024)):

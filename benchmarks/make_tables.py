@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from paged_tutorial.results import dated_files
+from paged_tutorial.teaching.results import dated_files
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -109,12 +109,12 @@ class BlockUsage:
         self.cache = cache
         self.used = int((cache.reference_counts() > 0).sum())
         self.peak_used = self.used
-        self.peak_cached = cache.num_cached
+        self.peak_cached = cache.num_evictable_blocks
         cache.add_listener(self.on_event)
 
     def reset(self) -> None:
         self.peak_used = self.used
-        self.peak_cached = self.cache.num_cached
+        self.peak_cached = self.cache.num_evictable_blocks
 
     def on_event(self, event) -> None:
         if event.kind in ("pop", "reuse"):
@@ -123,7 +123,7 @@ class BlockUsage:
             self.used -= 1
         self.peak_used = max(self.peak_used, self.used)
         if event.kind in ("cache", "reuse", "evict"):
-            self.peak_cached = max(self.peak_cached, self.cache.num_cached)
+            self.peak_cached = max(self.peak_cached, self.cache.num_evictable_blocks)
 
 
 def run_wave(engine, usage: BlockUsage, prompts, params) -> dict:

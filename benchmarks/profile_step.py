@@ -100,11 +100,11 @@ def decode_step_fn(model, batch: int, graphs: bool):
     requests = list(engine.scheduler.running)
 
     def step():
-        lens = [(r, r.num_cached, len(r.output_ids)) for r in requests]
+        lens = [(r, r.num_computed_tokens, len(r.output_ids)) for r in requests]
         report = engine.step()
         assert report.kind == "decode" and report.num_tokens == batch
         for r, cached, n_out in lens:                        # rewind: same step next time
-            r.num_cached = cached
+            r.num_computed_tokens = cached
             del r.output_ids[n_out:]
     return step
 
@@ -127,7 +127,8 @@ def host_costs(model) -> dict:
     import cProfile
     import pstats
 
-    from paged_tutorial.backends.numba_cuda import NumbaBackend, launch
+    from paged_tutorial.backends.numba_cuda import NumbaBackend
+    from paged_tutorial.backends.numba_cuda.runtime import launch
 
     nb = NumbaBackend()
     x = torch.randn(1, model.config.hidden_size, device="cuda").to(torch.bfloat16)

@@ -63,11 +63,12 @@ def run_kernel(layout: str, case: dict, seed: int = 0) -> dict:
 
     import torch
 
-    from paged_tutorial.backends.numba_cuda import SIMULATING, attention
+    from paged_tutorial.backends.numba_cuda import SIMULATING
+    from paged_tutorial.backends.numba_cuda.kernels import attention
     from paged_tutorial.backends.torch_ref import TorchBackend
     from paged_tutorial.config import CacheConfig
-    from paged_tutorial.kv_cache import PagedKVCache
-    from paged_tutorial.oracles import clone_cache, kernel_device
+    from paged_tutorial.cache.paged_cache import PagedKVCache
+    from paged_tutorial.teaching.oracles import clone_cache, kernel_device
 
     rows = case["rows"]
     max_seq = 128
@@ -261,7 +262,7 @@ def _count(items) -> dict:
 
 def kernel_source_lines() -> dict:
     """{base name: lines} of the files a report can name (the kernel's module)."""
-    from paged_tutorial.backends.numba_cuda import attention
+    from paged_tutorial.backends.numba_cuda.kernels import attention
 
     path = Path(attention.__file__)
     return {path.name: path.read_text().splitlines()}

@@ -18,7 +18,7 @@ import re
 import sys
 import warnings
 
-from .backends import BACKEND_NAMES
+from paged_tutorial.backends import BACKEND_NAMES
 
 EXIT_USAGE = 2
 HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
@@ -36,7 +36,7 @@ SIM_WARNING = (
     "SmolLM2 (30 layers) needs about a minute per token on a 2-core machine (4 minutes for a "
     "1-token prompt and 3 new tokens, measured).  For a quick "
     "look keep it tiny (a short prompt, --no-chat, --max-new-tokens 4) or pass a small model "
-    "folder (2 layers, e.g. one written by paged_tutorial.models.save_hf_folder("
+    "folder (2 layers, e.g. one written by paged_tutorial.loading.models.save_hf_folder("
     "random_model(...))); for answers use --backend torch.")
 
 
@@ -45,8 +45,8 @@ def api_defaults() -> dict:
     Engine(...)'s max_slots / max_seq_len and SamplingParams' sampling arguments."""
     import dataclasses
 
-    from .engine import Engine
-    from .sampling_params import SamplingParams
+    from paged_tutorial.engine.llm_engine import Engine
+    from paged_tutorial.engine.sampling_params import SamplingParams
 
     engine = inspect.signature(Engine.__init__).parameters
     defaults = {name: engine[name].default for name in ("max_slots", "max_seq_len")}
@@ -120,8 +120,8 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
 
 def choose_backend(name: str):
     """The backend object, made (and for numba, test-launched) before any weights load."""
-    from .backends import make_backend
-    from .backends.availability import check_backend
+    from paged_tutorial.backends import make_backend
+    from paged_tutorial.backends.availability import check_backend
 
     if name == "numba-sim" and "numba.cuda" not in sys.modules:
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "1").strip() in ("", "0"):
@@ -136,9 +136,9 @@ def choose_backend(name: str):
 
 
 def run(args, out=None, err=None) -> int:
-    from . import Engine, load_model
-    from .model_catalog import known_model, korean_note
-    from .model_choice import gpu_dtype
+    from paged_tutorial import Engine, load_model
+    from paged_tutorial.loading.catalog import known_model, korean_note
+    from paged_tutorial.loading.model_choice import gpu_dtype
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err

@@ -105,7 +105,7 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    from paged_tutorial.models import find_embedded_smollm2
+    from paged_tutorial.loading.models import find_embedded_smollm2
 
     return find_embedded_smollm2()
 

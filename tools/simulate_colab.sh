@@ -135,7 +135,7 @@ PYNB
 
 step "notebook 08's result files from outside the repository"
 (cd /tmp && "$PY" -c "
-from paged_tutorial import results
+from paged_tutorial.teaching import results
 print(results.find('decode'), results.load('attention-2026-11-30')['gpu'])") || { echo "FAILED: results"; status=1; }
 
 step "pip list of the simulated runtime (what the cell changed)"

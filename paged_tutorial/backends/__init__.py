@@ -7,9 +7,9 @@ import warnings
 
 import torch
 
-from .availability import FIX_HINT, numba_gpu_problem
-from .base import Backend
-from .torch_ref import TorchBackend
+from paged_tutorial.backends.availability import FIX_HINT, numba_gpu_problem
+from paged_tutorial.backends.base import Backend
+from paged_tutorial.backends.torch_ref import TorchBackend
 
 BACKEND_NAMES = ("auto", "torch", "numba", "numba-sim")
 
@@ -30,7 +30,7 @@ def make_backend(backend: str | Backend = "auto", device: str | None = None,
         backend = _auto_choice()
     if backend == "torch":
         return TorchBackend(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from .numba_cuda import NumbaBackend       # imports numba.cuda: decides GPU vs simulator
+    from paged_tutorial.backends.numba_cuda import NumbaBackend       # imports numba.cuda: decides GPU vs simulator
     return NumbaBackend(simulate=(backend == "numba-sim"), check_inputs=debug)
 
 

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .numba_env import SIM_ENV, numba_cuda_imported, numba_cuda_simulating
+from paged_tutorial.backends.numba_env import SIM_ENV, numba_cuda_imported, numba_cuda_simulating
 
 FIX_HINT = ("install numba-cuda's CUDA toolkit for your driver: `pip install -e \".[cu12]\"` "
             "in the repository for a CUDA 12.x driver, \".[cu13]\" for 13.x (`nvidia-smi` "
@@ -54,7 +54,7 @@ def _numba_gpu_launch_problem() -> str | None:
     """Compile and run one small kernel on the GPU; the first line of the error if that fails.
     Cached: the answer does not change within a process."""
     try:
-        from .numba_cuda import NumbaBackend
+        from paged_tutorial.backends.numba_cuda import NumbaBackend
 
         backend = NumbaBackend(simulate=False)
         gate_up = torch.ones(1, 2, device=backend.device)

@@ -116,7 +116,7 @@ class Backend(abc.ABC):
         Default: the torch oracle's reading of the cache and attention (``torch_ref``), with
         torch ops on the cache's device, so every backend has it; a backend may replace it
         with a kernel that gives the same result."""
-        from .torch_ref import attention, gather_kv
+        from paged_tutorial.backends.torch_ref import attention, gather_kv
 
         out = torch.empty_like(q)
         for i, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..kv_cache import check_block_entries
-from ..sampling import sample_reference
-from .base import Backend
+from paged_tutorial.cache.paged_cache import check_block_entries
+from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.base import Backend
 
 
 # --- reading the paged cache and attending: the oracle's pieces, also the default of

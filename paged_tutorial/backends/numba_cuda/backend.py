@@ -1,0 +1,497 @@
+"""``NumbaBackend``: the engine's ops as Numba CUDA kernel launches (GEMMs stay on cuBLAS through
+``torch.matmul``).  Importing it imports ``numba.cuda``; the package's ``__init__`` has decided
+simulator or GPU by then."""
+
+from __future__ import annotations
+
+import torch
+
+import numpy as np
+
+from paged_tutorial.cache.paged_cache import check_block_entries
+from paged_tutorial.backends.base import Backend
+from paged_tutorial.backends.numba_cuda.kernels import attention, elementwise, kv_write, norms, prefill, sampling
+from paged_tutorial.backends.numba_cuda.runtime import launch  # noqa: F401
+from paged_tutorial.backends.numba_cuda.device import sim_shim  # noqa: F401  (installs the simulator's shuffles)
+from paged_tutorial.backends.numba_cuda.kernels import rope as rope_kernels
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, gemv, prefill_sdpa, rope_write_kv  # the optimised paths
+from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, ops_for
+from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, launch as _launch, rows, words
+from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+ATTENTION_KERNELS = ("fast", "article", "triton")
+#: most threads per block of the 16-byte row kernels (norms): one 16-byte chunk per thread up
+#: to rows of 8 * this many elements
+VEC_ROW_MAX_THREADS = 32 if SIMULATING else 512
+
+def backend_name() -> str:
+    """The name this process can offer: ``numba`` on a GPU, ``numba-sim`` when simulating."""
+    return "numba-sim" if SIMULATING else "numba"
+
+
+def _mode_error(requested: str) -> RuntimeError:
+    if requested == "numba":
+        return RuntimeError(
+            "backend 'numba' needs an NVIDIA GPU, but this process already runs Numba's CUDA "
+            "simulator (NUMBA_ENABLE_CUDASIM=1 was set, or no CUDA GPU was visible when "
+            "numba.cuda was first imported).  Numba chooses once per process: start a new "
+            "process with a visible GPU and NUMBA_ENABLE_CUDASIM unset (or 0), or use "
+            "'numba-sim' here.")
+    return RuntimeError(
+        "backend 'numba-sim' needs Numba's CUDA simulator, but this process imported "
+        "numba.cuda for the real GPU.  Numba chooses once per process: start a new process "
+        "and set NUMBA_ENABLE_CUDASIM=1 before anything imports numba.cuda (e.g. "
+        "`NUMBA_ENABLE_CUDASIM=1 python ...`, or os.environ at the very top of the script), "
+        "or use 'numba' here.")
+
+
+class NumbaBackend(Backend):
+    """Numba CUDA kernels for every op of ``Backend``; ``linear`` stays torch (cuBLAS).
+
+    ``NumbaBackend()`` picks the mode of this process.  ``NumbaBackend("numba")`` or
+    ``NumbaBackend("numba-sim")`` (equivalently ``simulate=False`` / ``True``) insists on one
+    and raises a RuntimeError explaining how to get it when the process runs the other.
+    ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
+    device sync) validates token ids, positions and block-table entries on the host before
+    the kernels use them.  ``attention`` picks the decode kernel, ``prefill`` the prefill
+    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` the 16-byte bf16 kernels, the small-batch
+    GEMV and its fusion with RoPE and the cache write.
+    """
+
+    def __init__(self, name: str | None = None, device: str | torch.device | None = None,
+                 check_inputs: bool | None = None, simulate: bool | None = None,
+                 attention: str = "fast", prefill: str | None = None, vector: bool = True,
+                 gemv: bool | None = None, fuse_qkv: bool = True):
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
+                             f"{ATTENTION_KERNELS}")
+        if prefill not in (None, "numba", "sdpa"):
+            raise ValueError(f"NumbaBackend: prefill={prefill!r}; choose 'numba' or 'sdpa'")
+        #: decode attention kernel: "fast" (attention_fast.py), "article" (attention.py,
+        #: the article's kernel), or "triton" (backends/triton_attention.py)
+        self.attention = attention
+        #: prefill attention: "sdpa" (torch's flash kernel; the GPU default, see
+        #: prefill_sdpa.py) or "numba" (prefill.py; the default in the simulator)
+        self.prefill = prefill or ("numba" if SIMULATING else "sdpa")
+        if name not in (None, "numba", "numba-sim"):
+            raise ValueError(f"NumbaBackend: unknown name {name!r} (use 'numba' or 'numba-sim')")
+        if simulate is not None:
+            wanted = "numba-sim" if simulate else "numba"
+            if name is not None and name != wanted:
+                raise ValueError(f"NumbaBackend: name {name!r} contradicts simulate={simulate}")
+            name = wanted
+        if name is not None and name != backend_name():
+            raise _mode_error(name)
+        self.name = backend_name()
+        if SIMULATING:
+            self.device = torch.device("cpu")
+            if device is not None and torch.device(device).type != "cpu":
+                raise ValueError("numba-sim runs on the CPU: tensors must live there")
+        else:
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "backend 'numba': numba.cuda was imported for a GPU (NUMBA_ENABLE_CUDASIM "
+                    "unset or 0) but torch sees no CUDA device.  Start a new process with "
+                    "NUMBA_ENABLE_CUDASIM=1 to simulate, or use the torch backend.")
+            self.device = torch.device(device) if device is not None else \
+                torch.device("cuda", torch.cuda.current_device())
+        self.check_inputs = SIMULATING if check_inputs is None else bool(check_inputs)
+        #: bf16 rows take the 16-byte kernels (``vector_io.py``) when aligned; False: always
+        #: the scalar kernels (the reference the vector kernels are tested against)
+        self.vector = bool(vector)
+        #: the Numba GEMV (``gemv.py``) replaces cuBLAS for bf16 at <= gemv.MAX_ROWS rows;
+        #: default on the GPU only (in the simulator every output row is a Python warp)
+        self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
+        #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
+        self.fuse_qkv = bool(fuse_qkv)
+        self._tiles_cache: tuple | None = None
+        self._cu_cache: tuple | None = None
+        self._checked_tables: set = set()
+
+    def describe(self) -> str:
+        mode = "Numba CUDA simulator" if SIMULATING else "Numba CUDA kernels + cuBLAS"
+        return f"{self.name} on {self.device} ({mode})"
+
+    # --- helpers ---------------------------------------------------------------------
+    @staticmethod
+    def _same_dtype(*tensors) -> str:
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            if t.dtype != dtype:
+                raise TypeError(f"numba backend: mixed dtypes {dtype} and {t.dtype}")
+        return ops_for(dtype).name
+
+    def _int32(self, t: torch.Tensor) -> torch.Tensor:
+        """Index tensors: int32, contiguous, on this device (returned as they are when they
+        already are: the hot path)."""
+        if t.dtype == torch.int32 and t.device == self.device and t.is_contiguous():
+            return t
+        return t.to(device=self.device, dtype=torch.int32).contiguous()
+
+    def _vec_rows(self, *tensors) -> bool:
+        """May the 16-byte bf16 kernels take these [R, n] tensors?  bf16, n a multiple of 8,
+        rows starting 16-byte aligned (data pointer and row stride), each row contiguous."""
+        if not self.vector:
+            return False
+        for t in tensors:
+            if t.dtype != torch.bfloat16 or t.data_ptr() % 16 or t.shape[-1] % 8:
+                return False
+            st = t.stride()
+            if st[-1] != 1 or (len(st) > 1 and st[0] % 8):
+                return False
+        return True
+
+    def _table_ok(self, cache, block_table) -> None:
+        """``_check_table`` once per (cache, device table): the hot path skips it after."""
+        key = (id(cache), block_table.data_ptr())
+        if key not in self._checked_tables:
+            self._check_table(cache, block_table)
+            if len(self._checked_tables) > 64:
+                self._checked_tables.clear()
+            self._checked_tables.add(key)
+
+    # --- GEMMs -----------------------------------------------------------------------
+    def linear(self, x, weight):
+        """torch (cuBLAS) for GEMMs; the Numba GEMV (``gemv.py``) for bf16 at up to
+        ``gemv.MAX_ROWS`` rows, where a decode step is all weight reads."""
+        if self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS \
+                and weight.is_contiguous() and self._vec_rows(x, weight):
+            n_out, k = weight.shape
+            if x.shape[1] != k:
+                raise ValueError(f"linear: x has {x.shape[1]} columns, weight {k}")
+            out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
+            xa, x_rs = rows(x, "x", words=True)
+            _launch(gemv.gemv_kernel(x.shape[0], k), gemv.grid(n_out, k), 32 * gemv.WARPS,
+                    xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
+            return out
+        return torch.nn.functional.linear(x, weight)
+
+    # --- per-token ops ---------------------------------------------------------------
+    def embed(self, weight, token_ids):
+        ops_for(weight.dtype)
+        ids = self._int32(token_ids)
+        n_tokens, hidden = ids.shape[0], weight.shape[1]
+        if self.check_inputs and n_tokens and (int(ids.min()) < 0 or
+                                               int(ids.max()) >= weight.shape[0]):
+            raise IndexError(f"embed: token id out of range [0, {weight.shape[0]})")
+        out = torch.empty(n_tokens, hidden, dtype=weight.dtype, device=weight.device)
+        n = n_tokens * hidden
+        if n == 0:
+            return out
+        if self._vec_rows(weight):
+            w, w_rs = rows(weight, "weight", words=True)
+            n_chunks = n // 8
+            _launch(elementwise.embed_vec_kernel, launch.elemwise_grid(n_chunks),
+                    launch.ELEMWISE_THREADS, w, w_rs, flat(ids), words(out), hidden // 2,
+                    n_chunks)
+            return out
+        w, w_rs = rows(weight, "weight")
+        _launch(elementwise.embed_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                w, w_rs, flat(ids), flat(out), hidden, n)
+        return out
+
+    def rms_norm(self, x, weight, eps):
+        dtype = self._same_dtype(x, weight)
+        n_tokens, hidden = x.shape
+        out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
+        if n_tokens == 0:
+            return out
+        if self._vec_rows(x, weight):
+            threads, per_thread = norms.vec_row_threads(hidden, VEC_ROW_MAX_THREADS)
+            kernel = norms.rms_norm_vec_kernels(per_thread)[0]
+            xa, x_rs = rows(x, "x", words=True)
+            _launch(kernel, n_tokens, threads, xa, x_rs, words(weight, "weight"), words(out),
+                    hidden, float(eps))
+            return out
+        kernel, _ = norms.rms_norm_kernels(dtype)
+        xa, x_rs = rows(x, "x")
+        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, flat(weight, "weight"),
+                flat(out), hidden, float(eps))
+        return out
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        dtype = self._same_dtype(x, residual, weight)
+        n_tokens, hidden = x.shape
+        if residual.shape != x.shape:
+            raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x "
+                             f"{tuple(x.shape)}")
+        out = torch.empty(n_tokens, hidden, dtype=x.dtype, device=x.device)
+        if n_tokens == 0:
+            return out
+        if self._vec_rows(x, residual, weight):
+            threads, per_thread = norms.vec_row_threads(hidden, VEC_ROW_MAX_THREADS)
+            kernel = norms.rms_norm_vec_kernels(per_thread)[1]
+            xa, x_rs = rows(x, "x", words=True)
+            ra, r_rs = rows(residual, "residual", words=True)
+            _launch(kernel, n_tokens, threads, xa, x_rs, ra, r_rs, words(weight, "weight"),
+                    words(out), hidden, float(eps))
+            return out
+        _, kernel = norms.rms_norm_kernels(dtype)
+        xa, x_rs = rows(x, "x")
+        ra, r_rs = rows(residual, "residual")
+        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, ra, r_rs,
+                flat(weight, "weight"), flat(out), hidden, float(eps))
+        return out
+
+    def rope(self, q, k, positions, cos, sin):
+        dtype = self._same_dtype(q, k)
+        n_tokens, n_q_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            raise TypeError("rope: cos/sin tables must be float32")
+        if cos.shape[-1] != head_dim // 2:
+            raise ValueError(f"rope: cos/sin have {cos.shape[-1]} columns, need {head_dim // 2}")
+        n = n_tokens * (n_q_heads + n_kv_heads) * (head_dim // 2)
+        if n == 0:
+            return
+        pos = self._int32(positions)
+        if self.check_inputs and (int(pos.min()) < 0 or int(pos.max()) >= cos.shape[0]):
+            raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        _launch(rope_kernels.rope_kernel(dtype), launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                qa, q_rs, n_q_heads, ka, k_rs, n_kv_heads, head_dim, flat(pos),
+                flat(cos.contiguous()), flat(sin.contiguous()), n_tokens)
+
+    def silu_mul(self, gate_up):
+        dtype = self._same_dtype(gate_up)
+        n_tokens, two_inter = gate_up.shape
+        inter = two_inter // 2
+        out = torch.empty(n_tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+        n = n_tokens * inter
+        if n == 0:
+            return out
+        if inter % 8 == 0 and self._vec_rows(gate_up):
+            ga, g_rs = rows(gate_up, "gate_up", words=True)
+            n_chunks = n // 8
+            _launch(elementwise.silu_mul_vec_kernel, launch.elemwise_grid(n_chunks),
+                    launch.ELEMWISE_THREADS, ga, g_rs, words(out), inter // 2, n_chunks)
+            return out
+        ga, g_rs = rows(gate_up, "gate_up")
+        _launch(elementwise.silu_mul_kernel(dtype), launch.elemwise_grid(n),
+                launch.ELEMWISE_THREADS, ga, g_rs, flat(out), inter, n)
+        return out
+
+    # --- the paged cache -------------------------------------------------------------
+    @staticmethod
+    def _check_table(cache, block_table):
+        c = cache.config
+        expected = (c.max_slots, c.num_layers, c.MAX_BLOCKS_PER_SEQ)
+        if tuple(block_table.shape) != expected or block_table.dtype != torch.int32 \
+                or not block_table.is_contiguous():
+            raise ValueError(f"block_table must be a contiguous int32 tensor of shape {expected} "
+                             f"(cache.device_block_table()), got {block_table.dtype} "
+                             f"{tuple(block_table.shape)}")
+        if cache.buffer.dtype != DTYPE_OPS[c.dtype].torch_dtype:
+            raise TypeError("cache.buffer dtype does not match cache.config.dtype")
+
+    def write_kv(self, cache, k, v, block_table, layer, slots, positions):
+        self._same_dtype(k, v, cache.buffer)
+        self._table_ok(cache, block_table)
+        c = cache.config
+        n_tokens = k.shape[0]
+        if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape:
+            raise ValueError(f"write_kv: k/v must be [T, {c.num_kv_heads}, {c.head_dim}], got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if n_tokens == 0:
+            return
+        slots32, pos32 = self._int32(slots), self._int32(positions)
+        if self.check_inputs:
+            table = block_table.cpu().numpy()
+            s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+            for slot in np.unique(s):
+                check_block_entries(cache, table, int(slot), layer,
+                                    int(p[s == slot].max()) + 1, "write_kv")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        n = n_tokens * c.KV_DIM
+        _launch(kv_write.write_kv_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+                ka, k_rs, va, v_rs, flat(cache.buffer, "cache.buffer"),
+                as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
+                n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+
+    @staticmethod
+    def _check_rope_write(cache, block_table, layer, pos32, slots32, cos) -> None:
+        """check_inputs: positions inside the RoPE tables, block-table entries assigned."""
+        if int(pos32.min()) < 0 or int(pos32.max()) >= cos.shape[0]:
+            raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
+        table = block_table.cpu().numpy()
+        s, p = slots32.cpu().numpy(), pos32.cpu().numpy()
+        for slot in np.unique(s):
+            check_block_entries(cache, table, int(slot), layer, int(p[s == slot].max()) + 1,
+                                "write_kv")
+
+    def qkv_rope_write_kv(self, x, qkv_weight, n_q_heads, positions, cos, sin, cache,
+                          block_table, layer, slots):
+        """The QKV GEMV, RoPE and the cache write in one kernel (``gemv.py``) for bf16 decode
+        at up to ``gemv.MAX_ROWS`` tokens; otherwise the separate ops (``Backend``)."""
+        c = cache.config
+        n_out, k_in = qkv_weight.shape
+        n_tokens = x.shape[0]
+        if not (self.fuse_qkv and self.gemv and x.dim() == 2 and 0 < n_tokens <= gemv.MAX_ROWS
+                and x.shape[1] == k_in and qkv_weight.is_contiguous()
+                and self._vec_rows(x, qkv_weight) and cache.buffer.dtype == torch.bfloat16
+                and gemv.fused_qkv_supported(k_in, c.head_dim)
+                and n_out == (n_q_heads + 2 * c.num_kv_heads) * c.head_dim
+                and cos.dtype == torch.float32 and sin.dtype == torch.float32
+                and cos.shape[-1] == c.head_dim // 2 and cos.is_contiguous()
+                and sin.is_contiguous()):
+            return super().qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin,
+                                             cache, block_table, layer, slots)
+        self._table_ok(cache, block_table)
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
+        xa, x_rs = rows(x, "x", words=True)
+        _launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
+                32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out), n_out,
+                flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
+                flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table), int(layer),
+                flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        d, q_dim = c.head_dim, n_q_heads * c.head_dim
+        return (out[:, :q_dim].view(n_tokens, n_q_heads, d),
+                out[:, q_dim:q_dim + c.KV_DIM].view(n_tokens, c.num_kv_heads, d),
+                out[:, q_dim + c.KV_DIM:].view(n_tokens, c.num_kv_heads, d))
+
+    def rope_write_kv(self, q, k, v, positions, cos, sin, cache, block_table, layer, slots):
+        """``rope`` then ``write_kv`` in one kernel (``rope_write_kv.py``)."""
+        dtype = self._same_dtype(q, k, v, cache.buffer)
+        self._table_ok(cache, block_table)
+        c = cache.config
+        n_tokens, n_q_heads, head_dim = q.shape
+        if tuple(k.shape[1:]) != (c.num_kv_heads, c.head_dim) or v.shape != k.shape \
+                or head_dim != c.head_dim or cos.dtype != torch.float32 \
+                or sin.dtype != torch.float32 or cos.shape[-1] != head_dim // 2:
+            # unusual shapes: the two separate ops check and report them
+            return super().rope_write_kv(q, k, v, positions, cos, sin, cache, block_table,
+                                         layer, slots)
+        if n_tokens == 0:
+            return
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        n = n_tokens * (n_q_heads + c.num_kv_heads) * (head_dim // 2)
+        _launch(rope_write_kv.rope_write_kv_kernel(dtype), launch.elemwise_grid(n),
+                launch.ELEMWISE_THREADS, qa, q_rs, n_q_heads, ka, k_rs, va, v_rs,
+                c.num_kv_heads, head_dim, flat(pos32), flat(cos.contiguous()),
+                flat(sin.contiguous()), n_tokens, flat(cache.buffer, "cache.buffer"),
+                as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
+                c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+
+    def _tiles(self, cu_seqlens, tile: int) -> torch.Tensor:
+        """(seq_start, seq_end, q_start) per query tile; cached, since every layer of one
+        prefill step passes the same cu_seqlens."""
+        key = (tuple(int(x) for x in cu_seqlens), tile)
+        if self._tiles_cache is not None and self._tiles_cache[0] == key:
+            return self._tiles_cache[1]
+        info = [(s, e, q0) for s, e in zip(key[0][:-1], key[0][1:]) for q0 in range(s, e, tile)]
+        tiles = torch.tensor(info, dtype=torch.int32).reshape(-1, 3).to(self.device)
+        self._tiles_cache = (key, tiles)
+        return tiles
+
+    def _cu_seqlens(self, cu_seqlens) -> tuple[torch.Tensor, int]:
+        """(int32 cu_seqlens on the device, longest sequence); cached like ``_tiles``: one
+        host-to-device copy per prefill step, not per layer."""
+        key = tuple(int(x) for x in cu_seqlens)
+        if self._cu_cache is not None and self._cu_cache[0] == key:
+            return self._cu_cache[1]
+        longest = max((e - s for s, e in zip(key[:-1], key[1:])), default=0)
+        value = (torch.tensor(key, dtype=torch.int32).to(self.device), longest)
+        self._cu_cache = (key, value)
+        return value
+
+    def prefill_attention(self, q, k, v, cu_seqlens, scale):
+        dtype = self._same_dtype(q, k, v)
+        n_tokens, n_q_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        if n_q_heads % n_kv_heads:
+            raise ValueError(f"prefill_attention: {n_q_heads} q heads are not a multiple of "
+                             f"{n_kv_heads} kv heads")
+        if self.prefill == "sdpa":
+            if prefill_sdpa.varlen_supported(q):
+                cu, longest = self._cu_seqlens(cu_seqlens)
+                return prefill_sdpa.prefill_attention_varlen(q, k, v, cu, longest, scale)
+            return prefill_sdpa.prefill_attention_sdpa(q, k, v, cu_seqlens, scale)
+        out = torch.empty(n_tokens, n_q_heads, head_dim, dtype=q.dtype, device=q.device)
+        tile = prefill.tile_for(head_dim, SIMULATING)
+        tiles = self._tiles(cu_seqlens, tile)
+        if tiles.shape[0] == 0:
+            return out
+        kernel = prefill.make_prefill_kernel(dtype, head_dim, tile)
+        qa, q_rs = rows(q, "q")
+        ka, k_rs = rows(k, "k")
+        va, v_rs = rows(v, "v")
+        _launch(kernel, (tiles.shape[0], n_q_heads), tile, qa, q_rs, ka, k_rs, va, v_rs,
+                flat(out), as_kernel_array(tiles), n_q_heads // n_kv_heads, float(scale))
+        return out
+
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+        self._same_dtype(q, cache.buffer)
+        self._table_ok(cache, block_table)
+        c = cache.config
+        n_seqs, n_q_heads, head_dim = q.shape
+        if head_dim != c.head_dim:
+            raise ValueError(f"decode_attention: q head_dim {head_dim} != cache head_dim "
+                             f"{c.head_dim}")
+        if n_q_heads % c.num_kv_heads:
+            raise ValueError(f"decode_attention: {n_q_heads} q heads are not a multiple of "
+                             f"{c.num_kv_heads} kv heads")
+        use_fast = self.attention == "fast" and attention_fast.supports(c.head_dim)
+        kernel = None
+        if not use_fast and self.attention != "triton":      # (the factory checks head_dim)
+            kernel = attention.make_paged_attention_kernel(
+                ops_for(q.dtype).name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
+                c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        if n_seqs == 0:
+            return q
+        lens32, slots32 = self._int32(seq_lens), self._int32(active_slots)
+        if self.check_inputs:
+            table = block_table.cpu().numpy()
+            for slot, n in zip(slots32.tolist(), lens32.tolist()):
+                if n < 1 or n > c.max_seq_len:
+                    raise ValueError(f"decode_attention: seq_len {n} outside [1, "
+                                     f"{c.max_seq_len}]")
+                check_block_entries(cache, table, slot, layer, n, "decode_attention")
+        if use_fast:
+            return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
+                                                        slots32, scale)
+        if self.attention == "triton":
+            from paged_tutorial.backends.triton_attention import decode_attention_triton
+            return decode_attention_triton(q, cache, block_table, layer, lens32, slots32, scale)
+        qa, q_rs = rows(q, "q")
+        _launch(kernel, (n_seqs, n_q_heads), attention.block_threads(c.head_dim),
+                int(layer), qa, q_rs,
+                flat(cache.buffer, "cache.buffer"), flat(block_table), flat(lens32),
+                flat(slots32), n_q_heads // c.num_kv_heads, float(scale))
+        return q
+
+    # --- sampling --------------------------------------------------------------------
+    def sample(self, logits, temperature, top_p, uniforms):
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        n_rows, vocab = logits.shape
+        out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+        if n_rows == 0:
+            return out
+
+        def f32(t):
+            if t.dtype == torch.float32 and t.device == logits.device and t.is_contiguous():
+                return t
+            return t.to(device=logits.device, dtype=torch.float32).reshape(-1).contiguous()
+
+        dev = logits.device
+        parts = sampling.greedy_parts(n_rows)
+        probs = launch.persistent_buffer(dev, "sample.probs", n_rows * vocab)
+        part_v = launch.persistent_buffer(dev, "sample.part_v", n_rows * parts)
+        part_i = launch.persistent_buffer(dev, "sample.part_i", n_rows * parts, torch.int32)
+        tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
+                                           zero=True)
+        la, l_rs = rows(logits, "logits")
+        _launch(sampling.sample_kernel, (n_rows, parts), launch.SAMPLE_THREADS, la, l_rs, vocab,
+                flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
+                flat(out), flat(part_v), flat(part_i), flat(tickets))
+        return out

@@ -1,0 +1,311 @@
+"""Fill the gaps of Numba's CUDA simulator so one kernel source runs on the GPU and on the CPU.
+
+The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs every CUDA thread of a block as a Python thread
+and swaps the ``cuda`` global of a kernel for a fake module while it runs.  That fake module has
+shared memory, ``syncthreads`` and atomics, but it lacks three things our kernels use (and
+its shared-array allocation needs a lock, see ``_shared_array``):
+
+1. **warp shuffles** (``cuda.shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
+   ``shfl_xor_sync``).  ``install()`` adds them to the fake module's class, under the real
+   names, so a kernel calls ``cuda.shfl_down_sync(mask, value, 16)`` in both worlds.
+2. **libdevice** bit reinterpretation (``float_as_int`` / ``int_as_float``).  Kernels import
+   ``libdevice`` from *this* module: on the GPU it is ``numba.cuda.libdevice`` itself, in the
+   simulator a tiny NumPy stand-in.
+3. **bfloat16**: there is no bf16 type in the simulator, so the backend never uses one.  bf16
+   tensors travel as their 16-bit patterns (``t.view(torch.int16)``) and ``dtypes.py`` converts
+   bits <-> float32 with the two functions of point 2, the same code on both sides.
+
+How a shuffle is emulated (one barrier per shuffle)
+---------------------------------------------------
+On hardware the 32 lanes of a warp exchange registers in one instruction.  Here each lane
+writes its value into a per-block scratch list, waits at the simulator's block barrier
+(``syncthreads``) and reads its source lane's slot.  Two scratch lists are used in turn
+(double buffering): shuffle n+2 reuses shuffle n's list only after every thread has passed
+shuffle n+1's barrier, i.e. after every read of shuffle n.  So one emulated shuffle costs one
+barrier round, not two.  (A per-warp lock barrier was measured too: 2-3x slower than the
+simulator's own barrier, because each wake-up goes through the GIL while the simulator's
+polling thread spins.)
+
+The price: the barrier is block-wide, so **every live thread of the block must execute the same
+sequence of shuffles** (block-uniform control flow around shuffles).  Hardware only requires the
+32 lanes of one warp to agree.  All kernels of this package follow the stricter rule.  Threads
+that have already returned are fine (the simulator's barrier ignores finished threads); reading
+from such a lane, which is undefined on hardware, raises an error here, and so does any lane
+whose shuffle count differs from the reader's.
+
+Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
+``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full); ``shfl_down``: lane
+i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
+lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i reads lane i ^ (m & 31);
+``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end of a partial last warp do
+not exist; reading from one returns the reader's own value.
+
+Speed: a barrier round costs milliseconds of thread switching.  ``fast_thread_switching()``
+lowers ``sys.setswitchinterval`` to 1e-5 s while a simulated kernel runs (the launcher in
+``launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels about 10x
+faster (DESIGN.md: 110 s -> 10 s), and restores the interval afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import numpy as np
+from numba import cuda
+
+#: True when this process imported Numba's CUDA simulator instead of the real CUDA target.
+#: (Numba picks one when ``numba.cuda`` is first imported; see ``ensure_simulator_decided``.)
+SIMULATING: bool = bool(getattr(cuda, "config", None) and cuda.config.ENABLE_CUDASIM) or \
+    cuda.jit.__module__.startswith("numba.cuda.simulator")
+
+WARP_SIZE = 32
+FULL_MASK = 0xFFFFFFFF
+
+_SCRATCH_ATTR = "_paged_tutorial_shfl"
+_COUNT_ATTR = "_paged_tutorial_shfl_count"
+
+
+# --- libdevice stand-in ------------------------------------------------------------------
+
+def _float_as_int(x):
+    """The int32 whose bits are those of float32 ``x`` (libdevice ``__nv_float_as_int``)."""
+    return np.float32(x).view(np.int32)
+
+
+def _int_as_float(i):
+    """The float32 whose bits are those of int32 ``i`` (libdevice ``__nv_int_as_float``)."""
+    return np.array(int(i) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
+
+
+class _SimLibdevice:
+    """The two libdevice functions the kernels use, done with NumPy bit views."""
+
+    float_as_int = staticmethod(_float_as_int)
+    int_as_float = staticmethod(_int_as_float)
+
+
+if SIMULATING:
+    libdevice = _SimLibdevice()
+else:                                          # pragma: no cover - GPU process
+    from numba.cuda import libdevice  # noqa: F401  (re-exported for the kernels)
+
+
+# --- memory fence between blocks (the last-block merges of sampling and attention_fast) --------
+if SIMULATING:
+    def threadfence():
+        """The simulator runs blocks one after another: nothing to order."""
+else:                                          # pragma: no cover - GPU only
+    @cuda.jit(device=True)
+    def threadfence():
+        cuda.threadfence()
+
+
+# --- warp shuffles -----------------------------------------------------------------------
+
+class _BlockScratch:
+    """Per-block exchange area: two value lists and two shuffle-count lists (double buffer)."""
+
+    __slots__ = ("values", "counts", "n_threads")
+
+    def __init__(self, n_threads: int):
+        self.n_threads = n_threads
+        self.values = ([None] * n_threads, [None] * n_threads)
+        self.counts = ([0] * n_threads, [0] * n_threads)
+
+
+def _block_scratch(thread) -> _BlockScratch:
+    manager = thread._manager                  # the simulator's BlockManager: one per block
+    scratch = manager.__dict__.get(_SCRATCH_ATTR)
+    if scratch is None:
+        n = 1
+        for extent in manager._block_dim:
+            n *= extent
+        # dict.setdefault is atomic under the GIL: every thread gets the same object.
+        scratch = manager.__dict__.setdefault(_SCRATCH_ATTR, _BlockScratch(n))
+    return scratch
+
+
+def _check_mask(mask) -> None:
+    if (int(mask) & FULL_MASK) != FULL_MASK:
+        raise NotImplementedError(
+            f"sim_shim: only full-warp shuffles (mask 0xFFFFFFFF) are emulated, got "
+            f"{int(mask) & FULL_MASK:#010x}")
+
+
+def _exchange(value, src_lane_of):
+    """Publish ``value``, wait for the block, return the value of lane ``src_lane_of(lane)``
+    of this thread's warp (or ``value`` itself when that is None: no valid source lane)."""
+    thread = threading.current_thread()
+    scratch = _block_scratch(thread)
+    count = getattr(thread, _COUNT_ATTR, 0) + 1
+    setattr(thread, _COUNT_ATTR, count)
+    buf = count & 1                            # double buffering: alternate the two lists
+    tid = thread.thread_id
+    scratch.values[buf][tid] = value
+    scratch.counts[buf][tid] = count
+    thread.syncthreads()                       # the one barrier of this shuffle
+    lane = tid % WARP_SIZE
+    src = src_lane_of(lane)
+    if src is None:
+        return value
+    src_tid = tid - lane + src
+    if src_tid >= scratch.n_threads:           # lane past the end of a partial warp
+        return value
+    if scratch.counts[buf][src_tid] != count:
+        raise RuntimeError(
+            f"sim_shim: thread {tid} (shuffle #{count}) reads lane {src} (thread {src_tid}), "
+            f"which is at shuffle #{scratch.counts[buf][src_tid]}: every live thread of the "
+            "block must execute the same shuffles (block-uniform control flow) in the "
+            "simulator, and a lane that has exited cannot be read (undefined on hardware)")
+    return scratch.values[buf][src_tid]
+
+
+def shfl_sync(self, mask, value, src_lane):
+    """Value of lane ``src_lane & 31`` (PTX shfl.sync.idx, width 32)."""
+    _check_mask(mask)
+    src = int(src_lane) & 31
+    return _exchange(value, lambda lane: src)
+
+
+def shfl_up_sync(self, mask, value, delta):
+    """Value of lane ``lane - delta``; a lane with no such source keeps its own value."""
+    _check_mask(mask)
+    delta = int(delta)
+    return _exchange(value, lambda lane: lane - delta if lane - delta >= 0 else None)
+
+
+def shfl_down_sync(self, mask, value, delta):
+    """Value of lane ``lane + delta``; a lane whose source is >= 32 keeps its own value."""
+    _check_mask(mask)
+    delta = int(delta)
+    return _exchange(value, lambda lane: lane + delta if lane + delta < WARP_SIZE else None)
+
+
+def shfl_xor_sync(self, mask, value, lane_mask):
+    """Value of lane ``lane ^ (lane_mask & 31)`` (butterfly)."""
+    _check_mask(mask)
+    m = int(lane_mask) & 31
+    return _exchange(value, lambda lane: lane ^ m)
+
+
+def _activemask(self):
+    return FULL_MASK
+
+
+# --- shared memory: one array per (block, source line), also under thread switching -----
+
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_array(self, shape, dtype):
+    """The simulator's ``cuda.shared.array`` with its check-then-insert made atomic.
+
+    numba-cuda 0.30's ``FakeCUDAShared.array`` looks the caller's source line up in a dict and
+    inserts a new ``np.empty`` array when it is missing, without a lock.  Two threads of a block
+    that reach the allocation together can both miss and each keep a *private* array: the
+    block's threads then no longer share memory, and a reduction reads an uninitialised
+    partner.  With Python's default switch interval that is rare; with the 1e-5 s interval used
+    here it shows up about once in a few dozen engine runs.  Same lookup, under a lock."""
+    from numba.np import numpy_support
+    from numba.core import types
+
+    if shape == 0:                                   # dynamic shared memory: one buffer
+        return _ORIGINAL_SHARED_ARRAY(self, shape, dtype)
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    frame = sys._getframe(1)                         # the kernel line that allocates
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _SHARED_LOCK:
+        array = self._allocations.get(caller)
+        if array is None:
+            array = np.empty(shape, dtype)
+            self._allocations[caller] = array
+    return array
+
+
+_ORIGINAL_SHARED_ARRAY = None
+_INSTALLED = False
+
+
+# --- the cuda-module swap of older numba-cuda (macOS) --------------------------------------
+
+_SWAP_LOCK = threading.Lock()
+_SWAP_STATE: dict[int, list] = {}          # id(globals) -> [threads inside, saved globals]
+
+
+@contextlib.contextmanager
+def _counted_cuda_swap(fn, fake_cuda_module):
+    """The simulator's ``swapped_cuda_module``, safe when many threads enter it at once.
+
+    While a simulated kernel runs, every global named after the ``numba.cuda`` module in the
+    module of each called (device) function is pointed at the fake module, and put back when
+    the call returns.  numba-cuda 0.20.1 (the release macOS gets) does this per call without
+    counting: when one thread of a block leaves a device function while another is still inside
+    it, the module's ``cuda`` is restored under the second thread, which then fails with
+    "module 'numba.cuda' has no attribute 'syncthreads'".  numba-cuda 0.30 counts the threads
+    inside; this does the same: the first thread in swaps, the last one out restores."""
+    from numba import cuda
+
+    globs = fn.__globals__
+    key = id(globs)
+    with _SWAP_LOCK:
+        state = _SWAP_STATE.get(key)
+        if state is None:
+            saved = {name: value for name, value in globs.items() if value is cuda}
+            for name in saved:
+                globs[name] = fake_cuda_module
+            state = _SWAP_STATE[key] = [0, saved]
+        state[0] += 1
+    try:
+        yield
+    finally:
+        with _SWAP_LOCK:
+            state[0] -= 1
+            if state[0] == 0:
+                globs.update(state[1])
+                del _SWAP_STATE[key]
+
+
+def install() -> None:
+    """Add the shuffles to the simulator's fake ``cuda`` module and make its shared-array
+    allocation thread-safe, and on numba-cuda 0.20 its module swap too (idempotent; simulator
+    only)."""
+    global _INSTALLED, _ORIGINAL_SHARED_ARRAY
+    if not SIMULATING or _INSTALLED:
+        return
+    from numba.cuda.simulator import kernelapi
+
+    fake = kernelapi.FakeCUDAModule
+    for name, fn in (("shfl_sync", shfl_sync), ("shfl_up_sync", shfl_up_sync),
+                     ("shfl_down_sync", shfl_down_sync), ("shfl_xor_sync", shfl_xor_sync),
+                     ("activemask", _activemask)):
+        if not hasattr(fake, name):
+            setattr(fake, name, fn)
+    _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
+    kernelapi.FakeCUDAShared.array = _shared_array
+    if not hasattr(kernelapi, "_swap_refcount"):     # numba-cuda without the counted swap
+        from numba.cuda.simulator import kernel
+
+        kernel.swapped_cuda_module = _counted_cuda_swap
+    _INSTALLED = True
+
+
+# --- speed -------------------------------------------------------------------------------
+
+SIM_SWITCH_INTERVAL = 1e-5
+
+
+@contextlib.contextmanager
+def fast_thread_switching(interval: float = SIM_SWITCH_INTERVAL):
+    """Lower Python's thread switch interval while a simulated kernel runs, then restore it."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+install()

@@ -1,0 +1,2 @@
+"""The Numba CUDA kernels, one module per family; each module's wrapper functions are what
+``NumbaBackend`` launches."""

@@ -1,0 +1,384 @@
+"""Decode attention over the paged cache: the article's ``pagedAttentionKernel``
+(``src/kernels.cu:461-527``), ported to Numba line by line.
+
+The port is deliberately *not* optimised: it is the kernel the article reads, and the chapter
+notebooks run it.  Its shape:
+
+- grid = (active slots, Q heads), one block per (sequence of the batch, query head);
+  blockDim = head_dim threads (rounded up to whole warps), one per dimension (64 = 2 warps
+  for Llama-3.2-1B).
+- For every cached token, each thread multiplies one q*k element; five ``shfl_down_sync``
+  (offsets 16, 8, 4, 2, 1) sum each warp into its lane 0; the warp leaders write one shared
+  float each, ``syncthreads``, thread 0 adds them and scales, ``syncthreads``, and every thread
+  reads the score.
+- An online softmax (running max, correction ``exp(old_max - new_max)``, denominator ``d``,
+  accumulator ``acc``) in which each thread owns one output dimension.
+- The output is written over q (in place, ``kernels.cu:469,522``).
+
+Two index spaces, as in the article: the compact ``active_slot`` (= blockIdx.x: the row of q,
+seq_lens and active_slots) and the real cache ``slot = active_slots[active_slot]``, which is
+what the block table is indexed by.
+
+**The kernel's parts.**  Six small steps of the kernel are plain Python functions below
+(``block_table_index``, ``blocks_to_read``, ``tokens_in_block``, ``k_index``,
+``combine_warps``, ``softmax_update``), each annotated with its ``kernels.cu`` lines, which
+``make_paged_attention_kernel`` compiles as device functions.  ``KernelParts`` names them;
+``ARTICLE_PARTS`` is the article's arithmetic, and a puzzle builds the same kernel with one
+part replaced by the reader's function (``ARTICLE_PARTS.replace(k_index=mine)``).
+
+Where this port departs from the article, on purpose: see ``DEPARTURES`` (one entry each, with
+the article's lines; ``viz.kernel_source`` shows them next to the code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Callable, NamedTuple
+
+from numba import cuda, float32
+
+from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
+
+WARP_SIZE = 32
+WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
+MAX_THREADS_PER_BLOCK = 1024
+#: where the token's score waits between the two barriers: "own" (this port: a shared cell of
+#: its own) or "article" (written back into dot_products[0], kernels.cu:507-508, the layout with
+#: the race of DEPARTURES; built only by benchmarks/racecheck.py)
+SCORE_CELLS = ("own", "article")
+
+
+class Departure(NamedTuple):
+    """One way this port differs from the article's kernel, and why."""
+
+    title: str
+    article: str            # the article's lines (``kernels.cu:...``) it concerns
+    text: str
+
+
+DEPARTURES: tuple[Departure, ...] = (
+    Departure(
+        "any head_dim (the article's limit 2)", "kernels.cu:494-507",
+        "The article's reduction hard-codes two warps (dot_products[0..1], threads 0 and 32), "
+        "valid only for HEAD_DIM = 64.  Here the block has head_dim threads rounded up to whole "
+        "warps (block_threads) and one shared float per warp; the extra lanes of a partial last "
+        "warp hold a zero product and write nothing.  Any head_dim from 1 to 1024 works (16, "
+        "64, 80, 128, ...); for 64 it is exactly the article's two-warp path.  Larger head dims "
+        "(more than 1024 threads per block) are refused with a ValueError."),
+    Departure(
+        "any GQA ratio", "kernels.cu:467",
+        "kv_head = q_head // q_per_kv for any ratio; the article divides by 4."),
+    Departure(
+        "the scale is an argument", "kernels.cu:506",
+        "The score is multiplied by the scale argument; the article divides by SQRT_HEAD_DIM = "
+        "8, a second place where it assumes head_dim 64."),
+    Departure(
+        "a race removed (the article's limit 3)", "kernels.cu:502-508",
+        "The article stores the summed score back into dot_products[0].  In the next token's "
+        "step, thread 0 writes its warp's partial sum into that same dot_products[0], possibly "
+        "before warp 1 has read the previous score: nothing orders warp 1's read after the "
+        "second barrier against warp 0's next write.  The score here lives in its own shared "
+        "cell, score[0]; every write is then separated from the last read of the same cell by "
+        "a barrier, with no extra barrier per token.  The article's layout can still be built "
+        "(score_cell=\"article\"), only so that benchmarks/racecheck.py can show the race "
+        "with compute-sanitizer; nothing else uses it."),
+    Departure(
+        "constants from one definition, addresses in elements", "kernels.cu:6, 16-19, 484-485",
+        "BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS and "
+        "HEAD_DIM are closure constants taken from the cache's CacheConfig, not literals "
+        "repeated in the kernel (the article's kernels.cu:6 TODO), and addresses are counted "
+        "in elements (the *_ELEMS constants) rather than in bytes: a byte offset is the "
+        "element index times the item size (2 for bf16)."),
+    Departure(
+        "storage dtypes", "kernels.cu:461",
+        "The cache may hold bfloat16, float16 or float32 (dtypes.py load/store); every sum is "
+        "float32, as in the article.  The article's kernel reads __nv_bfloat16 only."),
+    Departure(
+        "six steps are device functions", "kernels.cu:470-519",
+        "The block count, the table index, the fill of a block, the K address, the cross-warp "
+        "combine and the online-softmax update are small device functions (KernelParts) "
+        "rather than inline code, so that a puzzle can compile the same kernel with one of "
+        "them replaced by the reader's version.  Numba inlines them; the arithmetic is the "
+        "article's."),
+)
+
+
+def check_head_dim(head_dim: int) -> None:
+    """The decode kernel runs one thread per dimension in one block (see DEPARTURES[0])."""
+    if not 1 <= head_dim <= MAX_THREADS_PER_BLOCK:
+        raise ValueError(
+            f"paged_attention_kernel: head_dim={head_dim} is not supported: the kernel runs one "
+            f"thread per head dimension in a single thread block, so head_dim must be between "
+            f"1 and {MAX_THREADS_PER_BLOCK} (CUDA's limit of threads per block)")
+
+
+def block_threads(head_dim: int) -> int:
+    """Threads per block: head_dim rounded up to whole warps (64 -> 64, 16 -> 32, 80 -> 96)."""
+    return -(-head_dim // WARP_SIZE) * WARP_SIZE
+
+
+# =========================================================================================
+# The kernel's parts: plain Python, compiled as device functions by the kernel factory.
+# =========================================================================================
+
+def blocks_to_read(seq_len, BLOCK_SIZE):
+    """kernels.cu:470-471: how many logical blocks hold the sequence's ``seq_len`` tokens
+    (the division rounded up: the last block may be partly filled)."""
+    return (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):
+    """kernels.cu:480: the flat block-table entry of (cache slot, layer, logical block): the
+    article's three-term index over a table of [slots][N_LAYERS][MAX_BLOCKS_PER_SEQ]."""
+    return slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ + logical_block
+
+
+def tokens_in_block(seq_len, logical_block, BLOCK_SIZE):
+    """kernels.cu:481: how many tokens of logical block ``logical_block`` hold data (BLOCK_SIZE
+    for every block but possibly the last)."""
+    return min(seq_len - logical_block * BLOCK_SIZE, BLOCK_SIZE)
+
+
+def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    """kernels.cu:484: the element of the cache buffer holding dimension ``thread_id`` of kv
+    head ``kv_head``'s K vector for row ``token`` of ``physical_block`` (the article's byte
+    address divided by the item size).  V is ``V_OFFSET_ELEMS`` further (kernels.cu:485)."""
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
+
+
+def combine_warps(dot_products, HEAD_DIM, WARP_SIZE):
+    """kernels.cu:503-506 (thread 0, after the barrier): add the per-warp partial sums
+    ``dot_products[w]`` into the whole q.k; the block has HEAD_DIM threads rounded up to whole
+    warps, so ceil(HEAD_DIM / WARP_SIZE) cells (the article adds exactly two)."""
+    total = float32(0.0)
+    for w in range((HEAD_DIM + WARP_SIZE - 1) // WARP_SIZE):
+        total += dot_products[w]
+    return total
+
+
+def softmax_update(current_max, d, acc, score, v):
+    """kernels.cu:509-519: fold one token (its scaled score and this thread's V element) into
+    the running max, the denominator d and the accumulator acc; returns the three new values.
+    When the max rises, the old d and acc are rescaled by exp(old max - new max)."""
+    new_max = current_max
+    if score > current_max:
+        new_max = score
+    correction = math.exp(current_max - new_max)
+    exp_score = math.exp(score - new_max)
+    return new_max, d * correction + exp_score, acc * correction + exp_score * v
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelParts:
+    """The replaceable steps of the kernel (plain Python functions with the signatures of the
+    article's versions above).  Hashable: the kernel factory caches one kernel per set."""
+
+    blocks_to_read: Callable = blocks_to_read
+    block_table_index: Callable = block_table_index
+    tokens_in_block: Callable = tokens_in_block
+    k_index: Callable = k_index
+    combine_warps: Callable = combine_warps
+    softmax_update: Callable = softmax_update
+
+    def replace(self, **parts: Callable) -> "KernelParts":
+        """A copy with some parts replaced (``parts`` named as the fields)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(parts) - names)
+        if unknown:
+            raise TypeError(f"KernelParts: no part named {', '.join(unknown)}; the parts are "
+                            f"{', '.join(sorted(names))}")
+        for name, fn in parts.items():
+            if not callable(fn):
+                raise TypeError(f"KernelParts.{name} must be a function, got {type(fn).__name__}")
+        return dataclasses.replace(self, **parts)
+
+
+#: the article's arithmetic for every part
+ARTICLE_PARTS = KernelParts()
+
+
+@functools.lru_cache(maxsize=None)
+def device_function(fn: Callable):
+    """``fn`` compiled as a CUDA device function (once per function object)."""
+    return cuda.jit(device=True)(fn)
+
+
+def check_build_options(score_cell: str, lineinfo: bool) -> None:
+    if score_cell not in SCORE_CELLS:
+        raise ValueError(f"score_cell={score_cell!r}: choose one of {SCORE_CELLS} (\"own\" is "
+                         "the port's layout; \"article\" rebuilds the article's race for "
+                         "benchmarks/racecheck.py)")
+    if not isinstance(lineinfo, bool):
+        raise TypeError(f"lineinfo must be True or False, got {lineinfo!r}")
+
+
+def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int, N_LAYERS: int,
+                                MAX_BLOCKS_PER_SEQ: int, KV_DIM: int, BLOCK_ELEMS: int,
+                                V_OFFSET_ELEMS: int, parts: KernelParts = ARTICLE_PARTS,
+                                score_cell: str = "own", lineinfo: bool = False):
+    """Compile (lazily, once per dtype, cache layout, set of parts and build options) the decode
+    attention kernel.
+
+    ``score_cell``: "own" (the default: the score has its own shared cell) or "article" (the
+    article's layout, score written back into ``dot_products[0]``: racy, see DEPARTURES; for
+    ``benchmarks/racecheck.py`` only).  ``lineinfo``: compile with source line information so
+    that compute-sanitizer names ``attention.py`` lines (on a GPU; the simulator ignores it).
+
+    Launch: ``grid = (num_active_slots, num_q_heads)``, ``block = block_threads(HEAD_DIM)``."""
+    check_head_dim(HEAD_DIM)
+    if not isinstance(parts, KernelParts):
+        raise TypeError(f"make_paged_attention_kernel: parts must be a KernelParts, got "
+                        f"{type(parts).__name__}")
+    check_build_options(score_cell, lineinfo)
+    return _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo):
+    from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+    NUM_WARPS = block_threads(HEAD_DIM) // WARP_SIZE       # the article: 2
+    SCORE_IN_DOT_PRODUCTS = score_cell == "article"        # the article's racy layout
+    jit_options = {"lineinfo": True} if lineinfo and not SIMULATING else {}
+    ops = DTYPE_OPS[dtype_name]
+    load, store = ops.load, ops.store
+    blocks_to_read = device_function(parts.blocks_to_read)
+    block_table_index = device_function(parts.block_table_index)
+    tokens_in_block = device_function(parts.tokens_in_block)
+    k_index = device_function(parts.k_index)
+    combine_warps = device_function(parts.combine_warps)
+    softmax_update = device_function(parts.softmax_update)
+
+    @cuda.jit(**jit_options)
+    def paged_attention_kernel(layer, q, q_row_stride, kv_cache, block_table, seq_lens,
+                               active_slots, q_per_kv, scale):
+        # --- kernels.cu:464-469: who am I? --------------------------------------------
+        active_slot = cuda.blockIdx.x              # compact index: row of q / seq_lens
+        slot = active_slots[active_slot]           # real cache slot: for the block table
+        q_head = cuda.blockIdx.y
+        thread_id = cuda.threadIdx.x               # one thread per head dimension
+        kv_head = q_head // q_per_kv               # GQA (the article: q_head / 4)
+        owns_dim = thread_id < HEAD_DIM            # False only in a partial last warp
+        q_index = active_slot * q_row_stride + q_head * HEAD_DIM + thread_id
+        q_val = float32(0.0)
+        if owns_dim:
+            q_val = load(q, q_index)               # read once; the output goes here too
+
+        dot_products = cuda.shared.array(NUM_WARPS, float32)   # one partial sum per warp
+        score = cuda.shared.array(1, float32)                  # the token's scaled q.k
+
+        # --- kernels.cu:470-471: how many blocks to read ----------------------------------
+        seq_len = seq_lens[active_slot]
+        num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
+
+        # --- kernels.cu:473-476: online softmax state ---------------------------------
+        current_max = float32(-math.inf)
+        acc = float32(0.0)
+        d = float32(0.0)                           # denominator
+
+        # --- kernels.cu:478: one logical block at a time ------------------------------
+        for logical_block in range(num_blocks):
+            # --- kernels.cu:480: logical -> physical, via the three-term index ----------
+            physical_block = block_table[block_table_index(slot, layer, logical_block,
+                                                           N_LAYERS, MAX_BLOCKS_PER_SEQ)]
+            # --- kernels.cu:481: the last block may be partly filled --------------------
+            n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
+            # --- kernels.cu:482: one token of the block at a time -----------------------
+            for token in range(n_tokens):
+                # --- kernels.cu:484-485: physical block -> element addresses ------------
+                k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS,
+                                 KV_DIM, HEAD_DIM)
+                v_elem = k_elem + V_OFFSET_ELEMS
+
+                # --- kernels.cu:486-493: one product each, warp shuffle tree ------------
+                qk = float32(0.0)
+                if owns_dim:
+                    qk = q_val * load(kv_cache, k_elem)
+                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
+                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
+                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
+                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
+                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+
+                # --- kernels.cu:494-502: each warp's lane 0 publishes its sum ------------
+                if thread_id % WARP_SIZE == 0:
+                    dot_products[thread_id // WARP_SIZE] = qk
+                cuda.syncthreads()
+
+                # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ----
+                if thread_id == 0:
+                    total = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
+                    if SCORE_IN_DOT_PRODUCTS:
+                        dot_products[0] = total    # the article's layout: racy (DEPARTURES)
+                    else:
+                        score[0] = total           # the port: the score has its own cell
+                cuda.syncthreads()
+                if SCORE_IN_DOT_PRODUCTS:
+                    dot_product = dot_products[0]
+                else:
+                    dot_product = score[0]
+
+                # --- kernels.cu:509-519: online softmax update ------------------------
+                v = float32(0.0)
+                if owns_dim:
+                    v = load(kv_cache, v_elem)
+                current_max, d, acc = softmax_update(current_max, d, acc, dot_product, v)
+
+        # --- kernels.cu:522: the output overwrites q ----------------------------------
+        if owns_dim:
+            store(q, q_index, acc / d)
+
+    return paged_attention_kernel
+
+
+def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS,
+               score_cell: str = "own", lineinfo: bool = False):
+    """The kernel for ``cache``'s layout (its ``CacheConfig`` constants), ``parts`` and the
+    build options of ``make_paged_attention_kernel``."""
+    c = cache.config
+    return make_paged_attention_kernel(dtype_name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
+                                       c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS,
+                                       c.V_OFFSET_ELEMS, parts, score_cell, lineinfo)
+
+
+def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: float,
+           parts: KernelParts = ARTICLE_PARTS, score_cell: str = "own", lineinfo: bool = False):
+    """Run the article's kernel on q [B, nH, D] (in place) and return q, launched as
+    ``NumbaBackend.decode_attention`` launches it: grid (B, nH), ``block_threads(head_dim)``
+    threads.  ``seq_lens`` / ``active_slots`` may be lists or tensors; every tensor must live
+    where this process's kernels run (the CPU in the simulator, the GPU otherwise).
+    ``parts`` replaces steps of the kernel (see ``KernelParts``); ``score_cell`` and
+    ``lineinfo`` are the build options of ``make_paged_attention_kernel``."""
+    import torch
+
+    from paged_tutorial.backends.numba_cuda.runtime import launch
+    from paged_tutorial.backends.numba_cuda.device.dtypes import ops_for
+    from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+    c = cache.config
+    if q.dtype != cache.buffer.dtype:
+        raise TypeError(f"attention.decode: q is {q.dtype}, the cache holds {cache.buffer.dtype}")
+    if q.dim() != 3 or q.shape[2] != c.head_dim or q.shape[1] % c.num_kv_heads:
+        raise ValueError(f"attention.decode: q must be [B, n_q_heads, {c.head_dim}] with n_q_heads "
+                         f"a multiple of the cache's {c.num_kv_heads} kv heads, got "
+                         f"{tuple(q.shape)}")
+    n_seqs, n_q_heads, _ = q.shape
+    kernel = kernel_for(cache, ops_for(q.dtype).name, parts, score_cell, lineinfo)
+    dev = q.device
+    lens = torch.as_tensor(seq_lens).to(device=dev, dtype=torch.int32).contiguous()
+    slots = torch.as_tensor(active_slots).to(device=dev, dtype=torch.int32).contiguous()
+    table = block_table.to(device=dev, dtype=torch.int32).contiguous()
+    if n_seqs == 0:
+        return q
+    qa, q_rs = launch.rows(q, "q")
+    launch.launch(kernel, (n_seqs, n_q_heads), block_threads(c.head_dim), int(layer), qa, q_rs,
+                  launch.flat(cache.buffer, "cache.buffer"), launch.flat(table),
+                  launch.flat(lens), launch.flat(slots), n_q_heads // c.num_kv_heads,
+                  float(scale))
+    if not SIMULATING:
+        torch.cuda.synchronize()
+    return q

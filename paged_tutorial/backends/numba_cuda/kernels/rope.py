@@ -1,0 +1,65 @@
+"""Rotary position embedding, in place on q and k (HF's rotate-half convention).
+
+For head dim D and i < D/2, with c = cos[pos, i], s = sin[pos, i]:
+    x[i]       <- x[i] * c - x[i + D/2] * s
+    x[i + D/2] <- x[i + D/2] * c + x[i] * s
+One work item is one (token, head, i) pair, over the q heads then the k heads, in one launch.
+Rounding follows HF on bf16 tensors: cos/sin are rounded to the model dtype first, each product
+is rounded, and so is the sum (``TorchBackend.rope``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda
+
+from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
+
+
+@functools.lru_cache(maxsize=None)
+def rotate_pair_function(dtype_name: str):
+    """Device function rotating the pair (x[lo], x[hi]) by (c, s) in place, with HF's
+    rounding; shared by ``rope`` and the fused ``rope_write_kv``."""
+    ops = DTYPE_OPS[dtype_name]
+    load, store, rnd = ops.load, ops.store, ops.rnd
+
+    @cuda.jit(device=True)
+    def rotate_pair(x, lo, hi, c, s):
+        x1 = load(x, lo)
+        x2 = load(x, hi)
+        store(x, lo, rnd(x1 * c) - rnd(x2 * s))
+        store(x, hi, rnd(x2 * c) + rnd(x1 * s))
+
+    return rotate_pair
+
+
+@functools.lru_cache(maxsize=None)
+def rope_kernel(dtype_name: str):
+    rnd = DTYPE_OPS[dtype_name].rnd
+    rotate_pair = rotate_pair_function(dtype_name)
+
+    @cuda.jit
+    def rope(q, q_row_stride, n_q_heads, k, k_row_stride, n_kv_heads, head_dim,
+             positions, cos, sin, n_tokens):
+        half = head_dim // 2
+        heads = n_q_heads + n_kv_heads
+        n = n_tokens * heads * half
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        for item in range(start, n, stride):
+            t = item // (heads * half)
+            rest = item - t * heads * half
+            h = rest // half
+            i = rest - h * half
+            pos = positions[t]
+            c = rnd(cos[pos * half + i])          # HF casts cos/sin to the model dtype
+            s = rnd(sin[pos * half + i])
+            if h < n_q_heads:
+                lo = t * q_row_stride + h * head_dim + i
+                rotate_pair(q, lo, lo + half, c, s)
+            else:
+                lo = t * k_row_stride + (h - n_q_heads) * head_dim + i
+                rotate_pair(k, lo, lo + half, c, s)
+
+    return rope

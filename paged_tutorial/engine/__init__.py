@@ -1,0 +1,11 @@
+"""Serving: the engine loop and what it drives.
+
+``llm_engine`` (``Engine``: add requests, step, stream, generate), ``request`` (one sequence's
+state), ``sampling_params`` (``SamplingParams``, validated when made), ``scheduler`` (which
+requests run this step, admission, preemption, commit and rollback), ``model_runner`` (a step's
+inputs, the forward pass, sampling), ``cuda_graphs`` (captured decode steps)."""
+
+from paged_tutorial.engine.llm_engine import Engine, GenerationResult, StepReport, TokenStream
+from paged_tutorial.engine.sampling_params import SamplingParams
+
+__all__ = ["Engine", "GenerationResult", "SamplingParams", "StepReport", "TokenStream"]

@@ -1,0 +1,94 @@
+"""One request: its prompt, its sampling parameters and everything that changes as it runs.
+
+A request moves WAITING -> RUNNING (admitted into a slot, prefilled) -> FINISHED, and back from
+RUNNING to WAITING when it is preempted (its blocks are freed and it is recomputed later, prompt
+plus the tokens it has generated).  Only the scheduler changes ``status``, ``slot`` and
+``num_computed_tokens``; only the scheduler's ``postprocess`` appends tokens.
+
+Text: the engine feeds every generated id through an incremental detokenizer and keeps the
+pieces in ``text_pieces``; when the request finishes, whatever the detokenizer still holds (the
+bytes of a character cut in half by the last token) is flushed as one last piece.  The streamed
+text and ``GenerationResult.text`` are both ``"".join(text_pieces)``, so they cannot differ.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from paged_tutorial.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+#: every finish_reason a result can carry ("running" while it is not finished)
+FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled")
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    sample_key: int = 0                  # keys the random stream together with params.seed
+    on_token: Callable | None = None     # on_token(request_id, token_id, text_piece)
+    # --- state -------------------------------------------------------------------------
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    num_computed_tokens: int = 0         # tokens whose K/V are in the cache (computed or hit)
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its
+                                          # first admission (None until admitted)
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    detokenizer: object | None = None    # incremental detokenizer, None without a tokenizer
+    text_pieces: list[str] = field(default_factory=list)
+    callback_error: BaseException | None = None   # raised by on_token; re-raised by its caller
+
+    # --- read-only views -----------------------------------------------------------------
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_pieces)
+
+    # --- kept for callers of the first round's Request ------------------------------------
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def temperature(self) -> float:
+        return self.params.temperature
+
+    @property
+    def top_p(self) -> float:
+        return self.params.top_p
+
+    @property
+    def seed(self) -> int | None:
+        return self.params.seed
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.request_id}, {self.status.value}, slot={self.slot}, "
+                f"prompt={len(self.prompt_ids)} tokens, generated={len(self.output_ids)}, "
+                f"computed={self.num_computed_tokens}, finish_reason={self.finish_reason})")

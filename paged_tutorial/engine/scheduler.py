@@ -1,0 +1,263 @@
+"""Slots and the decisions between engine steps: admission, preemption, retirement.
+
+The article's engine serves ``MAX_SEQUENCES`` slots; a slot is one row of the block table.  A
+request waits in a FIFO queue until a slot is free *and* the cache has blocks for its tokens;
+then it is admitted (prefilled) and decodes with the others until it finishes, when its blocks go
+back to ``free_blocks`` and its slot to the next waiting request (continuous batching).  When a
+decode step needs a block and none is free, the most recently admitted running request is
+preempted: its blocks are freed, it goes back to the head of the queue with the tokens it has
+generated, and it is recomputed (prefilled again) when re-admitted.
+
+With prefix caching (``prefix_cache.py``) an admitted request's leading prompt blocks may be
+found in the cache: its ``num_computed_tokens`` then starts after them and only the rest is computed.
+
+One engine step is ``schedule()`` -> the model runner -> ``postprocess()``.  ``schedule`` may
+allocate blocks and admit or preempt requests; ``postprocess`` appends the sampled tokens and
+finishes requests.  If the model runner fails in between (an exception, Ctrl-C), ``rollback``
+preempts every request of the batch: their blocks go back, nothing was appended, and they are
+recomputed later with exactly the tokens they would have produced.  ``postprocess`` also
+commits the prompt blocks the step registered for sharing; ``rollback`` forgets them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from paged_tutorial.cache.paged_cache import CacheFullError, PagedKVCache
+from paged_tutorial.engine.request import Request, Status
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step runs: a prefill of newly admitted requests or a decode of all running
+    ones.  ``preempted`` lists requests the scheduler preempted to make room this step."""
+    kind: str                                   # "prefill" | "decode"
+    requests: list[Request]
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model computes this step (K/V written for each)."""
+        if self.kind == "decode":
+            return len(self.requests)
+        return sum(r.total_len - r.num_computed_tokens for r in self.requests)
+
+
+class Scheduler:
+    def __init__(self, cache: PagedKVCache, max_slots: int, max_seq_len: int,
+                 eos_token_ids=()):
+        self.cache = cache
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []          # in admission order
+        self.free_slots: list[int] = list(range(max_slots - 1, -1, -1))   # pop() gives slot 0 first
+        self._admitting: list[Request] = []       # admitted by the schedule() in progress
+        self._to_release: list[int] = []          # slots of retired requests, blocks not freed
+
+    # --- queue ---------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.status = Status.WAITING
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Admit what fits and prefill it; otherwise decode every running request (preempting
+        while blocks run short).  None when there is nothing to run.
+
+        Every change is complete before the cache reports it to its listeners, so if a
+        listener raises, the state is consistent and ``abort_schedule`` undoes the admissions
+        of this call."""
+        self._admitting = []
+        admitted = self._admit()
+        if admitted:
+            return ScheduledBatch("prefill", admitted)
+        if not self.running:
+            return None
+        preempted = self._reserve_decode_blocks()
+        if not self.running:
+            return ScheduledBatch("decode", [], preempted)
+        return ScheduledBatch("decode", list(self.running), preempted)
+
+    def _admit(self) -> list[Request]:
+        """Move waiting requests into free slots while their tokens fit in free blocks.
+        FIFO: a request that does not fit yet blocks the ones behind it (no starvation).
+
+        With prefix caching the cache finds the request's leading prompt blocks (its
+        ``num_computed_tokens`` starts there, so only the rest is computed), and a request whose prefix
+        a request admitted in this very step is computing waits one step to find it cached
+        instead of computing it a second time."""
+        admitted = self._admitting
+        while self.waiting and self.free_slots:
+            request = self.waiting[0]
+            slot = self.free_slots[-1]
+            if admitted and self.cache.prefix_in_flight(request.prompt_ids, request.total_len):
+                break
+            if not self.cache.can_allocate_prompt(slot, request.prompt_ids, request.total_len):
+                break
+            self.waiting.popleft()
+            self.free_slots.pop()
+            request.slot, request.status = slot, Status.RUNNING
+            self.running.append(request)
+            admitted.append(request)
+            try:
+                request.num_computed_tokens = self.cache.allocate_prompt(slot, request.prompt_ids,
+                                                                request.total_len)
+                if request.num_cached_tokens is None:      # the first admission's count
+                    request.num_cached_tokens = request.num_computed_tokens
+            except CacheFullError:      # a cache with its own rules (a subclass) disagreed
+                admitted.pop()
+                self.running.pop()
+                self.free_slots.append(slot)
+                request.slot, request.status = None, Status.WAITING
+                self.waiting.appendleft(request)
+                break
+        return admitted
+
+    def abort_schedule(self) -> None:
+        """``schedule()`` raised (a cache listener did): put the requests it admitted back at
+        the head of the queue, as if it had not run."""
+        admitted, self._admitting = self._admitting, []
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(admitted, count=False)
+
+    def _undo(self, requests: list[Request], count: bool) -> None:
+        """Preempt these requests (in reverse, so that they wait at the head of the queue in
+        their order), all of them even if a cache listener raises on the way."""
+        first = None
+        for request in reversed(requests):
+            if request.status is Status.RUNNING:
+                try:
+                    self.preempt(request, count=count)
+                except BaseException as exc:      # noqa: BLE001 - re-raised below
+                    first = first or exc
+        if first is not None:
+            raise first
+
+    def _reserve_decode_blocks(self) -> list[Request]:
+        """Give every running request room for the token it writes this step, preempting the
+        most recently admitted requests while blocks run short.  Returns the preempted."""
+        preempted = []
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            try:
+                self.cache.ensure_capacity(request.slot, request.num_computed_tokens + 1)
+                i += 1
+            except CacheFullError:
+                victim = self.running[-1]
+                self.preempt(victim)
+                preempted.append(victim)
+                # if the victim was this request, running[i] is now the next one (or none)
+        return preempted
+
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Request]:
+        """Commit a step that ran: every request of the batch now has all its tokens cached,
+        gains its sampled token and is retired if it should stop.  Returns the finished
+        requests; their blocks go back in ``release_retired()``, once the engine has
+        recorded the step (so a cache listener that raises cannot cut a commit in half)."""
+        self.cache.commit_step()
+        finished = []
+        now = time.perf_counter()
+        for request, token in zip(batch.requests, token_ids):
+            request.num_computed_tokens = request.total_len
+            request.output_ids.append(int(token))
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = self.stop_reason(request)
+            if reason is not None:
+                self._retire(request, reason)
+                finished.append(request)
+        return finished
+
+    def stop_reason(self, request: Request) -> str | None:
+        params = request.params
+        if not params.ignore_eos and request.output_ids[-1] in self.eos_token_ids:
+            return "eos"
+        if len(request.output_ids) >= params.max_new_tokens:
+            return "length"
+        if request.total_len >= self.max_seq_len:
+            return "max_seq_len"
+        return None
+
+    def rollback(self, batch: ScheduledBatch) -> None:
+        """A step failed before ``postprocess``: preempt every request of the batch (in reverse,
+        so that they wait at the head of the queue in their original order).  What the model
+        wrote into their blocks is discarded with the blocks (prefix blocks registered for this
+        step are forgotten first: their K/V may be incomplete); nothing was appended."""
+        try:
+            self.cache.discard_uncommitted()
+        finally:
+            self._undo(batch.requests, count=True)
+
+    # --- preemption and retirement ---------------------------------------------------------
+    def preempt(self, request: Request, count: bool = True) -> None:
+        """Free the request's blocks and slot and requeue it at the head (recomputed later).
+        The cache is released last: its listeners then see a consistent scheduler."""
+        slot = request.slot
+        self.running.remove(request)
+        self.free_slots.append(slot)
+        request.slot, request.status = None, Status.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += int(count)
+        self.waiting.appendleft(request)
+        self.cache.release(slot)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Retire a request and release its blocks and slot at once (also used by cancel)."""
+        self._retire(request, reason)
+        self.release_retired()
+
+    def _retire(self, request: Request, reason: str) -> None:
+        """Mark a request finished and free its slot; its blocks wait in ``_to_release``."""
+        if request.status is Status.FINISHED:
+            return
+        if request.status is Status.RUNNING:
+            self.running.remove(request)
+            self.free_slots.append(request.slot)
+            self._to_release.append(request.slot)
+            request.slot = None
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = Status.FINISHED
+        request.finish_reason = reason
+        request.finish_time = time.perf_counter()
+
+    def release_retired(self) -> None:
+        """Push the blocks of retired requests back to ``free_blocks`` (every slot is released
+        even if a cache listener raises; the first such exception is re-raised after)."""
+        first = None
+        while self._to_release:
+            slot = self._to_release.pop(0)
+            try:
+                self.cache.release(slot)
+            except BaseException as exc:          # noqa: BLE001 - re-raised below
+                first = first or exc
+        if first is not None:
+            raise first
+
+    # --- invariants -----------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Slots and requests agree: each running request holds one slot, no slot is both free
+        and used, waiting requests hold none."""
+        used = [r.slot for r in self.running]
+        if len(set(used)) != len(used) or None in used:
+            raise AssertionError(f"running requests hold slots {used}")
+        if set(used) & set(self.free_slots) or \
+                len(used) + len(self.free_slots) != self.max_slots:
+            raise AssertionError(f"slots: used {used}, free {self.free_slots}, "
+                                 f"max_slots {self.max_slots}")
+        if any(r.slot is not None or r.status is not Status.WAITING for r in self.waiting):
+            raise AssertionError("a waiting request holds a slot or is not WAITING")
+        for slot in range(self.max_slots):
+            if slot in self.free_slots and slot not in self._to_release and \
+                    self.cache.blocks_owned(slot):
+                raise AssertionError(f"free slot {slot} still owns blocks")

@@ -1,0 +1,563 @@
+"""Reading checkpoints into ``{HF tensor name: torch.Tensor}`` plus a ``ModelConfig``.
+
+Two on-disk formats are understood:
+
+* a Hugging Face folder: ``config.json`` + one or more ``*.safetensors`` (sharded ones listed in
+  ``model.safetensors.index.json``), optionally ``generation_config.json``;
+* a llama.cpp GGUF file, whose tensors may be quantized (Q4_1, Q8_0, K-quants, ...).  They are
+  dequantized with the ``gguf`` package, renamed to the HF names and, for Q and K, un-permuted:
+  llama.cpp's converter reorders each head's rows so its RoPE can rotate adjacent pairs, while
+  HF (and this engine) rotate the two halves of a head.
+
+Both loaders check shapes with :func:`check_weights` from the file headers *before* reading any
+data, so a config that does not match its weights fails at once, with the tensor's name and
+both shapes, instead of a shape error deep inside a matmul.
+
+Both read tensor by tensor and put each one on the target ``device`` in the target dtype before
+reading the next: loading Llama-3.2-1B in bfloat16 onto a GPU holds one tensor at a time in host
+memory, never a second copy of the model.  ``progress=True`` shows a tqdm bar (on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from paged_tutorial.config import ModelConfig, check_dtype
+
+# --- the tensors of a Llama checkpoint -------------------------------------------------------
+
+EMBED = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+LAYER_PREFIX = "model.layers.{i}."
+LAYER_TENSORS = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+    "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+)
+# Saved by some older checkpoints; a buffer recomputed from the config, never a weight.
+IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def progress_bar(total: int, label: str, enabled: bool):
+    """A tqdm bar over ``total`` tensors on stderr when ``enabled``, else a silent stand-in
+    with the same ``update`` / ``close`` methods."""
+    if enabled:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=label, unit="tensor", leave=False, dynamic_ncols=True)
+
+    class _Silent:
+        def update(self, n=1):
+            pass
+
+        def close(self):
+            pass
+
+    return _Silent()
+
+
+def place_tensor(tensor: torch.Tensor, torch_dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` in ``torch_dtype``.  To a GPU, the copy goes first and the
+    conversion runs there (the host holds only the tensor as read from the file)."""
+    if device.type == "cpu":
+        return tensor.to(torch_dtype)
+    return tensor.to(device).to(torch_dtype)
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama with this config has, with its shape (``lm_head`` only if untied)."""
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    per_layer = {
+        "self_attn.q_proj.weight": (config.q_dim, h),
+        "self_attn.k_proj.weight": (config.kv_dim, h),
+        "self_attn.v_proj.weight": (config.kv_dim, h),
+        "self_attn.o_proj.weight": (h, config.q_dim),
+        "mlp.gate_proj.weight": (i, h),
+        "mlp.up_proj.weight": (i, h),
+        "mlp.down_proj.weight": (h, i),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+    }
+    shapes = {EMBED: (v, h)}
+    for layer in range(config.num_hidden_layers):
+        prefix = LAYER_PREFIX.format(i=layer)
+        shapes.update({prefix + name: shape for name, shape in per_layer.items()})
+    shapes[FINAL_NORM] = (h,)
+    if not config.tie_word_embeddings:
+        shapes[LM_HEAD] = (v, h)
+    return shapes
+
+
+def _config_summary(config: ModelConfig) -> str:
+    return (f"hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
+            f"vocab_size={config.vocab_size}, num_attention_heads={config.num_attention_heads}, "
+            f"num_key_value_heads={config.num_key_value_heads}, head_dim={config.head_dim}, "
+            f"num_hidden_layers={config.num_hidden_layers}")
+
+
+def check_weights(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Raise ValueError unless ``tensors`` holds exactly the tensors ``config`` describes, each
+    with the shape it implies.  A tied checkpoint may still carry an ``lm_head.weight``."""
+    expected = expected_tensor_shapes(config)
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(
+            f"checkpoint is missing required tensor {missing[0]!r}{more}: the file is incomplete "
+            "(re-download it) or is not a Llama checkpoint matching its config "
+            f"({_config_summary(config)})")
+    optional = {LM_HEAD: (config.vocab_size, config.hidden_size)}
+    unexpected = [name for name in tensors if name not in expected and name not in optional]
+    if unexpected:
+        raise ValueError(
+            f"checkpoint has tensor {unexpected[0]!r}, which this engine's Llama does not have "
+            f"({len(unexpected)} such tensor(s)); attention/MLP biases, extra layers or other "
+            "architectures are not supported: use a plain LlamaForCausalLM checkpoint whose "
+            "config matches its weights")
+    present = {**expected, **{n: s for n, s in optional.items() if n in tensors}}
+    for name, want in present.items():            # in model order: the embedding first
+        found = tuple(tensors[name].shape)
+        if found != want:
+            raise ValueError(
+                f"tensor {name!r} has shape {list(found)} but the config expects {list(want)} "
+                f"({_config_summary(config)}): the config does not belong to these weights; "
+                "use the config.json shipped with them")
+
+
+# --- Hugging Face folders (config.json + safetensors) -----------------------------------------
+
+HF_CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``; ValueError naming the file if it is not valid JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}): the file is truncated or "
+                         "corrupt; re-download it") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} should hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _require_folder(folder: Path) -> None:
+    if not folder.exists():
+        raise FileNotFoundError(
+            f"model folder {folder} does not exist: expected a folder with config.json and "
+            "*.safetensors (a Hugging Face model download)")
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{folder} is a file, not a model folder: expected a folder with config.json and "
+            "*.safetensors (a Hugging Face model download)")
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """``config.json`` (hub or transformers-5 spelling).  The stop ids of
+    ``generation_config.json`` are merged with the others in one place: ``models.py``."""
+    config_path = folder / HF_CONFIG
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no {HF_CONFIG}: a Hugging Face model folder needs config.json next to "
+            "its *.safetensors; download the complete model repository")
+    try:
+        return ModelConfig.from_hf_dict(read_json(config_path))
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: {exc}") from exc
+
+
+def read_generation_eos_ids(folder: Path) -> tuple[int, ...]:
+    """The ``eos_token_id`` (int or list) of ``generation_config.json``; () when absent."""
+    path = folder / GENERATION_CONFIG
+    if not path.is_file():
+        return ()
+    eos = read_json(path).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The shard files named by ``model.safetensors.index.json``, else every ``*.safetensors``."""
+    index_path = folder / SAFETENSORS_INDEX
+    if index_path.is_file():
+        weight_map = read_json(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index_path} has no 'weight_map': the index is corrupt; "
+                             "re-download it")
+        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(
+                f"{folder} lacks shard(s) {absent} listed in {SAFETENSORS_INDEX}: the download "
+                "is incomplete; download the missing files")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        others = sorted(p.name for p in folder.iterdir()
+                        if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+        hint = (f" (found {others}: only safetensors is read from a folder; pass a .gguf file "
+                "directly, or convert .bin weights with transformers' save_pretrained)"
+                if others else "")
+        raise FileNotFoundError(
+            f"{folder} has no *.safetensors weight files{hint}: download the model's "
+            "*.safetensors files next to its config.json")
+    return files
+
+
+def _safetensors_error(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({exc}): it is truncated or "
+                      "corrupt; re-download it")
+
+
+def read_safetensors_file(path: Path, torch_dtype: torch.dtype,
+                          device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file, each converted to ``torch_dtype`` on ``device``."""
+    return read_safetensors_files([path], torch_dtype, device)
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the file headers only (no tensor data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if not name.endswith(IGNORED_TENSOR_SUFFIXES):
+                        shapes[name] = tuple(f.get_slice(name).get_shape())
+        except SafetensorError as exc:
+            raise _safetensors_error(path, exc) from exc
+    return shapes
+
+
+def read_safetensors_files(files: list[Path], torch_dtype: torch.dtype,
+                           device: str | torch.device = "cpu", progress: bool = False,
+                           total: int | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of ``files``, read one at a time and placed on ``device`` as ``torch_dtype``
+    (see :func:`place_tensor`)."""
+    from safetensors import SafetensorError, safe_open
+
+    device = torch.device(device)
+    label = f"loading {files[0].parent.name or files[0].name}" if files else "loading"
+    bar = progress_bar(total if total is not None else 0, label, progress)
+    tensors = {}
+    try:
+        for path in files:
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for name in f.keys():
+                        if name.endswith(IGNORED_TENSOR_SUFFIXES):
+                            continue
+                        tensors[name] = place_tensor(f.get_tensor(name), torch_dtype, device)
+                        bar.update()
+            except SafetensorError as exc:
+                raise _safetensors_error(path, exc) from exc
+    finally:
+        bar.close()
+    return tensors
+
+
+def load_safetensors_folder(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
+                            progress: bool = False
+                            ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and weights (HF names, converted to ``dtype``, on ``device``) of a Hugging Face
+    model folder.  Shapes are checked from the headers before any data is read.
+
+    A tied model (no ``lm_head.weight``) stays tied: the engine reuses the embedding."""
+    folder = Path(path).expanduser()
+    torch_dtype = getattr(torch, check_dtype(dtype))
+    _require_folder(folder)
+    config = read_hf_config(folder)
+    files = safetensors_files(folder)
+    shapes = safetensors_shapes(files)
+    check_weights(config, {name: torch.empty(shape, device="meta")
+                           for name, shape in shapes.items()})
+    tensors = read_safetensors_files(files, torch_dtype, device, progress, total=len(shapes))
+    check_weights(config, tensors)
+    return config, tensors
+
+
+# --- GGUF ------------------------------------------------------------------------------------
+
+GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": EMBED,
+    "output_norm.weight": FINAL_NORM,
+    "output.weight": LM_HEAD,
+}
+GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+GGUF_ROPE_FREQS = "rope_freqs.weight"     # Llama 3.1+ stores its RoPE scaling as this tensor
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+# What gguf.GGUFReader raises on a truncated or garbled file: it maps the file with numpy, so a
+# short or wrong buffer surfaces as whichever numpy/indexing error it happens to hit first.
+_GGUF_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, EOFError, OverflowError)
+
+
+def hf_name_from_gguf(name: str) -> str | None:
+    """llama.cpp tensor name -> HF name (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``); None when it has no HF counterpart."""
+    if name in GGUF_GLOBAL_NAMES:
+        return GGUF_GLOBAL_NAMES[name]
+    match = _GGUF_LAYER_RE.fullmatch(name)
+    if match and match.group(2) in GGUF_LAYER_NAMES:
+        layer, module, kind = match.groups()
+        return f"{LAYER_PREFIX.format(i=int(layer))}{GGUF_LAYER_NAMES[module]}.{kind}"
+    return None
+
+
+def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (the inverse of ``permute`` in
+    ``convert_hf_to_gguf.py``, as ``transformers``' GGUF loader does).
+
+    llama.cpp stores each head's rows as interleaved pairs (x0, x_{d/2}, x1, x_{d/2+1}, ...) so
+    it can rotate adjacent elements; HF keeps the two halves apart.  ``n_heads`` is the number of
+    query heads for ``q_proj`` and of KV heads for ``k_proj``."""
+    rows = weight.shape[0]
+    half = rows // n_heads // 2
+    return (weight.reshape(n_heads, half, 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape))
+
+
+def open_gguf(path: Path):
+    """A ``gguf.GGUFReader`` on ``path``; ValueError naming the file if it cannot be parsed."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except _GGUF_PARSE_ERRORS as exc:
+        raise ValueError(
+            f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}): it is truncated "
+            "or corrupt; re-download it") from exc
+
+
+def read_gguf_metadata(reader) -> dict[str, Any]:
+    """Every key/value of the GGUF header as plain Python values (strings, numbers, lists)."""
+    return {name: field.contents() for name, field in reader.fields.items()
+            if not name.startswith("GGUF.")}
+
+
+def _gguf_shape(tensor) -> tuple[int, ...]:
+    """A GGUF tensor's shape in torch order: GGUF lists dimensions innermost first
+    (``[576, 49152]`` for a 49152x576 embedding)."""
+    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+
+
+def dequantize_gguf_tensor(tensor) -> np.ndarray:
+    """One GGUF tensor as float32 numpy, in torch's (rows, cols) order."""
+    from gguf.quants import dequantize
+
+    shape = _gguf_shape(tensor)
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ValueError(
+            f"GGUF tensor {tensor.name!r} uses quantization {tensor.tensor_type.name}, which the "
+            f"installed gguf package cannot dequantize ({exc}): upgrade gguf or use another "
+            "quantization of the model") from exc
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def _numpy_to_torch(values: np.ndarray, torch_dtype: torch.dtype) -> torch.Tensor:
+    if not values.flags.writeable:          # a view into the memory-mapped file (F32 tensors)
+        values = values.copy()
+    return torch.from_numpy(values).to(torch_dtype)
+
+
+def _single_value(meta: Mapping[str, Any], key: str, path: Path):
+    """A per-model hyperparameter; llama.cpp may store it per layer, which must then agree."""
+    value = meta.get(key)
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ValueError(f"{path}: {key} differs between layers ({sorted(set(value))}); "
+                             "this engine needs every layer to have the same shape")
+        value = value[0]
+    return value
+
+
+def llama3_rope_factors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:
+    """The per-frequency factors llama.cpp's converter writes to ``rope_freqs.weight``."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            factors.append(1.0)
+        elif wavelen > old_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors)
+
+
+def rope_scaling_from_gguf(meta: Mapping[str, Any], rope_freqs: np.ndarray | None,
+                           theta: float, head_dim: int, path: Path) -> dict | None:
+    """HF-style ``rope_scaling`` from ``llama.rope.scaling.*`` keys or a ``rope_freqs`` tensor."""
+    kind = meta.get("llama.rope.scaling.type")
+    factor = meta.get("llama.rope.scaling.factor")
+    if rope_freqs is not None:
+        if np.allclose(rope_freqs, 1.0):
+            return None
+        scaling = {"rope_type": "llama3", "factor": float(rope_freqs.max()),
+                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings":
+                       int(meta.get("llama.rope.scaling.original_context_length") or 8192)}
+        if rope_freqs.shape != (head_dim // 2,) or not np.allclose(
+                rope_freqs, llama3_rope_factors(theta, head_dim, scaling), rtol=1e-4):
+            raise ValueError(
+                f"{path}: {GGUF_ROPE_FREQS} holds per-frequency RoPE factors that are not Llama "
+                "3's (factor, low_freq_factor=1, high_freq_factor=4, original context 8192); "
+                "this engine supports default, linear and llama3 RoPE only")
+        return scaling
+    if kind in (None, "none") or factor in (None, 0, 1):
+        return None
+    return {"rope_type": str(kind), "factor": float(factor)}
+
+
+def _check_gguf_architecture(meta: Mapping[str, Any], path: Path) -> None:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} is not supported: this engine runs "
+            "Llama-architecture models (general.architecture 'llama') only")
+    required = ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
+    missing = [f"llama.{k}" for k in required if meta.get(f"llama.{k}") is None]
+    if missing:
+        raise ValueError(f"{path}: GGUF metadata lacks {missing}: the file is incomplete or "
+                         "corrupt; re-download it")
+
+
+def _gguf_head_dim(meta: Mapping[str, Any], hidden: int, n_heads: int, path: Path) -> int:
+    head_dim = int(meta.get("llama.attention.key_length") or hidden // n_heads)
+    rope_dim = int(meta.get("llama.rope.dimension_count") or head_dim)
+    if rope_dim != head_dim:
+        raise ValueError(f"{path}: llama.rope.dimension_count={rope_dim} differs from "
+                         f"head_dim={head_dim}; partial rotary embeddings are not supported")
+    return head_dim
+
+
+def _gguf_vocab_size(meta: Mapping[str, Any], path: Path) -> int:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = int(meta.get("llama.vocab_size") or (len(tokens) if tokens else 0))
+    if not vocab:
+        raise ValueError(f"{path}: GGUF metadata has neither llama.vocab_size nor "
+                         "tokenizer.ggml.tokens, so the vocabulary size is unknown")
+    return vocab
+
+
+def gguf_eos_token_ids(meta: Mapping[str, Any]) -> tuple[int, ...]:
+    """End-of-generation ids: eos plus llama.cpp's end-of-turn / end-of-message ids."""
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id")
+    return tuple(dict.fromkeys(int(meta[k]) for k in keys if meta.get(k) is not None))
+
+
+def config_from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str],
+                              rope_freqs: np.ndarray | None = None,
+                              path: Path | str = "<gguf>") -> ModelConfig:
+    """A ModelConfig from llama.cpp's ``llama.*`` and ``tokenizer.ggml.*`` keys."""
+    path = Path(path)
+    _check_gguf_architecture(meta, path)
+    hidden = int(meta["llama.embedding_length"])
+    n_heads = int(_single_value(meta, "llama.attention.head_count", path))
+    head_dim = _gguf_head_dim(meta, hidden, n_heads, path)
+    theta = float(meta.get("llama.rope.freq_base") or 10000.0)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    fields = dict(
+        vocab_size=_gguf_vocab_size(meta, path), hidden_size=hidden,
+        intermediate_size=int(_single_value(meta, "llama.feed_forward_length", path)),
+        num_hidden_layers=int(meta["llama.block_count"]),
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(_single_value(meta, "llama.attention.head_count_kv", path)
+                                or n_heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon") or 1e-5),
+        rope_theta=theta,
+        rope_scaling=rope_scaling_from_gguf(meta, rope_freqs, theta, head_dim, path),
+        max_position_embeddings=int(meta.get("llama.context_length") or 2048),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=gguf_eos_token_ids(meta),
+    )
+    try:
+        return ModelConfig(**fields)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _gguf_tensors_by_hf_name(reader, path: Path) -> dict[str, Any]:
+    by_name = {}
+    for tensor in reader.tensors:
+        if tensor.name == GGUF_ROPE_FREQS:
+            continue
+        hf_name = hf_name_from_gguf(tensor.name)
+        if hf_name is None:
+            raise ValueError(
+                f"{path}: GGUF tensor {tensor.name!r} has no place in a Llama model; this "
+                "engine supports plain llama-architecture GGUF files only")
+        by_name[hf_name] = tensor
+    return by_name
+
+
+def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
+              progress: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Config, dequantized weights (HF names and layout, in ``dtype``, on ``device``) and the
+    GGUF metadata (which holds the tokenizer: ``tokenizer.ggml.*``, ``tokenizer.chat_template``).
+    Tensors are dequantized one at a time on the CPU and placed on ``device`` before the next."""
+    path = Path(path).expanduser()
+    torch_dtype = getattr(torch, check_dtype(dtype))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GGUF file {path} does not exist" + (" (it is a folder)" if path.is_dir() else "")
+            + ": expected a llama.cpp .gguf model file")
+    reader = open_gguf(path)
+    meta = read_gguf_metadata(reader)
+    _check_gguf_architecture(meta, path)
+    rope_freqs = next((dequantize_gguf_tensor(t) for t in reader.tensors
+                       if t.name == GGUF_ROPE_FREQS), None)
+    config = config_from_gguf_metadata(meta, {t.name for t in reader.tensors}, rope_freqs, path)
+    gguf_tensors = _gguf_tensors_by_hf_name(reader, path)
+    # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
+    check_weights(config, {name: torch.empty(_gguf_shape(t), device="meta")
+                           for name, t in gguf_tensors.items()})
+    device = torch.device(device)
+    bar = progress_bar(len(gguf_tensors), f"loading {path.name}", progress)
+    tensors = {}
+    try:
+        for name, t in gguf_tensors.items():
+            tensors[name] = place_tensor(_gguf_to_hf_tensor(name, t, config), torch_dtype, device)
+            bar.update()
+    finally:
+        bar.close()
+    return config, tensors, meta
+
+
+def _gguf_to_hf_tensor(hf_name: str, tensor, config: ModelConfig) -> torch.Tensor:
+    """Dequantize one tensor and, for Q and K, undo llama.cpp's RoPE row order."""
+    weight = _numpy_to_torch(dequantize_gguf_tensor(tensor), torch.float32)
+    if hf_name.endswith("self_attn.q_proj.weight"):
+        return unpermute_rope_rows(weight, config.num_attention_heads)
+    if hf_name.endswith("self_attn.k_proj.weight"):
+        return unpermute_rope_rows(weight, config.num_key_value_heads)
+    return weight

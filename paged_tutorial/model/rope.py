@@ -1,0 +1,50 @@
+"""Rotary position embedding tables: default, linear and Llama-3 (``llama3``) frequency scaling.
+
+The tables are float32 [max_positions, head_dim / 2]; every backend's ``rope`` op indexes them by
+position.  The frequencies are computed the way HF ``transformers`` computes them (same float32
+operations), so the engine reproduces its rotations bit for bit on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from paged_tutorial.config import ModelConfig
+
+
+def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (
+        torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+    rope_type = config.rope_type
+    if rope_type == "default":
+        return inv_freq
+    params = dict(config.rope_scaling)
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        try:
+            factor = params["factor"]
+            low, high = params["low_freq_factor"], params["high_freq_factor"]
+            old_context = params["original_max_position_embeddings"]
+        except KeyError as e:
+            raise ValueError(f"rope_scaling of type llama3 lacks {e.args[0]!r}: it needs factor, "
+                             "low_freq_factor, high_freq_factor and "
+                             "original_max_position_embeddings") from None
+        low_wavelen, high_wavelen = old_context / low, old_context / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported RoPE type {rope_type!r}")
+
+
+def rope_cos_sin(config: ModelConfig, max_positions: int, device="cpu"):
+    """cos and sin of position * inverse frequency, float32 [max_positions, head_dim / 2]."""
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = positions[:, None] * inverse_frequencies(config)[None, :]
+    return freqs.cos().to(device), freqs.sin().to(device)

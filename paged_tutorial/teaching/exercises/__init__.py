@@ -1,0 +1,37 @@
+"""Exercises and puzzles of the notebooks, behind one checker.
+
+    import paged_tutorial as pt
+    import paged_tutorial.teaching.exercises
+    pt.exercises.names()                         # every exercise and puzzle, e.g. "03.k_index"
+    pt.exercises.check("05.q_index", 581)        # prints a verdict, returns True / False
+    pt.exercises.reveal("05.q_index")            # the worked solution (a value or a function)
+    print(pt.exercises.puzzle("03.k_index").describe())   # a puzzle's signature and hint
+
+*Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
+and answers are compared without coercion (``answers.py``: a float or a string for an integer
+is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
+lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a function that the
+grader runs inside the article's kernel or a real engine.  Worked solutions live in
+``solutions.py``, never in the notebooks.
+"""
+
+from __future__ import annotations
+
+from paged_tutorial.teaching.exercises.registry import Verdict, check, expected_answer, get, grade, names, reveal
+
+
+def exercises(prefix: str = "") -> list[str]:
+    """Names of the exercises and puzzles (of one notebook with prefix "03."); the first
+    round's name for ``names``."""
+    return names(prefix)
+
+
+def puzzle(name: str):
+    """The ``Puzzle`` called ``name``: ``.describe()``, ``.stub()``, ``.signature``, ``.hint``."""
+    from paged_tutorial.teaching.puzzles import puzzle as find
+
+    return find(name)
+
+
+__all__ = ["Verdict", "check", "exercises", "expected_answer", "get", "grade", "names", "puzzle",
+           "reveal"]

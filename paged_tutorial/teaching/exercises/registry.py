@@ -1,0 +1,174 @@
+"""One checker for every exercise and puzzle of the notebooks.
+
+An *exercise* asks for a number (or a few): ``Exercise`` holds the question, the kind of
+answer (``answers.py``), a function that computes the right answer from the package, the
+known wrong answers with what each one means, and a hint.  A *puzzle* asks for a function that
+runs inside the engine or the kernel (``paged_tutorial.teaching.puzzles``).  Both grade an answer into
+a ``Verdict``; ``check`` prints it and returns whether it is right.
+
+The worked solutions live apart, in ``solutions.py``; ``reveal(name)`` returns one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from paged_tutorial.teaching.exercises.answers import Kind, as_plain
+
+MARKS = {"correct": "✔ correct", "wrong": "✘ not yet", "unsolved": "✘ not solved yet"}
+
+
+@dataclass
+class Verdict:
+    """The result of grading one answer.  ``figure``, when set, draws what went wrong (called
+    only where a figure can be shown)."""
+
+    status: str                                  # "correct" | "wrong" | "unsolved"
+    message: str
+    figure: Callable[[], Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "correct"
+
+
+def unsolved(answer) -> bool:
+    """The placeholder a notebook cell starts with: ``answer = ...`` (or None)."""
+    return answer is None or answer is Ellipsis
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer: ``value()`` computes it (from the package, like the right one);
+    ``says`` tells the reader what it means."""
+
+    value: Callable[[], Any]
+    says: str
+
+
+_EXPECTED: dict = {}
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str                                    # "NN.short_name", NN = the notebook
+    question: str
+    kind: Kind
+    expected: Callable[[], Any]                  # the right answer, computed from the package
+    explain: Callable[[Any], str]                # said when right (gets the expected value)
+    hint: str                                    # said when wrong and no known mistake matches
+    mistakes: tuple[Mistake, ...] = field(default=())
+
+    def right_answer(self):
+        """``expected()``, computed once (some run an engine)."""
+        if self.name not in _EXPECTED:
+            _EXPECTED[self.name] = self.expected()
+        return _EXPECTED[self.name]
+
+    def grade(self, answer) -> Verdict:
+        if unsolved(answer):
+            return Verdict("unsolved", f"replace ... with your answer ({self.kind.what})")
+        problem = self.kind.type_problem(answer)
+        if problem:
+            return Verdict("wrong", f"{problem}.  Expected {self.kind.what}.")
+        expected = self.right_answer()
+        if self.kind.equal(answer, expected):
+            return Verdict("correct", self.explain(expected))
+        for mistake in self.mistakes:
+            wrong = mistake.value()
+            if self.kind.type_problem(wrong) is None and self.kind.equal(answer, wrong):
+                return Verdict("wrong", mistake.says)
+        parts = self.kind.wrong_parts(answer, expected)
+        where = f"{', '.join(parts)} wrong; " if parts else ""
+        return Verdict("wrong", f"{where}{self.hint}")
+
+
+# --- the registry --------------------------------------------------------------------------
+
+_ITEMS: dict[str, Any] = {}
+
+
+def _load() -> dict:
+    """Exercises from ``exercises/chNN.py`` (their ``EXERCISES``) and the puzzles of
+    ``paged_tutorial.teaching.puzzles`` (its ``PUZZLES``), by name."""
+    if not _ITEMS:
+        from paged_tutorial.teaching.exercises import __path__ as here
+        from paged_tutorial.teaching import puzzles
+
+        items = []
+        for info in sorted(pkgutil.iter_modules(here), key=lambda i: i.name):
+            if info.name.startswith("ch"):
+                module = importlib.import_module(f"{__package__}.{info.name}")
+                items += list(module.EXERCISES)
+        items += list(puzzles.PUZZLES)
+        for item in items:
+            if item.name in _ITEMS:
+                raise RuntimeError(f"two exercises are named {item.name!r}")
+            _ITEMS[item.name] = item
+    return _ITEMS
+
+
+def names(prefix: str = "") -> list[str]:
+    """Every exercise and puzzle (of one notebook with ``prefix="03."``), sorted."""
+    return sorted(n for n in _load() if n.startswith(prefix))
+
+
+def get(name: str):
+    """The ``Exercise`` or ``Puzzle`` called ``name``."""
+    items = _load()
+    if name not in items:
+        known = ", ".join(sorted(items))
+        raise KeyError(f"no exercise or puzzle named {name!r}; known: {known}")
+    return items[name]
+
+
+def grade(name: str, answer) -> Verdict:
+    """Grade ``answer`` without printing anything."""
+    return get(name).grade(answer)
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def check(name: str, answer, draw: bool | None = None) -> bool:
+    """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
+    one-line verdict and return True when it is right.  For a wrong puzzle answer, a figure of
+    what went wrong is drawn too (by default only inside a notebook; ``draw`` forces it on or
+    off)."""
+    verdict = grade(name, answer)
+    print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
+    if verdict.figure is not None and not verdict.ok and (_in_notebook() if draw is None else draw):
+        figure = verdict.figure()
+        if figure is not None and _in_notebook():
+            import matplotlib.pyplot as plt
+            from IPython.display import display
+
+            display(figure)
+            plt.close(figure)
+    return verdict.ok
+
+
+def reveal(name: str):
+    """The worked solution of ``name``: a value for an exercise, a function for a puzzle."""
+    from paged_tutorial.teaching.exercises.solutions import SOLUTIONS
+
+    get(name)
+    return SOLUTIONS[name]
+
+
+def expected_answer(name: str):
+    """The right answer of an exercise as the checker computes it from the package (for
+    tests and for the solutions' own check); puzzles have none."""
+    item = get(name)
+    if not isinstance(item, Exercise):
+        raise TypeError(f"{name} is a puzzle: its answer is a function, see reveal({name!r})")
+    return as_plain(item.right_answer())

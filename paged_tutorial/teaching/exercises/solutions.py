@@ -1,0 +1,127 @@
+"""Worked solutions of every exercise and puzzle (``reveal(name)`` returns them).
+
+An exercise's solution is the arithmetic a reader would do by hand, from the article's numbers:
+the checker computes the right answer independently, from the package, and the tests check
+that the two agree.  A puzzle's solution is a function with the puzzle's signature; where the
+package's own code *is* the answer (the kernel's parts in ``attention.py``, the sharing rule
+in ``prefix_cache.py``), the solution is that code, so there is one definition of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from paged_tutorial.backends.numba_cuda.kernels.attention import (block_table_index, blocks_to_read, combine_warps,
+                                             k_index, softmax_update, tokens_in_block)
+from paged_tutorial.cache.prefix_cache import may_share
+
+# --- the article's numbers -------------------------------------------------------------
+N_LAYERS, KV_DIM, BF16, BLOCK_SIZE = 16, 8 * 64, 2, 16
+V_OFFSET = BLOCK_SIZE * KV_DIM * BF16                 # 16384
+BLOCK_BYTES = 2 * V_OFFSET                            # 32768
+MAX_BLOCKS_PER_SEQ = 2048 // BLOCK_SIZE               # 128
+TOKEN_BYTES = N_LAYERS * 2 * KV_DIM * BF16            # K and V of one token, all layers
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+EXERCISE_SOLUTIONS = {
+    # 00: why page the cache
+    "00.kv_bytes_per_token": TOKEN_BYTES,
+    "00.decode_read_bytes": 1000 * TOKEN_BYTES,
+    "00.contiguous_vs_paged_waste": ((2048 - 100) * TOKEN_BYTES,
+                                     (_ceil_div(100, BLOCK_SIZE) * BLOCK_SIZE - 100) * TOKEN_BYTES),
+    # 01: one block's layout
+    "01.float32_constants": (BLOCK_SIZE * KV_DIM * 4, 2 * BLOCK_SIZE * KV_DIM * 4,
+                             2 * 1024 ** 3 // (2 * BLOCK_SIZE * KV_DIM * 4)),
+    "01.v_byte_offset": (1000 * BLOCK_BYTES + (21 % BLOCK_SIZE) * KV_DIM * BF16 + 5 * 64 * BF16
+                         + 10 * BF16 + V_OFFSET),
+    "01.smollm2_block32": (3 * 64, 32 * 3 * 64 * BF16, 2048 // 32),
+    # 02: the block table
+    "02.flat_index": 1 * N_LAYERS * MAX_BLOCKS_PER_SEQ + 5 * MAX_BLOCKS_PER_SEQ + 3,
+    "02.unravel": (3000 // (N_LAYERS * MAX_BLOCKS_PER_SEQ),
+                   3000 % (N_LAYERS * MAX_BLOCKS_PER_SEQ) // MAX_BLOCKS_PER_SEQ,
+                   3000 % MAX_BLOCKS_PER_SEQ),
+    "02.entries_used": (_ceil_div(100, BLOCK_SIZE) + _ceil_div(20, BLOCK_SIZE)) * N_LAYERS,
+    # 03: addresses
+    "03.flat_index": 1 * N_LAYERS * MAX_BLOCKS_PER_SEQ + 3 * MAX_BLOCKS_PER_SEQ + 5,
+    "03.v_byte_offset": 3 * BLOCK_BYTES + V_OFFSET + 5 * KV_DIM * BF16 + 2 * 64 * BF16 + 10 * BF16,
+    "03.blocks_for_33": (_ceil_div(33, BLOCK_SIZE), min(33 - 2 * BLOCK_SIZE, BLOCK_SIZE)),
+    "03.blocks_for_48": (_ceil_div(48, BLOCK_SIZE), min(48 - 2 * BLOCK_SIZE, BLOCK_SIZE)),
+    "03.gqa_reads": 32 // 8,
+    # 04: warp shuffles
+    "04.shfl_down_8": tuple(i + 8 if i + 8 < 32 else i for i in range(32)),
+    "04.article_terms_80": 32 + 32,
+    "04.shared_floats": tuple(_ceil_div(d, 32) for d in (64, 80, 128)),
+    "04.scale_error_128": math.sqrt(128) / 8,
+    # 05: online softmax
+    "05.corrections": (0.0, math.exp(0.5 - 2.0), 1.0, math.exp(2.0 - 3.0)),
+    "05.denominator": sum(math.exp(s - 3.0) for s in (0.5, 2.0, 1.0, 3.0)),
+    "05.q_index": 2 * (4 * 64) + 1 * 64 + 5,
+    # 06: block lifetime
+    "06.table_bytes_per_decode_step": 2 * N_LAYERS * MAX_BLOCKS_PER_SEQ * 4 * N_LAYERS,
+    "06.next_pop": 60,                 # slot 0 popped 63, 62 (layer 0), 61, 60 (layer 1)
+    "06.peak_blocks": _ceil_div(40 + 9 - 1, BLOCK_SIZE) * 30,
+    # 07: the full model
+    "07.steps_for_three_requests": 1 + 9 + 1 + 20,
+    "07.sequences_in_2gib": (2 * 1024 ** 3 // BLOCK_BYTES) // (MAX_BLOCKS_PER_SEQ * N_LAYERS),
+    "07.smollm2_kv_bytes_per_token": 30 * 2 * 3 * 64 * 4,
+    # 09: prefix caching (beyond the article)
+    "09.second_prefill_tokens": BLOCK_SIZE,          # 3 of 4 blocks cached; the 4th computed
+    "09.blocks_saved": (8 - 1) * (100 // BLOCK_SIZE) * 30,   # full shared blocks x copies x layers
+}
+
+def kv_byte_offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
+                   ITEMSIZE):
+    """01.kv_offset: the article's block layout (main.cpp:866-872), in bytes."""
+    V_OFFSET = BLOCK_SIZE * KV_DIM * ITEMSIZE          # all the K rows come first
+    offset = (token_in_block * KV_DIM + kv_head * HEAD_DIM + dim) * ITEMSIZE
+    if is_value:
+        offset += V_OFFSET
+    return offset
+
+
+def locate(block_table, slot, layer, position, BLOCK_SIZE):
+    """02.locate: the token's logical block through the table, and its row in the block."""
+    logical_block, row = divmod(position, BLOCK_SIZE)
+    return int(block_table[slot, layer, logical_block]), row
+
+
+def prefill_pops(prompt_len, BLOCK_SIZE):
+    """06.prefill_pops: one block per logical block the prompt touches (rounded up)."""
+    return (prompt_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def decode_pops(position, BLOCK_SIZE):
+    """06.decode_pops: a new block when the token is the first row of one."""
+    return position % BLOCK_SIZE == 0
+
+
+def release_order(block_table, slot):
+    """06.release_order: layer by layer, logical block by logical block, skipping -1."""
+    order = []
+    for layer in range(block_table.shape[1]):
+        for logical in range(block_table.shape[2]):
+            if block_table[slot, layer, logical] != -1:
+                order.append(int(block_table[slot, layer, logical]))
+    return order
+
+
+PUZZLE_SOLUTIONS = {
+    "02.locate": locate,
+    "01.kv_offset": kv_byte_offset,
+    "02.table_index": block_table_index,
+    "03.blocks_to_read": blocks_to_read,
+    "03.tokens_in_block": tokens_in_block,
+    "03.k_index": k_index,
+    "04.combine_warps": combine_warps,
+    "05.softmax_update": softmax_update,
+    "06.prefill_pops": prefill_pops,
+    "06.decode_pops": decode_pops,
+    "06.release_order": release_order,
+    "09.can_share": may_share,
+}
+
+SOLUTIONS = {**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS}

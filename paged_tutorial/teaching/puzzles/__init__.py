@@ -1,0 +1,47 @@
+"""Puzzles in the spirit of GPU-Puzzles: the reader writes one piece of the engine or of the
+article's kernel as a plain Python function, and the grader runs it *where it belongs* -- in
+the article's decode kernel (the simulator on a CPU, the GPU on a GPU) or in a real ``Engine``
+-- and compares the result with the oracles the package already has (a poisoned cache, the
+torch backend, a stock engine).  A wrong answer gets a message that says where it went wrong
+and, in a notebook, a figure of which threads read which memory.
+
+Each puzzle is registered with the exercises, so the same calls serve both:
+``pt.exercises.names()``, ``pt.exercises.check("03.k_index", my_k_index)``,
+``pt.exercises.reveal("03.k_index")``; ``puzzle(name).stub()`` is the function to fill in.
+
+Modules, one per part of the article: ``block_layout`` (01: a K/V element's bytes in a block),
+``block_table`` (02: logical -> physical through the table, in the engine's write path),
+``kernel_addresses`` (02-03: the table index, the block loop, the K address, in the kernel),
+``warp_combine`` (04: adding the warps' partial sums for any head_dim), ``online_softmax`` (05:
+the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes),
+``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
+Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
+a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,
+against a stock one).
+"""
+
+from __future__ import annotations
+
+from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
+               prefix_sharing, warp_combine)
+from paged_tutorial.teaching.puzzles.base import Puzzle
+
+PUZZLES: tuple[Puzzle, ...] = (
+    *block_layout.PUZZLES,
+    *block_table.PUZZLES,
+    *kernel_addresses.PUZZLES,
+    *warp_combine.PUZZLES,
+    *online_softmax.PUZZLES,
+    *free_list.PUZZLES,
+    *prefix_sharing.PUZZLES,
+)
+
+__all__ = ["PUZZLES", "Puzzle", "puzzle"]
+
+
+def puzzle(name: str) -> Puzzle:
+    """The puzzle called ``name`` (its signature, docstring, hint, ``stub()``)."""
+    for p in PUZZLES:
+        if p.name == name:
+            return p
+    raise KeyError(f"no puzzle named {name!r}; puzzles: {', '.join(p.name for p in PUZZLES)}")

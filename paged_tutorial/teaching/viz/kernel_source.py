@@ -1,0 +1,196 @@
+"""Show the article's kernel as the package runs it: ``attention.py``'s decode kernel, cut into
+pieces at its ``# --- kernels.cu:NNN-MMM`` annotations, each piece next to the article's lines
+and section, with the device functions it calls (``KernelParts``) below it.
+
+    from paged_tutorial.teaching.viz.kernel_source import kernel_source, departures
+    kernel_source(480)          # the piece that holds kernels.cu:480, and block_table_index
+    kernel_source("509-522")    # the online softmax and the in-place store
+    departures()                # where the port differs from the article, and why
+    departures("486-508")       # ... only where it concerns those kernels.cu lines
+
+Both return objects that Jupyter shows syntax-highlighted (HTML, through Pygments when it is
+installed) and that print as plain text anywhere else.  The source is read from the module
+itself, so what is shown is the code that runs.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass
+
+from paged_tutorial.backends.numba_cuda.kernels import attention
+
+#: the article's sections that read the kernel, by kernels.cu line range (section titles are
+#: the article's own, cited as they are)
+_KERNEL = "pagedAttentionKernel: 네 상태를 함께 받는 유일한 커널"
+_ADDRESSES = "논리 블록 → 물리 블록 → 바이트 주소"
+_SCORE = "점수 하나: 워프 셔플 리덕션"
+_SOFTMAX = "online softmax: 블록을 훑으며 가중 평균"
+_IN_PLACE = "출력은 입력 자리에: in-place"
+ARTICLE_SECTIONS = (
+    (461, 469, _KERNEL), (470, 472, _ADDRESSES), (473, 477, _SOFTMAX), (478, 485, _ADDRESSES),
+    (486, 508, _SCORE), (509, 521, _SOFTMAX), (522, 527, _IN_PLACE),
+)
+PART_NAMES = ("blocks_to_read", "block_table_index", "tokens_in_block", "k_index",
+              "combine_warps", "softmax_update")
+_MARKER = re.compile(r"^\s*# --- kernels\.cu:(\d+)(?:-(\d+))?(?:,\s*\d+)*: (.*?) -*\s*$")
+
+
+@dataclass(frozen=True)
+class SourcePiece:
+    first: int                     # kernels.cu lines this piece ports
+    last: int
+    title: str
+    section: str                   # the article's section that reads these lines
+    code: str
+    parts: tuple[str, ...]         # sources of the device functions the piece calls
+
+    @property
+    def lines(self) -> str:
+        return f"kernels.cu:{self.first}" + (f"-{self.last}" if self.last != self.first else "")
+
+
+def section_of(line: int) -> str:
+    return next((title for first, last, title in ARTICLE_SECTIONS if first <= line <= last), "")
+
+
+def _kernel_text() -> str:
+    source = inspect.getsource(attention._build_kernel)
+    start = source.index("    @cuda.jit")
+    end = source.index("    return paged_attention_kernel")
+    return textwrap.dedent(source[start:end]).rstrip() + "\n"
+
+
+def kernel_pieces() -> list[SourcePiece]:
+    """The decode kernel's source, one piece per ``kernels.cu`` annotation."""
+    lines = _kernel_text().splitlines()
+    pieces, current, head = [], [], (461, 461, "the signature: the kernel's arguments")
+    for line in lines:
+        match = _MARKER.match(line)
+        if match and current:
+            pieces.append((head, current))
+            current = []
+        if match:
+            first = int(match.group(1))
+            head = (first, int(match.group(2) or first), match.group(3).strip())
+        current.append(line)
+    pieces.append((head, current))
+    out = []
+    for (first, last, title), body in pieces:
+        code = "\n".join(body).strip("\n") + "\n"
+        called = tuple(inspect.getsource(getattr(attention, name)) for name in PART_NAMES
+                       if re.search(rf"\b{name}\(", code))
+        out.append(SourcePiece(first, last, title, section_of(first), code, called))
+    return out
+
+
+def _select(pieces, lines) -> list[SourcePiece]:
+    if lines is None:
+        return pieces
+    if isinstance(lines, int):
+        lo = hi = lines
+    else:
+        text = str(lines).replace("kernels.cu:", "")
+        lo, _, hi = text.partition("-")
+        lo, hi = int(lo), int(hi or lo)
+    chosen = [p for p in pieces if p.first <= hi and lo <= p.last]
+    if not chosen:
+        known = ", ".join(p.lines for p in pieces)
+        raise ValueError(f"no piece of the kernel ports kernels.cu:{lines}; pieces: {known}")
+    return chosen
+
+
+def _highlight(code: str) -> str:
+    try:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+    except ImportError:
+        return f"<pre>{html.escape(code)}</pre>"
+    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
+
+
+class KernelListing:
+    """Pieces of the kernel; shown highlighted in Jupyter, as plain text elsewhere."""
+
+    def __init__(self, pieces: list[SourcePiece]):
+        self.pieces = pieces
+
+    def __str__(self) -> str:
+        blocks = []
+        for p in self.pieces:
+            head = f"== {p.lines}: {p.title}" + (f"  [article: {p.section}]" if p.section else "")
+            body = p.code
+            for part in p.parts:
+                body += "\n# the device function it calls (attention.py):\n" + part
+            blocks.append(f"{head}\n{body}")
+        return "\n".join(blocks)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        out = []
+        for p in self.pieces:
+            section = f" &mdash; the article's section <i>{html.escape(p.section)}</i>" \
+                if p.section else ""
+            out.append(f"<p><b>{html.escape(p.lines)}</b>: {html.escape(p.title)}{section}</p>")
+            out.append(_highlight(p.code))
+            for part in p.parts:
+                out.append("<p style='margin-left:2em'>the device function it calls "
+                           "(<code>attention.py</code>):</p>")
+                out.append(f"<div style='margin-left:2em'>{_highlight(part)}</div>")
+        return "\n".join(out)
+
+
+def kernel_source(lines: int | str | None = None, with_parts: bool = True) -> KernelListing:
+    """The pieces of the decode kernel that port ``lines`` of kernels.cu (an int, "470-485",
+    or None for the whole kernel), with the device functions they call (``with_parts``)."""
+    pieces = _select(kernel_pieces(), lines)
+    if not with_parts:
+        pieces = [SourcePiece(p.first, p.last, p.title, p.section, p.code, ()) for p in pieces]
+    return KernelListing(pieces)
+
+
+class DepartureList:
+    """``attention.DEPARTURES`` as a numbered list (HTML in Jupyter, text elsewhere)."""
+
+    def __init__(self, items=attention.DEPARTURES):
+        self.items = tuple(items)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{i}. {d.title} ({d.article}): {d.text}"
+                         for i, d in enumerate(self.items, start=1))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<li><b>{html.escape(d.title)}</b> (<code>{html.escape(d.article)}"
+                       f"</code>): {html.escape(d.text)}</li>" for d in self.items)
+        return f"<ol>{rows}</ol>"
+
+
+def _line_ranges(article: str) -> list[tuple[int, int]]:
+    """``"kernels.cu:6, 16-19, 484-485"`` -> [(6, 6), (16, 19), (484, 485)]."""
+    text = article.replace("kernels.cu:", "")
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.strip().isdigit():
+            out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def departures(lines: int | str | None = None) -> DepartureList:
+    """Where the port in ``attention.py`` departs from the article's kernel, and why: all of
+    them, or those that concern ``lines`` of kernels.cu (an int or "486-508")."""
+    if lines is None:
+        return DepartureList()
+    text = str(lines).replace("kernels.cu:", "")
+    lo, _, hi = text.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    chosen = [d for d in attention.DEPARTURES
+              if any(a <= hi and lo <= b for a, b in _line_ranges(d.article))]
+    return DepartureList(chosen)

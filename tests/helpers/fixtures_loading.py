@@ -1,0 +1,163 @@
+"""Fixtures and helpers for tests/loading/test_loading.py (kept out of conftest.py on purpose).
+
+The SmolLM2 fixtures are session-scoped: reading the 98 MB GGUF takes a few seconds for us and
+about ten for transformers, so each is done once per test run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+# `pytest tests/...` puts tests/ (not the repository root) on sys.path; make the package
+# importable without an install.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from paged_tutorial.config import ModelConfig  # noqa: E402
+from paged_tutorial.loading.models import find_embedded_smollm2, random_model, save_hf_folder  # noqa: E402
+from paged_tutorial.loading.tokenizer import Tokenizer, bytes_to_unicode  # noqa: E402
+from paged_tutorial.loading.weights import hf_name_from_gguf, load_gguf  # noqa: E402
+
+
+# --- the embedded SmolLM2 GGUF ---------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    return find_embedded_smollm2()
+
+
+@pytest.fixture(scope="session")
+def ours_smollm2(smollm2_gguf):
+    """(config, tensors, metadata) from our loader, in float32."""
+    return load_gguf(smollm2_gguf, "float32")
+
+
+@pytest.fixture(scope="session")
+def our_smollm2_tokenizer(ours_smollm2) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(ours_smollm2[2])
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_state_dict(hf_smollm2) -> dict[str, torch.Tensor]:
+    """transformers' own GGUF load of the same file (conftest's session-wide ``hf_smollm2``,
+    float32): the reference for dequantize + unpermute."""
+    return {k: v.detach() for k, v in hf_smollm2.state_dict().items()}
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_gguf):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+# --- tiny random Llamas ----------------------------------------------------------------------
+
+def tiny_config(**changes) -> ModelConfig:
+    """A 2-layer GQA Llama small enough to build, save and load in milliseconds."""
+    fields = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                  rope_theta=10000.0, max_position_embeddings=128, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_ids=(2,))
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+def write_tiny_folder(path: Path, config: ModelConfig | None = None, seed: int = 0):
+    """save_hf_folder of a random tiny model; returns the Model."""
+    model = random_model(config or tiny_config(), seed=seed)
+    save_hf_folder(model, path)
+    return model
+
+
+def edit_config_json(folder: Path, **changes) -> dict:
+    """Rewrite config.json with ``changes`` (a value of None deletes the key)."""
+    path = folder / "config.json"
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+    return data
+
+
+# --- tiny GGUF files written like llama.cpp's converter ----------------------------------------
+
+def llama_cpp_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``permute`` of llama.cpp's convert_hf_to_gguf.py (HF half-split -> interleaved pairs)."""
+    return (weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape))
+
+
+def _gguf_name(hf_name: str, n_layers: int) -> str:
+    candidates = ["token_embd.weight", "output_norm.weight", "output.weight"] + [
+        f"blk.{i}.{m}.weight" for i in range(n_layers) for m in (
+            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+            "attn_norm", "ffn_norm")]
+    return next(c for c in candidates if hf_name_from_gguf(c) == hf_name)
+
+
+def tiny_tokens(vocab_size: int) -> list[str]:
+    tokens = list(bytes_to_unicode().values())
+    return tokens + [f"<|extra_{i}|>" for i in range(vocab_size - len(tokens))]
+
+
+def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=(),
+                    rope_freqs: np.ndarray | None = None, extra_tensors=None) -> Path:
+    """Write ``model`` as a llama.cpp GGUF: llama.cpp names, permuted Q/K rows, F32 unless a
+    tensor's HF name ends with one of ``quantize`` (then Q8_0)."""
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), architecture)
+    arch = architecture
+    writer.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
+    writer.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
+    writer.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
+    writer.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
+    writer.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
+    writer.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
+    writer.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
+    writer.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tiny_tokens(cfg.vocab_size))
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_ids[0])
+    tensors = dict(model.weights)
+    for hf_name, weight in tensors.items():
+        w = weight.float()
+        if hf_name.endswith("q_proj.weight"):
+            w = llama_cpp_permute(w, cfg.num_attention_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            w = llama_cpp_permute(w, cfg.num_key_value_heads)
+        _add_tensor(writer, _gguf_name(hf_name, cfg.num_hidden_layers), w.numpy(),
+                    quantized=hf_name.endswith(tuple(quantize)))
+    if rope_freqs is not None:
+        _add_tensor(writer, "rope_freqs.weight", rope_freqs.astype(np.float32), quantized=False)
+    for name, value in (extra_tensors or {}).items():
+        _add_tensor(writer, name, value.astype(np.float32), quantized=False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_tensor(writer, name: str, values: np.ndarray, quantized: bool) -> None:
+    import gguf
+
+    if not quantized:
+        writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
+        return
+    qtype = gguf.GGMLQuantizationType.Q8_0
+    data = gguf.quants.quantize(values, qtype)
+    writer.add_tensor(name, data, raw_dtype=qtype)   # the writer derives the shape from bytes

@@ -1,0 +1,71 @@
+"""``backends.numba_cuda.access_log``: kernels launched inside ``record_kernel_accesses`` read
+and write through recording stand-ins (the simulator only); outside, nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paged_tutorial as pt
+from paged_tutorial.backends.numba_cuda.runtime import access_log, launch
+from paged_tutorial.backends.numba_cuda.kernels import attention
+from paged_tutorial.teaching.oracles import kernel_device
+
+pytestmark = pytest.mark.skipif(not access_log.AVAILABLE,
+                                reason="recording accesses needs the simulator")
+
+
+def small_cache():
+    cfg = pt.CacheConfig(num_layers=1, num_kv_heads=1, head_dim=32, dtype="float32",
+                         kv_cache_bytes=8 * 2 * 16 * 32 * 4, max_slots=2, max_seq_len=64)
+    cache = pt.PagedKVCache(cfg, kernel_device())
+    cache.buffer.normal_(generator=torch.Generator().manual_seed(0))
+    return cache
+
+
+def test_q_is_read_then_written_by_one_thread_and_the_table_per_block():
+    cache = small_cache()
+    cache.ensure_capacity(0, 3)
+    cache.ensure_capacity(1, 2)
+    q = torch.randn(2, 1, 32, generator=torch.Generator().manual_seed(2))
+    table = cache.device_block_table()
+    with access_log.record_kernel_accesses(q=q, block_table=table, kv_cache=cache.buffer) as logs:
+        attention.decode(q, cache, table, 0, [2, 3], [1, 0], 0.2)
+    recs = sorted(logs["q"].records)
+    assert len(recs) == 2 * q.numel()
+    by_index = {}
+    for rec in recs:
+        by_index.setdefault(rec.index, []).append((rec.op, rec.block, rec.thread))
+    for index, acc in by_index.items():
+        assert [a[0] for a in acc] == ["R", "W"] and acc[0][1:] == acc[1][1:]
+        assert index == acc[0][1][0] * 32 + acc[0][2]
+    reads = logs["block_table"].by_block("R")
+    assert reads[(0, 0)].tolist() == [cache.flat_index(1, 0, 0)]
+    assert reads[(1, 0)].tolist() == [cache.flat_index(0, 0, 0)]
+    k_reads = logs["kv_cache"].by_thread((0, 0), "R")
+    assert sorted(k_reads) == list(range(32))            # every thread reads its own column
+    assert logs["kv_cache"].outside() == [] and not logs["kv_cache"].writes().size
+    assert "reads" in repr(logs["kv_cache"])
+
+
+def test_outside_a_recording_nothing_is_wrapped():
+    t = torch.zeros(4)
+    assert not isinstance(launch.as_kernel_array(t), access_log.AccessLog)
+    with access_log.record_kernel_accesses(other=torch.zeros(3)):
+        assert not isinstance(launch.as_kernel_array(t), access_log.AccessLog)
+        assert isinstance(launch.as_kernel_array(torch.zeros(3)), access_log.AccessLog) is False
+    with pytest.raises(TypeError, match="torch tensor"):
+        with access_log.record_kernel_accesses(x=[1, 2]):
+            pass
+
+
+def test_a_flat_view_is_recognised_and_nested_recordings_stack():
+    t = torch.arange(6.0).reshape(2, 3)
+    with access_log.record_kernel_accesses(outer=t) as outer:
+        with access_log.record_kernel_accesses(inner=t) as inner:
+            arr = launch.flat(t)
+            assert arr is inner["inner"]
+        assert launch.flat(t) is outer["outer"]
+        assert arr[4] == 4.0 and inner["inner"].reads().tolist() == [4]
+        arr[5] = 7.0
+    assert t[1, 2] == 7.0 and inner["inner"].writes().tolist() == [5]

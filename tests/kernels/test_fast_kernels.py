@@ -1,0 +1,370 @@
+"""The optimised paths against the references, at tiny shapes (Numba's CUDA simulator on a CPU;
+the real kernels when a GPU is visible).  ``benchmarks/attention.py`` and ``decode.py`` repeat
+these checks at full size on the GPU before timing anything.
+
+- ``attention_fast``: the fast decode kernel (GQA-shared K/V reads, 8-byte loads, a warp per
+  logical block, split-KV merged by the last block) against a float32 oracle, with one and
+  several splits, sequence lengths that end mid-block and empty splits.
+- ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``.
+- the 16-byte bf16 kernels (norms, SwiGLU, embedding): bit for bit against the scalar ones
+  (``NumbaBackend(vector=False)``); the GEMV against float32 products; the greedy sampler
+  split over several blocks against ``sample_reference``; the launch glue.
+- ``prefill_sdpa``: torch SDPA prefill against the torch backend.
+- ``triton_attention``: only where Triton can run (a GPU, or TRITON_INTERPRET=1).
+- ``cuda_graphs``: the bucket arithmetic (capture itself needs a GPU).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from paged_tutorial.backends.numba_cuda import NumbaBackend
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
+from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.config import CacheConfig
+from paged_tutorial.engine.cuda_graphs import default_buckets
+from paged_tutorial.cache.paged_cache import PagedKVCache
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return NumbaBackend()
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def make_cache(g, dtype, *, n_kv, head_dim, block_size=16, num_layers=2, max_slots=4,
+               max_seq_len=64, num_blocks=40, device="cpu"):
+    """A cache full of random values, blocks handed out in random order."""
+    itemsize = 4 if dtype == "float32" else 2
+    cfg = CacheConfig(num_layers=num_layers, num_kv_heads=n_kv, head_dim=head_dim, dtype=dtype,
+                      kv_cache_bytes=num_blocks * 2 * block_size * n_kv * head_dim * itemsize,
+                      max_slots=max_slots, max_seq_len=max_seq_len, block_size=block_size)
+    cache = PagedKVCache(cfg, device=device)
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g).to(cache.buffer.dtype))
+    return cache
+
+
+def assign(g, cache, lens):
+    c = cache.config
+    for slot, n in lens.items():
+        for layer in range(c.num_layers):
+            for logical in range(c.blocks_for_tokens(n)):
+                pick = int(torch.randint(len(cache.free_blocks), (1,), generator=g))
+                cache.block_table[slot, layer, logical] = cache.free_blocks.pop(pick)
+                cache._dirty.add(cache.flat_index(slot, layer, logical))
+    cache.check_invariants()
+
+
+def float32_twin(cache):
+    c = cache.config
+    twin = PagedKVCache(CacheConfig(
+        num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        dtype="float32", kv_cache_bytes=c.NUM_BLOCKS * c.BLOCK_ELEMS * 4, max_slots=c.max_slots,
+        max_seq_len=c.max_seq_len, block_size=c.BLOCK_SIZE))
+    twin.buffer.copy_(cache.buffer.cpu().float())
+    twin.block_table[...] = cache.block_table
+    return twin
+
+
+def rel_err(a, b):
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float((a - b).norm() / b.norm())
+
+
+FAST_CASES = [
+    # dtype, head_dim, n_kv, q_per_kv, block_size, {slot: seq_len}, n_splits
+    pytest.param("bfloat16", 64, 2, 4, 16, {3: 21, 1: 16}, 1, id="bf16-d64-gqa4-1split"),
+    pytest.param("bfloat16", 16, 1, 4, 16, {2: 40, 0: 3}, 3, id="bf16-d16-3splits-empty"),
+    pytest.param("float32", 8, 2, 3, 8, {1: 21, 3: 9}, 2, id="fp32-d8-gqa3-bs8"),
+    pytest.param("float16", 32, 1, 2, 16, {0: 20}, 2, id="fp16-d32-gqa2"),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,n_kv,qpk,block_size,lens,n_splits", FAST_CASES)
+def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens, n_splits):
+    g = gen(7 + head_dim)
+    dt = DTYPES[dtype]
+    layer = 1
+    cache = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, block_size=block_size,
+                       device=nb.device)
+    assign(g, cache, lens)
+    n_q = n_kv * qpk
+    # q as a strided view of a fused projection, as the engine passes it
+    qkv = torch.randn(len(lens), (n_q + 2 * n_kv) * head_dim, generator=g).to(dt)
+    q = qkv[:, :n_q * head_dim].view(len(lens), n_q, head_dim)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    scale = 1.0 / math.sqrt(head_dim)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), layer, seq_lens,
+                                         slots, scale)
+    q_dev = qkv.to(nb.device)[:, :n_q * head_dim].view(len(lens), n_q, head_dim)
+    out = attention_fast.decode_attention_fast(
+        q_dev, cache, cache.device_block_table(), layer, seq_lens.to(nb.device),
+        slots.to(nb.device), scale, n_splits=n_splits)
+    assert out is q_dev
+    tol = 1e-5 if dt == torch.float32 else (5e-3 if dt == torch.bfloat16 else 1e-3)
+    assert rel_err(out, want) < tol
+    tickets = attention_fast._tickets[str(torch.device(nb.device))]
+    assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
+
+
+VARIANTS = [
+    pytest.param(dict(wide=False), id="8-byte-loads"),
+    pytest.param(dict(max_lanes=16, wide=False, update_passes=1, load_passes=1), id="g16-u1-l1"),
+    pytest.param(dict(update_passes=1, load_passes=1), id="wide-u1-l1"),
+    pytest.param(dict(prefetch=True, update_passes=2), id="prefetch"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fast_decode_attention_variants(nb, variant):
+    """The shape knobs that benchmarks/attention.py --sweep times compute the same function."""
+    g = gen(11)
+    cache = make_cache(g, "bfloat16", n_kv=1, head_dim=64, device=nb.device)
+    lens = {1: 20, 3: 9}
+    assign(g, cache, lens)
+    q = torch.randn(2, 4, 64, generator=g).to(torch.bfloat16)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), 1, seq_lens,
+                                         slots, 0.125)
+    got = attention_fast.decode_attention_fast(
+        q.to(nb.device), cache, cache.device_block_table(), 1, seq_lens.to(nb.device),
+        slots.to(nb.device), 0.125, num_warps=1, n_splits=2, **variant)
+    assert rel_err(got, want) < 5e-3
+
+
+def test_fast_kernel_is_the_backend_default(nb):
+    assert nb.attention == "fast"
+    assert NumbaBackend(attention="article").attention == "article"
+    with pytest.raises(ValueError, match="attention="):
+        NumbaBackend(attention="nope")
+    assert attention_fast.lanes_per_token(64) == 8 and attention_fast.lanes_per_token(80) == 4
+    assert not attention_fast.supports(18)
+    assert attention_fast.choose_splits(64, 8, 128, 4) >= 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rope_write_kv_fused_is_bit_exact(nb, dtype):
+    g = gen(3)
+    dt = DTYPES[dtype]
+    n_kv, head_dim, n_q = 2, 16, 4
+    cache = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=nb.device)
+    assign(g, cache, {2: 30, 0: 18})
+    other = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=nb.device)
+    other.buffer.copy_(cache.buffer)
+    other.block_table[...] = cache.block_table
+    other.mark_table_changed()      # a hand edit: on a GPU the device copy must hear of it
+    slots = torch.tensor([2] * 5 + [0] * 3, dtype=torch.int32).to(nb.device)
+    positions = torch.tensor([25, 26, 27, 28, 29, 15, 16, 17], dtype=torch.int32).to(nb.device)
+    qkv = torch.randn(8, (n_q + 2 * n_kv) * head_dim, generator=g).to(dt).to(nb.device)
+    cos = torch.rand(64, head_dim // 2, generator=g).to(nb.device)
+    sin = torch.rand(64, head_dim // 2, generator=g).to(nb.device)
+
+    def views(x):
+        return (x[:, :n_q * head_dim].view(8, n_q, head_dim),
+                x[:, n_q * head_dim:(n_q + n_kv) * head_dim].view(8, n_kv, head_dim),
+                x[:, (n_q + n_kv) * head_dim:].view(8, n_kv, head_dim))
+
+    a, b = qkv.clone(), qkv.clone()
+    qa, ka, va = views(a)
+    nb.rope_write_kv(qa, ka, va, positions, cos, sin, cache, cache.device_block_table(), 1,
+                     slots)
+    qb, kb, vb = views(b)
+    nb.rope(qb, kb, positions, cos, sin)
+    nb.write_kv(other, kb, vb, other.device_block_table(), 1, slots, positions)
+    bits = torch.int32 if dt == torch.float32 else torch.int16
+    assert torch.equal(a.view(bits), b.view(bits))
+    assert torch.equal(cache.buffer.view(bits), other.buffer.view(bits))
+
+
+def test_prefill_sdpa_matches_torch_backend():
+    g = gen(5)
+    n_q, n_kv, d, cu = 6, 2, 16, [0, 13, 14, 40]
+    qkv = torch.randn(cu[-1], (n_q + 2 * n_kv) * d, generator=g)
+    q = qkv[:, :n_q * d].view(-1, n_q, d)
+    k = qkv[:, n_q * d:(n_q + n_kv) * d].view(-1, n_kv, d)
+    v = qkv[:, (n_q + n_kv) * d:].view(-1, n_kv, d)
+    want = TorchBackend("cpu").prefill_attention(q, k, v, cu, 0.25)
+    got = prefill_attention_sdpa(q, k, v, cu, 0.25)
+    assert rel_err(got, want) < 1e-5
+
+
+def test_triton_decode_kernel_where_triton_runs():
+    triton_attention = pytest.importorskip("paged_tutorial.backends.triton_attention")
+    if not triton_attention.available():
+        pytest.skip("Triton needs a GPU here (or TRITON_INTERPRET=1)")
+    g = gen(9)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cache = make_cache(g, "bfloat16", n_kv=2, head_dim=64, max_seq_len=128, num_blocks=40,
+                       device=device)
+    lens = {3: 37, 1: 90}
+    assign(g, cache, lens)
+    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
+    slots = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
+    want = q.float().clone()
+    twin = float32_twin(cache)
+    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), 1, seq_lens,
+                                         slots, 0.125)
+    for splits in (1, 3):
+        got = triton_attention.decode_attention_triton(
+            q.clone().to(device), cache, cache.device_block_table(), 1, seq_lens.to(device),
+            slots.to(device), 0.125, n_splits=splits)
+        assert rel_err(got, want) < 1e-2
+
+
+def test_graph_buckets():
+    assert default_buckets(1) == [1]
+    assert default_buckets(2) == [1, 2]
+    assert default_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert default_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert np.all(np.diff(default_buckets(256)) > 0)
+
+
+# --- 16-byte bf16 kernels, GEMV, split greedy sampling, launch glue ----------------------------
+
+def bits16(t):
+    return t.detach().cpu().view(torch.int16)
+
+
+def ulps(a, b):
+    """max |a - b| / (1e-2 |b| + 1e-3): <= 1 is one or two bf16 roundings apart."""
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float(((a - b).abs() / (1e-2 * b.abs() + 1e-3)).max())
+
+
+def test_vector_kernels_match_scalar_ones(nb):
+    """The 16-byte kernels against the scalar ones, on strided rows as the engine passes
+    them: elementwise ops bit for bit (same rounding, element for element), norms within one
+    rounding."""
+    scalar = NumbaBackend(vector=False)
+    g = gen(21)
+    bf = torch.bfloat16
+    dev = nb.device
+    hidden = 320                                  # 40 chunks: more than one per simulated thread
+    x = (torch.randn(3, hidden, generator=g) * 3).to(bf).to(dev)
+    w = torch.randn(hidden, generator=g).to(bf).to(dev)
+    wide = torch.randn(3, 2 * hidden, generator=g).to(bf).to(dev)
+    strided = wide[:, hidden:]                    # rows 2 * hidden apart, like o_proj's input
+    assert nb._vec_rows(x, w) and nb._vec_rows(strided)
+    # norms: the sum of squares is added in another order (8 elements per thread), so the
+    # outputs may differ from the scalar kernel's by one rounding; the residual is exact
+    assert ulps(nb.rms_norm(x, w, 1e-5), scalar.rms_norm(x, w, 1e-5)) <= 1
+    assert ulps(nb.rms_norm(x, w, 1e-5),
+                TorchBackend("cpu").rms_norm(x.cpu(), w.cpu(), 1e-5).to(dev)) <= 1
+    r1, r2 = x.clone(), x.clone()
+    a = nb.add_rms_norm(strided, r1, w, 1e-5)
+    b = scalar.add_rms_norm(strided, r2, w, 1e-5)
+    assert ulps(a, b) <= 1 and torch.equal(bits16(r1), bits16(r2))
+    gate_up = (torch.randn(3, 2 * 48, generator=g) * 3).to(bf).to(dev)
+    assert torch.equal(bits16(nb.silu_mul(gate_up)), bits16(scalar.silu_mul(gate_up)))
+    table = torch.randn(20, hidden, generator=g).to(bf).to(dev)
+    ids = torch.tensor([19, 0, 7], dtype=torch.int32).to(dev)
+    assert torch.equal(bits16(nb.embed(table, ids)), bits16(table[ids.long()]))
+    # a view that is not 16-byte aligned falls back to the scalar kernels, same results
+    odd = wide[:, 1:hidden + 1]
+    assert not nb._vec_rows(odd) and nb._vec_rows(odd.contiguous())
+
+
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_gemv_matches_float32_products(n_rows):
+    from paged_tutorial.backends.numba_cuda.kernels import gemv
+
+    nb = NumbaBackend(gemv=True)
+    g = gen(30 + n_rows)
+    k = 8 * (32 * gemv.UNROLL + 1)                # rows split over 2 warps (k_split), a tail
+    assert gemv.k_split(k) == 2
+    x_wide = torch.randn(n_rows, 2 * k, generator=g).to(torch.bfloat16).to(nb.device)
+    x = x_wide[:, :k]                             # strided rows
+    w = torch.randn(3, k, generator=g).to(torch.bfloat16).to(nb.device)
+    y = nb.linear(x, w)
+    assert y.dtype == torch.bfloat16 and y.shape == (n_rows, w.shape[0])
+    want = x.float().cpu() @ w.float().cpu().T
+    assert rel_err(y, want) < 4e-3                # one bf16 rounding of float32 sums
+    assert not NumbaBackend(gemv=False).gemv
+
+
+def test_greedy_sampling_split_over_blocks(nb):
+    from paged_tutorial.backends.numba_cuda.kernels import sampling
+    from paged_tutorial.model.sampling import sample_reference
+
+    g = gen(40)
+    vocab = 700
+    logits = torch.randn(4, vocab, generator=g) * 3
+    logits[0, 650] = logits[0, 20] = 50.0         # a tie across the parts: the first id wins
+    logits[1, 699] = 60.0                         # the winner in the last part
+    logits[2, 5] = float("nan")                   # NaN counts as the largest, like argmax
+    temperature = torch.zeros(4)
+    got = nb.sample(logits.to(nb.device), temperature.to(nb.device),
+                    torch.ones(4).to(nb.device), torch.rand(4, generator=g).to(nb.device))
+    assert sampling.greedy_parts(4) > 1
+    assert got.cpu().tolist() == [20, 699, 5, int(logits[3].argmax())]
+    assert got.cpu().tolist() == sample_reference(logits, temperature, torch.ones(4),
+                                                  torch.zeros(4)).tolist()
+    tickets = launch_module().persistent_buffer(nb.device, "sample.tickets", 4, torch.int32)
+    assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
+
+
+def launch_module():
+    from paged_tutorial.backends.numba_cuda.runtime import launch
+
+    return launch
+
+
+def test_launch_glue_rows_words_and_buffers(nb):
+    launch = launch_module()
+    t = torch.zeros(3, 16, dtype=torch.bfloat16).to(nb.device)
+    _, stride = launch.rows(t[:, :8], "t", words=True)
+    assert stride == 8                            # 16 bf16 = 8 words between rows
+    with pytest.raises(ValueError, match="row must be contiguous"):
+        launch.rows(t.t(), "t")
+    with pytest.raises(ValueError, match="word view"):
+        launch.rows(t[:, 1:4], "t", words=True)
+    a = launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32, zero=True)
+    assert launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32) is a
+    b = launch.persistent_buffer(nb.device, "test.grow", a.numel() + 1, torch.int32, zero=True)
+    assert b.numel() > a.numel() and int(b.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n_tokens", [1, 2])
+def test_fused_qkv_rope_write_kv_matches_the_separate_ops(n_tokens):
+    """gemv.qkv_rope_write_kv_kernel against the GEMV, then rope_write_kv: the same bits in
+    q, k, v and in the cache (one kernel instead of two per layer at decode)."""
+    fused = NumbaBackend(gemv=True)
+    separate = NumbaBackend(gemv=True, fuse_qkv=False)
+    g = gen(50 + n_tokens)
+    n_q, n_kv, d, hidden = 4, 2, 16, 64
+    cache = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    assign(g, cache, {1: 20, 3: 9})
+    other = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
+    other.buffer.copy_(cache.buffer)
+    other.block_table[...] = cache.block_table
+    other.mark_table_changed()
+    slots = torch.tensor([1, 3][:n_tokens], dtype=torch.int32).to(fused.device)
+    positions = torch.tensor([19, 8][:n_tokens], dtype=torch.int32).to(fused.device)
+    x = torch.randn(n_tokens, hidden, generator=g).to(torch.bfloat16).to(fused.device)
+    w = (torch.randn((n_q + 2 * n_kv) * d, hidden, generator=g) * 0.2).to(torch.bfloat16)
+    cos = torch.rand(32, d // 2, generator=g).to(fused.device)
+    sin = torch.rand(32, d // 2, generator=g).to(fused.device)
+    got = fused.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, cache,
+                                  cache.device_block_table(), 1, slots)
+    want = separate.qkv_rope_write_kv(x, w.to(fused.device), n_q, positions, cos, sin, other,
+                                      other.device_block_table(), 1, slots)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(bits16(a), bits16(b))
+    assert torch.equal(bits16(cache.buffer), bits16(other.buffer))
+    assert not torch.equal(bits16(cache.buffer), bits16(make_cache(
+        gen(50 + n_tokens), "bfloat16", n_kv=n_kv, head_dim=d).buffer)), "the cache was written"

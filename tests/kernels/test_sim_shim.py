@@ -1,0 +1,202 @@
+"""The simulator shim against warp-shuffle hardware semantics (PTX shfl.sync, width 32).
+
+Runs in Numba's CUDA simulator only.  The expected values come from a NumPy model of the
+hardware: lane i of a warp reads lane src(i) of the same warp, or keeps its own value when
+src(i) is not a lane of the warp.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from paged_tutorial.backends.numba_cuda.device import sim_shim
+
+pytestmark = pytest.mark.skipif(not sim_shim.SIMULATING,
+                                reason="shim tests need NUMBA_ENABLE_CUDASIM=1")
+
+FULL = 0xFFFFFFFF
+
+
+def hw_model(values, src_of_lane):
+    """NumPy model of one shfl.sync over a block: values [n_threads] -> result [n_threads]."""
+    n = len(values)
+    out = values.copy()
+    for tid in range(n):
+        lane = tid % 32
+        src = src_of_lane(lane)
+        if src is not None and 0 <= src < 32 and tid - lane + src < n:
+            out[tid] = values[tid - lane + src]
+    return out
+
+
+def down(delta):
+    return lambda lane: lane + delta if lane + delta < 32 else None
+
+
+def up(delta):
+    return lambda lane: lane - delta if lane - delta >= 0 else None
+
+
+def xor(m):
+    return lambda lane: lane ^ (m & 31)
+
+
+def idx(src):
+    return lambda lane: src & 31
+
+
+@cuda.jit
+def chain_kernel(values, out, modes, args):
+    """Apply shuffles one after another; record every intermediate result."""
+    tid = cuda.threadIdx.x
+    v = values[tid]
+    for s in range(modes.shape[0]):
+        if modes[s] == 0:
+            v = cuda.shfl_down_sync(FULL, v, args[s])
+        elif modes[s] == 1:
+            v = cuda.shfl_up_sync(FULL, v, args[s])
+        elif modes[s] == 2:
+            v = cuda.shfl_xor_sync(FULL, v, args[s])
+        else:
+            v = cuda.shfl_sync(FULL, v, args[s])
+        out[s, tid] = v
+
+
+MODELS = (down, up, xor, idx)
+
+
+def run_chain(values, modes, args):
+    out = np.full((len(modes), len(values)), np.nan if values.dtype.kind == "f" else -1,
+                  dtype=values.dtype)
+    with sim_shim.fast_thread_switching():
+        chain_kernel[1, len(values)](values, out, np.asarray(modes, np.int64),
+                                     np.asarray(args, np.int64))
+    expected = values.copy()
+    for s, (mode, arg) in enumerate(zip(modes, args)):
+        expected = hw_model(expected, MODELS[mode](arg))
+        np.testing.assert_array_equal(out[s], expected, err_msg=f"step {s}: mode {mode} arg {arg}")
+
+
+def test_shfl_down_reduction_offsets_16_to_1():
+    """The article's five shuffles: lanes whose source is >= 32 keep their own value, and
+    lane 0 of every warp ends with the warp's sum."""
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal(64).astype(np.float32)
+    out = np.zeros(64, np.float32)
+
+    @cuda.jit
+    def reduce_kernel(values, out):
+        tid = cuda.threadIdx.x
+        v = values[tid]
+        v += cuda.shfl_down_sync(FULL, v, 16)
+        v += cuda.shfl_down_sync(FULL, v, 8)
+        v += cuda.shfl_down_sync(FULL, v, 4)
+        v += cuda.shfl_down_sync(FULL, v, 2)
+        v += cuda.shfl_down_sync(FULL, v, 1)
+        out[tid] = v
+
+    with sim_shim.fast_thread_switching():
+        reduce_kernel[1, 64](values, out)
+    expected = values.copy()
+    for offset in (16, 8, 4, 2, 1):
+        expected = expected + hw_model(expected, down(offset))
+    np.testing.assert_array_equal(out, expected)
+    for warp in range(2):
+        np.testing.assert_allclose(out[32 * warp], values[32 * warp:32 * warp + 32].sum(),
+                                   rtol=1e-5)
+
+
+def test_shfl_down_all_offsets_random_floats():
+    rng = np.random.default_rng(2)
+    values = rng.standard_normal(64).astype(np.float32)
+    offsets = [16, 8, 4, 2, 1, 0, 31, 32, 5, 40]
+    run_chain(values, [0] * len(offsets), offsets)
+
+
+def test_shfl_xor_up_idx_mixed_ints():
+    """Other modes and int values; consecutive shuffles reuse the double-buffered scratch."""
+    rng = np.random.default_rng(3)
+    values = rng.integers(-1000, 1000, 64).astype(np.int32)
+    modes = [2, 2, 1, 0, 3, 2, 1, 3, 0, 2]
+    args = [16, 1, 3, 7, 5, 31, 33, 37, 1, 8]
+    run_chain(values, modes, args)
+
+
+def test_partial_last_warp():
+    """48 threads: the second warp has 16 lanes; sources past them keep the reader's value."""
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal(48).astype(np.float32)
+    run_chain(values, [0, 0, 2, 1], [8, 16, 4, 2])
+
+
+def test_divergent_shuffle_is_reported():
+    """Only even threads shuffle a second time: reading a lane that skipped it is an error."""
+
+    @cuda.jit
+    def divergent(out):
+        tid = cuda.threadIdx.x
+        v = cuda.shfl_xor_sync(FULL, tid, 1)
+        if tid % 2 == 0:
+            v = cuda.shfl_xor_sync(FULL, v, 1)
+        out[tid] = v
+
+    out = np.zeros(32, np.int64)
+    with pytest.raises(RuntimeError, match="same shuffles"):
+        with sim_shim.fast_thread_switching():
+            divergent[1, 32](out)
+
+
+def test_partial_mask_is_rejected():
+    @cuda.jit
+    def half_mask(out):
+        out[cuda.threadIdx.x] = cuda.shfl_down_sync(0x0000FFFF, 1.0, 1)
+
+    with pytest.raises(NotImplementedError, match="full-warp"):
+        half_mask[1, 32](np.zeros(32, np.float32))
+
+
+def test_switch_interval_restored():
+    before = sys.getswitchinterval()
+    with sim_shim.fast_thread_switching():
+        assert sys.getswitchinterval() == pytest.approx(sim_shim.SIM_SWITCH_INTERVAL)
+    assert sys.getswitchinterval() == before
+
+
+def test_libdevice_bit_casts():
+    rng = np.random.default_rng(5)
+    floats = np.concatenate([rng.standard_normal(200).astype(np.float32) * 1e3,
+                             np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -3.4e38],
+                                      np.float32)])
+    for x in floats:
+        i = sim_shim.libdevice.float_as_int(x)
+        assert i.dtype == np.int32 and i == np.array(x).view(np.int32)
+        y = sim_shim.libdevice.int_as_float(i)
+        assert y.dtype == np.float32 and np.array(y).view(np.int32) == i
+    nan = sim_shim.libdevice.int_as_float(0x7FC00000)
+    assert np.isnan(nan)
+    # negative ints (sign bit set) map to negative floats
+    assert sim_shim.libdevice.int_as_float(np.int32(-1073741824)) == np.float32(-2.0)
+
+
+@cuda.jit
+def _shared_neighbour_kernel(out):
+    buf = cuda.shared.array(64, np.float32)
+    tid = cuda.threadIdx.x
+    buf[tid] = tid + 1000 * cuda.blockIdx.x
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, tid] = buf[(tid + 1) % 64]
+
+
+def test_shared_array_is_shared_under_fast_switching():
+    """Every thread of a block gets the same shared array.  numba-cuda's simulator allocates
+    it with an unlocked check-then-insert; under the 1e-5 s switch interval two threads could
+    each keep a private array (seen as rare wrong results); the shim locks the allocation."""
+    blocks = 40
+    expected = (np.arange(64)[None, :] + 1) % 64 + 1000 * np.arange(blocks)[:, None]
+    for _ in range(3):
+        out = np.full((blocks, 64), -1.0, np.float32)
+        with sim_shim.fast_thread_switching():
+            _shared_neighbour_kernel[blocks, 64](out)
+        assert (out == expected).all()

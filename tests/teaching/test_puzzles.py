@@ -1,0 +1,198 @@
+"""Every puzzle: its solution passes when run where it belongs (the article's kernel in the
+simulator or on the GPU, or a real engine), the stub is "not solved yet", and the classic wrong
+implementations listed in WRONG fail -- each with a message, and a figure that draws.
+
+Kernel cases are tiny (one or two rows, 32-128 threads, a few dozen tokens): about a second
+each in the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+import paged_tutorial.teaching.exercises as ex  # noqa: E402
+from paged_tutorial.teaching.puzzles import PUZZLES, puzzle  # noqa: E402
+from paged_tutorial.teaching.puzzles.free_list import article_release_order  # noqa: E402
+
+
+def _sum_warps(count):
+    def combine(dot_products, HEAD_DIM, WARP_SIZE):
+        total = 0.0
+        for w in range(count(HEAD_DIM, WARP_SIZE)):
+            total += dot_products[w]
+        return total
+    return combine
+
+
+def _softmax(rescale_acc=True, rescale_d=True, inverted=False, keep_first_max=False):
+    def update(current_max, d, acc, score, v):
+        if keep_first_max and current_max != -math.inf:
+            new_max = current_max
+        else:
+            new_max = max(current_max, score)
+        correction = math.exp(new_max - current_max) if inverted else \
+            math.exp(current_max - new_max)
+        exp_score = math.exp(score - new_max)
+        return (new_max, (d * correction if rescale_d else d) + exp_score,
+                (acc * correction if rescale_acc else acc) + exp_score * v)
+    return update
+
+
+#: puzzle -> {what the wrong answer does: function}; each must be refused
+WRONG = {
+    "01.kv_offset": {
+        "counts elements, not bytes":
+            lambda t, h, d, isv, BS, KV, HD, IT: t * KV + h * HD + d + (BS * KV if isv else 0),
+        "V_OFFSET of one row instead of all K rows":
+            lambda t, h, d, isv, BS, KV, HD, IT: (t * KV + h * HD + d) * IT + (KV * IT if isv else 0),
+        "no V_OFFSET: V over K":
+            lambda t, h, d, isv, BS, KV, HD, IT: (t * KV + h * HD + d) * IT,
+        "head stride KV_DIM instead of HEAD_DIM":
+            lambda t, h, d, isv, BS, KV, HD, IT: (t * KV + h * KV + d) * IT + (BS * KV * IT if isv else 0),
+        "head-major rows (head, token, dim)":
+            lambda t, h, d, isv, BS, KV, HD, IT: (h * BS * HD + t * HD + d) * IT + (BS * KV * IT if isv else 0),
+    },
+    "02.locate": {
+        "position used as the logical block": lambda t, s, l, p, BS: (t[s, l, p], p % BS),
+        "the table ignored (logical block as physical)": lambda t, s, l, p, BS: (p // BS, p % BS),
+        "division and remainder swapped": lambda t, s, l, p, BS: (t[s, l, p % BS], p // BS),
+        "slot and layer swapped": lambda t, s, l, p, BS: (t[l, s, p // BS], p % BS),
+        "returns the block only": lambda t, s, l, p, BS: t[s, l, p // BS],
+    },
+    "02.table_index": {
+        "slot and layer terms swapped": lambda s, l, lb, L, M: l * L * M + s * M + lb,
+        "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
+        "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
+    },
+    "03.blocks_to_read": {
+        "floor division": lambda n, BS: n // BS,
+        "off-by-one ceiling": lambda n, BS: n // BS + 1,
+    },
+    "03.tokens_in_block": {
+        "seq_len % BLOCK_SIZE (33 % 16)": lambda n, lb, BS: n % BS,
+        "no min: reads past the block": lambda n, lb, BS: n - lb * BS,
+        "always a full block": lambda n, lb, BS: BS,
+    },
+    "03.k_index": {
+        "kv_head term missing": lambda p, t, h, d, BE, KV, HD: p * BE + t * KV + d,
+        "token stride HEAD_DIM": lambda p, t, h, d, BE, KV, HD: p * BE + t * HD + h * HD + d,
+        "bytes instead of elements":
+            lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) * 2,
+        "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
+    },
+    "04.combine_warps": {
+        "head_dim fixed at 64 (the article's two cells)": lambda dp, H, W: dp[0] + dp[1],
+        "floor division of HEAD_DIM": _sum_warps(lambda H, W: H // W),
+        "off-by-one ceiling": _sum_warps(lambda H, W: (H + W) // W),
+        "warp 0 only": lambda dp, H, W: dp[0],
+    },
+    "05.softmax_update": {
+        "acc not rescaled": _softmax(rescale_acc=False),
+        "d not rescaled": _softmax(rescale_d=False),
+        "correction inverted, exp(new - old)": _softmax(inverted=True),
+        "running max never updated": _softmax(keep_first_max=True),
+        "no running max: exp(score) summed as it is (notebook 05's example)":
+            lambda m, d, acc, s, v: (m, d + math.exp(s), acc + math.exp(s) * v),
+    },
+    "06.prefill_pops": {
+        "floor division": lambda n, BS: n // BS,
+        "off-by-one ceiling": lambda n, BS: n // BS + 1,
+        "a block per token": lambda n, BS: n,
+    },
+    "06.decode_pops": {
+        "pops one token early": lambda p, BS: p % BS == BS - 1,
+        "pops after the block is full": lambda p, BS: (p + 1) % BS == 0,
+        "never pops": lambda p, BS: False,
+        "returns an int, not a bool": lambda p, BS: int(p % BS == 0),
+    },
+    "06.release_order": {
+        "blocks pushed in reverse order": lambda t, s: article_release_order(t, s)[::-1],
+        "logical block by logical block, then layer": lambda t, s: [
+            int(t[s, layer, lb]) for lb in range(t.shape[2]) for layer in range(t.shape[1])
+            if t[s, layer, lb] >= 0],
+        "layer 0 only (the other layers leak)": lambda t, s: [int(b) for b in t[s, 0] if b >= 0],
+        "-1 entries pushed too": lambda t, s: [int(b) for b in t[s].ravel()],
+    },
+    "09.can_share": {
+        "trusts the key (no token check)":
+            lambda f, t, p, lb, n, BS: f.parent is p and (lb + 1) * BS < n,
+        "no parent check (a hash of the block alone)":
+            lambda f, t, p, lb, n, BS: f.tokens == t and (lb + 1) * BS < n,
+        "shares the last token's block too":
+            lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * BS <= n,
+        "never shares": lambda f, t, p, lb, n, BS: False,
+        "compares a list with the tuple":
+            lambda f, t, p, lb, n, BS: list(f.tokens) == t and f.parent is p and (lb + 1) * BS < n,
+    },
+}
+
+NAMES = [p.name for p in PUZZLES]
+CASES = [(name, what) for name in NAMES for what in WRONG[name]]
+
+
+def test_every_puzzle_has_wrong_answers_to_reject():
+    assert sorted(WRONG) == sorted(NAMES)
+    assert all(len(w) >= 2 for w in WRONG.values())
+    assert set(NAMES) <= set(ex.names())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_passes(name, capsys):
+    assert ex.check(name, ex.reveal(name)) is True
+    assert f"✔ correct [{name}]" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,what", CASES)
+def test_wrong_answer_fails(name, what):
+    verdict = ex.grade(name, WRONG[name][what])
+    assert verdict.status == "wrong", verdict.message
+    assert len(verdict.message) > 30
+    if verdict.figure is not None:
+        fig = verdict.figure()
+        assert fig.axes
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_is_not_solved_and_signature_is_checked(name):
+    p = puzzle(name)
+    namespace = {}
+    exec(p.stub(), namespace)                       # the cell a notebook starts with
+    stub = namespace[p.function_name]
+    verdict = ex.grade(name, stub)
+    assert verdict.status == "unsolved", verdict.message
+    assert ex.grade(name, ...).status == "unsolved"
+    assert ex.grade(name, 42).status == "wrong"
+    assert "argument" in ex.grade(name, lambda x: x).message
+    text = p.describe()
+    assert p.signature in text and p.hint in text and p.article in text
+
+
+def test_unsolved_stub_prints_the_not_solved_line(capsys):
+    def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+        ...
+    assert ex.check("03.k_index", k_index) is False
+    assert capsys.readouterr().out.startswith("✘ not solved yet [03.k_index]: ")
+
+
+def test_reader_errors_are_reported_with_the_call():
+    def raises(seq_len, logical_block, BLOCK_SIZE):
+        return [seq_len][logical_block + 5]
+    verdict = ex.grade("03.tokens_in_block", raises)
+    assert verdict.status == "wrong" and "IndexError" in verdict.message
+    assert "seq_len=" in verdict.message
+
+
+def test_puzzle_lookup():
+    assert ex.puzzle("03.k_index").function_name == "k_index"
+    with pytest.raises(KeyError, match="puzzles:"):
+        puzzle("03.nothing")
+    assert all(p.parameters for p in PUZZLES)

@@ -1,0 +1,53 @@
+"""``viz.kernel_source``: the decode kernel shown piece by piece next to kernels.cu lines."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from paged_tutorial.backends.numba_cuda.kernels import attention
+from paged_tutorial.teaching.viz.kernel_source import departures, kernel_pieces, kernel_source
+
+
+def test_pieces_cover_the_kernel_in_order():
+    pieces = kernel_pieces()
+    firsts = [p.first for p in pieces]
+    assert firsts == sorted(firsts) and firsts[0] == 461 and pieces[-1].lines == "kernels.cu:522"
+    assert all(p.section for p in pieces)
+    # every line of the kernel is in exactly one piece
+    joined = "".join(p.code for p in pieces)
+    assert "store(q, q_index, acc / d)" in joined and "def paged_attention_kernel" in joined
+    calls = {p.lines: [re.search(r"def (\w+)", s).group(1) for s in p.parts] for p in pieces}
+    assert calls["kernels.cu:480"] == ["block_table_index"]
+    assert calls["kernels.cu:484-485"] == ["k_index"]
+    assert calls["kernels.cu:509-519"] == ["softmax_update"]
+
+
+def test_selection_text_and_html():
+    listing = kernel_source(481)
+    assert [p.lines for p in listing.pieces] == ["kernels.cu:481"]
+    text = str(listing)
+    assert "kernels.cu:481" in text and "def tokens_in_block" in text
+    html = listing._repr_html_()
+    assert "kernels.cu:481" in html and "tokens_in_block" in html and "<" in html
+    assert len(kernel_source("470-485").pieces) == 7
+    assert "def k_index" not in str(kernel_source("484", with_parts=False))
+    with pytest.raises(ValueError, match="pieces"):
+        kernel_source(900)
+
+
+def test_departures_list_is_the_module_data():
+    d = departures()
+    assert str(d).count("\n") == len(attention.DEPARTURES) - 1
+    assert d._repr_html_().count("<li>") == len(attention.DEPARTURES)
+    assert "race" in str(d) and "head_dim" in str(d)
+
+
+def test_departures_of_some_lines():
+    titles = [d.title for d in departures("486-508").items]
+    assert any("head_dim" in t for t in titles) and any("race" in t for t in titles)
+    assert any("scale" in t for t in titles)
+    assert not any("storage dtypes" in t for t in titles)           # kernels.cu:461 only
+    assert [d.title for d in departures(467).items] == ["any GQA ratio"]
+    assert departures("900-901").items == ()
