@@ -1,14 +1,14 @@
 """Markdown tables and plots from the committed GPU results (runs anywhere, no GPU):
 
-    python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots] [--readme README.md]
+    python benchmarks/make_tables.py [--results benchmarks/results] [--no-plots] [--doc docs/measured.md]
 
 Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json``,
 ``attention-*.json``, ``kernels-*.json``, ``profile-*.json`` and ``gpu-tests-*.json`` (written
 on the GPU by ``decode.py``, ``attention.py``, ``kernels.py``, ``profile_step.py`` and
 ``gpu_tests.py``, all run by ``gpu_all.sh``), prints the
 tables, draws ``decode-<date>.png`` and ``attention-<date>.png`` beside them, and with
-``--readme`` rewrites the README's block between ``<!-- benchmarks:start -->`` and
-``<!-- benchmarks:end -->``.
+``--doc`` rewrites that page's block between ``<!-- benchmarks:start -->`` and
+``<!-- benchmarks:end -->`` (``docs/measured.md`` holds the measured tables).
 """
 
 from __future__ import annotations
@@ -280,20 +280,21 @@ def cpu_table(c: dict) -> str:
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
-def write_readme(readme: Path, text: str) -> None:
-    body = readme.read_text()
+def write_doc(doc: Path, text: str) -> None:
+    body = doc.read_text()
     if START not in body or END not in body:
-        raise SystemExit(f"{readme} has no {START} ... {END} block to rewrite")
+        raise SystemExit(f"{doc} has no {START} ... {END} block to rewrite")
     head, rest = body.split(START, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    doc.write_text(f"{head}{START}\n{text}\n{END}{tail}")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--readme", default=None, help="rewrite this README's benchmarks block")
+    p.add_argument("--doc", default=None,
+                   help="rewrite this page's benchmarks block (docs/measured.md)")
     args = p.parse_args(argv)
     folder = Path(args.results)
     c = newest(folder, "cpu-generate")
@@ -322,8 +323,8 @@ def main(argv=None):
         parts.append(tests_line(t, rerun if rerun and rerun["date"] >= t["date"] else None))
     text = "\n\n".join(parts)
     print(text)
-    if args.readme:
-        write_readme(Path(args.readme), text)
+    if args.doc:
+        write_doc(Path(args.doc), text)
     return 0
 
 
