@@ -4,7 +4,7 @@
     python tools/colab_cell.py --print            # show the cell
     python tools/colab_cell.py --write            # put it first in every notebooks/*.ipynb
     python tools/colab_cell.py --check            # exit 1 if a notebook's first cell is stale
-    python tools/colab_cell.py --readme           # rewrite README.md's Colab link table
+    python tools/colab_cell.py --readme           # rewrite README.md's chapter table (its links)
 
 INSTALL_SOURCE is where the cell clones the tutorial from: the repository's clone URL.  The
 repository has no public home yet: whoever publishes it (or a fork) sets INSTALL_SOURCE to its
@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-#: the repository the Colab cell clones (README, "Open the notebooks")
+#: the repository the Colab cell clones (README, "Install" and "The chapter path")
 INSTALL_SOURCE = "https://github.com/paged-tutorial/paged-tutorial.git"
 #: the branch the "open in Colab" links point at
 BRANCH = "main"
@@ -119,13 +119,34 @@ def stale_notebooks(folder: Path = NOTEBOOKS, source: str = INSTALL_SOURCE) -> l
     return stale
 
 
-def readme_block(folder: Path = NOTEBOOKS, source: str = INSTALL_SOURCE) -> str:
-    rows = ["| notebook | open in Colab |", "|---|---|"]
+BADGE = "[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+README_HEADER = ["| notebook | article section it follows | what you write there | open in Colab |",
+                 "|---|---|---|---|"]
+_ROW = re.compile(r"^\| \[(?P<stem>[^\]]+)\]\(notebooks/[^)]+\) \| (?P<middle>.*) \| "
+                  + re.escape(BADGE) + r"\([^)]*\) \|$")
+
+
+def chapter_descriptions(readme_text: str) -> dict[str, str]:
+    """notebook stem -> the hand-written middle cells of its row in the README's chapter table
+    (article section | what you write), as they stand between the markers."""
+    start, end = readme_text.find(README_START), readme_text.find(README_END)
+    if start < 0 or end < 0:
+        return {}
+    rows = readme_text[start:end].splitlines()
+    return {m["stem"]: m["middle"] for m in map(_ROW.match, rows) if m}
+
+
+def readme_block(folder: Path = NOTEBOOKS, source: str = INSTALL_SOURCE,
+                 descriptions: dict[str, str] | None = None) -> str:
+    """The README's chapter table: one row per notebook, its Colab link built from
+    ``source``.  The middle cells (article section, what you write) are the README's own
+    words, kept from ``descriptions``; a notebook without a row yet gets empty cells to fill."""
+    descriptions = descriptions or {}
+    rows = list(README_HEADER)
     for path in sorted(folder.glob("*.ipynb")):
-        url = colab_url(path.name, source)
-        rows.append(f"| [{path.stem}](notebooks/{path.name}) | "
-                    f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-                    f"({url}) |")
+        middle = descriptions.get(path.stem, " | ")
+        rows.append(f"| [{path.stem}](notebooks/{path.name}) | {middle} | "
+                    f"{BADGE}({colab_url(path.name, source)}) |")
     return "\n".join([README_START, *rows, README_END])
 
 
@@ -135,7 +156,8 @@ def update_readme(readme: Path = ROOT / "README.md", folder: Path = NOTEBOOKS,
     pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
     if not pattern.search(text):
         raise ValueError(f"{readme} has no {README_START} ... {README_END} block")
-    updated = pattern.sub(lambda _: readme_block(folder, source), text)
+    block = readme_block(folder, source, chapter_descriptions(text))
+    updated = pattern.sub(lambda _: block, text)
     if updated == text:
         return False
     readme.write_text(updated, encoding="utf-8")
@@ -147,7 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--print", action="store_true", help="print the cell")
     p.add_argument("--write", action="store_true", help="update every notebook's first cell")
     p.add_argument("--check", action="store_true", help="exit 1 if a notebook is stale")
-    p.add_argument("--readme", action="store_true", help="rewrite README.md's Colab links")
+    p.add_argument("--readme", action="store_true", help="rewrite the Colab links of README.md's chapter table")
     args = p.parse_args(argv)
     if not (args.print or args.write or args.check or args.readme):
         p.error("choose --print, --write, --check and/or --readme")

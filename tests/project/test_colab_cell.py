@@ -40,11 +40,33 @@ def test_one_constant_feeds_the_cell_and_the_links():
 
 def test_readme_links_and_clone_url_are_current(tmp_path):
     readme = (ROOT / "README.md").read_text()
-    assert colab_cell.readme_block() in readme
+    descriptions = colab_cell.chapter_descriptions(readme)
+    assert colab_cell.readme_block(descriptions=descriptions) in readme
     assert colab_cell.INSTALL_SOURCE in readme
     copy = tmp_path / "README.md"
     copy.write_text(readme)
     assert colab_cell.update_readme(copy) is False          # nothing to change
+
+
+def test_every_chapter_row_says_its_section_and_what_you_write():
+    descriptions = colab_cell.chapter_descriptions((ROOT / "README.md").read_text())
+    stems = sorted(path.stem for path in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(descriptions) == stems
+    for stem, middle in descriptions.items():
+        section, writes = (cell.strip() for cell in middle.split(" | "))
+        assert section and writes, f"{stem}: fill in its article section and what you write"
+
+
+def test_a_new_source_rewrites_the_links_and_keeps_the_words(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    fork = "https://github.com/someone/paged-fork.git"
+    assert colab_cell.update_readme(copy, source=fork) is True
+    rewritten = copy.read_text()
+    assert "github/someone/paged-fork/blob/main/notebooks/00_overview.ipynb" in rewritten
+    assert colab_cell.chapter_descriptions(rewritten) == colab_cell.chapter_descriptions(readme)
+    assert rewritten.replace("someone/paged-fork", "paged-tutorial/paged-tutorial") == readme
 
 
 def test_the_cell_does_nothing_outside_colab(capsys, monkeypatch):
