@@ -19,7 +19,7 @@ from paged_tutorial.backends.numba_env import SIM_ENV, numba_cuda_imported, numb
 
 FIX_HINT = ("install numba-cuda's CUDA toolkit for your driver: `pip install -e \".[cu12]\"` "
             "in the repository for a CUDA 12.x driver, \".[cu13]\" for 13.x (`nvidia-smi` "
-            "prints it); README.md, 'Troubleshooting'")
+            "prints it); docs/troubleshooting.md, 'Common problems'")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,7 +2,7 @@
 languages each one answers in.
 
 Any Llama-architecture checkpoint loads (a folder, a ``.gguf`` file or a hub id); these are the
-ones the README and the notebooks point to.  The embedded SmolLM2-135M-Instruct answers in
+ones the notebooks and docs/models.md point to.  The embedded SmolLM2-135M-Instruct answers in
 English only: a Korean prompt gets English (or nonsense) back.  For Korean, use a model trained
 on it; ``print(language_table())`` lists them.
 
