@@ -14,9 +14,9 @@ This kernel
    so every K/V element is read once per step instead of ``GQA_GROUP`` times.
 2. **loads 16 bytes per lane**: a bf16 K/V row of 64 dims is 128 bytes = 8 lanes x 16 bytes
    (``vector_io.load_u32x4_nc``, PTX ``ld.global.nc.v4.u32``; Numba alone emits at most
-   8-byte loads), unpacked with shifts (``vector_io.unpack2``).  Measured: 150 us -> 97 us at batch 64 / context
-   2048 against 8-byte loads, whatever the other knobs.  (float16 / float32 caches and head
-   dims not a multiple of 8 take a 4-element path.)
+   8-byte loads), unpacked with shifts (``vector_io.unpack2``).  Measured: 150 us -> 97 us
+   at batch 64 / context 2048 against 8-byte loads, whatever the other knobs.  (float16 /
+   float32 caches and head dims not a multiple of 8 take a 4-element path.)
 3. **gives each warp whole blocks of tokens, with its own online softmax and no barrier**: a
    warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration, its block-table entry
    read one iteration ahead; ``LANES_PER_TOKEN`` lanes share a token (``TOKENS_PER_PASS``
