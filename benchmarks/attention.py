@@ -14,8 +14,8 @@ physical blocks scattered at random.  For each (batch, context):
 Every implementation is first checked against a float32 reference (||out - ref|| / ||ref||
 < 1e-2) at every case.  Times: median of CUDA-graph replays (10 launches per graph, each on a
 different layer's cache so that repeated launches do not read from L2).  ``--sweep`` also
-times variants of the fast kernel (warps per block, lanes per token, splits), which is how
-the defaults were chosen.  Prefill: causal attention of 2 x 1024-token prompts: the Numba
+times variants of the fast kernel (``SWEEP``: its ``KernelShape``; warps per block; splits),
+which is how the package's choice (``attention_fast.CHOSEN_SHAPE``) was made.  Prefill: causal attention of 2 x 1024-token prompts: the Numba
 kernel, the GPU default (one variable-length FlashAttention call for the packed batch) and
 torch SDPA once per sequence.  Writes ``attention-<date>.json``.
 """
@@ -23,6 +23,7 @@ torch SDPA once per sequence.  Writes ``attention-<date>.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -38,6 +39,7 @@ setup_numba_env()
 from paged_tutorial.backends import triton_attention  # noqa: E402
 from paged_tutorial.backends.numba_cuda import NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast  # noqa: E402
+from paged_tutorial.backends.numba_cuda.kernels.attention_fast import KernelShape  # noqa: E402
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa  # noqa: E402
 from paged_tutorial.config import CacheConfig  # noqa: E402
 from paged_tutorial.cache.paged_cache import PagedKVCache  # noqa: E402
@@ -47,12 +49,14 @@ SCALE = 1.0 / math.sqrt(D)
 CASES = [(1, 1024), (1, 2048), (8, 1024), (16, 2048), (32, 2048), (64, 512), (64, 1024),
          (64, 2048)]
 TARGETS = [(1, 1024), (64, 2048)]
-#: kernel variants timed by --sweep (see make_fast_decode_kernel): lanes per token, passes per
-#: softmax update, passes per load, prefetch of the next block
-SWEEP = [("wide-g8u1l1", dict(max_lanes=8, update_passes=1, load_passes=1, wide=True)),
-         ("wide-g8u1l2", dict(max_lanes=8, update_passes=1, load_passes=2, wide=True)),
-         ("wide-g8u2l2", dict(max_lanes=8, update_passes=2, load_passes=2, wide=True)),
-         ("narrow-g16u2l4", dict(max_lanes=16, update_passes=2, load_passes=4, wide=False))]
+#: kernel shapes timed by --sweep (``attention_fast.KernelShape``: 16-byte loads, lanes per
+#: token, passes per load, passes per softmax update); the package launches the winner,
+#: ``attention_fast.CHOSEN_SHAPE``
+SWEEP = [("wide-g8u1l1", KernelShape(wide=True, max_lanes=8, load_passes=1, update_passes=1)),
+         ("wide-g8u1l2", KernelShape(wide=True, max_lanes=8, load_passes=2, update_passes=1)),
+         ("wide-g8u2l2", KernelShape(wide=True, max_lanes=8, load_passes=2, update_passes=2)),
+         ("narrow-g16u2l4", KernelShape(wide=False, max_lanes=16, load_passes=4,
+                                        update_passes=2))]
 SWEEP_SPLITS = (None, 1, 2, 4, 16)
 SWEEP_CASES = [(1, 1024), (8, 1024), (64, 2048)]
 ROTATE_BYTES = 256 * 2**20            # input sets per timing graph: >= this many bytes in all
@@ -116,15 +120,15 @@ def decode_impls(cache, sweep: bool):
         impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE)
     if sweep:
-        for vname, variant in SWEEP:
+        for vname, shape in SWEEP:
             for nw in (4, 8):
                 for splits in SWEEP_SPLITS:
                     name = f"fast {vname} w{nw} s{splits or 'auto'}"
-                    impls[name] = (lambda nw, splits, variant: lambda q, l, sl, sa:
+                    impls[name] = (lambda nw, splits, shape: lambda q, l, sl, sa:
                                    attention_fast.decode_attention_fast(
                                        q, cache, cache.device_block_table(), l, sl, sa, SCALE,
-                                       num_warps=nw, n_splits=splits, **variant)
-                                   )(nw, splits, variant)
+                                       num_warps=nw, n_splits=splits, shape=shape)
+                                   )(nw, splits, shape)
     return impls
 
 
@@ -218,7 +222,7 @@ def best_variant(rows) -> dict:
                 scores.setdefault(key, []).append(math.log(us))
     key = min(scores, key=lambda k: sum(scores[k]) / len(scores[k]))
     vname, nw = key.rsplit(" w", 1)
-    return {"name": key, "num_warps": int(nw), **dict(SWEEP)[vname],
+    return {"name": key, "num_warps": int(nw), **dataclasses.asdict(dict(SWEEP)[vname]),
             "geomean_us": math.exp(sum(scores[key]) / len(scores[key]))}
 
 

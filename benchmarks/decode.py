@@ -26,6 +26,7 @@ measured in this run.  Writes ``decode-<date>.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -268,8 +269,9 @@ def main(argv=None):
         from paged_tutorial.backends.numba_cuda.kernels import attention_fast
         best = json.loads(Path(args.variant_file).read_text())
         attention_fast.NUM_WARPS = best["num_warps"]
-        attention_fast.DEFAULT_VARIANT.update(
-            {k: best[k] for k in attention_fast.DEFAULT_VARIANT if k in best})
+        attention_fast.CHOSEN_SHAPE = attention_fast.KernelShape(
+            **{f.name: best[f.name] for f in dataclasses.fields(attention_fast.KernelShape)
+               if f.name in best})
         print("fast-kernel variant:", best, flush=True)
     data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
             "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
@@ -330,7 +332,7 @@ def main(argv=None):
     from paged_tutorial.backends.numba_cuda.runtime import launch
     data["fast_kernel"] = {"num_warps": attention_fast.NUM_WARPS,
                            "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
-                           **attention_fast.DEFAULT_VARIANT}
+                           **dataclasses.asdict(attention_fast.CHOSEN_SHAPE)}
     data["gemv_max_rows"] = gemv.MAX_ROWS
     data["launch_mode"] = launch.LAUNCH_MODE
     data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}

@@ -21,7 +21,6 @@ memory, never a second copy of the model.  ``progress=True`` shows a tqdm bar (o
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import ModelConfig, check_dtype
+from paged_tutorial.model.rope import llama3_rope_factors
 
 # --- the tensors of a Llama checkpoint -------------------------------------------------------
 
@@ -392,24 +392,6 @@ def _single_value(meta: Mapping[str, Any], key: str, path: Path):
     return value
 
 
-def llama3_rope_factors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:
-    """The per-frequency factors llama.cpp's converter writes to ``rope_freqs.weight``."""
-    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    factors = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < old_len / high:
-            factors.append(1.0)
-        elif wavelen > old_len / low:
-            factors.append(factor)
-        else:
-            smooth = (old_len / wavelen - low) / (high - low)
-            factors.append(1.0 / ((1 - smooth) / factor + smooth))
-    return np.asarray(factors)
-
-
 def rope_scaling_from_gguf(meta: Mapping[str, Any], rope_freqs: np.ndarray | None,
                            theta: float, head_dim: int, path: Path) -> dict | None:
     """HF-style ``rope_scaling`` from ``llama.rope.scaling.*`` keys or a ``rope_freqs`` tensor."""
@@ -423,7 +405,7 @@ def rope_scaling_from_gguf(meta: Mapping[str, Any], rope_freqs: np.ndarray | Non
                    "original_max_position_embeddings":
                        int(meta.get("llama.rope.scaling.original_context_length") or 8192)}
         if rope_freqs.shape != (head_dim // 2,) or not np.allclose(
-                rope_freqs, llama3_rope_factors(theta, head_dim, scaling), rtol=1e-4):
+                rope_freqs, llama3_rope_factors(theta, head_dim, scaling).numpy(), rtol=1e-4):
             raise ValueError(
                 f"{path}: {GGUF_ROPE_FREQS} holds per-frequency RoPE factors that are not Llama "
                 "3's (factor, low_freq_factor=1, high_freq_factor=4, original context 8192); "

@@ -4,6 +4,15 @@
     decode = results.load("decode-2026-11-30")     # the dict in decode-2026-11-30.json
     results.load("decode")                          # the newest decode-*.json
     results.find("decode-2026-11-30.png")           # a Path
+    measured = results.newest("decode", how_to_make="python benchmarks/decode.py")
+    print(measured.describe())     # which file, which GPU, which day -- or why there is none
+    measured.data                  # the JSON object (None when missing)
+
+``load`` and ``find`` raise when a file is missing; ``newest``, the notebooks' reader, never
+does: its ``Measured`` says plainly what is missing and how to make it.  A benchmark's run is a
+file whose name ends in a date (``decode-2026-11-30.json``, not ``decode-2026-11-30-quick.json``
+or ``racecheck-dryrun-2026-11-30.json``); the newest date wins, so a notebook picks up a new
+measurement as soon as it is committed.
 
 The files stay where the benchmarks write them, ``benchmarks/results/`` of the repository.  They
 are looked for, in this order:
@@ -20,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS_ENV = "PAGED_TUTORIAL_RESULTS"
@@ -87,3 +97,63 @@ def load(name: str, cwd: Path | None = None) -> dict:
     if path.suffix != ".json":
         raise ValueError(f"{path} is not a JSON result file: use results.find() for its path")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass
+class Measured:
+    """One benchmark's newest result file, or the reason there is none."""
+
+    name: str
+    path: Path | None
+    data: dict | None
+    message: str
+
+    @property
+    def found(self) -> bool:
+        return self.data is not None
+
+    @property
+    def file_name(self) -> str:
+        """Where the file is, relative to the repository (no machine paths)."""
+        return str(RESULTS_SUBDIR / (self.path.name if self.path else f"{self.name}-<date>.json"))
+
+    def describe(self) -> str:
+        return self.message
+
+    def get(self, *keys, default=None):
+        """``data[k1][k2]...``, or ``default`` when the file or a key is missing."""
+        value = self.data
+        for key in keys:
+            if not isinstance(value, dict) or key not in value:
+                return default
+            value = value[key]
+        return value
+
+
+def newest(name: str, how_to_make: str | None = None, folder: Path | None = None) -> Measured:
+    """The newest ``<name>-<date>.json`` of the results folder (or ``folder``); when there is
+    none, or it holds a ``--dry-run`` result, a ``Measured`` whose message says so and
+    (``how_to_make``) which command writes a measurement."""
+    make = f"  It is written by `{how_to_make}` on a machine with an NVIDIA GPU." \
+        if how_to_make else ""
+    if folder is None:
+        try:
+            folder = results_dir()
+        except FileNotFoundError:
+            return Measured(name, None, None,
+                            f"The measured results are not here: this copy of the package has "
+                            f"no {RESULTS_SUBDIR} folder beside it (they come with a clone of "
+                            f"the repository installed with `pip install -e .`).{make}")
+    files = dated_files(name, Path(folder))
+    if not files:
+        return Measured(name, None, None,
+                        f"{RESULTS_SUBDIR / (name + '-<date>.json')} is missing: "
+                        f"no {name} measurement has been committed yet.{make}")
+    date, path = files[-1]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and data.get("dry_run"):
+        return Measured(name, None, None,
+                        f"{RESULTS_SUBDIR / path.name} is a --dry-run result (a tiny model on a "
+                        f"CPU), not a measurement.{make}")
+    where = f" on {data['gpu']}" if isinstance(data, dict) and data.get("gpu") else ""
+    return Measured(name, path, data, f"{RESULTS_SUBDIR / path.name}: measured{where}, {date}")

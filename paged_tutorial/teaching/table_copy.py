@@ -16,17 +16,15 @@ write the values the device table already holds, so the tokens do not change (ch
 each time -- copies on, copies off, both eager and behind the same wrapper -- and returns the
 median milliseconds per decode step of each, the copies made, and the entries the engine's own
 sync sent.  ``time_one_copy`` times a single whole-table copy on an idle device and behind
-queued work.  ``load_result`` reads the newest committed ``table-copy-<date>.json`` (written
-by ``benchmarks/table_copy.py`` on a GPU).
+queued work.  The committed measurement (``benchmarks/table_copy.py`` on a GPU) is
+``results.newest("table-copy")``.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,7 +34,6 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.recording import RecordingBackend
 
 INT32_BYTES = 4
-RESULT_GLOB = "table-copy-*.json"
 
 
 class WholeTableCopyBackend(RecordingBackend):
@@ -227,19 +224,3 @@ def measure_decode(model, backend: str | Backend = "auto", *, batch: int = 2,
                             kv_cache_bytes=kv_cache_bytes, seed=seed, cuda_graphs=True)
         result["engine_graphs_ms_per_step"] = round(graphs.median_ms, 4)
     return result
-
-
-def load_result(folder) -> tuple[dict | None, str]:
-    """(the newest ``table-copy-<date>.json`` under ``folder``, its file name), or (None, a
-    sentence saying that no measurement has been committed yet and how to make one)."""
-    folder = Path(folder)
-    files = sorted(folder.glob(RESULT_GLOB))
-    if not files:
-        return None, (f"no {RESULT_GLOB} in {folder.name}/ yet: the GPU measurement has not "
-                      "been committed.  Run `python benchmarks/table_copy.py` on a machine with "
-                      "an NVIDIA GPU to make one.")
-    path = files[-1]
-    data = json.loads(path.read_text())
-    if data.get("dry_run"):
-        return None, f"{path.name} is a --dry-run result (tiny model on a CPU), not a measurement"
-    return data, path.name

@@ -212,8 +212,8 @@ def test_decode_attention_at_full_size(ref, kernel, batch):
     got = NumbaBackend(attention=kernel).decode_attention(q.clone(), cache, bt, 3, lens, slots,
                                                           SCALE)
     assert rel_err(got, want) < 5e-3
-    tickets = attention_fast._tickets.get(str(torch.device("cuda")))
-    assert tickets is None or int(tickets.abs().sum()) == 0
+    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32)
+    assert int(tickets.abs().sum()) == 0
 
 
 def test_prefill_attention_one_varlen_call(nb, ref):

@@ -114,15 +114,17 @@ def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens,
     assert out is q_dev
     tol = 1e-5 if dt == torch.float32 else (5e-3 if dt == torch.bfloat16 else 1e-3)
     assert rel_err(out, want) < tol
-    tickets = attention_fast._tickets[str(torch.device(nb.device))]
+    tickets = launch_module().persistent_buffer(nb.device, attention_fast.TICKETS, 1,
+                                                torch.int32)
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
 
 VARIANTS = [
-    pytest.param(dict(wide=False), id="8-byte-loads"),
-    pytest.param(dict(max_lanes=16, wide=False, update_passes=1, load_passes=1), id="g16-u1-l1"),
-    pytest.param(dict(update_passes=1, load_passes=1), id="wide-u1-l1"),
-    pytest.param(dict(prefetch=True, update_passes=2), id="prefetch"),
+    pytest.param(attention_fast.KernelShape(wide=False), id="8-byte-loads"),
+    pytest.param(attention_fast.KernelShape(max_lanes=16, wide=False, update_passes=1,
+                                            load_passes=1), id="g16-u1-l1"),
+    pytest.param(attention_fast.KernelShape(update_passes=1, load_passes=1), id="wide-u1-l1"),
+    pytest.param(attention_fast.KernelShape(update_passes=0, load_passes=0), id="whole-block"),
 ]
 
 
@@ -142,7 +144,7 @@ def test_fast_decode_attention_variants(nb, variant):
                                          slots, 0.125)
     got = attention_fast.decode_attention_fast(
         q.to(nb.device), cache, cache.device_block_table(), 1, seq_lens.to(nb.device),
-        slots.to(nb.device), 0.125, num_warps=1, n_splits=2, **variant)
+        slots.to(nb.device), 0.125, num_warps=1, n_splits=2, shape=variant)
     assert rel_err(got, want) < 5e-3
 
 

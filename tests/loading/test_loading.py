@@ -22,8 +22,9 @@ from paged_tutorial.loading import models as models_module
 from paged_tutorial.config import llama_3_2_1b_config
 from paged_tutorial.loading.models import Model, load_model, random_model, save_hf_folder
 from paged_tutorial.loading.tokenizer import ChatTemplateError, Tokenizer
-from paged_tutorial.loading.weights import (check_weights, llama3_rope_factors, load_gguf,
-                                    load_safetensors_folder, unpermute_rope_rows)
+from paged_tutorial.loading.weights import (check_weights, load_gguf, load_safetensors_folder,
+                                            unpermute_rope_rows)
+from paged_tutorial.model.rope import llama3_rope_factors
 
 TEXTS = [
     "Hello world",
@@ -368,7 +369,7 @@ def test_gguf_llama3_rope_freqs_become_rope_scaling(tmp_path):
     ref = llama_3_2_1b_config()
     config = tiny_config(head_dim=64, num_attention_heads=2, num_key_value_heads=1,
                          hidden_size=128, rope_theta=ref.rope_theta)
-    factors = llama3_rope_factors(ref.rope_theta, 64, ref.rope_scaling)
+    factors = llama3_rope_factors(ref.rope_theta, 64, ref.rope_scaling).numpy()
     path = write_tiny_gguf(tmp_path / "llama3.gguf", random_model(config), rope_freqs=factors)
     loaded, _, _ = load_gguf(path, "float32")
     assert dict(loaded.rope_scaling) == dict(ref.rope_scaling)

@@ -4,7 +4,11 @@ wrong, a bool is not an integer, real numbers count to 4 significant digits)."""
 
 from __future__ import annotations
 
+import ast
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +17,9 @@ import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import answers
 from paged_tutorial.teaching.exercises.registry import Exercise
 from paged_tutorial.teaching.exercises.setups import article_cache_config
-from paged_tutorial.teaching.exercises.solutions import EXERCISE_SOLUTIONS, PUZZLE_SOLUTIONS
+from paged_tutorial.teaching.exercises import solutions
 
+PACKAGE = Path(__file__).resolve().parents[2] / "paged_tutorial"
 EXERCISES = [n for n in ex.names() if isinstance(ex.get(n), Exercise)]
 
 
@@ -28,12 +33,12 @@ def perturbed(value):
 
 
 def test_every_name_has_a_solution_and_back():
-    assert sorted(ex.names()) == sorted({**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS})
+    assert sorted(ex.names()) == solutions.solved()
     assert len(ex.names()) == len(set(ex.names()))
     for name in ex.names():
         assert name[:2].isdigit() and name[2] == "."
     assert ex.names("03.") == [n for n in ex.names() if n.startswith("03.")]
-    assert ex.exercises("05.") == ex.names("05.")           # the first round's name
+    assert ex.exercises("05.") == ex.names("05.")
 
 
 @pytest.mark.parametrize("name", EXERCISES)
@@ -64,8 +69,8 @@ def test_types_are_not_coerced(name):
         assert not ex.grade(name, solution + (0,)).ok
 
 
-def test_the_issue_cases():
-    """The wrong answers the first checker accepted (issue 10) are refused, with the reason."""
+def test_lenient_answers_are_refused():
+    """Wrong answers a lenient checker would accept are refused, with the reason."""
     v = ex.grade("05.q_index", 581.9)
     assert not v.ok and "float" in v.message and "integer" in v.message
     assert not ex.grade("05.q_index", 581.0).ok
@@ -128,3 +133,34 @@ def test_check_prints_one_line_and_unknown_names_are_named(capsys):
         ex.check("99.nothing", 1)
     with pytest.raises(TypeError, match="puzzle"):
         ex.expected_answer("03.k_index")
+
+
+def test_revealing_an_exercise_imports_no_kernel():
+    script = """
+import sys
+import paged_tutorial.teaching.exercises as ex
+assert ex.reveal("00.kv_bytes_per_token") == 16 * 2 * 512 * 2
+assert "numba" not in sys.modules, "revealing an exercise imported numba"
+ex.reveal("03.k_index")                   # the kernel's own part: now the kernel is imported
+assert "paged_tutorial.backends.numba_cuda.kernels.attention" in sys.modules
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=PACKAGE.parent, timeout=300)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr
+
+
+def test_no_grader_imports_the_solutions():
+    """Puzzles and the chapters' exercises take their rules from the package and the article's
+    constants, never from the worked solutions."""
+    graders = sorted((PACKAGE / "teaching" / "puzzles").glob("*.py")) + \
+        sorted((PACKAGE / "teaching" / "exercises").glob("ch*.py"))
+    assert len(graders) > 10
+    offenders = []
+    for path in graders:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any("solutions" in n for n in names):
+                    offenders.append(path.name)
+    assert not offenders

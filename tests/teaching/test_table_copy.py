@@ -80,17 +80,6 @@ def test_time_one_copy_on_cpu():
     assert set(out) == {"copy_idle_ms"} and out["copy_idle_ms"] >= 0
 
 
-def test_load_result(tmp_path):
-    data, message = table_copy.load_result(tmp_path)
-    assert data is None and "not been committed" in message and "table_copy.py" in message
-    (tmp_path / "table-copy-2026-01-01.json").write_text(json.dumps({"dry_run": True}))
-    data, message = table_copy.load_result(tmp_path)
-    assert data is None and "--dry-run" in message
-    (tmp_path / "table-copy-2026-02-01.json").write_text(json.dumps({"dry_run": False, "x": 1}))
-    data, name = table_copy.load_result(tmp_path)
-    assert data == {"dry_run": False, "x": 1} and name == "table-copy-2026-02-01.json"
-
-
 def test_benchmark_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "benchmarks/table_copy.py", "--dry-run", "--out",

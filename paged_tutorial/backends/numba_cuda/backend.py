@@ -462,12 +462,8 @@ class NumbaBackend(Backend):
         if self.attention == "triton":
             from paged_tutorial.backends.triton_attention import decode_attention_triton
             return decode_attention_triton(q, cache, block_table, layer, lens32, slots32, scale)
-        qa, q_rs = rows(q, "q")
-        _launch(kernel, (n_seqs, n_q_heads), attention.block_threads(c.head_dim),
-                int(layer), qa, q_rs,
-                flat(cache.buffer, "cache.buffer"), flat(block_table), flat(lens32),
-                flat(slots32), n_q_heads // c.num_kv_heads, float(scale))
-        return q
+        return attention.launch_decode(kernel, q, cache, block_table, layer, lens32, slots32,
+                                       scale)
 
     # --- sampling --------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, uniforms):

@@ -12,17 +12,18 @@ and answers are compared without coercion (``answers.py``: a float or a string f
 is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
 lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a function that the
 grader runs inside the article's kernel or a real engine.  Worked solutions live in
-``solutions.py``, never in the notebooks.
+``solutions.py``, never in the notebooks, and no grader imports them.
 """
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.exercises.registry import Verdict, check, expected_answer, get, grade, names, reveal
+from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
+from paged_tutorial.teaching.exercises.solutions import reveal
+from paged_tutorial.teaching.verdict import Verdict
 
 
 def exercises(prefix: str = "") -> list[str]:
-    """Names of the exercises and puzzles (of one notebook with prefix "03."); the first
-    round's name for ``names``."""
+    """Names of the exercises and puzzles (of one notebook with prefix "03."), as ``names``."""
     return names(prefix)
 
 

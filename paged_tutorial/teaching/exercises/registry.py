@@ -6,7 +6,8 @@ known wrong answers with what each one means, and a hint.  A *puzzle* asks for a
 runs inside the engine or the kernel (``paged_tutorial.teaching.puzzles``).  Both grade an answer into
 a ``Verdict``; ``check`` prints it and returns whether it is right.
 
-The worked solutions live apart, in ``solutions.py``; ``reveal(name)`` returns one.
+The graders never see the worked solutions: those live apart, in ``solutions.py``, whose
+``reveal(name)`` returns one.
 """
 
 from __future__ import annotations
@@ -17,27 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
+from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 MARKS = {"correct": "✔ correct", "wrong": "✘ not yet", "unsolved": "✘ not solved yet"}
-
-
-@dataclass
-class Verdict:
-    """The result of grading one answer.  ``figure``, when set, draws what went wrong (called
-    only where a figure can be shown)."""
-
-    status: str                                  # "correct" | "wrong" | "unsolved"
-    message: str
-    figure: Callable[[], Any] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "correct"
-
-
-def unsolved(answer) -> bool:
-    """The placeholder a notebook cell starts with: ``answer = ...`` (or None)."""
-    return answer is None or answer is Ellipsis
 
 
 @dataclass(frozen=True)
@@ -157,17 +140,9 @@ def check(name: str, answer, draw: bool | None = None) -> bool:
     return verdict.ok
 
 
-def reveal(name: str):
-    """The worked solution of ``name``: a value for an exercise, a function for a puzzle."""
-    from paged_tutorial.teaching.exercises.solutions import SOLUTIONS
-
-    get(name)
-    return SOLUTIONS[name]
-
-
 def expected_answer(name: str):
     """The right answer of an exercise as the checker computes it from the package (for
-    tests and for the solutions' own check); puzzles have none."""
+    tests, which compare it with the worked solution); puzzles have none."""
     item = get(name)
     if not isinstance(item, Exercise):
         raise TypeError(f"{name} is a puzzle: its answer is a function, see reveal({name!r})")

@@ -4,16 +4,17 @@ An exercise's solution is the arithmetic a reader would do by hand, from the art
 the checker computes the right answer independently, from the package, and the tests check
 that the two agree.  A puzzle's solution is a function with the puzzle's signature; where the
 package's own code *is* the answer (the kernel's parts in ``attention.py``, the sharing rule
-in ``prefix_cache.py``), the solution is that code, so there is one definition of it.
+in ``prefix_cache.py``, the article's free-list rules the free-list grader runs), the solution
+is that code, named in ``PACKAGE_CODE`` and imported only when revealed: importing this module
+imports no kernel, and no grader imports this module.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 
-from paged_tutorial.backends.numba_cuda.kernels.attention import (block_table_index, blocks_to_read, combine_warps,
-                                             k_index, softmax_update, tokens_in_block)
-from paged_tutorial.cache.prefix_cache import may_share
+from paged_tutorial.teaching.exercises.registry import get
 
 # --- the article's numbers -------------------------------------------------------------
 N_LAYERS, KV_DIM, BF16, BLOCK_SIZE = 16, 8 * 64, 2, 16
@@ -89,39 +90,39 @@ def locate(block_table, slot, layer, position, BLOCK_SIZE):
     return int(block_table[slot, layer, logical_block]), row
 
 
-def prefill_pops(prompt_len, BLOCK_SIZE):
-    """06.prefill_pops: one block per logical block the prompt touches (rounded up)."""
-    return (prompt_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-
-
-def decode_pops(position, BLOCK_SIZE):
-    """06.decode_pops: a new block when the token is the first row of one."""
-    return position % BLOCK_SIZE == 0
-
-
-def release_order(block_table, slot):
-    """06.release_order: layer by layer, logical block by logical block, skipping -1."""
-    order = []
-    for layer in range(block_table.shape[1]):
-        for logical in range(block_table.shape[2]):
-            if block_table[slot, layer, logical] != -1:
-                order.append(int(block_table[slot, layer, logical]))
-    return order
-
-
 PUZZLE_SOLUTIONS = {
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
-    "02.table_index": block_table_index,
-    "03.blocks_to_read": blocks_to_read,
-    "03.tokens_in_block": tokens_in_block,
-    "03.k_index": k_index,
-    "04.combine_warps": combine_warps,
-    "05.softmax_update": softmax_update,
-    "06.prefill_pops": prefill_pops,
-    "06.decode_pops": decode_pops,
-    "06.release_order": release_order,
-    "09.can_share": may_share,
 }
 
-SOLUTIONS = {**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS}
+_KERNEL = "paged_tutorial.backends.numba_cuda.kernels.attention"
+_FREE_LIST = "paged_tutorial.teaching.puzzles.free_list"
+#: puzzles whose answer is the package's own code: (module, function)
+PACKAGE_CODE = {
+    "02.table_index": (_KERNEL, "block_table_index"),
+    "03.blocks_to_read": (_KERNEL, "blocks_to_read"),
+    "03.tokens_in_block": (_KERNEL, "tokens_in_block"),
+    "03.k_index": (_KERNEL, "k_index"),
+    "04.combine_warps": (_KERNEL, "combine_warps"),
+    "05.softmax_update": (_KERNEL, "softmax_update"),
+    "06.prefill_pops": (_FREE_LIST, "article_prefill_pops"),
+    "06.decode_pops": (_FREE_LIST, "article_decode_pops"),
+    "06.release_order": (_FREE_LIST, "article_release_order"),
+    "09.can_share": ("paged_tutorial.cache.prefix_cache", "may_share"),
+}
+
+
+def solved() -> list[str]:
+    """Every name that has a worked solution, sorted."""
+    return sorted({**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS, **PACKAGE_CODE})
+
+
+def reveal(name: str):
+    """The worked solution of ``name``: a value for an exercise, a function for a puzzle."""
+    get(name)                                    # a KeyError naming the known ones, if unknown
+    if name in PACKAGE_CODE:
+        module, function = PACKAGE_CODE[name]
+        return getattr(importlib.import_module(module), function)
+    if name in EXERCISE_SOLUTIONS:
+        return EXERCISE_SOLUTIONS[name]
+    return PUZZLE_SOLUTIONS[name]

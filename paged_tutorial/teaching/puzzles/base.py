@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paged_tutorial.teaching.exercises.registry import Verdict, unsolved
+from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 
 class Wrong(Exception):

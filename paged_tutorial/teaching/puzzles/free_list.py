@@ -20,11 +20,6 @@ from typing import Callable
 
 import numpy as np
 
-# The article's own rules (main.cpp:266-272, 859-865, 1018-1029), used for the two rules a
-# puzzle does not ask for, are the worked solutions: one definition.
-from paged_tutorial.teaching.exercises.solutions import decode_pops as article_decode_pops
-from paged_tutorial.teaching.exercises.solutions import prefill_pops as article_prefill_pops
-from paged_tutorial.teaching.exercises.solutions import release_order as article_release_order
 from paged_tutorial.cache.paged_cache import CacheFullError, PagedKVCache
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
@@ -34,6 +29,29 @@ REQUESTS = ((tuple(range(3, 19)), 3),        # 16 tokens: exactly one block; dec
             (tuple(range(30, 50)), 2))       # 20 tokens; waits, then reuses r0's blocks
 ENGINE = dict(device="cpu", max_slots=2, max_seq_len=48)
 NUM_BLOCKS = 12
+
+
+def article_prefill_pops(prompt_len, BLOCK_SIZE):
+    """The article's prefill (main.cpp:266-272): one block per logical block the prompt
+    touches."""
+    return (prompt_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def article_decode_pops(position, BLOCK_SIZE):
+    """The article's decode (main.cpp:859-865): a new block when the token written is the
+    first row of one."""
+    return position % BLOCK_SIZE == 0
+
+
+def article_release_order(block_table, slot):
+    """The article's release (main.cpp:1018-1029): layer by layer, logical block by logical
+    block, skipping -1."""
+    order = []
+    for layer in range(block_table.shape[1]):
+        for logical in range(block_table.shape[2]):
+            if block_table[slot, layer, logical] != -1:
+                order.append(int(block_table[slot, layer, logical]))
+    return order
 
 
 @dataclass(frozen=True)

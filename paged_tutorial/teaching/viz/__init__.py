@@ -12,8 +12,8 @@ found in the article's shared-memory layout, read from the committed result), ``
 the physical block map over a recorded run, with an ipywidgets slider), ``performance`` (08: the
 decode ladder and the attention kernels, drawn from the committed GPU measurements), and
 ``kernel_source`` (03-05: the article's kernel as the package runs it, piece by piece next to
-kernels.cu lines, and the port's departures).  ``measured`` finds the newest committed result of
-a benchmark, wherever the package is installed.
+kernels.cu lines, and the port's departures).  The committed results they draw come from
+``paged_tutorial.teaching.results``.
 
 Nothing here changes the engine: recordings come from public hooks
 (``backends.numba_cuda.access_log``, the cache's event listeners) and the references the

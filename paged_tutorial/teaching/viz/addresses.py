@@ -120,6 +120,25 @@ def thread_reads(trace: ReadTrace) -> dict:
     return {d: both[:, :, d].ravel() for d in range(trace.k_index.shape[1])}
 
 
+def _draw_block(ax, c, block: int, colours: dict, row_labels: bool, head_label: str) -> None:
+    """Physical block ``block`` as K rows over V rows x KV_DIM columns, each element in its
+    colour from ``colours`` (element index -> RGB; UNTOUCHED where absent)."""
+    img = np.ones((2 * c.BLOCK_SIZE, c.KV_DIM, 3)) * np.array(UNTOUCHED)
+    for e, colour in colours.items():
+        if e // c.BLOCK_ELEMS == block:
+            row, col = divmod(e % c.BLOCK_ELEMS, c.KV_DIM)
+            img[row, col] = colour
+    ax.imshow(img, aspect="auto", interpolation="nearest")
+    ax.axhline(c.BLOCK_SIZE - 0.5, color="black", lw=0.8)
+    for h in range(1, c.num_kv_heads):
+        ax.axvline(h * c.head_dim - 0.5, color="0.4", lw=0.6, ls=":")
+    ax.set_title(f"physical block {block}", fontsize=8)
+    ax.set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
+    ax.set_yticklabels(["K rows", "V rows"] if row_labels else [], fontsize=7)
+    ax.set_xticks([h * c.head_dim for h in range(c.num_kv_heads)])
+    ax.set_xticklabels([f"{head_label} {h}" for h in range(c.num_kv_heads)], fontsize=7)
+
+
 def plot_thread_reads(config, reads_by_thread: dict, title: str = "", max_tiles: int = 4):
     """Which thread read which element: every physical block a thread block touched, K rows
     on top and V rows below, each element coloured by the thread (0 .. n-1) that read it;
@@ -139,21 +158,10 @@ def plot_thread_reads(config, reads_by_thread: dict, title: str = "", max_tiles:
     cmap = _plt().get_cmap("turbo")
     fig, axes = plt.subplots(1, max(len(blocks), 1), squeeze=False, dpi=FIG_DPI,
                              figsize=(2.7 * max(len(blocks), 1) + 1.2, 3.4))
+    colours = {e: (0, 0, 0) if thread < 0 else cmap(thread / (n_threads - 1))[:3]
+               for e, thread in reader.items()}
     for ax, b in zip(axes[0], blocks):
-        img = np.ones((2 * c.BLOCK_SIZE, c.KV_DIM, 3)) * np.array(UNTOUCHED)
-        for e, thread in reader.items():
-            if e // c.BLOCK_ELEMS == b:
-                row, col = divmod(e % c.BLOCK_ELEMS, c.KV_DIM)
-                img[row, col] = (0, 0, 0) if thread < 0 else cmap(thread / (n_threads - 1))[:3]
-        ax.imshow(img, aspect="auto", interpolation="nearest")
-        ax.axhline(c.BLOCK_SIZE - 0.5, color="black", lw=0.8)
-        for h in range(1, c.num_kv_heads):
-            ax.axvline(h * c.head_dim - 0.5, color="0.4", lw=0.6, ls=":")
-        ax.set_title(f"physical block {b}", fontsize=8)
-        ax.set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
-        ax.set_yticklabels(["K rows", "V rows"] if ax is axes[0][0] else [], fontsize=7)
-        ax.set_xticks([h * c.head_dim for h in range(c.num_kv_heads)])
-        ax.set_xticklabels([f"kv head {h}" for h in range(c.num_kv_heads)], fontsize=7)
+        _draw_block(ax, c, b, colours, row_labels=ax is axes[0][0], head_label="kv head")
     if not blocks:
         axes[0][0].axis("off")
     fig.subplots_adjust(left=0.1, right=0.86, top=0.82, bottom=0.1, wspace=0.08)
@@ -225,21 +233,9 @@ def plot_block_reads(config, expected_elements, read_elements, title: str = "",
     outside = [i for i in cls if i < 0 or i // c.BLOCK_ELEMS >= c.NUM_BLOCKS]
     fig, axes = plt.subplots(1, max(len(blocks), 1), figsize=(2.6 * max(len(blocks), 1) + 0.6, 3.4),
                              dpi=FIG_DPI, squeeze=False)
+    colours = {i: READ_COLORS[name] for i, name in cls.items() if i >= 0}
     for ax, b in zip(axes[0], blocks):
-        img = np.ones((2 * c.BLOCK_SIZE, c.KV_DIM, 3)) * np.array(UNTOUCHED)
-        for i, name in cls.items():
-            if i // c.BLOCK_ELEMS == b and i >= 0:
-                row, col = divmod(i % c.BLOCK_ELEMS, c.KV_DIM)
-                img[row, col] = READ_COLORS[name]
-        ax.imshow(img, aspect="auto", interpolation="nearest")
-        ax.axhline(c.BLOCK_SIZE - 0.5, color="black", lw=0.8)
-        for h in range(1, c.num_kv_heads):
-            ax.axvline(h * c.head_dim - 0.5, color="0.4", lw=0.6, ls=":")
-        ax.set_title(f"physical block {b}", fontsize=8)
-        ax.set_yticks([c.BLOCK_SIZE / 2 - 0.5, 1.5 * c.BLOCK_SIZE - 0.5])
-        ax.set_yticklabels(["K rows", "V rows"], fontsize=7)
-        ax.set_xticks([h * c.head_dim for h in range(c.num_kv_heads)])
-        ax.set_xticklabels([f"head {h}" for h in range(c.num_kv_heads)], fontsize=7)
+        _draw_block(ax, c, b, colours, row_labels=True, head_label="head")
     if not blocks:
         axes[0][0].axis("off")
     note = f"  ({len(outside)} read(s) outside the buffer)" if outside else ""

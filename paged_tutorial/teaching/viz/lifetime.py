@@ -138,7 +138,6 @@ class LifetimeRecorder:
         """Positions in ``steps`` worth a panel, in time order: the first prefill, release,
         reuse of a freed block, preemption, and the prefill that re-admits a preempted
         request (each when the run has one)."""
-        picks = []
         reused_at = {i for i, _ in self.reused_blocks()}
         first = {}                        # request id -> step index of its first preemption
         for rec in self.steps:
@@ -148,12 +147,18 @@ class LifetimeRecorder:
                  lambda r: r.index in reused_at, lambda r: bool(r.preempted),
                  lambda r: r.kind == "prefill" and any(first.get(rid, r.index) < r.index
                                                        for rid in r.request_ids)]
-        for test in tests:
-            for pos, rec in enumerate(self.steps):
-                if test(rec):
-                    picks.append(pos)
-                    break
-        return sorted(set(picks))[:limit]
+        return first_matches(self.steps, tests, limit)
+
+
+def first_matches(steps: list, tests: list, limit: int) -> list[int]:
+    """Positions in ``steps`` of the first step passing each test, in time order, at most
+    ``limit`` of them."""
+    picks = []
+    for test in tests:
+        pos = next((pos for pos, rec in enumerate(steps) if test(rec)), None)
+        if pos is not None:
+            picks.append(pos)
+    return sorted(set(picks))[:limit]
 
 
 # --- block-table traffic ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Chapter 08 (performance): the committed GPU measurements in plain words and figures.
 
 The JSON files are written by ``benchmarks/decode.py``, ``benchmarks/attention.py`` and
-``benchmarks/profile_step.py`` on a GPU; ``viz.measured`` finds the newest of each.  A newer run
+``benchmarks/profile_step.py`` on a GPU; ``results.newest`` finds the newest of each.  A newer run
 may time fewer variants (or name new ones): every function here draws or lists what the file has
 and says what it does not, never a table cell of ``nan``.
 

@@ -2,7 +2,7 @@
 kernel, read from ``benchmarks/results/racecheck-<date>.json`` (written on a GPU by
 ``benchmarks/racecheck.py``), and re-running it where a GPU and compute-sanitizer are present.
 
-- ``load_racecheck``: the newest committed result (``viz.measured``), or a plain message saying
+- ``load_racecheck``: the newest committed result (``results.newest``), or a plain message saying
   it is missing;
 - ``summary``: one paragraph per shared-memory layout: hazards, on which shared cell, between
   which two lines of ``attention.py``;
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_tutorial.teaching.viz.measured import Measured, load_newest, results_folder
+from paged_tutorial.teaching.results import Measured, newest, results_dir
 
 __all__ = ["LAYOUT_NAMES", "load_racecheck", "summary", "plot_hazards", "rerun_racecheck"]
 
@@ -36,7 +36,7 @@ COMMAND = "python benchmarks/racecheck.py"
 
 def load_racecheck() -> Measured:
     """The newest committed racecheck result (dry runs are never committed under this name)."""
-    return load_newest("racecheck", how_to_make=COMMAND)
+    return newest("racecheck", how_to_make=COMMAND)
 
 
 def _access(a: dict) -> str:
@@ -118,8 +118,10 @@ def rerun_racecheck(timeout: float = 500) -> tuple[dict | None, str]:
     if SIMULATING:
         return None, ("kernels run in the simulator here, so racecheck is not re-run: it "
                       "needs an NVIDIA GPU and compute-sanitizer")
-    folder = results_folder()
-    script = folder.parent / "racecheck.py" if folder is not None else None
+    try:
+        script = results_dir().parent / "racecheck.py"
+    except FileNotFoundError:
+        script = None
     if script is None or not script.is_file():
         return None, "benchmarks/racecheck.py is not beside the package: not re-run"
     sanitizer = shutil.which("compute-sanitizer") or next(

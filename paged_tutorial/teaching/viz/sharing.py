@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paged_tutorial.teaching.viz.lifetime import grid_shape
+from paged_tutorial.teaching.viz.lifetime import first_matches, grid_shape
 
 FREE, OWNED, SHARED, CACHED = 0, 1, 2, 3
 STATE_NAMES = ("free", "used by one", "shared", "cached (unused)")
@@ -174,13 +174,7 @@ class SharingRecorder:
                  lambda r: "cache" in r.kinds(),
                  lambda r: "reuse" in r.kinds(),
                  lambda r: "evict" in r.kinds()]
-        picks = []
-        for test in tests:
-            for pos, rec in enumerate(self.steps):
-                if test(rec):
-                    picks.append(pos)
-                    break
-        return sorted(set(picks))[:limit]
+        return first_matches(self.steps, tests, limit)
 
 
 # --- drawing ---------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from paged_tutorial.teaching import results  # noqa: E402
 from paged_tutorial.teaching.viz import performance  # noqa: E402
-from paged_tutorial.teaching.viz.measured import load_newest  # noqa: E402
+from paged_tutorial.teaching.results import newest  # noqa: E402
 
 
 def committed(name):
-    result = load_newest(name)
+    result = newest(name)
     assert result.found, result.describe()
     return result.data
 

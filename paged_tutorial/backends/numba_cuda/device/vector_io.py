@@ -1,6 +1,6 @@
 """16-byte loads and stores, and bf16 packing: what the bandwidth-bound kernels are built from.
 
-Hopper reaches its memory bandwidth when each lane moves 16 bytes per instruction (HOPPER.md);
+Hopper reaches its memory bandwidth when each lane moves 16 bytes per instruction;
 Numba alone emits at most 8-byte accesses for array elements.  Two tiny intrinsics emit the
 PTX vector instructions, the way numba-cuda makes its own cache-hint loads (``cuda.ldcs``):
 

@@ -345,17 +345,36 @@ def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS,
                                        c.V_OFFSET_ELEMS, parts, score_cell, lineinfo)
 
 
+def launch_decode(kernel, q, cache, block_table, layer: int, seq_lens, active_slots,
+                  scale: float):
+    """Launch a kernel of ``make_paged_attention_kernel`` on q [B, nH, D] (output in place):
+    grid (B, nH), ``block_threads(head_dim)`` threads.  ``block_table``, ``seq_lens`` and
+    ``active_slots`` are contiguous int32 tensors where the kernel runs.  The one launch of
+    this kernel: ``NumbaBackend.decode_attention`` and ``decode`` both end here."""
+    from paged_tutorial.backends.numba_cuda.runtime import launch
+
+    n_seqs, n_q_heads, _ = q.shape
+    if n_seqs == 0:
+        return q
+    qa, q_rs = launch.rows(q, "q")
+    launch.launch(kernel, (n_seqs, n_q_heads), block_threads(cache.config.head_dim),
+                  int(layer), qa, q_rs, launch.flat(cache.buffer, "cache.buffer"),
+                  launch.flat(block_table), launch.flat(seq_lens), launch.flat(active_slots),
+                  n_q_heads // cache.config.num_kv_heads, float(scale))
+    return q
+
+
 def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: float,
            parts: KernelParts = ARTICLE_PARTS, score_cell: str = "own", lineinfo: bool = False):
-    """Run the article's kernel on q [B, nH, D] (in place) and return q, launched as
-    ``NumbaBackend.decode_attention`` launches it: grid (B, nH), ``block_threads(head_dim)``
-    threads.  ``seq_lens`` / ``active_slots`` may be lists or tensors; every tensor must live
-    where this process's kernels run (the CPU in the simulator, the GPU otherwise).
-    ``parts`` replaces steps of the kernel (see ``KernelParts``); ``score_cell`` and
-    ``lineinfo`` are the build options of ``make_paged_attention_kernel``."""
+    """Run the article's kernel on q [B, nH, D] (in place) and return q, for notebooks and
+    puzzles: checks q against the cache, builds the kernel and launches it with
+    ``launch_decode``, then waits for it (on a GPU).  ``seq_lens`` / ``active_slots`` may be
+    lists or tensors; every tensor must live where this process's kernels run (the CPU in the
+    simulator, the GPU otherwise).  ``parts`` replaces steps of the kernel (see
+    ``KernelParts``); ``score_cell`` and ``lineinfo`` are the build options of
+    ``make_paged_attention_kernel``."""
     import torch
 
-    from paged_tutorial.backends.numba_cuda.runtime import launch
     from paged_tutorial.backends.numba_cuda.device.dtypes import ops_for
     from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 
@@ -366,19 +385,12 @@ def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: flo
         raise ValueError(f"attention.decode: q must be [B, n_q_heads, {c.head_dim}] with n_q_heads "
                          f"a multiple of the cache's {c.num_kv_heads} kv heads, got "
                          f"{tuple(q.shape)}")
-    n_seqs, n_q_heads, _ = q.shape
     kernel = kernel_for(cache, ops_for(q.dtype).name, parts, score_cell, lineinfo)
     dev = q.device
     lens = torch.as_tensor(seq_lens).to(device=dev, dtype=torch.int32).contiguous()
     slots = torch.as_tensor(active_slots).to(device=dev, dtype=torch.int32).contiguous()
     table = block_table.to(device=dev, dtype=torch.int32).contiguous()
-    if n_seqs == 0:
-        return q
-    qa, q_rs = launch.rows(q, "q")
-    launch.launch(kernel, (n_seqs, n_q_heads), block_threads(c.head_dim), int(layer), qa, q_rs,
-                  launch.flat(cache.buffer, "cache.buffer"), launch.flat(table),
-                  launch.flat(lens), launch.flat(slots), n_q_heads // c.num_kv_heads,
-                  float(scale))
+    launch_decode(kernel, q, cache, table, layer, lens, slots, scale)
     if not SIMULATING:
         torch.cuda.synchronize()
     return q

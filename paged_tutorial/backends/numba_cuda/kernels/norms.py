@@ -16,8 +16,17 @@ from numba import cuda, float32, int32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, block_sum
-from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS, load_u32x4, load_u32x4_nc, pack2,
-                        store_u32x4, unpack2)
+from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS, load_u32x4,
+                                                                  load_u32x4_nc, pack2, store_u32x4,
+                                                                  unpack2)
+
+
+@cuda.jit(device=True)
+def inverse_rms(sum_sq, scratch, hidden, eps):
+    """1 / sqrt(mean(x^2) + eps) of the block's row, from this thread's partial sum of
+    squares (every thread of the block gets it)."""
+    sum_sq = block_sum(sum_sq, scratch)
+    return float32(1.0) / math.sqrt(sum_sq / float32(hidden) + float32(eps))
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,8 +45,7 @@ def rms_norm_kernels(dtype_name: str):
         for j in range(tid, hidden, cuda.blockDim.x):
             v = load(x, base + j)
             sum_sq += v * v
-        sum_sq = block_sum(sum_sq, scratch)
-        inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(hidden) + float32(eps))
+        inv_rms = inverse_rms(sum_sq, scratch, hidden, eps)
         for j in range(tid, hidden, cuda.blockDim.x):
             normed = rnd(load(x, base + j) * inv_rms)
             store(out, row * hidden + j, load(weight, j) * normed)
@@ -54,8 +62,7 @@ def rms_norm_kernels(dtype_name: str):
             r = rnd(load(residual, rb + j) + load(x, xb + j))     # residual += x, rounded
             store(residual, rb + j, r)
             sum_sq += r * r
-        sum_sq = block_sum(sum_sq, scratch)
-        inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(hidden) + float32(eps))
+        inv_rms = inverse_rms(sum_sq, scratch, hidden, eps)
         for j in range(tid, hidden, cuda.blockDim.x):
             # this thread wrote exactly these residual elements above: no barrier needed
             normed = rnd(load(residual, rb + j) * inv_rms)
@@ -97,6 +104,20 @@ def rms_norm_vec_kernels(CPT: int):
             o[k] = pack2(wa * rnd(v[c, 2 * k] * inv_rms), wb * rnd(v[c, 2 * k + 1] * inv_rms))
         store_u32x4(out, ob + chunk * CHUNK_WORDS, o[0], o[1], o[2], o[3])
 
+    @cuda.jit(device=True)
+    def normalize_row(v, sum_sq, scratch, weight, out, row, hidden, eps):
+        """The block's row from this thread's partial sum of squares: every chunk of ``v``
+        normalised, scaled by the weight and stored to ``out``."""
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        n_chunks = hidden // CHUNK_ELEMS
+        inv_rms = inverse_rms(sum_sq, scratch, hidden, eps)
+        ob = row * (hidden // 2)
+        for c in range(CPT):
+            chunk = tid + c * nt
+            if chunk < n_chunks:
+                normalize_store(v, c, inv_rms, weight, out, ob, chunk)
+
     @cuda.jit
     def rms_norm_vec(x, x_row_words, weight, out, hidden, eps):
         row = cuda.blockIdx.x
@@ -116,13 +137,7 @@ def rms_norm_vec_kernels(CPT: int):
                     v[c, 2 * k] = a
                     v[c, 2 * k + 1] = b
                     sum_sq += a * a + b * b
-        sum_sq = block_sum(sum_sq, scratch)
-        inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(hidden) + float32(eps))
-        ob = row * (hidden // 2)
-        for c in range(CPT):
-            chunk = tid + c * nt
-            if chunk < n_chunks:
-                normalize_store(v, c, inv_rms, weight, out, ob, chunk)
+        normalize_row(v, sum_sq, scratch, weight, out, row, hidden, eps)
 
     @cuda.jit
     def add_rms_norm_vec(x, x_row_words, residual, res_row_words, weight, out, hidden, eps):
@@ -153,12 +168,6 @@ def rms_norm_vec_kernels(CPT: int):
                     r[k] = pack2(a, b)                # exact: a, b are bf16 values already
                     sum_sq += a * a + b * b
                 store_u32x4(residual, ri, r[0], r[1], r[2], r[3])
-        sum_sq = block_sum(sum_sq, scratch)
-        inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(hidden) + float32(eps))
-        ob = row * (hidden // 2)
-        for c in range(CPT):
-            chunk = tid + c * nt
-            if chunk < n_chunks:
-                normalize_store(v, c, inv_rms, weight, out, ob, chunk)
+        normalize_row(v, sum_sq, scratch, weight, out, row, hidden, eps)
 
     return rms_norm_vec, add_rms_norm_vec

@@ -18,6 +18,25 @@ from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 
 
 @functools.lru_cache(maxsize=None)
+def rope_item_function(dtype_name: str):
+    """Device function: grid-stride item -> (token, head, i, position, c, s): pair i of one
+    head (q heads, then k heads) of one token, with its cos and sin rounded to the model
+    dtype as HF does; shared by ``rope`` and the fused ``rope_write_kv``."""
+    rnd = DTYPE_OPS[dtype_name].rnd
+
+    @cuda.jit(device=True)
+    def rope_item(item, heads, half, positions, cos, sin):
+        t = item // (heads * half)
+        rest = item - t * heads * half
+        h = rest // half
+        i = rest - h * half
+        pos = positions[t]
+        return t, h, i, pos, rnd(cos[pos * half + i]), rnd(sin[pos * half + i])
+
+    return rope_item
+
+
+@functools.lru_cache(maxsize=None)
 def rotate_pair_function(dtype_name: str):
     """Device function rotating the pair (x[lo], x[hi]) by (c, s) in place, with HF's
     rounding; shared by ``rope`` and the fused ``rope_write_kv``."""
@@ -36,7 +55,7 @@ def rotate_pair_function(dtype_name: str):
 
 @functools.lru_cache(maxsize=None)
 def rope_kernel(dtype_name: str):
-    rnd = DTYPE_OPS[dtype_name].rnd
+    rope_item = rope_item_function(dtype_name)
     rotate_pair = rotate_pair_function(dtype_name)
 
     @cuda.jit
@@ -48,13 +67,7 @@ def rope_kernel(dtype_name: str):
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
         for item in range(start, n, stride):
-            t = item // (heads * half)
-            rest = item - t * heads * half
-            h = rest // half
-            i = rest - h * half
-            pos = positions[t]
-            c = rnd(cos[pos * half + i])          # HF casts cos/sin to the model dtype
-            s = rnd(sin[pos * half + i])
+            t, h, i, pos, c, s = rope_item(item, heads, half, positions, cos, sin)
             if h < n_q_heads:
                 lo = t * q_row_stride + h * head_dim + i
                 rotate_pair(q, lo, lo + half, c, s)

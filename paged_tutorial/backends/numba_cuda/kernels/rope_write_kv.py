@@ -20,13 +20,12 @@ import functools
 
 from numba import cuda
 
-from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
-from paged_tutorial.backends.numba_cuda.kernels.rope import rotate_pair_function
+from paged_tutorial.backends.numba_cuda.kernels.rope import rope_item_function, rotate_pair_function
 
 
 @functools.lru_cache(maxsize=None)
 def rope_write_kv_kernel(dtype_name: str):
-    rnd = DTYPE_OPS[dtype_name].rnd
+    rope_item = rope_item_function(dtype_name)
     rotate_pair = rotate_pair_function(dtype_name)
 
     @cuda.jit
@@ -40,13 +39,7 @@ def rope_write_kv_kernel(dtype_name: str):
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
         for item in range(start, n, stride):
-            t = item // (heads * half)
-            rest = item - t * heads * half
-            h = rest // half
-            i = rest - h * half
-            pos = positions[t]
-            c = rnd(cos[pos * half + i])
-            s = rnd(sin[pos * half + i])
+            t, h, i, pos, c, s = rope_item(item, heads, half, positions, cos, sin)
             if h < n_q_heads:
                 lo = t * q_row_stride + h * head_dim + i
                 rotate_pair(q, lo, lo + half, c, s)
