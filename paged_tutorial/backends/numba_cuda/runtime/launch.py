@@ -448,7 +448,10 @@ def persistent_buffer(device, name: str, n: int, dtype=torch.float32,
     capture.  It only grows (a replaced buffer is kept alive: a captured graph may still use
     it).  ``zero``: filled with zeros when allocated (ticket counters, which the kernels
     leave at zero)."""
-    key = (str(device), name, dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:       # "cuda" and "cuda:0" are one GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, name, dtype)
     buf = _persistent.get(key)
     if buf is None or buf.numel() < n:
         size = max(n, 2 * buf.numel() if buf is not None else 0, 1024)
