@@ -31,6 +31,9 @@ AllocatorFactory = Callable[[CacheConfig, BlockTable, BlockListeners], BlockAllo
 
 
 class PagedKVCache:
+    """The buffer, the table, the listeners and an allocator built by ``allocator(config,
+    table, listeners)`` (default: the article's ``FreeListAllocator``), on ``device``."""
+
     def __init__(self, config: CacheConfig, device: str | torch.device = "cpu",
                  allocator: AllocatorFactory = FreeListAllocator):
         self.config = config
