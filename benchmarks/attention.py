@@ -78,7 +78,7 @@ def build_cache(batch: int, ctx: int, g: torch.Generator):
     perm = torch.randperm(cfg.NUM_BLOCKS, generator=g, device="cuda").to(torch.int32)
     cache.block_table[...] = perm.cpu().numpy().reshape(batch, n_layers, ctx // BS)
     cache.free_blocks = []
-    cache._dirty = set(range(cache.block_table.size))
+    cache.mark_table_changed()
     return cache, n_layers, kv_bytes
 
 

@@ -161,7 +161,7 @@ def measure(model, backend: str, prompts, warmup_prompts, max_new: int, max_seq_
     runs = {"cold": [], "warm": []}
     for _ in range(repeats):
         if prefix_caching:
-            engine.cache.evict_unused()
+            engine.cache.allocator.evict_unused()
         sync()
         for wave in ("cold", "warm"):
             runs[wave].append(run_wave(engine, usage, prompts, params))

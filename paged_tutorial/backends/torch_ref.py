@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from paged_tutorial.cache.paged_cache import check_block_entries
+from paged_tutorial.cache.block_table import check_block_entries
 from paged_tutorial.model.sampling import sample_reference
 from paged_tutorial.backends.base import Backend
 

@@ -14,22 +14,29 @@ with the article's cache underneath.
   start of the prompt to the end of block j (``chain_hash``: 64-bit BLAKE2b).  A key is only a
   name: on a hit the stored tokens are compared with the request's and the stored parent must
   be the block matched just before, so a hash collision is a miss, never wrong K/V.
-- **One entry per logical block, one physical block per layer.**  Each layer keeps its own
-  blocks, as in the article; a ``CachedPrefix`` entry holds the prefix's block for every layer.
-- **Reference counts.**  ``ref_counts[b]`` is the number of block-table entries that point at
-  physical block b.  When the last one goes, a block that holds a registered prefix is not
-  pushed to ``free_blocks``: it stays *cached*, findable by its key, so a later request with the
-  same prefix reuses it (as vLLM does; the article's engine would have freed it).
+- **One record per cached logical block, one physical block per layer.**  Each layer keeps its
+  own blocks, as in the article; a ``CachedBlock`` holds everything about one cached block of a
+  prompt: its key, tokens and parent, its physical block in every layer, how many slots use it
+  (``ref_count``), whether the step computing it is still running (``pending``) and, while
+  nobody uses it, when it became idle (``idle_since``, its place in the LRU order).  Two
+  lookups find records: ``by_key`` (the hash index) and ``by_block`` (physical block ->
+  record); neither holds state of its own.
+- **Kept after use.**  When the last slot using a committed record lets go, its blocks are not
+  pushed to ``free_blocks``: they stay *cached*, findable by their key, so a later request with
+  the same prefix reuses them (as vLLM does; the article's engine would have freed them).
 - **Eviction, least recently used first.**  ``free_blocks`` keeps the article's meaning: blocks
   that hold nothing.  Only when an allocation finds it empty is a cached block evicted: the
-  entry that has been unused longest, and among entries freed together the end of the chain
-  first, so a prefix's head stays findable longest.  (A child entry always leaves the LRU order
-  before its parent, so eviction never strands a child behind a missing parent.)
+  record that has been idle longest, and among records freed together the end of the chain
+  first, so a prefix's head stays findable longest.  (A child always becomes idle before its
+  parent, so eviction never strands a child behind a missing parent.)
 - **Registered when computed, committed when the step succeeds.**  A request's full prompt
   blocks that are not found are popped, computed in its prefill, and registered at admission
   as *pending*; ``commit_step`` (the step ran) makes them ordinary cached blocks,
   ``discard_uncommitted`` (the step failed) forgets them.  A request whose prefix is pending
   waits one step (``prefix_in_flight``) and then finds it, instead of computing it twice.
+- **A request's keys are computed once.**  The first admission check hashes the prompt's full
+  blocks and keeps the keys on the request (``Request.block_hashes``); every later check, the
+  allocation and the registration read them from there.
 - **At least one prompt token is computed**, because the last one's logits give the first
   generated token: a prompt of exactly k full blocks shares at most k-1 of them.
 
@@ -39,15 +46,18 @@ with the article's cache underneath.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
 import torch
 
+from paged_tutorial.cache.block_allocator import CacheFullError, FreeListAllocator
+from paged_tutorial.cache.block_table import BlockTable
+from paged_tutorial.cache.events import BlockListeners
+from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.config import CacheConfig
-from paged_tutorial.cache.paged_cache import CacheFullError, PagedKVCache
 
 ROOT_KEY = b"paged-tutorial prefix root"
 
@@ -62,18 +72,23 @@ def chain_hash(parent_key: int | None, tokens: tuple[int, ...]) -> int:
 
 
 @dataclass(eq=False)
-class CachedPrefix:
-    """One cached logical block of a prompt prefix: the tokens it holds, the entry of the
-    block before it, and its physical block in every layer."""
+class CachedBlock:
+    """Everything about one cached logical block of a prompt prefix."""
     key: int
     tokens: tuple[int, ...]
-    parent: "CachedPrefix | None"
+    parent: "CachedBlock | None"
     logical_block: int                   # its position in the prompt (the chain's depth)
     blocks: tuple[int, ...]              # physical block of each layer
-    committed: bool = False              # False while the step computing it has not finished
+    ref_count: int = 1                   # slots whose table row points at it
+    pending: bool = True                 # registered by the step still running
+    idle_since: int | None = None        # LRU position while nobody uses it, else None
+
+    @property
+    def idle(self) -> bool:
+        return self.ref_count == 0
 
 
-def may_share(found: CachedPrefix, tokens: tuple[int, ...], previous: CachedPrefix | None,
+def may_share(found: CachedBlock, tokens: tuple[int, ...], previous: CachedBlock | None,
               logical_block: int, n_tokens: int, BLOCK_SIZE: int) -> bool:
     """The sharing rule.  The index returned ``found`` for the key of logical block
     ``logical_block`` of a request's prompt; ``tokens`` are the request's own ids in that block,
@@ -90,94 +105,106 @@ def may_share(found: CachedPrefix, tokens: tuple[int, ...], previous: CachedPref
             and found.tokens == tokens and found.parent is previous)
 
 
-class PrefixCachingKVCache(PagedKVCache):
-    """The article's paged cache, with full prompt blocks shared between requests and kept
+class PrefixCache(FreeListAllocator):
+    """The article's allocator, with full prompt blocks shared between requests and kept
     after use (see the module docstring).  ``hash_fn(parent_key, tokens) -> int`` names a
     block; replace it only for experiments (a constant one makes every block collide).
     ``share_rule`` has ``may_share``'s signature and decides each hit (chapter 09's puzzle
     puts the reader's rule there)."""
 
-    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu",
+    def __init__(self, config: CacheConfig, table: BlockTable, events: BlockListeners,
                  hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash,
                  share_rule: Callable[..., bool] = may_share):
-        super().__init__(config, device)
+        super().__init__(config, table, events)
         self.hash_fn = hash_fn
         self.share_rule = share_rule
-        self.ref_counts = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
-        self.index: dict[int, CachedPrefix] = {}          # key -> entry
-        self.entry_of_block: dict[int, CachedPrefix] = {}  # physical block -> its entry
-        self.lru: OrderedDict[int, CachedPrefix] = OrderedDict()   # unused entries, oldest first
-        self._pending: list[CachedPrefix] = []
-        self.evictions = 0                # entries evicted over the cache's life
+        self.by_key: dict[int, CachedBlock] = {}
+        self.by_block: dict[int, CachedBlock] = {}
+        self._idle_clock = 0              # ticks as records become idle (the LRU order)
+        self.evictions = 0                # records evicted over the cache's life
 
     # --- what is where ---------------------------------------------------------------------
-    @property
-    def num_evictable_blocks(self) -> int:
-        """Blocks nobody uses that are kept for their prefix (evictable)."""
-        return len(self.lru) * self.config.num_layers
+    def idle_records(self) -> list[CachedBlock]:
+        """Records nobody uses, least recently used first (the eviction order)."""
+        return sorted((r for r in self.by_key.values() if r.idle), key=lambda r: r.idle_since)
+
+    def evictable_blocks(self) -> list[int]:
+        return [b for r in self.by_key.values() if r.idle for b in r.blocks]
 
     def blocks_available(self) -> int:
         return len(self.free_blocks) + self.num_evictable_blocks
 
-    def block_keys(self, token_ids, n_blocks: int) -> list[int]:
-        """The chain keys of the first ``n_blocks`` full blocks of ``token_ids``."""
-        bs, keys, parent = self.BLOCK_SIZE, [], None
+    def block_keys(self, token_ids, n_blocks: int | None = None) -> list[int]:
+        """The chain keys of the first ``n_blocks`` full blocks of ``token_ids`` (default:
+        all of them)."""
+        bs, keys, parent = self.config.BLOCK_SIZE, [], None
+        n_blocks = len(token_ids) // bs if n_blocks is None else n_blocks
         for j in range(n_blocks):
             parent = self.hash_fn(parent, tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs]))
             keys.append(parent)
         return keys
 
-    def _walk(self, prompt_ids, new_len: int):
+    def prompt_keys(self, request) -> list[int]:
+        """The keys of the request's full prompt blocks, hashed at its first check and kept
+        on the request (``request.block_hashes``)."""
+        if request.block_hashes is None:
+            request.block_hashes = self.block_keys(request.prompt_ids)
+        return request.block_hashes
+
+    def _block_tokens(self, request, j: int) -> tuple[int, ...]:
+        bs = self.config.BLOCK_SIZE
+        return tuple(int(t) for t in request.prompt_ids[j * bs:(j + 1) * bs])
+
+    def _walk(self, request):
         """Follow the prompt's full blocks through the index while ``share_rule`` accepts what
-        each key finds: (entries matched from the start, whether the walk stopped at an
-        accepted entry that is still pending)."""
-        bs, matched, previous, key = self.BLOCK_SIZE, [], None, None
-        for j in range(len(prompt_ids) // bs):
-            tokens = tuple(int(t) for t in prompt_ids[j * bs:(j + 1) * bs])
-            key = self.hash_fn(key, tokens)
-            found = self.index.get(key)
-            if found is None or not self.share_rule(found, tokens, previous, j, new_len, bs):
+        each key finds: (records matched from the start, whether the walk stopped at an
+        accepted record that is still pending)."""
+        matched, previous = [], None
+        for j, key in enumerate(self.prompt_keys(request)):
+            found = self.by_key.get(key)
+            tokens = self._block_tokens(request, j)
+            if found is None or not self.share_rule(found, tokens, previous, j,
+                                                    request.total_len, self.config.BLOCK_SIZE):
                 break
-            if not found.committed:
+            if found.pending:
                 return matched, True
             matched.append(found)
             previous = found
         return matched, False
 
-    def match(self, prompt_ids, new_len: int | None = None) -> list[CachedPrefix]:
-        """The cached entries a request with this prompt would share now, from its first
-        block on (read-only).  ``new_len`` is the request's length (default: the prompt's)."""
-        return self._walk(prompt_ids, len(prompt_ids) if new_len is None else new_len)[0]
+    def match(self, request) -> list[CachedBlock]:
+        """The cached records the request would share now, from its first block on
+        (read-only)."""
+        return self._walk(request)[0]
 
-    def prefix_in_flight(self, prompt_ids, new_len: int) -> bool:
-        return self._walk(prompt_ids, new_len)[1]
+    def prefix_in_flight(self, request) -> bool:
+        return self._walk(request)[1]
 
     # --- allocation ------------------------------------------------------------------------
-    def _shortfall(self, matched: list[CachedPrefix], new_len: int) -> tuple[int, int]:
+    def _shortfall(self, matched: list[CachedBlock], new_len: int) -> tuple[int, int]:
         """(blocks a new request sharing ``matched`` must take, blocks it can take): the
-        cached entries it revives are no longer evictable room."""
+        idle records it revives are no longer evictable room."""
         n_layers = self.config.num_layers
         need = (self.config.blocks_for_tokens(new_len) - len(matched)) * n_layers
-        revived = sum(1 for e in matched if e.key in self.lru) * n_layers
+        revived = sum(1 for r in matched if r.idle) * n_layers
         return need, self.blocks_available() - revived
 
-    def can_allocate_prompt(self, slot: int, prompt_ids, new_len: int) -> bool:
-        need, available = self._shortfall(self.match(prompt_ids, new_len), new_len)
+    def can_allocate_prompt(self, slot: int, request) -> bool:
+        need, available = self._shortfall(self.match(request), request.total_len)
         return need <= available
 
-    def allocate_prompt(self, slot: int, prompt_ids, new_len: int) -> int:
+    def allocate_prompt(self, slot: int, request) -> int:
         """Point ``slot``'s first table entries at the cached blocks of its prompt's prefix,
-        pop blocks for the rest (evicting unused cached blocks if ``free_blocks`` runs out),
+        pop blocks for the rest (evicting idle cached blocks if ``free_blocks`` runs out),
         and register its other full prompt blocks as pending.  Returns the number of prompt
         tokens found in the cache.  Raises CacheFullError, changing nothing, if too few blocks
         are available."""
+        new_len = request.total_len
         if self.blocks_owned(slot):
             raise ValueError(f"slot {slot} already owns blocks: allocate_prompt admits a slot")
-        if new_len > self.config.max_seq_len:
-            raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
-                             f"{self.config.max_seq_len}")
-        matched = self.match(prompt_ids, new_len)
-        if len(matched) * self.BLOCK_SIZE >= new_len:
+        self.check_length(slot, new_len)
+        matched = self.match(request)
+        if len(matched) * self.config.BLOCK_SIZE >= new_len:
             raise ValueError(f"the share rule found all {new_len} tokens of slot {slot} in the "
                              "cache: at least the last one must be computed (its logits give "
                              "the first generated token)")
@@ -185,197 +212,189 @@ class PrefixCachingKVCache(PagedKVCache):
         if need > available:
             raise CacheFullError(f"slot {slot} needs {need} blocks, {available} available")
         events = []
-        for entry in matched:
-            self._attach(slot, entry, events)
+        for record in matched:
+            self._attach(slot, record, events)
         self._grow(slot, self.config.blocks_for_tokens(new_len), events)
-        self._register_prompt_blocks(slot, prompt_ids, len(matched),
+        self._register_prompt_blocks(slot, request, len(matched),
                                      matched[-1] if matched else None, events)
-        self._notify(events)
-        return len(matched) * self.BLOCK_SIZE
+        self.events.emit(events)
+        return len(matched) * self.config.BLOCK_SIZE
 
-    def _attach(self, slot: int, entry: CachedPrefix, events: list) -> None:
-        """Point (slot, every layer, entry.logical_block) at the entry's blocks."""
-        kind = "reuse" if self.lru.pop(entry.key, None) is not None else "share"
-        logical = entry.logical_block
-        for layer, block in enumerate(entry.blocks):
-            self.block_table[slot, layer, logical] = block
-            self.ref_counts[block] += 1
-            self._dirty.add(self.flat_index(slot, layer, logical))
-            events.append((kind, block, slot, layer, logical, self.ref_counts[block], entry.key))
+    def _attach(self, slot: int, record: CachedBlock, events: list) -> None:
+        """Point (slot, every layer, record.logical_block) at the record's blocks."""
+        kind = "reuse" if record.idle else "share"
+        record.ref_count += 1
+        record.idle_since = None
+        for layer, block in enumerate(record.blocks):
+            self.table.assign(slot, layer, record.logical_block, block)
+            events.append((kind, block, slot, layer, record.logical_block, record.ref_count,
+                           record.key))
 
-    def _register_prompt_blocks(self, slot: int, prompt_ids, first: int,
-                                parent: CachedPrefix | None, events: list) -> None:
+    def _register_prompt_blocks(self, slot: int, request, first: int,
+                                parent: CachedBlock | None, events: list) -> None:
         """Make the slot's full prompt blocks from ``first`` on findable (pending until the
         step commits).  Stops at a key the index already holds: that block stays private (a
         prompt of whole blocks recomputing its last one, or a hash collision)."""
-        n_full = len(prompt_ids) // self.BLOCK_SIZE
-        keys = self.block_keys(prompt_ids, n_full)
-        bs = self.BLOCK_SIZE
-        for j in range(first, n_full):
-            if keys[j] in self.index:
+        keys = self.prompt_keys(request)
+        for j in range(first, len(keys)):
+            if keys[j] in self.by_key:
                 return
-            blocks = tuple(int(b) for b in self.block_table[slot, :, j])
-            entry = CachedPrefix(keys[j], tuple(int(t) for t in prompt_ids[j * bs:(j + 1) * bs]),
-                                 parent, j, blocks)
-            self.index[entry.key] = entry
+            blocks = tuple(int(b) for b in self.table.entries[slot, :, j])
+            record = CachedBlock(keys[j], self._block_tokens(request, j), parent, j, blocks)
+            self.by_key[record.key] = record
             for layer, block in enumerate(blocks):
-                self.entry_of_block[block] = entry
-                events.append(("register", block, slot, layer, j, self.ref_counts[block],
-                               entry.key))
-            self._pending.append(entry)
-            parent = entry
+                self.by_block[block] = record
+                events.append(("register", block, slot, layer, j, 1, record.key))
+            parent = record
 
-    def _take_free_block(self, slot: int, layer: int, logical: int, events: list) -> int:
+    def _take_block(self, events: list) -> int:
         if not self.free_blocks:
             self._evict_one(events)
-        block = self.free_blocks.pop()
-        self.ref_counts[block] = 1
-        events.append(("pop", block, slot, layer, logical, 1, None))
-        return block
+        return self.free_blocks.pop()
 
     def _evict_one(self, events: list) -> None:
-        """Drop the least recently used unused entry; its blocks (one per layer) go back to
+        """Drop the record idle longest; its blocks (one per layer) go back to
         ``free_blocks``."""
-        _, entry = self.lru.popitem(last=False)
-        self._forget(entry)
+        record = min((r for r in self.by_key.values() if r.idle), key=lambda r: r.idle_since)
+        self._forget(record)
         self.evictions += 1
-        for layer in reversed(range(len(entry.blocks))):
-            block = entry.blocks[layer]
+        for layer in reversed(range(len(record.blocks))):
+            block = record.blocks[layer]
             self.free_blocks.append(block)
-            events.append(("evict", block, -1, layer, entry.logical_block, 0, entry.key))
+            events.append(("evict", block, -1, layer, record.logical_block, 0, record.key))
 
     def evict_unused(self) -> int:
         """Evict every cached block nobody uses (oldest first), as if allocations had needed
         them all (vLLM's ``reset_prefix_cache``); returns how many blocks went back to
         ``free_blocks``.  Blocks in use keep their prefix."""
         n, events = 0, []
-        while self.lru:
-            n += len(self.lru[next(iter(self.lru))].blocks)
+        while any(r.idle for r in self.by_key.values()):
+            n += self.config.num_layers
             self._evict_one(events)
-        self._notify(events)
+        self.events.emit(events)
         return n
 
-    def _forget(self, entry: CachedPrefix) -> None:
-        del self.index[entry.key]
-        for block in entry.blocks:
-            del self.entry_of_block[block]
+    def _forget(self, record: CachedBlock) -> None:
+        del self.by_key[record.key]
+        for block in record.blocks:
+            del self.by_block[block]
 
     # --- release ---------------------------------------------------------------------------
     def release(self, slot: int) -> list[int]:
-        """Reset every entry of the slot and drop one reference per entry.  A block nobody uses
+        """Reset every entry of the slot and drop its use of each record.  A block nobody uses
         any more stays cached if it holds a committed prefix, else goes back to
         ``free_blocks``.  Logical blocks are walked from the last to the first, so that the
         end of a prefix is evicted before its beginning.  Returns the blocks pushed to
         ``free_blocks``."""
         freed, events = [], []
-        rows = self.block_table[slot]
+        rows = self.table.entries[slot]
         owned = np.flatnonzero((rows >= 0).any(axis=0))
-        for logical in owned[::-1]:
-            logical = int(logical)
+        for logical in owned[::-1].tolist():
+            record = self.by_block.get(int(rows[0, logical]))
+            if record is not None:
+                record.ref_count -= 1
             for layer in range(self.config.num_layers):
-                block = int(rows[layer, logical])
-                if block < 0:
+                if rows[layer, logical] < 0:
                     continue
-                rows[layer, logical] = -1
-                self._dirty.add(self.flat_index(slot, layer, logical))
-                self.ref_counts[block] -= 1
-                count = int(self.ref_counts[block])
-                entry = self.entry_of_block.get(block)
-                if count > 0:
-                    events.append(("unshare", block, slot, layer, logical, count,
-                                   entry.key if entry else None))
-                elif entry is not None and entry.committed:
-                    events.append(("cache", block, slot, layer, logical, 0, entry.key))
-                    if layer == len(entry.blocks) - 1:
-                        self.lru[entry.key] = entry
+                block = self.table.unassign(slot, layer, logical)
+                if record is not None and not record.idle:
+                    events.append(("unshare", block, slot, layer, logical, record.ref_count,
+                                   record.key))
+                elif record is not None and not record.pending:
+                    events.append(("cache", block, slot, layer, logical, 0, record.key))
                 else:
-                    if entry is not None:          # pending: its K/V may be incomplete
-                        self._drop_pending(entry, events)
+                    if record is not None and layer == 0:   # pending: K/V may be incomplete
+                        self._drop_pending(record, events)
                     self.free_blocks.append(block)
                     freed.append(block)
                     events.append(("push", block, slot, layer, logical, 0, None))
-        self._notify(events)
+            if record is not None and record.idle and not record.pending:
+                record.idle_since = self._idle_clock
+                self._idle_clock += 1
+        self.events.emit(events)
         return freed
 
     # --- step boundaries -------------------------------------------------------------------
     def commit_step(self) -> None:
-        for entry in self._pending:
-            entry.committed = True
-        self._pending.clear()
+        for record in self.by_key.values():
+            record.pending = False
 
     def discard_uncommitted(self) -> None:
         events = []
-        for entry in list(self._pending):
-            self._drop_pending(entry, events)
-        self._notify(events)
+        for record in [r for r in self.by_key.values() if r.pending]:
+            self._drop_pending(record, events)
+        self.events.emit(events)
 
-    def _drop_pending(self, entry: CachedPrefix, events: list) -> None:
-        if self.index.get(entry.key) is not entry:
-            return
-        self._forget(entry)
-        self._pending.remove(entry)
-        for layer, block in enumerate(entry.blocks):
-            events.append(("unregister", block, -1, layer, entry.logical_block,
-                           self.ref_counts[block], entry.key))
+    def _drop_pending(self, record: CachedBlock, events: list) -> None:
+        self._forget(record)
+        for layer, block in enumerate(record.blocks):
+            users = int((self.table.entries[:, layer, record.logical_block] == block).sum())
+            events.append(("unregister", block, -1, layer, record.logical_block, users,
+                           record.key))
 
     # --- invariants ------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Block accounting (tests and notebooks call this after every step):
-        every reference count equals the table entries pointing at the block; owned (count >
-        0), cached (count 0, in the index) and free blocks are disjoint and add up to
-        NUM_BLOCKS; a free block is referenced by nothing and indexed by nothing; a block is
-        reachable from at most one key, and a block used twice is an indexed prefix block."""
-        table = self.block_table
+        """Block accounting (tests and notebooks call this after every step): every record's
+        ``ref_count`` equals the table entries pointing at each of its blocks, and they sit at
+        its (layer, logical block); records chain to parents that are still cached; idle
+        records are committed and have an LRU place, used ones none; ``by_block`` finds
+        exactly the records' blocks; owned, cached and free blocks are disjoint and add up to
+        NUM_BLOCKS; a block used twice belongs to a record."""
+        n = self.config.NUM_BLOCKS
+        table = self.table.entries
         owned_entries = table[table >= 0]
-        if owned_entries.size and owned_entries.max() >= self.NUM_BLOCKS:
+        if owned_entries.size and owned_entries.max() >= n:
             raise AssertionError("block table points past NUM_BLOCKS")
-        counts = self.reference_counts()
-        if not np.array_equal(counts, self.ref_counts):
-            bad = int(np.flatnonzero(counts != self.ref_counts)[0])
-            raise AssertionError(f"block {bad}: ref_count {int(self.ref_counts[bad])} but "
-                                 f"{int(counts[bad])} table entries point at it")
+        counts = self.table.reference_counts()
         free = np.asarray(self.free_blocks, dtype=np.int64)
         if len(np.unique(free)) != free.size:
             raise AssertionError("free_blocks holds a block twice")
         if free.size and counts[free].any():
             raise AssertionError(f"block {int(free[counts[free] > 0][0])} is free but referenced")
-        indexed = {}
-        for key, entry in self.index.items():
-            if entry.key != key:
-                raise AssertionError(f"entry under key {key} says its key is {entry.key}")
-            if entry.parent is not None and self.index.get(entry.parent.key) is not entry.parent:
-                raise AssertionError(f"entry {key}'s parent is no longer in the cache")
-            if entry.logical_block != (0 if entry.parent is None
-                                       else entry.parent.logical_block + 1):
-                raise AssertionError(f"entry {key} is not one block after its parent")
-            entry_counts = {int(counts[b]) for b in entry.blocks}
-            if len(entry_counts) != 1:
-                raise AssertionError(f"entry {key}'s layers have different counts {entry_counts}")
-            for layer, block in enumerate(entry.blocks):
-                if block in indexed:
+        recorded = {}
+        for key, record in self.by_key.items():
+            if record.key != key:
+                raise AssertionError(f"record under key {key} says its key is {record.key}")
+            parent = record.parent
+            if parent is not None and self.by_key.get(parent.key) is not parent:
+                raise AssertionError(f"record {key}'s parent is no longer in the cache")
+            if record.logical_block != (0 if parent is None else parent.logical_block + 1):
+                raise AssertionError(f"record {key} is not one block after its parent")
+            if record.idle != (record.idle_since is not None) or (record.idle and record.pending):
+                raise AssertionError(f"record {key}: ref_count {record.ref_count}, pending "
+                                     f"{record.pending}, idle_since {record.idle_since}")
+            for layer, block in enumerate(record.blocks):
+                if block in recorded:
                     raise AssertionError(f"block {block} is reachable from two keys")
-                indexed[block] = entry
+                recorded[block] = record
+                if counts[block] != record.ref_count:
+                    raise AssertionError(f"block {block}: its record counts {record.ref_count} "
+                                         f"users but {int(counts[block])} entries point at it")
                 users = np.argwhere(table == block)
                 if users.size and ((users[:, 1] != layer).any()
-                                   or (users[:, 2] != entry.logical_block).any()):
+                                   or (users[:, 2] != record.logical_block).any()):
                     raise AssertionError(f"block {block} is used outside (layer {layer}, "
-                                         f"logical block {entry.logical_block})")
-        if indexed.keys() != self.entry_of_block.keys() or any(
-                self.entry_of_block[b] is not e for b, e in indexed.items()):
-            raise AssertionError("entry_of_block disagrees with the index")
-        unused = {e.key for e in self.index.values() if counts[e.blocks[0]] == 0}
-        if unused != set(self.lru):
-            raise AssertionError(f"LRU holds {sorted(self.lru)}, unused entries are "
-                                 f"{sorted(unused)}")
-        if any(not e.committed for e in self.lru.values()):
-            raise AssertionError("an uncommitted entry is cached")
-        if free.size and any(int(b) in indexed for b in free):
-            raise AssertionError("a free block is still in the index")
-        shared = np.flatnonzero(counts > 1)
-        if any(int(b) not in indexed for b in shared):
+                                         f"logical block {record.logical_block})")
+        if recorded.keys() != self.by_block.keys() or any(
+                self.by_block[b] is not r for b, r in recorded.items()):
+            raise AssertionError("by_block disagrees with the records")
+        if free.size and any(int(b) in recorded for b in free):
+            raise AssertionError("a free block still belongs to a record")
+        if any(int(b) not in recorded for b in np.flatnonzero(counts > 1)):
             raise AssertionError("a block used by two entries holds no registered prefix")
         n_owned = int((counts > 0).sum())
         n_cached = self.num_evictable_blocks
-        if n_owned + n_cached + free.size != self.NUM_BLOCKS:
+        if n_owned + n_cached + free.size != n:
             raise AssertionError(f"owned ({n_owned}) + cached ({n_cached}) + free "
-                                 f"({free.size}) != NUM_BLOCKS ({self.NUM_BLOCKS})")
+                                 f"({free.size}) != NUM_BLOCKS ({n})")
+
+
+class PrefixCachingKVCache(PagedKVCache):
+    """A ``PagedKVCache`` whose allocator is a ``PrefixCache`` (``hash_fn`` and ``share_rule``
+    go to it)."""
+
+    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu",
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash,
+                 share_rule: Callable[..., bool] = may_share):
+        super().__init__(config, device,
+                         allocator=partial(PrefixCache, hash_fn=hash_fn, share_rule=share_rule))

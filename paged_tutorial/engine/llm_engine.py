@@ -47,7 +47,7 @@ from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.model_runner import ModelRunner
 from paged_tutorial.loading.models import Model
-from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache
+from paged_tutorial.cache.prefix_cache import PrefixCache, PrefixCachingKVCache
 from paged_tutorial.engine.request import Request
 from paged_tutorial.engine.sampling_params import SamplingParams, draw_seed, is_integer
 from paged_tutorial.engine.scheduler import Scheduler
@@ -194,9 +194,9 @@ class Engine:
                  | None = None):
         """``prefix_caching``: requests whose prompts begin with the same full blocks share
         those blocks (``prefix_cache.PrefixCachingKVCache``).  ``cache_factory(cache_config,
-        device)`` builds the paged cache instead (a subclass with other allocation rules: the
-        puzzles of chapters 06 and 09); with ``prefix_caching=True`` it must build a
-        ``PrefixCachingKVCache``."""
+        device)`` builds the paged cache instead (one with other allocation rules: the puzzles
+        of chapters 06 and 09); with ``prefix_caching=True`` its allocator must be a
+        ``PrefixCache``."""
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -233,12 +233,13 @@ class Engine:
         self.cache = cache_factory(self.cache_config, self.backend.device)
         if not isinstance(self.cache, PagedKVCache) or self.cache.config != self.cache_config:
             raise TypeError("cache_factory(cache_config, device) must return a PagedKVCache "
-                            "(or subclass) built from the cache_config it was given")
-        if prefix_caching and not isinstance(self.cache, PrefixCachingKVCache):
-            raise TypeError("prefix_caching=True needs a PrefixCachingKVCache: the "
-                            "cache_factory built a " + type(self.cache).__name__)
-        self.prefix_caching = isinstance(self.cache, PrefixCachingKVCache)
-        self.scheduler = Scheduler(self.cache, max_slots, max_seq_len,
+                            "built from the cache_config it was given")
+        if prefix_caching and not isinstance(self.cache.allocator, PrefixCache):
+            raise TypeError("prefix_caching=True needs a cache whose allocator is a PrefixCache "
+                            "(a PrefixCachingKVCache): the cache_factory built one with a "
+                            + type(self.cache.allocator).__name__)
+        self.prefix_caching = isinstance(self.cache.allocator, PrefixCache)
+        self.scheduler = Scheduler(self.cache.allocator, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
         # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend
         if cuda_graphs is None:

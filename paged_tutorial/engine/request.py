@@ -45,6 +45,8 @@ class Request:
     num_computed_tokens: int = 0         # tokens whose K/V are in the cache (computed or hit)
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its
                                           # first admission (None until admitted)
+    block_hashes: list[int] | None = None  # keys of the prompt's full blocks, hashed once by
+                                           # the prefix cache at the first admission check
     finish_reason: str | None = None
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)

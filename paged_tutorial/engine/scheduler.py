@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from paged_tutorial.cache.paged_cache import CacheFullError, PagedKVCache
+from paged_tutorial.cache.block_allocator import BlockAllocator, CacheFullError
 from paged_tutorial.engine.request import Request, Status
 
 
@@ -46,9 +46,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, cache: PagedKVCache, max_slots: int, max_seq_len: int,
+    def __init__(self, blocks: BlockAllocator, max_slots: int, max_seq_len: int,
                  eos_token_ids=()):
-        self.cache = cache
+        self.blocks = blocks                      # the cache's allocator: all the scheduler calls
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -97,9 +97,9 @@ class Scheduler:
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             slot = self.free_slots[-1]
-            if admitted and self.cache.prefix_in_flight(request.prompt_ids, request.total_len):
+            if admitted and self.blocks.prefix_in_flight(request):
                 break
-            if not self.cache.can_allocate_prompt(slot, request.prompt_ids, request.total_len):
+            if not self.blocks.can_allocate_prompt(slot, request):
                 break
             self.waiting.popleft()
             self.free_slots.pop()
@@ -107,11 +107,10 @@ class Scheduler:
             self.running.append(request)
             admitted.append(request)
             try:
-                request.num_computed_tokens = self.cache.allocate_prompt(slot, request.prompt_ids,
-                                                                request.total_len)
+                request.num_computed_tokens = self.blocks.allocate_prompt(slot, request)
                 if request.num_cached_tokens is None:      # the first admission's count
                     request.num_cached_tokens = request.num_computed_tokens
-            except CacheFullError:      # a cache with its own rules (a subclass) disagreed
+            except CacheFullError:      # an allocator with its own rules disagreed
                 admitted.pop()
                 self.running.pop()
                 self.free_slots.append(slot)
@@ -125,7 +124,7 @@ class Scheduler:
         the head of the queue, as if it had not run."""
         admitted, self._admitting = self._admitting, []
         try:
-            self.cache.discard_uncommitted()
+            self.blocks.discard_uncommitted()
         finally:
             self._undo(admitted, count=False)
 
@@ -150,7 +149,7 @@ class Scheduler:
         while i < len(self.running):
             request = self.running[i]
             try:
-                self.cache.ensure_capacity(request.slot, request.num_computed_tokens + 1)
+                self.blocks.ensure_capacity(request.slot, request.num_computed_tokens + 1)
                 i += 1
             except CacheFullError:
                 victim = self.running[-1]
@@ -164,7 +163,7 @@ class Scheduler:
         gains its sampled token and is retired if it should stop.  Returns the finished
         requests; their blocks go back in ``release_retired()``, once the engine has
         recorded the step (so a cache listener that raises cannot cut a commit in half)."""
-        self.cache.commit_step()
+        self.blocks.commit_step()
         finished = []
         now = time.perf_counter()
         for request, token in zip(batch.requests, token_ids):
@@ -194,7 +193,7 @@ class Scheduler:
         wrote into their blocks is discarded with the blocks (prefix blocks registered for this
         step are forgotten first: their K/V may be incomplete); nothing was appended."""
         try:
-            self.cache.discard_uncommitted()
+            self.blocks.discard_uncommitted()
         finally:
             self._undo(batch.requests, count=True)
 
@@ -209,7 +208,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += int(count)
         self.waiting.appendleft(request)
-        self.cache.release(slot)
+        self.blocks.release(slot)
 
     def finish(self, request: Request, reason: str) -> None:
         """Retire a request and release its blocks and slot at once (also used by cancel)."""
@@ -238,7 +237,7 @@ class Scheduler:
         while self._to_release:
             slot = self._to_release.pop(0)
             try:
-                self.cache.release(slot)
+                self.blocks.release(slot)
             except BaseException as exc:          # noqa: BLE001 - re-raised below
                 first = first or exc
         if first is not None:
@@ -259,5 +258,5 @@ class Scheduler:
             raise AssertionError("a waiting request holds a slot or is not WAITING")
         for slot in range(self.max_slots):
             if slot in self.free_slots and slot not in self._to_release and \
-                    self.cache.blocks_owned(slot):
+                    self.blocks.blocks_owned(slot):
                 raise AssertionError(f"free slot {slot} still owns blocks")

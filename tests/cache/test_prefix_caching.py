@@ -1,4 +1,4 @@
-"""Prefix caching (issue 13): full prompt blocks shared by hash, reference counts, cached blocks
+"""Prefix caching: full prompt blocks shared by hash, reference counts, cached blocks
 kept after use and evicted least-recently-used.
 
 Every engine test checks the block accounting after every step with ``accounting`` below,
@@ -17,7 +17,8 @@ import torch
 import paged_tutorial as pt
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
-from paged_tutorial.cache.paged_cache import EVENT_KINDS
+from paged_tutorial.cache.events import EVENT_KINDS
+from paged_tutorial.engine.request import Request
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
 from helpers.streams import Boom, SwitchableFailure, drive
 from helpers.threads import generate_in_threads
@@ -67,12 +68,14 @@ def accounting(cache) -> dict:
         return {}
     table = cache.block_table
     counts = np.bincount(table[table >= 0], minlength=cache.NUM_BLOCKS)
-    assert np.array_equal(counts, cache.ref_counts), "a reference count differs from the table"
+    for record in cache.allocator.by_key.values():
+        assert (counts[list(record.blocks)] == record.ref_count).all(), \
+            "a record's reference count differs from the table"
     owned = set(np.flatnonzero(counts > 0).tolist())
     free = list(cache.free_blocks)
     assert len(set(free)) == len(free), "free_blocks holds a block twice"
     free = set(free)
-    indexed = [b for entry in cache.index.values() for b in entry.blocks]
+    indexed = [b for entry in cache.allocator.by_key.values() for b in entry.blocks]
     assert len(set(indexed)) == len(indexed), "a block is reachable from two keys"
     cached = set(indexed) - owned
     assert not free & owned, "a referenced block is free"
@@ -103,6 +106,18 @@ def small_cache(num_blocks=16, layers=2, slots=3, hash_fn=chain_hash, max_seq_le
     return cache, events
 
 
+def req(prompt, n_tokens=None):
+    """A request with this prompt; ``n_tokens`` beyond the prompt stand for tokens it had
+    generated before a preemption."""
+    n_tokens = len(prompt) if n_tokens is None else n_tokens
+    return Request(0, list(prompt), pt.SamplingParams(), output_ids=[0] * (n_tokens - len(prompt)))
+
+
+def lru_keys(cache) -> list[int]:
+    """Keys of the idle cached records, least recently used first."""
+    return [record.key for record in cache.allocator.idle_records()]
+
+
 def kinds(events, kind):
     return [e for e in events if e.kind == kind]
 
@@ -111,60 +126,60 @@ def kinds(events, kind):
 def test_a_second_request_shares_the_full_prompt_blocks():
     cache, events = small_cache()
     a = list(range(1, 41))                               # 2 full blocks + 8 tokens
-    assert cache.allocate_prompt(0, a, 40) == 0
+    assert cache.allocator.allocate_prompt(0, req(a, 40)) == 0
     assert len(kinds(events, "register")) == 2 * 2       # 2 full blocks x 2 layers
-    assert cache.prefix_in_flight(a[:32] + [90] * 5, 37)  # being computed this step
-    assert cache.match(a[:32] + [90] * 5) == []          # pending blocks are not shared yet
-    cache.commit_step()
+    assert cache.allocator.prefix_in_flight(req(a[:32] + [90] * 5, 37))  # being computed this step
+    assert cache.allocator.match(req(a[:32] + [90] * 5)) == []          # pending blocks are not shared yet
+    cache.allocator.commit_step()
     events.clear()
     b = a[:32] + [90] * 5
-    assert not cache.prefix_in_flight(b, 37)
-    assert cache.allocate_prompt(1, b, 37) == 32
+    assert not cache.allocator.prefix_in_flight(req(b, 37))
+    assert cache.allocator.allocate_prompt(1, req(b, 37)) == 32
     assert np.array_equal(cache.block_table[1, :, :2], cache.block_table[0, :, :2])
     assert cache.block_table[1, 0, 2] not in cache.block_table[0]
     assert [e.kind for e in events] == ["share"] * 4 + ["pop"] * 2
     assert all(e.ref_count == 2 for e in kinds(events, "share"))
     shared = cache.block_table[0, :, :2].ravel()
-    assert (cache.ref_counts[shared] == 2).all()
+    assert (cache.reference_counts()[shared] == 2).all()
     accounting(cache)
 
 
 def test_a_different_block_in_the_middle_stops_the_sharing():
     cache, _ = small_cache()
     a = list(range(1, 49))
-    cache.allocate_prompt(0, a, 48)
-    cache.commit_step()
+    cache.allocator.allocate_prompt(0, req(a, 48))
+    cache.allocator.commit_step()
     b = a[:16] + [0] * 16 + a[32:]                        # block 1 differs; block 2 equal again
-    assert cache.allocate_prompt(1, b, 48) == 16
+    assert cache.allocator.allocate_prompt(1, req(b, 48)) == 16
     accounting(cache)
 
 
 def test_at_least_one_prompt_token_is_computed():
     cache, _ = small_cache()
     a = list(range(1, 33))                                # exactly 2 blocks
-    cache.allocate_prompt(0, a, 32)
-    cache.commit_step()
-    assert cache.allocate_prompt(1, a, 32) == 16          # the last block is computed again
+    cache.allocator.allocate_prompt(0, req(a, 32))
+    cache.allocator.commit_step()
+    assert cache.allocator.allocate_prompt(1, req(a, 32)) == 16          # the last block is computed again
     # its recomputed copy of block 1 is private: the key is taken by slot 0's block
-    assert cache.ref_counts[cache.block_table[1, 0, 1]] == 1
+    assert cache.reference_counts()[cache.block_table[1, 0, 1]] == 1
     # a recomputed (preempted) request has generated tokens after its prompt: all of it
-    assert cache.allocate_prompt(2, a, 40) == 32
+    assert cache.allocator.allocate_prompt(2, req(a, 40)) == 32
     accounting(cache)
 
 
 def test_released_blocks_stay_cached_and_are_reused():
     cache, events = small_cache()
     a = list(range(1, 41))
-    cache.allocate_prompt(0, a, 40)
-    cache.commit_step()
+    cache.allocator.allocate_prompt(0, req(a, 40))
+    cache.allocator.commit_step()
     free_before = cache.num_free
     events.clear()
     pushed = cache.release(0)
     assert [e.kind for e in events] == ["push"] * 2 + ["cache"] * 4   # tail (partial) first
     assert len(pushed) == 2 and cache.num_free == free_before + 2
-    assert cache.num_evictable_blocks == 4 and not set(cache.free_blocks) & set(cache.entry_of_block)
+    assert cache.num_evictable_blocks == 4 and not set(cache.free_blocks) & set(cache.allocator.by_block)
     events.clear()
-    assert cache.allocate_prompt(1, a[:32] + [5], 33) == 32
+    assert cache.allocator.allocate_prompt(1, req(a[:32] + [5], 33)) == 32
     assert [e.kind for e in events] == ["reuse"] * 4 + ["pop"] * 2
     assert cache.num_evictable_blocks == 0
     accounting(cache)
@@ -174,72 +189,72 @@ def test_eviction_is_least_recently_used_and_tail_first():
     cache, events = small_cache(num_blocks=12, max_seq_len=80)   # 6 logical blocks x 2 layers
     a, b = list(range(1, 34)), list(range(40, 73))       # 2 full blocks + 1 token each
     for slot, p in ((0, a), (1, b)):
-        cache.allocate_prompt(slot, p, 33)
-        cache.commit_step()
-    keys_a, keys_b = cache.block_keys(a, 2), cache.block_keys(b, 2)
+        cache.allocator.allocate_prompt(slot, req(p, 33))
+        cache.allocator.commit_step()
+    keys_a, keys_b = cache.allocator.block_keys(a, 2), cache.allocator.block_keys(b, 2)
     cache.release(0)                                      # a's entries enter the LRU first
     cache.release(1)
-    assert list(cache.lru) == [keys_a[1], keys_a[0], keys_b[1], keys_b[0]]
+    assert lru_keys(cache) == [keys_a[1], keys_a[0], keys_b[1], keys_b[0]]
     # a prompt sharing only a's first block touches it: it becomes the most recent
-    cache.allocate_prompt(0, a[:16] + [9] * 4, 20)
-    cache.commit_step()
+    cache.allocator.allocate_prompt(0, req(a[:16] + [9] * 4, 20))
+    cache.allocator.commit_step()
     cache.release(0)
-    assert list(cache.lru) == [keys_a[1], keys_b[1], keys_b[0], keys_a[0]]
+    assert lru_keys(cache) == [keys_a[1], keys_b[1], keys_b[0], keys_a[0]]
     events.clear()
     # 5 logical blocks of new tokens: 2 free + 3 evicted (a1, b1, b0), a0 survives
     c = list(range(80, 97)) * 5
-    assert cache.allocate_prompt(1, c[:65], 65) == 0
+    assert cache.allocator.allocate_prompt(1, req(c[:65], 65)) == 0
     evicted = [e.key for e in kinds(events, "evict")]
     assert evicted == [keys_a[1]] * 2 + [keys_b[1]] * 2 + [keys_b[0]] * 2
     assert [(e.slot, e.logical_block) for e in kinds(events, "evict")] == \
         [(-1, 1)] * 4 + [(-1, 0)] * 2
-    assert list(cache.lru) == [keys_a[0]] and cache.evictions == 3
-    assert cache.match(a[:16] + [1]) == [cache.index[keys_a[0]]]
+    assert lru_keys(cache) == [keys_a[0]] and cache.allocator.evictions == 3
+    assert cache.allocator.match(req(a[:16] + [1])) == [cache.allocator.by_key[keys_a[0]]]
     accounting(cache)
 
 
 def test_allocation_that_does_not_fit_changes_nothing():
     cache, events = small_cache(num_blocks=8, max_seq_len=80)
     a = list(range(1, 34))
-    cache.allocate_prompt(0, a, 33)
-    cache.commit_step()
-    snapshot = (cache.block_table.copy(), list(cache.free_blocks), cache.ref_counts.copy())
+    cache.allocator.allocate_prompt(0, req(a, 33))
+    cache.allocator.commit_step()
+    snapshot = (cache.block_table.copy(), list(cache.free_blocks), cache.reference_counts())
     events.clear()
     with pytest.raises(pt.cache.CacheFullError):
-        cache.allocate_prompt(1, a[:32] + list(range(50, 70)), 52)     # needs 2 + 2 more
+        cache.allocator.allocate_prompt(1, req(a[:32] + list(range(50, 70)), 52))     # needs 2 + 2 more
     assert not events
     assert np.array_equal(snapshot[0], cache.block_table)
-    assert snapshot[1] == cache.free_blocks and np.array_equal(snapshot[2], cache.ref_counts)
+    assert snapshot[1] == cache.free_blocks and np.array_equal(snapshot[2], cache.reference_counts())
     # a hit on cached (unused) blocks is not counted as evictable room for itself
     cache.release(0)
-    assert cache.blocks_available() == 8 and cache.num_evictable_blocks == 4
+    assert cache.allocator.blocks_available() == 8 and cache.num_evictable_blocks == 4
     with pytest.raises(pt.cache.CacheFullError):
-        cache.allocate_prompt(1, a[:32] + list(range(50, 83)), 65)    # 3 new: 6 > 8 - 4
+        cache.allocator.allocate_prompt(1, req(a[:32] + list(range(50, 83)), 65))    # 3 new: 6 > 8 - 4
     assert cache.num_evictable_blocks == 4 and not cache.blocks_owned(1)
-    assert cache.allocate_prompt(1, a[:32] + list(range(50, 77)), 59) == 32
+    assert cache.allocator.allocate_prompt(1, req(a[:32] + list(range(50, 77)), 59)) == 32
     accounting(cache)
 
 
 def test_a_rule_that_would_leave_nothing_to_compute_is_refused():
     cache, _ = small_cache(share_rule=lambda *args: True)
     a = list(range(1, 33))
-    cache.allocate_prompt(0, a, 32)
-    cache.commit_step()
+    cache.allocator.allocate_prompt(0, req(a, 32))
+    cache.allocator.commit_step()
     with pytest.raises(ValueError, match="at least the last one must be computed"):
-        cache.allocate_prompt(1, a, 32)
+        cache.allocator.allocate_prompt(1, req(a, 32))
     accounting(cache)
 
 
 def test_a_hash_collision_never_shares_different_tokens():
     cache, events = small_cache(hash_fn=lambda parent, tokens: 0)    # every block collides
     a, b = list(range(1, 34)), list(range(40, 73))
-    cache.allocate_prompt(0, a, 33)
-    cache.commit_step()
-    assert len(cache.index) == 1                          # one key only: a's first block
-    assert cache.match(b) == []                           # same key, other tokens: refused
-    assert cache.allocate_prompt(1, b, 33) == 0
+    cache.allocator.allocate_prompt(0, req(a, 33))
+    cache.allocator.commit_step()
+    assert len(cache.allocator.by_key) == 1                          # one key only: a's first block
+    assert cache.allocator.match(req(b)) == []                           # same key, other tokens: refused
+    assert cache.allocator.allocate_prompt(1, req(b, 33)) == 0
     assert not set(cache.block_table[1].ravel()) & set(cache.block_table[0].ravel()) - {-1}
-    assert cache.allocate_prompt(2, a, 33) == 16          # a's own block still matches
+    assert cache.allocator.allocate_prompt(2, req(a, 33)) == 16          # a's own block still matches
     accounting(cache)
 
 
@@ -248,11 +263,11 @@ def test_a_collision_after_a_different_parent_is_refused():
     stored parent must be the block matched before, or X Y would read V Y's K/V."""
     cache, _ = small_cache(hash_fn=lambda parent, tokens: chain_hash(None, tokens))
     v, x, y = [3] * 16, [4] * 16, list(range(20, 36))
-    cache.allocate_prompt(0, v + y + [1], 33)            # registers V, then Y (parent V)
-    cache.commit_step()
-    cache.allocate_prompt(1, x + y + [1], 33)            # registers X; Y's key is taken
-    cache.commit_step()
-    assert cache.allocate_prompt(2, x + y + [1], 33) == 16   # X shared, Y refused
+    cache.allocator.allocate_prompt(0, req(v + y + [1], 33))            # registers V, then Y (parent V)
+    cache.allocator.commit_step()
+    cache.allocator.allocate_prompt(1, req(x + y + [1], 33))            # registers X; Y's key is taken
+    cache.allocator.commit_step()
+    assert cache.allocator.allocate_prompt(2, req(x + y + [1], 33)) == 16   # X shared, Y refused
     assert cache.block_table[2, 0, 1] != cache.block_table[0, 0, 1]
     accounting(cache)
 
@@ -346,9 +361,9 @@ def test_nothing_is_written_into_a_shared_block(tiny_model):
         cache = engine.cache
         for slot, pos in zip(call.values["slots"].tolist(), call.values["positions"].tolist()):
             block = int(cache.block_table[slot, 0, pos // BS])
-            entry = cache.entry_of_block.get(block)
-            assert cache.ref_counts[block] == 1, f"write into block {block} used by others"
-            assert entry is None or not entry.committed, "write into a cached prefix block"
+            entry = cache.allocator.by_block.get(block)
+            assert cache.reference_counts()[block] == 1, f"write into block {block} used by others"
+            assert entry is None or entry.pending, "write into a cached prefix block"
             checked.append(block)
 
     backend = pt.RecordingBackend("torch", ops=["rope_write_kv"],
@@ -405,7 +420,7 @@ def test_a_failed_prefill_forgets_the_blocks_it_registered(tiny_model, solo):
     other = engine.add_request(prompts[1], max_new_tokens=6)
     with pytest.raises(KeyboardInterrupt):
         engine.step()
-    assert len(kinds(events, "unregister")) == 4 * 2 and not engine.cache.index
+    assert len(kinds(events, "unregister")) == 4 * 2 and not engine.cache.allocator.by_key
     accounting(engine.cache)
     engine.run_until_done(on_step=lambda r: accounting(engine.cache))
     assert engine.result(other.request_id).token_ids == solo(prompts[1], 6)
@@ -432,16 +447,16 @@ def test_cancel_and_stream_close_drop_only_their_references(tiny_model, solo):
         engine.step()
         accounting(engine.cache)
     shared = int(engine.cache.block_table[keep.slot, 0, 0])
-    assert engine.cache.ref_counts[shared] == 3
+    assert engine.cache.reference_counts()[shared] == 3
     engine.cancel(victim.request_id)
-    assert engine.cache.ref_counts[shared] == 2
+    assert engine.cache.reference_counts()[shared] == 2
     stream.close()
-    assert engine.cache.ref_counts[shared] == 1
+    assert engine.cache.reference_counts()[shared] == 1
     accounting(engine.cache)
     engine.run_until_done()
     assert engine.result(keep.request_id).token_ids == solo(prompts[0], 10)
-    assert len(engine.cache.match(SYSTEM + [1])) == 2       # the prefix outlives its users
-    assert engine.cache.num_evictable_blocks == len(engine.cache.index) * TINY.num_hidden_layers
+    assert len(engine.cache.allocator.match(req(SYSTEM + [1]))) == 2       # the prefix outlives its users
+    assert engine.cache.num_evictable_blocks == len(engine.cache.allocator.by_key) * TINY.num_hidden_layers
     assert_idle(engine)
 
 
@@ -531,7 +546,7 @@ def test_random_streams_around_shared_prefixes(tiny_model, solo, events, cache_b
     backend = SwitchableFailure()
     engine = make_engine(tiny_model, backend=backend, max_slots=slots, max_seq_len=64,
                          kv_cache_bytes=cache_blocks * BLOCK_BYTES)
-    engine.cache.hash_fn = HASHES[hash_name]
+    engine.cache.allocator.hash_fn = HASHES[hash_name]
     rng = np.random.default_rng(seed)
     prefixes = [rng.integers(0, 97, 40).tolist() for _ in range(2)] + [SYSTEM]
 

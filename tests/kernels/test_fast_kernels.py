@@ -59,7 +59,7 @@ def assign(g, cache, lens):
             for logical in range(c.blocks_for_tokens(n)):
                 pick = int(torch.randint(len(cache.free_blocks), (1,), generator=g))
                 cache.block_table[slot, layer, logical] = cache.free_blocks.pop(pick)
-                cache._dirty.add(cache.flat_index(slot, layer, logical))
+                cache.mark_table_changed(slot, layer, logical)
     cache.check_invariants()
 
 

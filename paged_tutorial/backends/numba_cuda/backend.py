@@ -8,7 +8,7 @@ import torch
 
 import numpy as np
 
-from paged_tutorial.cache.paged_cache import check_block_entries
+from paged_tutorial.cache.block_table import check_block_entries
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.numba_cuda.kernels import attention, elementwise, kv_write, norms, prefill, sampling
 from paged_tutorial.backends.numba_cuda.runtime import launch  # noqa: F401

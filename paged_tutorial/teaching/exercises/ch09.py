@@ -34,6 +34,8 @@ def blocks_saved(requests: int = SAVED["requests"], shared: int = SAVED["shared"
     tokens (then ``own`` tokens each) are all admitted: without prefix caching minus with."""
     from paged_tutorial.cache.paged_cache import PagedKVCache
     from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache
+    from paged_tutorial.engine.request import Request
+    from paged_tutorial.engine.sampling_params import SamplingParams
 
     n = shared + own
     config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8, dtype="float32",
@@ -43,8 +45,8 @@ def blocks_saved(requests: int = SAVED["requests"], shared: int = SAVED["shared"
     used = []
     for cache in (PagedKVCache(config), PrefixCachingKVCache(config)):
         for slot, prompt in enumerate(prompts):
-            cache.allocate_prompt(slot, prompt, n)
-            cache.commit_step()                # each admitted after the one before ran
+            cache.allocator.allocate_prompt(slot, Request(slot, prompt, SamplingParams()))
+            cache.allocator.commit_step()      # each admitted after the one before ran
         used.append(int((cache.reference_counts() > 0).sum()))
     return used[0] - used[1]
 

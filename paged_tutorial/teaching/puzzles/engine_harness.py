@@ -7,8 +7,8 @@ exactly as the kernels do).  The replaced piece enters through public extension 
 - a ``Backend`` subclass (``Engine(model, backend=...)``): the cache's *writer* side, where the
   article's engine computes where a token's K/V go (``main.cpp:265`` prefill, ``858-872``
   decode), while the stock reader (the decode attention) finds them through the table;
-- a ``PagedKVCache`` subclass: the free-list rules, given to ``Engine(...,
-  cache_factory=...)``.
+- a ``PagedKVCache`` whose allocator (a ``BlockAllocator``) follows the reader's free-list
+  rules, given to ``Engine(..., cache_factory=...)``.
 
 ``run`` steps an engine to the end and keeps, after every step, the step's kind, its logits,
 its new tokens, a copy of the block table and of the free list: ``first_difference`` compares
@@ -39,7 +39,7 @@ def tiny_model(num_layers: int = 2, dtype: str = "bfloat16"):
 
 def engine_with_cache(model, cache_factory=None, **engine_kwargs):
     """An ``Engine`` whose cache is ``cache_factory(cache_config, device)`` (a
-    ``PagedKVCache`` subclass), or a stock one when ``cache_factory`` is None."""
+    ``PagedKVCache`` with its own allocator), or a stock one when ``cache_factory`` is None."""
     from paged_tutorial.engine.llm_engine import Engine
 
     return Engine(model, cache_factory=cache_factory, **engine_kwargs)

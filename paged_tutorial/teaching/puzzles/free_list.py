@@ -4,7 +4,8 @@ for every logical block the prompt needs (``main.cpp:266-272``), decode pops whe
 it writes starts a new block (``main.cpp:859-865``), a finished slot pushes its blocks back
 layer by layer, logical block by logical block (``main.cpp:1018-1029``).
 
-The grader runs a real engine whose cache (``RuleCache``, a ``PagedKVCache``) follows the
+The grader runs a real engine whose cache allocates with ``RuleAllocator`` (the article's
+``FreeListAllocator`` with its rules replaced), which follows the
 reader's rule for one of the three and the article's for the other two, next to a stock
 engine, on requests chosen to cross the rules' edges: a 16-token prompt (exactly one block), a
 5-token prompt that decodes past position 16, and a third request that waits for a slot and
@@ -15,12 +16,13 @@ block tables and free lists must be equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable
 
 import numpy as np
 
-from paged_tutorial.cache.paged_cache import CacheFullError, PagedKVCache
+from paged_tutorial.cache.block_allocator import CacheFullError, FreeListAllocator
+from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -64,12 +66,12 @@ class Rules:
 ARTICLE_RULES = Rules(article_prefill_pops, article_decode_pops, article_release_order)
 
 
-class RuleCache(PagedKVCache):
-    """A ``PagedKVCache`` whose allocation and release follow ``rules``: a slot that owns
+class RuleAllocator(FreeListAllocator):
+    """The article's allocator with its pops and pushes decided by ``rules``: a slot that owns
     nothing is being prefilled, one that owns blocks is decoding the token at new_len - 1."""
 
-    def __init__(self, config, device, rules: Rules):
-        super().__init__(config, device)
+    def __init__(self, config, table, events, rules: Rules):
+        super().__init__(config, table, events)
         self.rules = rules
 
     def ensure_capacity(self, slot: int, new_len: int) -> None:
@@ -95,19 +97,18 @@ class RuleCache(PagedKVCache):
             logical = position // c.BLOCK_SIZE
             plan = [(layer, logical) for layer in range(c.num_layers)] if pops else []
             for layer, lb in plan:
-                if self.block_table[slot, layer, lb] != -1:
+                if self.table.entries[slot, layer, lb] != -1:
                     raise Wrong(f"{call} is True, but position {position} lies in logical block "
                                 f"{lb}, which already holds physical block "
-                                f"{int(self.block_table[slot, layer, lb])}: a second pop would "
+                                f"{int(self.table.entries[slot, layer, lb])}: a second pop would "
                                 "overwrite the entry and lose that block")
         if len(plan) > len(self.free_blocks):
             raise CacheFullError(f"slot {slot} needs {len(plan)} blocks, "
                                  f"{len(self.free_blocks)} free")
         for layer, logical in plan:
-            self.block_table[slot, layer, logical] = self.free_blocks.pop()
-            self.mark_table_changed(slot, layer, logical)
+            self.table.assign(slot, layer, logical, self.free_blocks.pop())
         missing = [lb for lb in range(c.blocks_for_tokens(new_len))
-                   if self.block_table[slot, 0, lb] == -1]
+                   if self.table.entries[slot, 0, lb] == -1]
         if missing:
             what = f"the prefill of {new_len} tokens" if prefill else \
                 f"the decode step that writes position {new_len - 1}"
@@ -117,8 +118,8 @@ class RuleCache(PagedKVCache):
 
     def release(self, slot: int) -> list[int]:
         c = self.config
-        owned = sorted(int(b) for b in self.block_table[slot].ravel() if b >= 0)
-        order = host_call(self.rules.release_order, (self.block_table.copy(), slot),
+        owned = sorted(int(b) for b in self.table.entries[slot].ravel() if b >= 0)
+        order = host_call(self.rules.release_order, (self.table.entries.copy(), slot),
                           ["block_table", "slot"])
         if not isinstance(order, (list, tuple, np.ndarray)):
             raise Wrong(f"release_order returned a {type(order).__name__}; it must return a list "
@@ -136,8 +137,8 @@ class RuleCache(PagedKVCache):
                         + (f"; not the slot's: {extra[:6]}" if extra else "")
                         + (f"; pushed twice: {twice[:6]}" if twice else ""))
         self.free_blocks.extend(order)
-        self.block_table[slot] = -1
-        self.mark_table_changed()
+        self.table.entries[slot] = -1
+        self.table.mark_changed()
         return order
 
 
@@ -162,9 +163,10 @@ def _describe_step(states, i) -> str:
 
 def grade_rules(rules: Rules, which: str) -> str:
     stock = stock_run()
-    engine = engine_with_cache(tiny_model(), lambda config, device: RuleCache(config, device,
-                                                                              rules),
-                               backend="torch", **_engine_kwargs())
+    def rule_cache(config, device):
+        return PagedKVCache(config, device, allocator=partial(RuleAllocator, rules=rules))
+
+    engine = engine_with_cache(tiny_model(), rule_cache, backend="torch", **_engine_kwargs())
     try:
         mine, diff = run(engine, REQUESTS, against=stock, compare_blocks=True)
     except ValueError as exc:      # the engine's own check of a -1 entry before a write

@@ -97,10 +97,8 @@ class SharingRecord:
 
     def matches(self, cache) -> bool:
         """Whether the rebuilt state equals the cache's own (table, counts, cached, free)."""
-        counts = getattr(cache, "ref_counts", None)
-        if counts is None:
-            counts = cache.reference_counts()
-        cached = set(getattr(cache, "entry_of_block", {})) - set(np.flatnonzero(counts))
+        counts = cache.reference_counts()
+        cached = set(cache.evictable_blocks())
         free = set(int(b) for b in cache.free_blocks)
         return (np.array_equal(self.block_table, cache.block_table)
                 and np.array_equal(self.ref_counts, counts)

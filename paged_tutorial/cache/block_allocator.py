@@ -1,0 +1,210 @@
+"""Who owns which physical block: the ``free_blocks`` stack and the contract a scheduler uses.
+
+``BlockAllocator`` is that contract: the only cache methods the scheduler
+(``engine/scheduler.py``) calls.  ``FreeListAllocator`` follows the article: ``free_blocks``
+starts as 0..NUM_BLOCKS-1 and is used as a stack, allocation pops from the end, release pushes
+back (``src/main.cpp:577-578``, ``266-272``, ``859-865``, ``1018-1029``).  The prefix cache
+(``prefix_cache.PrefixCache``) extends it; chapter 06's puzzles replace its rules.
+
+A request handed to the prompt methods needs ``prompt_ids``, ``total_len`` (its prompt plus
+what it generated before a preemption) and a ``block_hashes`` attribute the prefix cache fills
+once (``engine/request.py``'s ``Request``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from paged_tutorial.cache.block_table import BlockTable
+from paged_tutorial.cache.events import BlockListeners
+from paged_tutorial.config import CacheConfig
+
+
+class CacheFullError(RuntimeError):
+    """Raised by ``ensure_capacity`` / ``allocate_prompt`` when too few blocks are available
+    (the scheduler preempts, or waits, on it)."""
+
+
+class BlockAllocator(ABC):
+    """What a scheduler may call, between engine steps:
+
+    - admission: ``prefix_in_flight(request)`` (wait one step?), ``can_allocate_prompt(slot,
+      request)``, ``allocate_prompt(slot, request)`` -> prompt tokens already cached;
+    - growth: ``can_grow(slot, new_len)``, ``ensure_capacity(slot, new_len)`` (raises
+      ``CacheFullError``, changing nothing);
+    - retirement and preemption: ``release(slot)``;
+    - the step's end: ``commit_step()`` (the model ran) or ``discard_uncommitted()`` (it
+      failed, the batch is rolled back);
+    - accounting: ``blocks_available()``, ``num_free``, ``num_evictable_blocks``,
+      ``evictable_blocks()``, ``blocks_owned(slot)``, ``check_invariants()``.
+
+    Every method that changes ownership edits the ``BlockTable`` and emits its events through
+    the ``BlockListeners`` once it has completed."""
+
+    def __init__(self, config: CacheConfig, table: BlockTable, events: BlockListeners):
+        self.config = config
+        self.table = table
+        self.events = events
+        self.free_blocks: list[int] = list(range(config.NUM_BLOCKS))
+
+    # --- accounting (shared by every allocator) -------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    def blocks_owned(self, slot: int, layer: int | None = None) -> int:
+        return self.table.blocks_owned(slot, layer)
+
+    def blocks_needed(self, slot: int, new_len: int) -> int:
+        """Blocks that growing ``slot`` to ``new_len`` tokens would take (all layers)."""
+        have = int((self.table.entries[slot, 0] >= 0).sum())
+        return max(0, self.config.blocks_for_tokens(new_len) - have) * self.config.num_layers
+
+    def can_grow(self, slot: int, new_len: int) -> bool:
+        """Whether ``ensure_capacity(slot, new_len)`` would find enough blocks."""
+        return self.blocks_needed(slot, new_len) <= self.blocks_available()
+
+    def check_length(self, slot: int, new_len: int) -> None:
+        if new_len > self.config.max_seq_len:
+            raise ValueError(f"slot {slot}: {new_len} tokens exceed max_seq_len "
+                             f"{self.config.max_seq_len}")
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.evictable_blocks())
+
+    # --- the contract each allocator fills in -----------------------------------------------
+    @abstractmethod
+    def evictable_blocks(self) -> list[int]:
+        """Blocks nobody uses that are kept for their K/V (an allocation may evict them)."""
+
+    @abstractmethod
+    def blocks_available(self) -> int:
+        """Blocks an allocation may take now."""
+
+    @abstractmethod
+    def prefix_in_flight(self, request) -> bool:
+        """Whether part of the request's prompt is being computed by a request admitted this
+        step (waiting one step would find it cached)."""
+
+    @abstractmethod
+    def can_allocate_prompt(self, slot: int, request) -> bool:
+        """Whether ``allocate_prompt(slot, request)`` would find enough blocks now."""
+
+    @abstractmethod
+    def allocate_prompt(self, slot: int, request) -> int:
+        """Give a slot that owns nothing its blocks for ``request.total_len`` tokens.  Returns
+        how many leading tokens are already in the cache.  Raises CacheFullError, changing
+        nothing, if the blocks are not available."""
+
+    @abstractmethod
+    def ensure_capacity(self, slot: int, new_len: int) -> None:
+        """Give ``slot`` blocks (every layer) for positions < new_len.  Raises
+        CacheFullError, changing nothing, if too few blocks are available."""
+
+    @abstractmethod
+    def release(self, slot: int) -> list[int]:
+        """Reset every entry of the slot; returns the blocks pushed back to free_blocks."""
+
+    @abstractmethod
+    def commit_step(self) -> None:
+        """The step's model run succeeded: what it computed is in the cache for good."""
+
+    @abstractmethod
+    def discard_uncommitted(self) -> None:
+        """The step's model run failed: forget anything that promised its results."""
+
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the block accounting does not add up."""
+
+
+class FreeListAllocator(BlockAllocator):
+    """The article's allocator: every block a slot owns is its own, popped empty from the end
+    of ``free_blocks`` when a logical block is first needed, pushed back when the slot is
+    released.  Nothing outlives a step, so a step has nothing to commit or discard."""
+
+    def evictable_blocks(self) -> list[int]:
+        return []                        # a block nobody uses is free
+
+    def blocks_available(self) -> int:
+        return len(self.free_blocks)
+
+    def prefix_in_flight(self, request) -> bool:
+        return False                     # nothing is shared, so nothing is worth waiting for
+
+    def can_allocate_prompt(self, slot: int, request) -> bool:
+        return self.can_grow(slot, request.total_len)
+
+    def allocate_prompt(self, slot: int, request) -> int:
+        self.ensure_capacity(slot, request.total_len)
+        return 0                         # every block is popped empty
+
+    def ensure_capacity(self, slot: int, new_len: int) -> None:
+        """A block is popped only when a logical block is first needed (its entry is -1), as
+        the article's prefill and decode paths do."""
+        self.check_length(slot, new_len)
+        n_logical = self.config.blocks_for_tokens(new_len)
+        if n_logical == 0 or self.table.entries[slot, 0, n_logical - 1] >= 0:
+            return          # most decode steps: the last block still has room (blocks are
+            #                 taken in logical order and all layers grow together)
+        need = self.blocks_needed(slot, new_len)
+        if need > self.blocks_available():
+            raise CacheFullError(f"slot {slot} needs {need} blocks, {self.blocks_available()} "
+                                 "available")
+        events = []
+        self._grow(slot, n_logical, events)
+        self.events.emit(events)
+
+    def _grow(self, slot: int, n_logical: int, events: list) -> None:
+        """Fill the slot's -1 entries below ``n_logical`` (every layer) with blocks taken by
+        ``_take_block`` (the caller has checked that enough are available)."""
+        for layer in range(self.config.num_layers):
+            row = self.table.entries[slot, layer]
+            for logical in np.flatnonzero(row[:n_logical] == -1).tolist():
+                self.table.assign(slot, layer, logical, self._take_block(events))
+                events.append(("pop", int(row[logical]), slot, layer, logical, 1, None))
+
+    def _take_block(self, events: list) -> int:
+        """Pop the block for a new entry."""
+        return self.free_blocks.pop()
+
+    def release(self, slot: int) -> list[int]:
+        """Push every block the slot owns back to free_blocks and reset its entries to -1
+        (``src/main.cpp:1018-1029``: layer by layer, logical block by logical block)."""
+        freed, events = [], []
+        for layer in range(self.config.num_layers):
+            row = self.table.entries[slot, layer]
+            for logical in np.flatnonzero(row >= 0).tolist():
+                block = self.table.unassign(slot, layer, logical)
+                freed.append(block)
+                self.free_blocks.append(block)
+                events.append(("push", block, slot, layer, logical, 0, None))
+        self.events.emit(events)
+        return freed
+
+    def commit_step(self) -> None:
+        pass                             # the step's blocks are already its slots' own
+
+    def discard_uncommitted(self) -> None:
+        pass                             # a rollback releases the slots, blocks and all
+
+    def check_invariants(self) -> None:
+        """Each block is owned by at most one entry or free, never both, and all are one or
+        the other."""
+        n = self.config.NUM_BLOCKS
+        owned = self.table.entries[self.table.entries >= 0]
+        if owned.size and (owned.max() >= n):
+            raise AssertionError("block table points past NUM_BLOCKS")
+        if len(np.unique(owned)) != owned.size:
+            raise AssertionError("a physical block has more than one owner")
+        free = np.asarray(self.free_blocks, dtype=np.int64)
+        if len(np.unique(free)) != free.size:
+            raise AssertionError("free_blocks holds a block twice")
+        if np.intersect1d(owned, free).size:
+            raise AssertionError("a block is both owned and free")
+        if owned.size + free.size != n:
+            raise AssertionError(f"owned ({owned.size}) + free ({free.size}) != NUM_BLOCKS "
+                                 f"({n})")
