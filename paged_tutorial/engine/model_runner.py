@@ -57,34 +57,28 @@ class ModelRunner:
         request replays what it generated), after its ``num_computed_tokens``."""
         return self.packer.prefill([r.all_ids[r.num_computed_tokens:] for r in requests],
                                    [r.num_computed_tokens for r in requests],
-                                   [r.slot for r in requests], self.cache.device_block_table())
+                                   [r.slot for r in requests], self.cache.device_block_table(),
+                                   self.sampling_inputs(requests))
+
+    def decode_inputs(self, requests: list[Request]) -> StepInputs:
+        """Each running request's last token, at its next position."""
+        return self.packer.decode([r.output_ids[-1] for r in requests],
+                                  [r.num_computed_tokens for r in requests],
+                                  [r.slot for r in requests], self.cache.device_block_table(),
+                                  self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
         """Run the batch; return (one sampled token id per request, float32 logits [B, V])."""
         requests = batch.requests
-        if batch.kind == "prefill":
-            logits = self._prefill(requests)
-            next_ids = None
-        else:
-            logits, next_ids = self._decode(requests)
-        if next_ids is None:
-            temperature, top_p, uniforms = (torch.tensor(x, dtype=torch.float32).to(self.device)
-                                            for x in self.sampling_inputs(requests))
-            next_ids = self.backend.sample(logits, temperature, top_p, uniforms).tolist()
+        if batch.kind == "decode" and self.graphs is not None:
+            logits, next_ids = self.graphs.run(
+                [r.output_ids[-1] for r in requests], [r.num_computed_tokens for r in requests],
+                [r.slot for r in requests], *self.sampling_inputs(requests))
+            return [int(t) for t in next_ids], logits
+        inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
+            self.decode_inputs(requests)
+        logits = self.llama.forward(inputs, self.cache)
+        next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
+                                       inputs.uniforms).tolist()
         return [int(t) for t in next_ids], logits
-
-    def _prefill(self, requests: list[Request]) -> torch.Tensor:
-        return self.llama.forward(self.prefill_inputs(requests), self.cache)
-
-    def _decode(self, requests: list[Request]):
-        """Returns (logits, sampled ids or None when the caller still has to sample)."""
-        last_tokens = [r.output_ids[-1] for r in requests]
-        positions = [r.num_computed_tokens for r in requests]
-        slots = [r.slot for r in requests]
-        if self.graphs is not None:
-            return self.graphs.run(last_tokens, positions, slots,
-                                   *self.sampling_inputs(requests))
-        inputs = self.packer.decode(last_tokens, positions, slots,
-                                    self.cache.device_block_table())
-        return self.llama.forward(inputs, self.cache), None

@@ -2,8 +2,8 @@
 
 The model runner builds one per step.  Every integer input of the step (token ids, positions,
 slots, and for a decode the sequence lengths, for a prefill ``cu_seqlens``, the context
-lengths, the slot of each sequence and the rows that need logits) is written into one int32
-host buffer and sent to the device with *one* copy; the tensors of ``StepInputs`` are views of
+lengths, the slot of each sequence and the rows that need logits), and the sampling
+parameters of each sequence (float32 bit patterns), are written into one int32 host buffer and sent to the device with *one* copy; the tensors of ``StepInputs`` are views of
 that one device buffer.  On a GPU the host buffer is pinned memory, so the copy is
 asynchronous (``non_blocking``); on the CPU the views are of the host buffer itself and nothing
 is copied.
@@ -40,6 +40,9 @@ class StepInputs:
     cu_seqlens: torch.Tensor | None = None     # prefill: [S + 1] boundaries of the new tokens
     context_lens: torch.Tensor | None = None   # prefill: [S] tokens already in the cache
     logit_rows: torch.Tensor | None = None     # rows that need logits (None: all)
+    temperature: torch.Tensor | None = None    # [S] float32: sampling parameters per sequence
+    top_p: torch.Tensor | None = None          # [S] float32
+    uniforms: torch.Tensor | None = None       # [S] float32 (``model/sampling.py``)
     # --- host copies, computed while the lists were built ---------------------------------
     num_seqs: int = 0
     max_seq_len: int | None = None   # longest seq_lens entry (None: not known on the host)
@@ -67,6 +70,13 @@ class StepInputs:
         return self._derived[name]
 
 
+SAMPLING_ROWS = ("temperature", "top_p", "uniforms")
+
+
+def _sampling_fields(t: dict) -> dict:
+    return {name: t.get(name) for name in SAMPLING_ROWS}
+
+
 class StepInputPacker:
     """Packs a step's integer lists into one int32 buffer and sends it to ``device`` with one
     copy.  On a GPU it keeps one pinned host buffer, grown when a step needs more, and waits
@@ -85,14 +95,22 @@ class StepInputPacker:
             self._host = torch.empty(n, dtype=torch.int32)
             return self._host.numpy()
         if self._host is None or self._host.numel() < n:
-            self._host = torch.empty(max(n, 1024), dtype=torch.int32, pin_memory=True)
+            self._host = torch.empty(max(n, 1024), dtype=torch.int32,
+                                     pin_memory=self.device.type == "cuda")
             self._copied = None
         elif self._copied is not None:
             self._copied.synchronize()          # the last step's copy has read the buffer
         return self._host.numpy()
 
-    def pack(self, rows: dict[str, list[int] | np.ndarray]) -> dict[str, torch.Tensor]:
-        """{name: int list} -> {name: int32 device tensor}, all views of one device buffer."""
+    def pack(self, rows: dict[str, list[int] | np.ndarray],
+             sampling: tuple | None = None) -> dict[str, torch.Tensor]:
+        """{name: int list} -> {name: int32 device tensor}, all views of one device buffer.
+        ``sampling``: (temperature, top_p, uniforms) float lists, packed as float32 bit
+        patterns and returned as float32 views under those names."""
+        rows = dict(rows)
+        if sampling is not None:
+            for name, values in zip(SAMPLING_ROWS, sampling):
+                rows[name] = np.asarray(values, dtype=np.float32).view(np.int32)
         sizes = {name: len(values) for name, values in rows.items()}
         total = sum(sizes.values())
         host = self._host_buffer(total)
@@ -103,32 +121,37 @@ class StepInputPacker:
         packed = self._host[:total]
         if self.device.type != "cpu":
             packed = packed.to(self.device, non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+            if self.device.type == "cuda":
+                self._copied = torch.cuda.Event()
+                self._copied.record()
             self.copies += 1
         self.packs += 1
         views, offset = {}, 0
         for name, n in sizes.items():
-            views[name] = packed[offset:offset + n]
+            view = packed[offset:offset + n]
+            views[name] = view.view(torch.float32) if name in SAMPLING_ROWS else view
             offset += n
         return views
 
     # --- the two kinds of step ------------------------------------------------------------
     def decode(self, token_ids: list[int], positions: list[int], slots: list[int],
-               block_table: torch.Tensor | None) -> StepInputs:
-        """One new token per sequence at ``positions`` of cache row ``slots``."""
+               block_table: torch.Tensor | None, sampling: tuple | None = None) -> StepInputs:
+        """One new token per sequence at ``positions`` of cache row ``slots``.  ``sampling``:
+        (temperature, top_p, uniforms) lists, one entry per sequence."""
         seq_lens = [p + 1 for p in positions]
         t = self.pack({"token_ids": token_ids, "positions": positions, "slots": slots,
-                       "seq_lens": seq_lens})
+                       "seq_lens": seq_lens}, sampling)
         return StepInputs("decode", t["token_ids"], t["positions"], t["slots"], t["slots"],
                           t["seq_lens"], block_table, num_seqs=len(token_ids),
-                          max_seq_len=max(seq_lens, default=0), max_query_len=1)
+                          max_seq_len=max(seq_lens, default=0), max_query_len=1,
+                          **_sampling_fields(t))
 
     def prefill(self, new_tokens: list[list[int]], context_lens: list[int],
-                seq_slots: list[int], block_table: torch.Tensor | None) -> StepInputs:
+                seq_slots: list[int], block_table: torch.Tensor | None,
+                sampling: tuple | None = None) -> StepInputs:
         """Sequence i adds ``new_tokens[i]`` at positions ``context_lens[i]``, ... of cache row
         ``seq_slots[i]``; the new tokens of all sequences are packed into one batch, and each
-        sequence's last row gets logits."""
+        sequence's last row gets logits.  ``sampling`` as in ``decode``."""
         if not len(new_tokens) == len(context_lens) == len(seq_slots):
             raise ValueError(f"prefill: {len(new_tokens)} token lists, {len(context_lens)} "
                              f"context lengths and {len(seq_slots)} slots: give one of each "
@@ -143,7 +166,7 @@ class StepInputPacker:
         t = self.pack({"token_ids": tokens, "positions": positions, "slots": slots,
                        "seq_slots": seq_slots, "seq_lens": seq_lens, "cu_seqlens": cu_seqlens,
                        "context_lens": context_lens,
-                       "logit_rows": [end - 1 for end in cu_seqlens[1:]]})
+                       "logit_rows": [end - 1 for end in cu_seqlens[1:]]}, sampling)
         return StepInputs("prefill", t["token_ids"], t["positions"], t["slots"],
                           t["seq_slots"], t["seq_lens"], block_table,
                           cu_seqlens=t["cu_seqlens"], context_lens=t["context_lens"],
@@ -151,7 +174,7 @@ class StepInputPacker:
                           max_seq_len=max(seq_lens, default=0),
                           max_query_len=max(map(len, new_tokens), default=0),
                           cu_seqlens_host=tuple(cu_seqlens),
-                          context_lens_host=tuple(context_lens))
+                          context_lens_host=tuple(context_lens), **_sampling_fields(t))
 
 
 def prefill_layout(cu_seqlens: list[int], device: str | torch.device = "cpu",
