@@ -53,8 +53,8 @@ class DecodeGraphs:
     def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
         backend = llama.backend
         if backend.device.type != "cuda" or getattr(backend, "name", "") != "numba":
-            raise ValueError(f"CUDA graphs need the numba backend on a GPU (the torch backend "
-                             f"reads sequence lengths on the host), got {backend.describe()}")
+            raise ValueError(f"CUDA graphs are captured for the numba backend on a GPU only, "
+                             f"got {backend.describe()}: pass cuda_graphs=False")
         if getattr(backend, "check_inputs", False):
             raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
                              "checks (check_inputs / debug=True): turn them off, or pass "
