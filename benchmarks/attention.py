@@ -188,12 +188,14 @@ def bench_prefill(g, matmul_tflops):
     k = qkv[:, N_Q * D:(N_Q + N_KV) * D].view(t, N_KV, D)
     v = qkv[:, (N_Q + N_KV) * D:].view(t, N_KV, D)
     from paged_tutorial.backends.torch_ref import TorchBackend
-    ref = TorchBackend("cuda").prefill_attention(q.float(), k.float(), v.float(), cu, SCALE)
+    from paged_tutorial.model.step_inputs import prefill_layout
+    layout = prefill_layout(cu, "cuda")
+    ref = TorchBackend("cuda").prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
     flops = sum(4 * N_Q * D * (n * (n + 1) // 2) for n in (1024, 1024))   # QK^T + PV, causal
     numba_prefill = NumbaBackend(prefill="numba")
     default = NumbaBackend()                  # the GPU default: one varlen flash call
-    impls = {"numba": lambda: numba_prefill.prefill_attention(q, k, v, cu, SCALE),
-             "varlen": lambda: default.prefill_attention(q, k, v, cu, SCALE),
+    impls = {"numba": lambda: numba_prefill.prefill_attention(q, k, v, layout, SCALE),
+             "varlen": lambda: default.prefill_attention(q, k, v, layout, SCALE),
              "sdpa_per_sequence": lambda: prefill_attention_sdpa(q, k, v, cu, SCALE)}
     res = {"tokens": t, "sequences": 2, "flops": flops, "us": {}, "tflops": {},
            "max_rel_err": {}}

@@ -231,17 +231,10 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     runner, cache = engine.model_runner.llama, engine.cache
     for r, p in enumerate(prompts):
         cache.ensure_capacity(r, len(p))
-    toks = torch.tensor(sum(prompts, []), dtype=torch.int32, device="cuda")
-    pos = torch.tensor([j for p in prompts for j in range(len(p))], dtype=torch.int32,
-                       device="cuda")
-    slots = torch.tensor([r for r, p in enumerate(prompts) for _ in p], dtype=torch.int32,
-                         device="cuda")
-    cu = [0, PREFILL_LENS[0], sum(PREFILL_LENS)]
-    rows = torch.tensor([cu[1] - 1, cu[2] - 1], device="cuda")
-    bt = cache.device_block_table()
-    res["forward_ms"] = events_ms(lambda: runner.forward(toks, pos, slots, cache, bt,
-                                                         prefill_cu_seqlens=cu,
-                                                         logit_rows=rows), reps=10)
+    inputs = engine.model_runner.packer.prefill(prompts, [0] * len(prompts),
+                                                list(range(len(prompts))),
+                                                cache.device_block_table())
+    res["forward_ms"] = events_ms(lambda: runner.forward(inputs, cache), reps=10)
     from paged_tutorial.backends.numba_cuda.kernels import prefill_sdpa
     res["attention_path"] = prefill_sdpa.LAST_PATH if getattr(
         engine.backend, "prefill", None) == "sdpa" else "numba-kernel"

@@ -1,6 +1,6 @@
 """The contract every backend fulfils: the engine's non-GEMM operations.
 
-The engine (``runner.py``) calls only these methods, so a backend is a drop-in replacement for
+The forward pass (``model/llama.py``) calls only these methods, so a backend is a drop-in replacement for
 another.  ``TorchBackend`` (``torch_ref.py``) is the oracle; the Numba backends implement the
 same methods with CUDA kernels.  Shapes below use T = tokens in the step, B = sequences in a
 decode step, H = hidden size, nH / nKV = query / key-value heads, D = head_dim.
@@ -16,6 +16,10 @@ Conventions shared by all backends
   MAX_BLOCKS_PER_SEQ], -1 = unassigned.  Kernels find a token's block themselves, as the
   article's kernel does (``kernels.cu:480``).
 - Integer index tensors (token ids, slots, positions, seq_lens) are int32 on the device.
+  The prefill attention ops take the step's ``StepInputs`` (``model/step_inputs.py``): its
+  device tensors, and the host ints (``cu_seqlens_host``, ``max_seq_len``, ...) an op may need
+  to size its work.  No op reads a device tensor back to the host (except input checks a
+  backend runs on request).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from __future__ import annotations
 import abc
 
 import torch
+
+from paged_tutorial.backends import paged_reads
+from paged_tutorial.model.step_inputs import StepInputs
 
 
 class Backend(abc.ABC):
@@ -97,43 +104,40 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          cu_seqlens: list[int], scale: float) -> torch.Tensor:
+                          inputs: StepInputs, scale: float) -> torch.Tensor:
         """Causal attention inside each sequence of a packed prompt batch.
         q [T, nH, D], k/v [T, nKV, D]; sequence i is rows cu_seqlens[i]:cu_seqlens[i+1]
-        (a host list).  Returns [T, nH, D]."""
+        (``inputs.cu_seqlens`` on the device, ``inputs.cu_seqlens_host`` as ints).
+        Returns [T, nH, D]."""
 
     def prefill_attention_from_cache(self, q: torch.Tensor, cache, block_table: torch.Tensor,
-                                     layer: int, cu_seqlens: list[int], context_lens: list[int],
-                                     slots: list[int], scale: float) -> torch.Tensor:
+                                     layer: int, inputs: StepInputs,
+                                     scale: float) -> torch.Tensor:
         """Causal attention of a prefill whose sequences continue tokens already in the cache
         (prefix caching: the shared prefix is not recomputed).  q [T, nH, D] holds the new
         tokens packed as in ``prefill_attention``: sequence i is rows cu_seqlens[i]:
         cu_seqlens[i+1], its tokens sit at positions context_lens[i], context_lens[i] + 1, ...
-        of cache slot slots[i] (host lists), and their K/V have already been written there
-        (``rope_write_kv``).  The query at position p attends to the slot's positions 0..p,
-        all read through the block table.  Returns [T, nH, D].
+        of cache slot seq_slots[i] (all in ``inputs``), and their K/V have already been
+        written there (``rope_write_kv``).  The query at position p attends to the slot's
+        positions 0..p, all read through the block table.  Returns [T, nH, D].
 
-        Default: the torch oracle's reading of the cache and attention (``torch_ref``), with
+        Default: the torch oracle's reading of the cache and attention (``paged_reads``),
         torch ops on the cache's device, so every backend has it; a backend may replace it
         with a kernel that gives the same result."""
-        from paged_tutorial.backends.torch_ref import attention, gather_kv
-
-        out = torch.empty_like(q)
-        for i, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
-            total = context_lens[i] + (end - start)
-            k, v = gather_kv(cache, block_table, slots[i], layer, total,
-                             host_table=cache.block_table)
-            out[start:end] = attention(q[start:end], k, v, scale, causal=True)
-        return out
+        return paged_reads.prefill_attention_from_cache(q, cache, block_table, layer, inputs,
+                                                        scale)
 
     @abc.abstractmethod
     def decode_attention(self, q: torch.Tensor, cache, block_table: torch.Tensor, layer: int,
                          seq_lens: torch.Tensor, active_slots: torch.Tensor,
-                         scale: float) -> torch.Tensor:
+                         scale: float, max_seq_len: int | None = None) -> torch.Tensor:
         """One query token per sequence against every cached token, read through the block
         table.  q [B, nH, D]; row b belongs to cache slot active_slots[b] and attends to its
-        first seq_lens[b] tokens (which include the token just written).  The output is
-        written over q, as the article's kernel does (``kernels.cu:469,522``); returns q."""
+        first seq_lens[b] tokens (which include the token just written).  ``max_seq_len``:
+        the largest seq_lens entry when the caller knows it on the host (``StepInputs`` does;
+        None: up to the cache's ``max_seq_len``), for a backend that sizes its work by it.
+        The output is written over q, as the article's kernel does
+        (``kernels.cu:469,522``); returns q."""
 
     # --- sampling ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -140,20 +140,20 @@ class RecordingBackend(Backend):
         return self._record("write_kv", self.inner.write_kv,
                             (cache, k, v, block_table, layer, slots, positions), {})
 
-    def prefill_attention(self, q, k, v, cu_seqlens, scale):
+    def prefill_attention(self, q, k, v, inputs, scale):
         return self._record("prefill_attention", self.inner.prefill_attention,
-                            (q, k, v, cu_seqlens, scale), {})
+                            (q, k, v, inputs, scale), {})
 
-    def prefill_attention_from_cache(self, q, cache, block_table, layer, cu_seqlens,
-                                     context_lens, slots, scale):
+    def prefill_attention_from_cache(self, q, cache, block_table, layer, inputs, scale):
         return self._record("prefill_attention_from_cache",
                             self.inner.prefill_attention_from_cache,
-                            (q, cache, block_table, layer, cu_seqlens, context_lens, slots,
-                             scale), {})
+                            (q, cache, block_table, layer, inputs, scale), {})
 
-    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
+                         max_seq_len=None):
         return self._record("decode_attention", self.inner.decode_attention,
-                            (q, cache, block_table, layer, seq_lens, active_slots, scale), {})
+                            (q, cache, block_table, layer, seq_lens, active_slots, scale,
+                             max_seq_len), {})
 
     def sample(self, logits, temperature, top_p, uniforms):
         return self._record("sample", self.inner.sample, (logits, temperature, top_p, uniforms),

@@ -10,7 +10,8 @@ What a graph needs, and how this module provides it:
 - **Static inputs.**  A graph replays fixed addresses.  Token ids, positions, slots, sequence
   lengths and the sampling parameters live in one device buffer (``[7, max_batch]`` int32,
   the float rows as bit patterns), filled before each replay by *one* host-to-device copy from
-  pinned memory.  The block table is already a persistent device tensor that
+  pinned memory; the ``StepInputs`` a captured forward reads are views of that buffer, so a
+  replay reads what the copy wrote.  The block table is already a persistent device tensor that
   ``PagedKVCache.device_block_table()`` updates in place (only the dirty entries).
 - **Static outputs.**  The logits and the sampled ids are tensors allocated during capture;
   each replay overwrites them.
@@ -33,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from paged_tutorial.model.step_inputs import StepInputs
+
 ROWS_INT = ("token_ids", "positions", "slots", "seq_lens")
 ROWS_FLOAT = ("temperature", "top_p", "uniforms")
 
@@ -50,8 +53,8 @@ class DecodeGraphs:
     def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
         backend = llama.backend
         if backend.device.type != "cuda" or getattr(backend, "name", "") != "numba":
-            raise ValueError(f"CUDA graphs need the numba backend on a GPU (the torch backend "
-                             f"reads sequence lengths on the host), got {backend.describe()}")
+            raise ValueError(f"CUDA graphs are captured for the numba backend on a GPU only, "
+                             f"got {backend.describe()}: pass cuda_graphs=False")
         if getattr(backend, "check_inputs", False):
             raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
                              "checks (check_inputs / debug=True): turn them off, or pass "
@@ -96,9 +99,12 @@ class DecodeGraphs:
 
     def _forward(self, bucket: int):
         x = {name: t[:bucket] for name, t in self.inputs.items()}
-        logits = self.llama.forward(x["token_ids"], x["positions"], x["slots"], self.cache,
-                                     self.cache.device_block_table(),
-                                     decode_seq_lens=x["seq_lens"])
+        # the host ints of a StepInputs would be frozen into the graph: none are given
+        # (max_seq_len None: the kernels read each length from seq_lens)
+        inputs = StepInputs("decode", x["token_ids"], x["positions"], x["slots"], x["slots"],
+                            x["seq_lens"], self.cache.device_block_table(), num_seqs=bucket,
+                            max_query_len=1)
+        logits = self.llama.forward(inputs, self.cache)
         next_ids = self.backend.sample(logits, x["temperature"], x["top_p"], x["uniforms"])
         return logits, next_ids
 

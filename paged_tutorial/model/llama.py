@@ -20,6 +20,7 @@ from paged_tutorial.config import ModelConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.loading.models import Model
 from paged_tutorial.model.rope import rope_cos_sin
+from paged_tutorial.model.step_inputs import StepInputs
 from paged_tutorial.loading.weights import EMBED, FINAL_NORM, LAYER_PREFIX, LM_HEAD
 
 
@@ -65,7 +66,7 @@ class Llama:
 
     # ------------------------------------------------------------------------------------
     def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool, index: int,
-                        positions, slots, cache, block_table):
+                        inputs: StepInputs, cache):
         b, cfg = self.backend, self.config
         if first:
             x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
@@ -74,8 +75,8 @@ class Llama:
         # QKV projection, RoPE, K/V into the paged cache (one op: a backend may fuse it).
         # q, k, v are views into the projection (rows strided, each row contiguous): every
         # backend op accepts them, and three copy kernels per layer are saved
-        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, positions, self.cos, self.sin,
-                                   cache, block_table, index, slots)
+        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, inputs.positions, self.cos,
+                                   self.sin, cache, inputs.block_table, index, inputs.slots)
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
         b, cfg = self.backend, self.config
@@ -93,31 +94,25 @@ class Llama:
         return b.linear(x, self.lm_head).float()
 
     # ------------------------------------------------------------------------------------
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: PagedKVCache, block_table: torch.Tensor, *, prefill_cu_seqlens=None,
-                decode_seq_lens: torch.Tensor | None = None, logit_rows=None,
-                prefill_context=None) -> torch.Tensor:
-        """Run all layers for one step and return float32 logits for ``logit_rows`` (all rows
-        when None).  Exactly one of ``prefill_cu_seqlens`` / ``decode_seq_lens`` is given.
-
-        ``prefill_context``: (context_lens, seq_slots) host lists when some prefilled sequence
-        continues tokens already in the cache (prefix caching); its attention then reads the
-        whole context through the block table (``prefill_attention_from_cache``)."""
+    def _attention(self, q, k, v, index: int, inputs: StepInputs, cache):
         b = self.backend
-        residual = b.embed(self.embed, token_ids)
+        if inputs.reads_cached_context:         # a prefix found in the cache: read it there
+            return b.prefill_attention_from_cache(q, cache, inputs.block_table, index, inputs,
+                                                  self.scale)
+        if inputs.is_prefill:
+            return b.prefill_attention(q, k, v, inputs, self.scale)
+        return b.decode_attention(q, cache, inputs.block_table, index, inputs.seq_lens,
+                                  inputs.seq_slots, self.scale, inputs.max_seq_len)
+
+    def forward(self, inputs: StepInputs, cache: PagedKVCache) -> torch.Tensor:
+        """Run all layers for one step and return float32 logits for ``inputs.logit_rows``
+        (all rows when None).  ``inputs`` (``step_inputs.py``) says whether the step is a
+        prefill or a decode; ``cache`` holds the K/V the layers write and read."""
+        b = self.backend
+        residual = b.embed(self.embed, inputs.token_ids)
         h = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, positions, slots,
-                                           cache, block_table)
-            if prefill_context is not None:
-                context_lens, seq_slots = prefill_context
-                attn = b.prefill_attention_from_cache(q, cache, block_table, i,
-                                                      prefill_cu_seqlens, context_lens,
-                                                      seq_slots, self.scale)
-            elif prefill_cu_seqlens is not None:
-                attn = b.prefill_attention(q, k, v, prefill_cu_seqlens, self.scale)
-            else:
-                attn = b.decode_attention(q, cache, block_table, i, decode_seq_lens, slots,
-                                          self.scale)
+            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, inputs, cache)
+            attn = self._attention(q, k, v, i, inputs, cache)
             h = self._layer_epilogue(layer, attn, residual)
-        return self._logits(h, residual, logit_rows)
+        return self._logits(h, residual, inputs.logit_rows)

@@ -53,13 +53,14 @@ class WholeTableCopyBackend(RecordingBackend):
                if self.copy_whole_table else "forwarding only")
         return f"{self.inner.describe()}, {way}"
 
-    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
+                         max_seq_len=None):
         if self.copy_whole_table:
             host = torch.from_numpy(cache.block_table)          # pageable host memory
             block_table.copy_(host)                             # main.cpp:876
             self.copies += 1
         return self.inner.decode_attention(q, cache, block_table, layer, seq_lens,
-                                           active_slots, scale)
+                                           active_slots, scale, max_seq_len)
 
 
 @dataclass

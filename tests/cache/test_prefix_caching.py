@@ -19,6 +19,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
 from paged_tutorial.cache.events import EVENT_KINDS
 from paged_tutorial.engine.request import Request
+from paged_tutorial.model.step_inputs import prefill_layout
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
 from helpers.streams import Boom, SwitchableFailure, drive
 from helpers.threads import generate_in_threads
@@ -294,9 +295,10 @@ def test_prefill_from_cache_equals_the_full_causal_prefill(context, new):
     table = cache.device_block_table()
     backend.write_kv(cache, k, v, table, 0, torch.full((total,), 1, dtype=torch.int32),
                      torch.arange(total, dtype=torch.int32))
-    full = backend.prefill_attention(q, k, v, [0, total], 0.3)
-    tail = Backend.prefill_attention_from_cache(backend, q[context:].clone(), cache, table, 0,
-                                                [0, new], [context], [1], 0.3)
+    full = backend.prefill_attention(q, k, v, prefill_layout([0, total]), 0.3)
+    tail = Backend.prefill_attention_from_cache(
+        backend, q[context:].clone(), cache, table, 0,
+        prefill_layout([0, new], context_lens=[context], seq_slots=[1]), 0.3)
     torch.testing.assert_close(tail, full[context:], rtol=1e-6, atol=1e-6)
 
 
@@ -378,12 +380,11 @@ def test_nothing_is_written_into_a_shared_block(tiny_model):
 def test_the_cached_prefix_is_read_by_the_context_attention(tiny_model):
     backend = pt.RecordingBackend("torch", ops=["prefill_attention",
                                                 "prefill_attention_from_cache"],
-                                  keep={"prefill_attention_from_cache": ["context_lens",
-                                                                         "slots"]})
+                                  keep={"prefill_attention_from_cache": ["inputs"]})
     engine = make_engine(tiny_model, backend=backend)
     run_checked(engine, shared_prompts()[:2], 3)
     ctx = backend.calls_of("prefill_attention_from_cache", layer=0)
-    assert len(ctx) == 1 and ctx[0].values["context_lens"] == [32]
+    assert len(ctx) == 1 and ctx[0].values["inputs"].context_lens_host == (32,)
     assert len(backend.calls_of("prefill_attention")) == TINY.num_hidden_layers   # 1st prompt
 
 

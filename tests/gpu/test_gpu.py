@@ -23,6 +23,8 @@ from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels import gemv, prefill_sdpa, sampling
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.backends.paged_reads import attention
+from paged_tutorial.model.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig, llama_3_2_1b_config
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.sampling import sample_reference
@@ -99,7 +101,7 @@ def decode_oracle(ref, q, cache, bt, layer, lens, slots):
     out = q.float().clone()
     for b, (slot, n) in enumerate(zip(slots.tolist(), lens.tolist())):
         k, v = ref.gather_kv(cache, bt, slot, layer, n)
-        out[b] = ref._attend(out[b:b + 1], k.float(), v.float(), SCALE, causal=False)[0]
+        out[b] = attention(out[b:b + 1], k.float(), v.float(), SCALE, causal=False)[0]
     return out
 
 
@@ -220,16 +222,17 @@ def test_prefill_attention_one_varlen_call(nb, ref):
     g = torch.Generator(device="cuda").manual_seed(6)
     cu = [0, 600, 1024, 1025, 2048]
     q, k, v = qkv_views(rn(g, torch.bfloat16, cu[-1], (NH + 2 * NKV) * D))
-    want = ref.prefill_attention(q.float(), k.float(), v.float(), cu, SCALE)
-    got = nb.prefill_attention(q, k, v, cu, SCALE)
+    layout = prefill_layout(cu, "cuda")
+    want = ref.prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
+    got = nb.prefill_attention(q, k, v, layout, SCALE)
     assert prefill_sdpa.LAST_PATH == "varlen"
     assert rel_err(got, want) < 1e-2
     per_seq = prefill_sdpa.prefill_attention_sdpa(q, k, v, cu, SCALE)
     assert rel_err(got, per_seq) < 1e-2
-    numba_kernel = NumbaBackend(prefill="numba").prefill_attention(q, k, v, cu, SCALE)
+    numba_kernel = NumbaBackend(prefill="numba").prefill_attention(q, k, v, layout, SCALE)
     assert rel_err(numba_kernel, want) < 5e-3
     # float32 has no flash kernel: the per-sequence fallback, same function
-    got32 = nb.prefill_attention(q.float(), k.float(), v.float(), cu, SCALE)
+    got32 = nb.prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
     assert prefill_sdpa.LAST_PATH == "per-sequence" and rel_err(got32, want) < 1e-5
 
 

@@ -24,6 +24,7 @@ from paged_tutorial.backends.numba_cuda import NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.model.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.engine.cuda_graphs import default_buckets
 from paged_tutorial.cache.paged_cache import PagedKVCache
@@ -199,7 +200,7 @@ def test_prefill_sdpa_matches_torch_backend():
     q = qkv[:, :n_q * d].view(-1, n_q, d)
     k = qkv[:, n_q * d:(n_q + n_kv) * d].view(-1, n_kv, d)
     v = qkv[:, (n_q + n_kv) * d:].view(-1, n_kv, d)
-    want = TorchBackend("cpu").prefill_attention(q, k, v, cu, 0.25)
+    want = TorchBackend("cpu").prefill_attention(q, k, v, prefill_layout(cu), 0.25)
     got = prefill_attention_sdpa(q, k, v, cu, 0.25)
     assert rel_err(got, want) < 1e-5
 

@@ -27,6 +27,7 @@ from paged_tutorial.backends.numba_cuda import SIMULATING, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.backends.numba_cuda.device import dtypes
 from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.model.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.sampling import sample_reference
@@ -364,10 +365,12 @@ def test_prefill_attention(nb, ref, poison, dtype, head_dim, n_kv, q_per_kv, cu)
     n_q = n_kv * q_per_kv
     _, q, k, v = fused_qkv(g, cu[-1], n_q, n_kv, head_dim, dt, nb.device)
     scale = 1.0 / math.sqrt(head_dim)
-    expected = ref.prefill_attention(cpu(q), cpu(k), cpu(v), cu, scale)
-    expected32 = ref.prefill_attention(cpu(q).float(), cpu(k).float(), cpu(v).float(), cu, scale)
+    layout, layout_dev = prefill_layout(cu), prefill_layout(cu, nb.device)
+    expected = ref.prefill_attention(cpu(q), cpu(k), cpu(v), layout, scale)
+    expected32 = ref.prefill_attention(cpu(q).float(), cpu(k).float(), cpu(v).float(), layout,
+                                       scale)
     with poison:
-        out = nb.prefill_attention(q, k, v, cu, scale)
+        out = nb.prefill_attention(q, k, v, layout_dev, scale)
     if dt == torch.float32:
         assert_close(out, expected, dt)
     else:

@@ -104,8 +104,6 @@ class NumbaBackend(Backend):
         self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
         #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
         self.fuse_qkv = bool(fuse_qkv)
-        self._tiles_cache: tuple | None = None
-        self._cu_cache: tuple | None = None
         self._checked_tables: set = set()
 
     def describe(self) -> str:
@@ -382,29 +380,16 @@ class NumbaBackend(Backend):
                 as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
                 c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
 
-    def _tiles(self, cu_seqlens, tile: int) -> torch.Tensor:
-        """(seq_start, seq_end, q_start) per query tile; cached, since every layer of one
-        prefill step passes the same cu_seqlens."""
-        key = (tuple(int(x) for x in cu_seqlens), tile)
-        if self._tiles_cache is not None and self._tiles_cache[0] == key:
-            return self._tiles_cache[1]
-        info = [(s, e, q0) for s, e in zip(key[0][:-1], key[0][1:]) for q0 in range(s, e, tile)]
-        tiles = torch.tensor(info, dtype=torch.int32).reshape(-1, 3).to(self.device)
-        self._tiles_cache = (key, tiles)
-        return tiles
+    def _tiles(self, inputs, tile: int) -> torch.Tensor:
+        """(seq_start, seq_end, q_start) per query tile of the prefill kernel, built from the
+        host ``cu_seqlens`` once per step (every layer reads the same tiles)."""
+        def build():
+            b = inputs.cu_seqlens_host
+            info = [(s, e, q0) for s, e in zip(b[:-1], b[1:]) for q0 in range(s, e, tile)]
+            return torch.tensor(info, dtype=torch.int32).reshape(-1, 3).to(self.device)
+        return inputs.derived(("numba.prefill_tiles", tile), build)
 
-    def _cu_seqlens(self, cu_seqlens) -> tuple[torch.Tensor, int]:
-        """(int32 cu_seqlens on the device, longest sequence); cached like ``_tiles``: one
-        host-to-device copy per prefill step, not per layer."""
-        key = tuple(int(x) for x in cu_seqlens)
-        if self._cu_cache is not None and self._cu_cache[0] == key:
-            return self._cu_cache[1]
-        longest = max((e - s for s, e in zip(key[:-1], key[1:])), default=0)
-        value = (torch.tensor(key, dtype=torch.int32).to(self.device), longest)
-        self._cu_cache = (key, value)
-        return value
-
-    def prefill_attention(self, q, k, v, cu_seqlens, scale):
+    def prefill_attention(self, q, k, v, inputs, scale):
         dtype = self._same_dtype(q, k, v)
         n_tokens, n_q_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
@@ -413,12 +398,12 @@ class NumbaBackend(Backend):
                              f"{n_kv_heads} kv heads")
         if self.prefill == "sdpa":
             if prefill_sdpa.varlen_supported(q):
-                cu, longest = self._cu_seqlens(cu_seqlens)
-                return prefill_sdpa.prefill_attention_varlen(q, k, v, cu, longest, scale)
-            return prefill_sdpa.prefill_attention_sdpa(q, k, v, cu_seqlens, scale)
+                return prefill_sdpa.prefill_attention_varlen(q, k, v, inputs.cu_seqlens,
+                                                             inputs.max_query_len, scale)
+            return prefill_sdpa.prefill_attention_sdpa(q, k, v, inputs.cu_seqlens_host, scale)
         out = torch.empty(n_tokens, n_q_heads, head_dim, dtype=q.dtype, device=q.device)
         tile = prefill.tile_for(head_dim, SIMULATING)
-        tiles = self._tiles(cu_seqlens, tile)
+        tiles = self._tiles(inputs, tile)
         if tiles.shape[0] == 0:
             return out
         kernel = prefill.make_prefill_kernel(dtype, head_dim, tile)
@@ -429,7 +414,8 @@ class NumbaBackend(Backend):
                 flat(out), as_kernel_array(tiles), n_q_heads // n_kv_heads, float(scale))
         return out
 
-    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale):
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
+                         max_seq_len=None):
         self._same_dtype(q, cache.buffer)
         self._table_ok(cache, block_table)
         c = cache.config

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from paged_tutorial.backends.paged_reads import cache_view
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
@@ -37,7 +38,7 @@ class LocatingWriterBackend(TorchBackend):
 
     def write_kv(self, cache, k, v, block_table, layer, slots, positions):
         c = cache.config
-        view = self._cache_view(cache)                 # [NUM_BLOCKS, K/V, BLOCK_SIZE, KV_DIM]
+        view = cache_view(cache)                       # [NUM_BLOCKS, K/V, BLOCK_SIZE, KV_DIM]
         table = block_table.cpu().numpy().copy()       # the reader's function gets a copy
         for i, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist())):
             args = (table, slot, layer, pos, c.BLOCK_SIZE)
