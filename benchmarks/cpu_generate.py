@@ -5,8 +5,8 @@
 Three chat prompts x 64 new tokens, run side by side in one process on the same machine. HF
 serves the prompts one after another; ours serves them through max_slots slots (1: one at a
 time, like HF; 3: all together).  Each request generates exactly 64 tokens (EOS stops neither
-side) so that the work is the same, and the tokens are compared.  Target (issue 2): ours
-within 1.5x of HF's time.
+side) so that the work is the same, and the tokens are compared.  Target: ours within 1.5x
+of HF's time.
 """
 
 from __future__ import annotations

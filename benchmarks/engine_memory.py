@@ -1,5 +1,6 @@
-"""Peak host memory of building an engine: the weights once (this code) vs the first round's
-runner, which concatenated q/k/v and gate/up into new tensors while the engine kept the model.
+"""Peak host memory of building an engine: the weights held once (``loading/packed_weights.py``)
+vs a revision that concatenated q/k/v and gate/up into new tensors while the engine kept the
+model (``--before REF``).
 
 Each measurement runs in a fresh process (peak RSS cannot be reset inside one): import torch and
 the package, build random float32 weights of a model's shapes on the CPU, build an Engine on the

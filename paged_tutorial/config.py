@@ -3,7 +3,7 @@
 The article's engine defines its cache constants twice (``src/main.cpp:32-37`` and again in
 ``src/kernels.cu:16-19``, with a TODO at ``kernels.cu:6`` asking for one definition).  Here
 ``CacheConfig`` derives them once from the model and the cache size, and both the host code
-(``kv_cache.py``) and the kernels (``backends/``) read them from the same object.
+(``cache/``) and the kernels (``backends/``) read them from the same object.
 
 Names follow the article: ``BLOCK_SIZE``, ``KV_DIM``, ``V_OFFSET``, ``BLOCK_BYTES``,
 ``NUM_BLOCKS``, ``MAX_BLOCKS_PER_SEQ``.  Byte quantities are in bytes (as in the article);

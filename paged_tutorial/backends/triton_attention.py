@@ -1,6 +1,6 @@
 """Paged decode attention in Triton: a peer of the Numba kernels, for comparison.
 
-The same algorithm as ``numba_cuda/attention_fast.py`` (one program per (sequence, KV head,
+The same algorithm as ``numba_cuda/kernels/attention_fast.py`` (one program per (sequence, KV head,
 split), the group's query heads sharing every K/V read, an online softmax, split-KV with a
 merge), written with Triton's block operations: a tile of ``BLOCKS_PER_TILE`` logical blocks
 is gathered through the block table, and both products run on tensor cores (``tl.dot``; the

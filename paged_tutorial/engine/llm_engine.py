@@ -381,8 +381,9 @@ class Engine:
             self.scheduler.add(request)
 
     @staticmethod
-    def _params(params: SamplingParams | None, legacy: dict) -> SamplingParams:
-        given = {k: v for k, v in legacy.items() if v is not None}
+    def _params(params: SamplingParams | None, keywords: dict) -> SamplingParams:
+        """``params``, or a SamplingParams made of the sampling keywords given (not both)."""
+        given = {k: v for k, v in keywords.items() if v is not None}
         if params is not None:
             if not isinstance(params, SamplingParams):
                 raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -574,8 +575,8 @@ class Engine:
                  on_step: Callable[[StepReport], None] | None = None) -> list[GenerationResult]:
         """Generate for every prompt (continuous batching over the engine's slots).
 
-        ``params`` is one SamplingParams for all prompts or one per prompt; the keyword
-        arguments are the first round's spelling of the same (not both).  With one seed for
+        ``params`` is one SamplingParams for all prompts or one per prompt; the sampling
+        keywords are a shorter way to give one SamplingParams for all (not both).  With one seed for
         the call (drawn if None), request i samples from the stream keyed by (seed, i), so
         results do not depend on what else the engine serves.  ``on_token(i, token_id,
         text_piece)`` is called as each token is produced, i the prompt's index;

@@ -73,23 +73,6 @@ class Request:
     def text(self) -> str:
         return "".join(self.text_pieces)
 
-    # --- kept for callers of the first round's Request ------------------------------------
-    @property
-    def max_new_tokens(self) -> int:
-        return self.params.max_new_tokens
-
-    @property
-    def temperature(self) -> float:
-        return self.params.temperature
-
-    @property
-    def top_p(self) -> float:
-        return self.params.top_p
-
-    @property
-    def seed(self) -> int | None:
-        return self.params.seed
-
     def __repr__(self) -> str:
         return (f"Request(id={self.request_id}, {self.status.value}, slot={self.slot}, "
                 f"prompt={len(self.prompt_ids)} tokens, generated={len(self.output_ids)}, "

@@ -8,7 +8,7 @@
 * a Hugging Face model folder (``config.json`` + ``*.safetensors``, tokenizer files optional);
 * a hub id such as ``meta-llama/Llama-3.2-1B-Instruct`` or ``unsloth/Llama-3.2-1B-Instruct``
   (the same weights, no login), downloaded with ``huggingface_hub``; or an alias of
-  ``model_catalog.py`` (``llama-3.2-1b``, ``llama-3.2-1b-ungated``, ``kanana-nano-2.1b``, which
+  ``catalog.py`` (``llama-3.2-1b``, ``llama-3.2-1b-ungated``, ``kanana-nano-2.1b``, which
   answers in Korean).
 
 ``load_model(source, dtype, device="cuda")`` reads the checkpoint tensor by tensor straight onto

@@ -5,8 +5,8 @@ GEMM each, so it wants each group stacked row-wise in one tensor (nano-vllm call
 ``packed_modules_mapping``; vLLM's ``QKVParallelLinear`` does the same).  ``pack_weights``
 builds the stacked tensor layer by layer and replaces every part in the HF-named dict by a row
 *view* of it: ``weights["model.layers.0.self_attn.k_proj.weight"]`` still reads as before, but
-there is one copy of the numbers, not two (the first round kept both: 2.4 GiB extra for
-Llama-3.2-1B in float32).
+there is one copy of the numbers, not two (keeping both costs 2.4 GiB for Llama-3.2-1B in
+float32: ``benchmarks/engine_memory.py``).
 """
 
 from __future__ import annotations

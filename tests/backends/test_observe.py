@@ -1,4 +1,4 @@
-"""Public observation hooks (issue 11): RecordingBackend, cache listeners, the step counter.
+"""Public observation hooks: RecordingBackend, cache listeners, the step counter.
 Notebooks and viz use only these, never a patched method or a private name."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine survives whatever happens mid-run (issue 11): exceptions in callbacks and in the
+"""The engine survives whatever happens mid-run: exceptions in callbacks and in the
 model, Ctrl-C, abandoned streams, threads, re-entrant calls.  After each, the engine is idle
 and consistent (empty queue, every block free) and every other request gets the tokens it
 gets alone."""

@@ -3,7 +3,7 @@ the simulator, see conftest.py).  What the simulator cannot show: every kernel c
 real target (libdevice bit casts, 16-byte PTX loads and stores, shuffles), agrees with torch at
 full size (scattered blocks, 32 q / 8 KV heads, contexts of ~2000 tokens, a 128256-token
 vocabulary), runs on torch's stream through the fast launch path, and can be captured in a
-CUDA graph.  (These were ``selfcheck.py``'s checks; timings live in ``benchmarks/``.)
+CUDA graph.  Timings live in ``benchmarks/``.
 
 Tolerances: elementwise ops are compared with ``ulps``: max |a - b| / (rtol |b| + rtol / 10)
 with rtol the storage dtype's relative step (bf16 1e-2, fp16 2e-3, fp32 1e-5), which must stay

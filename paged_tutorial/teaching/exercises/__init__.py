@@ -1,7 +1,6 @@
 """Exercises and puzzles of the notebooks, behind one checker.
 
     import paged_tutorial as pt
-    import paged_tutorial.teaching.exercises
     pt.exercises.names()                         # every exercise and puzzle, e.g. "03.k_index"
     pt.exercises.check("05.q_index", 581)        # prints a verdict, returns True / False
     pt.exercises.reveal("05.q_index")            # the worked solution (a value or a function)
@@ -22,11 +21,6 @@ from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.verdict import Verdict
 
 
-def exercises(prefix: str = "") -> list[str]:
-    """Names of the exercises and puzzles (of one notebook with prefix "03."), as ``names``."""
-    return names(prefix)
-
-
 def puzzle(name: str):
     """The ``Puzzle`` called ``name``: ``.describe()``, ``.stub()``, ``.signature``, ``.hint``."""
     from paged_tutorial.teaching.puzzles import puzzle as find
@@ -34,5 +28,5 @@ def puzzle(name: str):
     return find(name)
 
 
-__all__ = ["Verdict", "check", "exercises", "expected_answer", "get", "grade", "names", "puzzle",
+__all__ = ["Verdict", "check", "expected_answer", "get", "grade", "names", "puzzle",
            "reveal"]

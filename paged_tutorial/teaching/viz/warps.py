@@ -2,7 +2,7 @@
 and the figures drawn from what they recorded.
 
 These are *demo* kernels, not engine kernels (the engine's decode kernel is
-``backends/numba_cuda/attention.py``):
+``backends/numba_cuda/kernels/attention.py``):
 
 - ``shuffle_chain``: the decode kernel's five ``shfl_down_sync`` steps (kernels.cu:489-493),
   recording every lane's value after each step; ``shfl_down_model`` is the same step in NumPy.

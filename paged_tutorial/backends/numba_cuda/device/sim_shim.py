@@ -42,8 +42,9 @@ not exist; reading from one returns the reader's own value.
 
 Speed: a barrier round costs milliseconds of thread switching.  ``fast_thread_switching()``
 lowers ``sys.setswitchinterval`` to 1e-5 s while a simulated kernel runs (the launcher in
-``launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels about 10x
-faster (DESIGN.md: 110 s -> 10 s), and restores the interval afterwards.
+``runtime/launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels about 10x
+faster (measured on a 2-core machine: 110 s -> 10 s for 8 blocks of 64 threads over 40
+tokens), and restores the interval afterwards.
 """
 
 from __future__ import annotations
