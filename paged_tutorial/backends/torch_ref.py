@@ -106,6 +106,9 @@ class TorchBackend(Backend):
         if self.check_inputs:
             self._check_entries(cache, block_table, layer, active_slots, seq_lens,
                                 "decode_attention")
+        # lengths and slots made on the host by a notebook follow q to its device (a no-op for
+        # the engine's inputs, which are there already)
+        seq_lens, active_slots = seq_lens.to(q.device), active_slots.to(q.device)
         # every sequence's K/V up to the longest, read at once; each row masks what is past
         # its own length (the cache holds exactly the tokens a query may see, so no causal mask)
         k, v = gather_kv_rows(cache, block_table, active_slots, layer,

@@ -218,6 +218,19 @@ def test_decode_attention_at_full_size(ref, kernel, batch):
     assert int(tickets.abs().sum()) == 0
 
 
+def test_torch_decode_takes_lengths_made_on_the_host(ref):
+    """Notebooks pass torch.tensor([n]) (host) lengths and slots with a cache on the GPU: the
+    oracle moves them to q's device instead of failing on mixed devices."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    cache = scattered_cache(g, "float32")
+    bt = cache.device_block_table()
+    q = rn(g, torch.float32, 2, NH, D)
+    lens, slots = torch.tensor(CTX[:2], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    host = ref.decode_attention(q.clone(), cache, bt, 3, lens, slots, SCALE)
+    device = ref.decode_attention(q.clone(), cache, bt, 3, lens.cuda(), slots.cuda(), SCALE)
+    assert torch.equal(host, device)
+
+
 def test_prefill_attention_one_varlen_call(nb, ref):
     g = torch.Generator(device="cuda").manual_seed(6)
     cu = [0, 600, 1024, 1025, 2048]
