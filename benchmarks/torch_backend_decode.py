@@ -10,7 +10,7 @@ runs against any checkout of the package:
                                                                    # each tree in its own process
 
 With ``--trees`` every ``label=folder`` is measured in a child process with
-``PYTHONPATH=folder`` (the same models, prompts and settings), and the one JSON written holds
+``PYTHONPATH=folder`` in front of the caller's own (the same models, prompts and settings), and the one JSON written holds
 each tree's numbers, its git commit and whether its generated tokens equal the first tree's.
 
 Models: Llama-3.2-1B shapes with random bf16 weights (the GPU machine has no network), and the
@@ -130,7 +130,11 @@ def measure_trees(args, argv: list[str]) -> dict:
             raise SystemExit(f"--trees {label}={folder}: no paged_tutorial/ package there")
         with tempfile.TemporaryDirectory() as tmp:
             result = Path(tmp) / "result.json"
-            env = {**os.environ, "PYTHONPATH": str(folder)}
+            # the tree first, then what the caller's path already had (the embedded model,
+            # carried wheels)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(folder)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                 if p and Path(p).resolve() != Path.cwd().resolve()])}
             subprocess.run([sys.executable, __file__, *child_args, "--child-out", str(result)],
                            env=env, check=True)
             out[label] = json.loads(result.read_text())
