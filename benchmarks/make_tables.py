@@ -201,15 +201,19 @@ def tests_line(t: dict, rerun: dict | None = None) -> str:
     nb = [n["notebook"].split("/")[-1] for n in t["could_not_run_here"]["notebooks"]]
     fails = ", ".join(f["test"] for f in t["failures"]) or "none"
     cut = "" if t.get("finished_within_limit", True) else \
-        f" The run stopped at its {t['seconds']:.0f} s limit before every notebook had run."
+        (f" The process reached its {t['seconds']:.0f} s limit and was stopped there; the counts"
+         " are the results it had recorded by then.")
+    missing = ""
+    if c["needs_missing_model"] or nb:
+        missing = (f"; {c['needs_missing_model']} tests and the notebooks {', '.join(nb) or '-'} "
+                   f"could not run there "
+                   f"({t['could_not_run_here']['tests_needing_the_model_file']['reason']})")
     line = (f"GPU test run ({t['gpu']}, {t['date']}, `{t['command']}`): {c['passed']} passed, "
-            f"{c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped; "
-            f"{c['needs_missing_model']} tests and the notebooks {', '.join(nb) or '-'} could not "
-            f"run there ({t['could_not_run_here']['tests_needing_the_model_file']['reason']}). "
+            f"{c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped{missing}. "
             f"Failures: {fails}.{cut}")
     if rerun is not None:
         r = rerun["counts"]
-        line += (f" After fixing those, a second run ({rerun['date']}, `{rerun['command']}`): "
+        line += (f" A second run after fixes ({rerun['date']}, `{rerun['command']}`): "
                  f"{r['passed']} passed, {r['failed']} failed, {r['errors']} errors, "
                  f"{r['skipped']} skipped"
                  + ("" if rerun.get("finished_within_limit", True) else ", cut by its limit")
