@@ -3,9 +3,9 @@
 A step's inputs are one ``StepInputs`` (``model/step_inputs.py``), sent to the device in one
 copy.  For a prefill it packs the new tokens of every admitted request into one batch
 (positions from each request's ``num_computed_tokens``, the slot of every token, ``cu_seqlens``
-boundaries) and asks for logits at each sequence's last row only.  A request admitted with part of its prompt found in
-the prefix cache starts at that ``num_computed_tokens``; its attention reads the cached part from the
-paged cache.  For a decode it takes each running request's last
+boundaries) and asks for logits at each sequence's last row only.  A request admitted with part
+of its prompt found in the prefix cache starts at that ``num_computed_tokens``; its attention
+reads the cached part from the paged cache.  For a decode it takes each running request's last
 token and replays a captured CUDA graph when the engine has them (``cuda_graphs.py``), else runs
 the layers eagerly.  Sampling follows ``model/sampling.py``'s rule with each request's own random
 stream, so a request gets the same tokens whatever batch it shares.
@@ -60,11 +60,15 @@ class ModelRunner:
                                    [r.slot for r in requests], self.cache.device_block_table(),
                                    self.sampling_inputs(requests))
 
+    @staticmethod
+    def decode_rows(requests: list[Request]) -> tuple[list[int], list[int], list[int]]:
+        """Host lists (last token, its position, cache slot) per running request."""
+        return ([r.output_ids[-1] for r in requests], [r.num_computed_tokens for r in requests],
+                [r.slot for r in requests])
+
     def decode_inputs(self, requests: list[Request]) -> StepInputs:
         """Each running request's last token, at its next position."""
-        return self.packer.decode([r.output_ids[-1] for r in requests],
-                                  [r.num_computed_tokens for r in requests],
-                                  [r.slot for r in requests], self.cache.device_block_table(),
+        return self.packer.decode(*self.decode_rows(requests), self.cache.device_block_table(),
                                   self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
@@ -72,9 +76,8 @@ class ModelRunner:
         """Run the batch; return (one sampled token id per request, float32 logits [B, V])."""
         requests = batch.requests
         if batch.kind == "decode" and self.graphs is not None:
-            logits, next_ids = self.graphs.run(
-                [r.output_ids[-1] for r in requests], [r.num_computed_tokens for r in requests],
-                [r.slot for r in requests], *self.sampling_inputs(requests))
+            logits, next_ids = self.graphs.run(*self.decode_rows(requests),
+                                               *self.sampling_inputs(requests))
             return [int(t) for t in next_ids], logits
         inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
             self.decode_inputs(requests)
