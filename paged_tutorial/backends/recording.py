@@ -15,7 +15,7 @@ the engine runs it like any other::
 The other public hooks: ``PagedKVCache.add_listener`` (every pop from and push to
 ``free_blocks``, and with prefix caching every share, cache hit, release and eviction),
 ``Engine.step_count`` and the ``StepReport`` each ``Engine.step()`` returns, and, in the
-simulator, ``backends.numba_cuda.access_log`` (which elements a kernel read/wrote).
+simulator, ``backends.numba_cuda.runtime.access_log`` (which elements a kernel read/wrote).
 
 A recording backend is never captured in a CUDA graph (the engine turns graphs off for it):
 a replayed graph calls no Python, so nothing would be recorded.

@@ -8,8 +8,9 @@ decode step needs a block and none is free, the most recently admitted running r
 preempted: its blocks are freed, it goes back to the head of the queue with the tokens it has
 generated, and it is recomputed (prefilled again) when re-admitted.
 
-With prefix caching (``prefix_cache.py``) an admitted request's leading prompt blocks may be
-found in the cache: its ``num_computed_tokens`` then starts after them and only the rest is computed.
+With prefix caching (``cache/prefix_cache.py``) an admitted request's leading prompt blocks
+may be found in the cache: its ``num_computed_tokens`` then starts after them and only the
+rest is computed.
 
 One engine step is ``schedule()`` -> the model runner -> ``postprocess()``.  ``schedule`` may
 allocate blocks and admit or preempt requests; ``postprocess`` appends the sampled tokens and
@@ -90,9 +91,9 @@ class Scheduler:
         FIFO: a request that does not fit yet blocks the ones behind it (no starvation).
 
         With prefix caching the cache finds the request's leading prompt blocks (its
-        ``num_computed_tokens`` starts there, so only the rest is computed), and a request whose prefix
-        a request admitted in this very step is computing waits one step to find it cached
-        instead of computing it a second time."""
+        ``num_computed_tokens`` starts there, so only the rest is computed), and a request
+        whose prefix a request admitted in this very step is computing waits one step to find
+        it cached instead of computing it a second time."""
         admitted = self._admitting
         while self.waiting and self.free_slots:
             request = self.waiting[0]

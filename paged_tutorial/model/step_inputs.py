@@ -3,8 +3,9 @@
 The model runner builds one per step.  Every integer input of the step (token ids, positions,
 slots, and for a decode the sequence lengths, for a prefill ``cu_seqlens``, the context
 lengths, the slot of each sequence and the rows that need logits), and the sampling
-parameters of each sequence (float32 bit patterns), are written into one int32 host buffer and sent to the device with *one* copy; the tensors of ``StepInputs`` are views of
-that one device buffer.  On a GPU the host buffer is pinned memory, so the copy is
+parameters of each sequence (float32 bit patterns), are written into one int32 host buffer
+and sent to the device with *one* copy; the tensors of ``StepInputs`` are views of that one
+device buffer.  On a GPU the host buffer is pinned memory, so the copy is
 asynchronous (``non_blocking``); on the CPU the views are of the host buffer itself and nothing
 is copied.
 

@@ -1,4 +1,4 @@
-"""``backends.numba_cuda.access_log``: kernels launched inside ``record_kernel_accesses`` read
+"""``backends.numba_cuda.runtime.access_log``: kernels launched inside ``record_kernel_accesses`` read
 and write through recording stand-ins (the simulator only); outside, nothing changes."""
 
 from __future__ import annotations

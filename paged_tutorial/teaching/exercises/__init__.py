@@ -9,8 +9,8 @@
 *Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
 and answers are compared without coercion (``answers.py``: a float or a string for an integer
 is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
-lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a function that the
-grader runs inside the article's kernel or a real engine.  Worked solutions live in
+lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a
+function that the grader runs inside the article's kernel or a real engine.  Worked solutions live in
 ``solutions.py``, never in the notebooks, and no grader imports them.
 """
 

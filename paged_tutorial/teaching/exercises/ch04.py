@@ -1,6 +1,6 @@
 """Exercises of notebook 04: the warp-shuffle reduction.  Right answers come from running the
 package's kernels (the shuffle demo kernel and the article's two-warp layout of ``viz.warps``,
-simulated on a CPU) or from ``backends.numba_cuda.attention``."""
+simulated on a CPU) or from ``backends.numba_cuda.kernels.attention``."""
 
 from __future__ import annotations
 

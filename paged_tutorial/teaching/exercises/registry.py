@@ -3,8 +3,8 @@
 An *exercise* asks for a number (or a few): ``Exercise`` holds the question, the kind of
 answer (``answers.py``), a function that computes the right answer from the package, the
 known wrong answers with what each one means, and a hint.  A *puzzle* asks for a function that
-runs inside the engine or the kernel (``paged_tutorial.teaching.puzzles``).  Both grade an answer into
-a ``Verdict``; ``check`` prints it and returns whether it is right.
+runs inside the engine or the kernel (``paged_tutorial.teaching.puzzles``).  Both grade an
+answer into a ``Verdict``; ``check`` prints it and returns whether it is right.
 
 The graders never see the worked solutions: those live apart, in ``solutions.py``, whose
 ``reveal(name)`` returns one.

@@ -16,7 +16,7 @@ kernels.cu lines, and the port's departures).  The committed results they draw c
 ``paged_tutorial.teaching.results``.
 
 Nothing here changes the engine: recordings come from public hooks
-(``backends.numba_cuda.access_log``, the cache's event listeners) and the references the
-figures compare with live in ``paged_tutorial.teaching.oracles``.  matplotlib is imported lazily by each
-function, so the engine never needs it.
+(``backends.numba_cuda.runtime.access_log``, the cache's event listeners) and the references the
+figures compare with live in ``paged_tutorial.teaching.oracles``.  matplotlib is imported
+lazily by each function, so the engine never needs it.
 """

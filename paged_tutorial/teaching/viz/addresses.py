@@ -1,8 +1,8 @@
 """Chapter 03 (logical block -> physical block -> address): where the decode kernel reads.
 
-Figures drawn from a ``ReadTrace`` (``paged_tutorial.teaching.oracles.kernel_read_trace``: the kernel's
-address arithmetic replayed in NumPy) or from a recording of a real launch
-(``backends.numba_cuda.access_log``): the flat cache buffer with the elements each trace reads
+Figures drawn from a ``ReadTrace`` (``paged_tutorial.teaching.oracles.kernel_read_trace``: the
+kernel's address arithmetic replayed in NumPy) or from a recording of a real launch
+(``backends.numba_cuda.runtime.access_log``): the flat cache buffer with the elements each trace reads
 (``plot_buffer_reads``), element index against token position (``plot_address_by_token``),
 which thread read which element (``plot_thread_reads``, from an access log or ``thread_reads``),
 and, for the puzzles, the K rows one thread block read against the rows it should have read

@@ -34,17 +34,17 @@ from such a lane, which is undefined on hardware, raises an error here, and so d
 whose shuffle count differs from the reader's.
 
 Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
-``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full); ``shfl_down``: lane
-i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
+``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full);
+``shfl_down``: lane i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
 lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i reads lane i ^ (m & 31);
 ``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end of a partial last warp do
 not exist; reading from one returns the reader's own value.
 
 Speed: a barrier round costs milliseconds of thread switching.  ``fast_thread_switching()``
 lowers ``sys.setswitchinterval`` to 1e-5 s while a simulated kernel runs (the launcher in
-``runtime/launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels about 10x
-faster (measured on a 2-core machine: 110 s -> 10 s for 8 blocks of 64 threads over 40
-tokens), and restores the interval afterwards.
+``runtime/launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels
+about 10x faster (measured on a 2-core machine: 110 s -> 10 s for 8 blocks of 64 threads over
+40 tokens), and restores the interval afterwards.
 """
 
 from __future__ import annotations
