@@ -17,10 +17,11 @@ with the article's cache underneath.
 - **One record per cached logical block, one physical block per layer.**  Each layer keeps its
   own blocks, as in the article; a ``CachedBlock`` holds everything about one cached block of a
   prompt: its key, tokens and parent, its physical block in every layer, how many slots use it
-  (``ref_count``), whether the step computing it is still running (``pending``) and, while
-  nobody uses it, when it became idle (``idle_since``, its place in the LRU order).  Two
-  lookups find records: ``by_key`` (the hash index) and ``by_block`` (physical block ->
-  record); neither holds state of its own.
+  (``ref_count``) and whether the step computing it is still running (``pending``).  Indexes
+  find records and hold no state of their own: ``by_key`` (the hash index), ``by_block``
+  (physical block -> record), ``lru`` (the idle records, least recently used first: the
+  eviction queue) and ``pending`` (the records the running step registered);
+  ``check_invariants`` checks each against the records.
 - **Kept after use.**  When the last slot using a committed record lets go, its blocks are not
   pushed to ``free_blocks``: they stay *cached*, findable by their key, so a later request with
   the same prefix reuses them (as vLLM does; the article's engine would have freed them).
@@ -81,7 +82,6 @@ class CachedBlock:
     blocks: tuple[int, ...]              # physical block of each layer
     ref_count: int = 1                   # slots whose table row points at it
     pending: bool = True                 # registered by the step still running
-    idle_since: int | None = None        # LRU position while nobody uses it, else None
 
     @property
     def idle(self) -> bool:
@@ -120,16 +120,23 @@ class PrefixCache(FreeListAllocator):
         self.share_rule = share_rule
         self.by_key: dict[int, CachedBlock] = {}
         self.by_block: dict[int, CachedBlock] = {}
-        self._idle_clock = 0              # ticks as records become idle (the LRU order)
+        #: key -> record of the records nobody uses, in the order they became idle
+        self.lru: dict[int, CachedBlock] = {}
+        #: records registered by the step still running (``commit_step`` commits them)
+        self.pending: list[CachedBlock] = []
         self.evictions = 0                # records evicted over the cache's life
 
     # --- what is where ---------------------------------------------------------------------
     def idle_records(self) -> list[CachedBlock]:
         """Records nobody uses, least recently used first (the eviction order)."""
-        return sorted((r for r in self.by_key.values() if r.idle), key=lambda r: r.idle_since)
+        return list(self.lru.values())
 
     def evictable_blocks(self) -> list[int]:
-        return [b for r in self.by_key.values() if r.idle for b in r.blocks]
+        return [b for r in self.lru.values() for b in r.blocks]
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.lru) * self.config.num_layers
 
     def blocks_available(self) -> int:
         return len(self.free_blocks) + self.num_evictable_blocks
@@ -224,7 +231,7 @@ class PrefixCache(FreeListAllocator):
         """Point (slot, every layer, record.logical_block) at the record's blocks."""
         kind = "reuse" if record.idle else "share"
         record.ref_count += 1
-        record.idle_since = None
+        self.lru.pop(record.key, None)
         for layer, block in enumerate(record.blocks):
             self.table.assign(slot, layer, record.logical_block, block)
             events.append((kind, block, slot, layer, record.logical_block, record.ref_count,
@@ -242,6 +249,7 @@ class PrefixCache(FreeListAllocator):
             blocks = tuple(int(b) for b in self.table.entries[slot, :, j])
             record = CachedBlock(keys[j], self._block_tokens(request, j), parent, j, blocks)
             self.by_key[record.key] = record
+            self.pending.append(record)
             for layer, block in enumerate(blocks):
                 self.by_block[block] = record
                 events.append(("register", block, slot, layer, j, 1, record.key))
@@ -255,7 +263,7 @@ class PrefixCache(FreeListAllocator):
     def _evict_one(self, events: list) -> None:
         """Drop the record idle longest; its blocks (one per layer) go back to
         ``free_blocks``."""
-        record = min((r for r in self.by_key.values() if r.idle), key=lambda r: r.idle_since)
+        record = next(iter(self.lru.values()))
         self._forget(record)
         self.evictions += 1
         for layer in reversed(range(len(record.blocks))):
@@ -268,7 +276,7 @@ class PrefixCache(FreeListAllocator):
         them all (vLLM's ``reset_prefix_cache``); returns how many blocks went back to
         ``free_blocks``.  Blocks in use keep their prefix."""
         n, events = 0, []
-        while any(r.idle for r in self.by_key.values()):
+        while self.lru:
             n += self.config.num_layers
             self._evict_one(events)
         self.events.emit(events)
@@ -278,6 +286,9 @@ class PrefixCache(FreeListAllocator):
         del self.by_key[record.key]
         for block in record.blocks:
             del self.by_block[block]
+        self.lru.pop(record.key, None)
+        if record.pending:
+            self.pending.remove(record)
 
     # --- release ---------------------------------------------------------------------------
     def release(self, slot: int) -> list[int]:
@@ -309,19 +320,19 @@ class PrefixCache(FreeListAllocator):
                     freed.append(block)
                     events.append(("push", block, slot, layer, logical, 0, None))
             if record is not None and record.idle and not record.pending:
-                record.idle_since = self._idle_clock
-                self._idle_clock += 1
+                self.lru[record.key] = record        # the newest idle record: evicted last
         self.events.emit(events)
         return freed
 
     # --- step boundaries -------------------------------------------------------------------
     def commit_step(self) -> None:
-        for record in self.by_key.values():
+        for record in self.pending:
             record.pending = False
+        self.pending.clear()
 
     def discard_uncommitted(self) -> None:
         events = []
-        for record in [r for r in self.by_key.values() if r.pending]:
+        for record in list(self.pending):
             self._drop_pending(record, events)
         self.events.emit(events)
 
@@ -360,9 +371,9 @@ class PrefixCache(FreeListAllocator):
                 raise AssertionError(f"record {key}'s parent is no longer in the cache")
             if record.logical_block != (0 if parent is None else parent.logical_block + 1):
                 raise AssertionError(f"record {key} is not one block after its parent")
-            if record.idle != (record.idle_since is not None) or (record.idle and record.pending):
+            if record.idle != (self.lru.get(key) is record) or (record.idle and record.pending):
                 raise AssertionError(f"record {key}: ref_count {record.ref_count}, pending "
-                                     f"{record.pending}, idle_since {record.idle_since}")
+                                     f"{record.pending}, in the LRU queue {key in self.lru}")
             for layer, block in enumerate(record.blocks):
                 if block in recorded:
                     raise AssertionError(f"block {block} is reachable from two keys")
@@ -375,6 +386,11 @@ class PrefixCache(FreeListAllocator):
                                    or (users[:, 2] != record.logical_block).any()):
                     raise AssertionError(f"block {block} is used outside (layer {layer}, "
                                          f"logical block {record.logical_block})")
+        if not self.lru.keys() <= self.by_key.keys():
+            raise AssertionError("the LRU queue holds a record the index does not")
+        if {id(r) for r in self.pending} != {id(r) for r in self.by_key.values() if r.pending} \
+                or len(self.pending) != len({id(r) for r in self.pending}):
+            raise AssertionError("the pending list disagrees with the records")
         if recorded.keys() != self.by_block.keys() or any(
                 self.by_block[b] is not r for b, r in recorded.items()):
             raise AssertionError("by_block disagrees with the records")
