@@ -99,7 +99,20 @@ def exactly(n: int) -> pt.SamplingParams:
     return pt.SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
-def time_engine(model, batch, **kw) -> dict:
+def time_engine(model, batch, overlap: bool = True, **kw) -> dict:
+    """Median ms per decode step (and the graph replay's GPU time) of a fresh engine;
+    ``overlap``: launches that overlap the previous kernel (``grid_dependency.py``) on or off
+    for this engine's launches and graph capture."""
+    from paged_tutorial.backends.numba_cuda.runtime import launch
+
+    previous = launch.set_overlap(overlap)
+    try:
+        return _time_engine(model, batch, **kw)
+    finally:
+        launch.set_overlap(previous)
+
+
+def _time_engine(model, batch, **kw) -> dict:
     engine = make_engine(model, batch, **kw)
     prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
     engine.generate(prompts, exactly(8), chat=False)           # warm-up, graph capture
@@ -284,9 +297,15 @@ def main(argv=None):
         "fast_no_graphs": dict(cuda_graphs=False),
         "article_graphs": dict(backend=NumbaBackend(attention="article")),
         "triton_graphs": dict(backend=NumbaBackend(attention="triton")),
+        # the batch-1 ladder, each rung without the ones after it
+        "graphs_separate_mlp_no_overlap": dict(backend=NumbaBackend(fuse_mlp=False),
+                                               overlap=False),
+        "graphs_no_overlap": dict(overlap=False),
     }
     if args.skip_variants:
-        variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False)}
+        variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False),
+                    "graphs_separate_mlp_no_overlap": variants["graphs_separate_mlp_no_overlap"],
+                    "graphs_no_overlap": variants["graphs_no_overlap"]}
     data["rows"] = []
     for batch in BATCHES:
         mean_ctx = PROMPT_LEN + NEW_TOKENS / 2

@@ -67,6 +67,12 @@ class Backend(abc.ABC):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] (gate first) -> silu(gate) * up, [T, I]."""
 
+    def linear_silu_mul(self, x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+        """The MLP's first half: ``silu_mul(linear(x, gate_up_weight))`` ([T, I]).  A backend
+        may fuse the two (the numba backend does at batch 1: the SwiGLU happens as the
+        projection's rows are stored)."""
+        return self.silu_mul(self.linear(x, gate_up_weight))
+
     # --- the paged cache ---------------------------------------------------------------
     def rope_write_kv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,

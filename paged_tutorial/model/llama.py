@@ -82,7 +82,7 @@ class Llama:
         b, cfg = self.backend, self.config
         attn_out = b.linear(attn.reshape(attn.shape[0], -1), layer.o)
         x = b.add_rms_norm(attn_out, residual, layer.post_norm, cfg.rms_norm_eps)
-        mlp = b.linear(b.silu_mul(b.linear(x, layer.gate_up)), layer.down)
+        mlp = b.linear(b.linear_silu_mul(x, layer.gate_up), layer.down)
         return mlp
 
     def _logits(self, h, residual, rows: torch.Tensor | None):

@@ -371,3 +371,22 @@ def test_fused_qkv_rope_write_kv_matches_the_separate_ops(n_tokens):
     assert torch.equal(bits16(cache.buffer), bits16(other.buffer))
     assert not torch.equal(bits16(cache.buffer), bits16(make_cache(
         gen(50 + n_tokens), "bfloat16", n_kv=n_kv, head_dim=d).buffer)), "the cache was written"
+
+
+@pytest.mark.parametrize("hidden", [64, 72])
+def test_fused_linear_silu_mul_matches_the_separate_ops(hidden):
+    """gemv.linear_silu_mul_kernel (gate and up rows of one warp, the SwiGLU in the store)
+    against the GEMV then silu_mul: the same bits (one kernel instead of two per layer)."""
+    from paged_tutorial.backends.base import Backend
+
+    nb = NumbaBackend(gemv=True)
+    g = gen(70 + hidden)
+    inter = 24
+    x = torch.randn(1, hidden, generator=g).to(torch.bfloat16).to(nb.device)
+    w = (torch.randn(2 * inter, hidden, generator=g) * 0.3).to(torch.bfloat16).to(nb.device)
+    got = nb.linear_silu_mul(x, w)
+    want = Backend.linear_silu_mul(nb, x, w)
+    assert got.shape == (1, inter)
+    assert torch.equal(bits16(got), bits16(want))
+    ref = torch.nn.functional.silu(x.float() @ w[:inter].float().T) * (x.float() @ w[inter:].float().T)
+    assert torch.allclose(got.float(), ref, rtol=3e-2, atol=1e-2)

@@ -54,14 +54,15 @@ class NumbaBackend(Backend):
     ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
     device sync) validates token ids, positions and block-table entries on the host before
     the kernels use them.  ``attention`` picks the decode kernel, ``prefill`` the prefill
-    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` the 16-byte bf16 kernels, the small-batch
-    GEMV and its fusion with RoPE and the cache write.
+    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` / ``fuse_mlp`` the 16-byte bf16 kernels,
+    the small-batch GEMV, its fusion with RoPE and the cache write, and the gate/up GEMV's
+    fusion with the SwiGLU.
     """
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
                  attention: str = "fast", prefill: str | None = None, vector: bool = True,
-                 gemv: bool | None = None, fuse_qkv: bool = True):
+                 gemv: bool | None = None, fuse_qkv: bool = True, fuse_mlp: bool = True):
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
                              f"{ATTENTION_KERNELS}")
@@ -104,6 +105,8 @@ class NumbaBackend(Backend):
         self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
         #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
         self.fuse_qkv = bool(fuse_qkv)
+        #: with the GEMV: the gate/up projection and the SwiGLU as one kernel
+        self.fuse_mlp = bool(fuse_mlp)
         self._checked_tables: set = set()
 
     def describe(self) -> str:
@@ -163,6 +166,22 @@ class NumbaBackend(Backend):
                     xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
             return out
         return torch.nn.functional.linear(x, weight)
+
+    def linear_silu_mul(self, x, gate_up_weight):
+        """The gate/up GEMV with the SwiGLU in its store (``gemv.linear_silu_mul_kernel``) for
+        bf16 at up to ``gemv.MAX_ROWS`` rows; otherwise ``linear`` then ``silu_mul``."""
+        n_out, k = gate_up_weight.shape
+        if not (self.fuse_mlp and self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS
+                and x.shape[1] == k and n_out % 2 == 0 and gate_up_weight.is_contiguous()
+                and gemv.pair_supported(k) and self._vec_rows(x, gate_up_weight)):
+            return super().linear_silu_mul(x, gate_up_weight)
+        inter = n_out // 2
+        out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
+        xa, x_rs = rows(x, "x", words=True)
+        _launch(gemv.linear_silu_mul_kernel(x.shape[0], k), gemv.pair_grid(inter),
+                32 * gemv.WARPS, xa, x_rs, words(gate_up_weight, "gate_up_weight"), flat(out),
+                inter)
+        return out
 
     # --- per-token ops ---------------------------------------------------------------
     def embed(self, weight, token_ids):

@@ -11,6 +11,8 @@ import math
 
 from numba import cuda, float32, int32
 
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
+from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, rnd_bf16
 from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_WORDS, load_u32x4_nc, pack2, store_u32x4, unpack2
 
@@ -68,9 +70,12 @@ def embed_vec_kernel(weight, w_row_words, token_ids, out, row_words, n_chunks):
 
 
 @cuda.jit
+@overlapping
 def silu_mul_vec_kernel(gate_up, gu_row_words, out, inter_words, n_chunks):
     """``silu_mul`` for bf16 moving 16-byte chunks (same rounding as the scalar kernel):
     gate_up rows of 2 * inter elements as int32 words, out rows of ``inter_words`` words."""
+    wait_for_previous_grid()                      # gate_up is the previous kernel's output
+    allow_next_grid()
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     chunks_per_row = inter_words // CHUNK_WORDS

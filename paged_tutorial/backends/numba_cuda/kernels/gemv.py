@@ -22,6 +22,7 @@ GEMMs, where cuBLAS's tensor cores win, and stay with torch.
 from __future__ import annotations
 
 import functools
+import math
 
 from numba import cuda, float32, int32
 
@@ -29,6 +30,8 @@ from paged_tutorial.backends.numba_cuda.device.reduce import FULL_MASK, WARP_SIZ
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits, rnd_bf16
 from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4_nc, unpack2
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
+from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 
 #: rows of x (tokens) up to which the GEMV replaces cuBLAS.  Measured on an H200
 #: (benchmarks/results/kernels-*.json, table "gemv"): at one row the GEMV and cuBLAS are
@@ -74,6 +77,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
     ROW_WORDS = K // 2
 
     @cuda.jit
+    @overlapping
     def gemv(x, x_row_words, w, out, out_row, n_rows):
         wib = cuda.threadIdx.x // WARP_SIZE       # warp in block
         lane = cuda.threadIdx.x % WARP_SIZE
@@ -99,6 +103,9 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
                 wv[u, 1] = w1
                 wv[u, 2] = w2
                 wv[u, 3] = w3
+            if round_ == 0:                       # weights in flight; x is the last kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
             for u in range(UN):
                 c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
                 if valid and c < c_hi:
@@ -143,43 +150,32 @@ def grid(n_out: int, K: int, warps: int = WARPS) -> int:
     return -(-n_out // rows_per_block(K, warps))
 
 
-# --- the QKV projection fused with RoPE and the cache write ----------------------------------
+# --- two rows per warp: the QKV projection with RoPE, the gate/up projection with SwiGLU -------
+
+def pair_supported(K: int) -> bool:
+    """One warp per pair of rows, each lane one round of loads: K up to 2048."""
+    return K % CHUNK_ELEMS == 0 and k_split(K) == 1
+
 
 def fused_qkv_supported(K: int, head_dim: int) -> bool:
-    """One warp per (row, row + D/2) pair, each lane one round of loads: K up to 2048."""
-    return K % CHUNK_ELEMS == 0 and head_dim % 2 == 0 and k_split(K) == 1
+    return pair_supported(K) and head_dim % 2 == 0
 
 
 @functools.lru_cache(maxsize=None)
-def qkv_rope_write_kv_kernel(T: int, K: int):
-    """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode.
-
-    A warp computes the rows n and n + D/2 of one head (the pair RoPE rotates together), as
-    ``gemv_kernel`` computes a row (same loads, same sums, one bf16 rounding), then lane 0
-    applies ``rope.rotate_pair``'s arithmetic to the rounded pair and writes it: q heads into
-    the q part of ``out``; k heads into ``out`` and the token's cache row; v heads as they are
-    into ``out`` and the cache.  ``out`` is what ``linear`` returns ([T, N] bf16 bits), with q
-    and k already rotated.  Launch: ``grid = ceil(N / 2 / WARPS)``, ``block = 32 * WARPS``."""
-    if not fused_qkv_supported(K, 2):
-        raise ValueError(f"fused QKV: K = {K} needs one round of loads per lane")
+def pair_dot(T: int, K: int):
+    """Device function ``pair_dot(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1)``: the
+    warp's dot products of rows n0 and n1 of W with the T rows of x, as ``gemv_kernel``
+    computes a row (same loads, same float32 sums), into ``acc0[t]`` / ``acc1[t]`` of every
+    lane.  Both rows' weight loads are issued before ``wait_for_previous_grid`` (x is the
+    previous kernel's output; the weights are not)."""
+    if not pair_supported(K):
+        raise ValueError(f"paired GEMV: K = {K} needs one round of loads per lane")
     CHUNKS = K // CHUNK_ELEMS
     PER_LANE = -(-CHUNKS // WARP_SIZE)
     ROW_WORDS = K // 2
 
-    @cuda.jit
-    def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
-                          n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
-                          BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
-        pair = cuda.blockIdx.x * (cuda.blockDim.x // WARP_SIZE) + cuda.threadIdx.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
-        half = head_dim // 2
-        valid = pair < n_out // 2
-        h = pair // half
-        i = pair - h * half
-        n0 = h * head_dim + i
-        n1 = n0 + half
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
+    @cuda.jit(device=True)
+    def dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1):
         for t in range(T):
             acc0[t] = float32(0.0)
             acc1[t] = float32(0.0)
@@ -200,6 +196,8 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
             w1v[u, 1] = b1
             w1v[u, 2] = b2
             w1v[u, 3] = b3
+        wait_for_previous_grid()                  # weights in flight; x is the last kernel's
+        allow_next_grid()
         for u in range(PER_LANE):
             c = lane + u * WARP_SIZE
             if valid and c < CHUNKS:
@@ -224,6 +222,38 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
                 v1 += cuda.shfl_xor_sync(FULL_MASK, v1, off)
             acc0[t] = v0
             acc1[t] = v1
+
+    return dot_two_rows
+
+
+@functools.lru_cache(maxsize=None)
+def qkv_rope_write_kv_kernel(T: int, K: int):
+    """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode.
+
+    A warp computes the rows n and n + D/2 of one head (the pair RoPE rotates together) with
+    ``pair_dot``, then lane 0 applies ``rope.rotate_pair``'s arithmetic to the rounded pair and
+    writes it: q heads into the q part of ``out``; k heads into ``out`` and the token's cache
+    row; v heads as they are into ``out`` and the cache.  ``out`` is what ``linear`` returns
+    ([T, N] bf16 bits), with q and k already rotated.
+    Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
+    dot_two_rows = pair_dot(T, K)
+
+    @cuda.jit
+    @overlapping
+    def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
+                          n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
+                          BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
+        pair = cuda.blockIdx.x * (cuda.blockDim.x // WARP_SIZE) + cuda.threadIdx.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        half = head_dim // 2
+        valid = pair < n_out // 2
+        h = pair // half
+        i = pair - h * half
+        n0 = h * head_dim + i
+        n1 = n0 + half
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1)
         if lane != 0 or not valid:
             return
         for t in range(T):
@@ -257,3 +287,36 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
 
 def qkv_grid(n_out: int, warps: int = WARPS) -> int:
     return -(-(n_out // 2) // warps)
+
+
+@functools.lru_cache(maxsize=None)
+def linear_silu_mul_kernel(T: int, K: int):
+    """``silu_mul(linear(x, w_gate_up))`` in one kernel, for bf16 decode: a warp computes gate
+    row n and up row n + I with ``pair_dot``, and lane 0 stores ``silu(gate) * up`` with the
+    unfused ops' roundings (the projection rounded to bf16, then ``elementwise.silu_mul``'s
+    arithmetic), so the bits are the same.  out is [T, I] bf16 bits.
+    Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
+    dot_two_rows = pair_dot(T, K)
+
+    @cuda.jit
+    @overlapping
+    def linear_silu_mul(x, x_row_words, w, out, inter):
+        n = cuda.blockIdx.x * (cuda.blockDim.x // WARP_SIZE) + cuda.threadIdx.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        valid = n < inter
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        dot_two_rows(x, x_row_words, w, n, n + inter, valid, lane, acc0, acc1)
+        if lane != 0 or not valid:
+            return
+        for t in range(T):
+            g = rnd_bf16(acc0[t])                  # what linear would have stored
+            u = rnd_bf16(acc1[t])
+            silu = rnd_bf16(g / (float32(1.0) + math.exp(-g)))
+            out[t * inter + n] = float_to_bf16_bits(silu * u)
+
+    return linear_silu_mul
+
+
+def pair_grid(n_pairs: int, warps: int = WARPS) -> int:
+    return -(-n_pairs // warps)

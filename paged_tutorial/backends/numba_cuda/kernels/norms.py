@@ -14,6 +14,8 @@ import math
 
 from numba import cuda, float32, int32
 
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
+from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, block_sum
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS, load_u32x4,
@@ -119,7 +121,10 @@ def rms_norm_vec_kernels(CPT: int):
                 normalize_store(v, c, inv_rms, weight, out, ob, chunk)
 
     @cuda.jit
+    @overlapping
     def rms_norm_vec(x, x_row_words, weight, out, hidden, eps):
+        wait_for_previous_grid()                  # x is the previous kernel's output
+        allow_next_grid()
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
@@ -140,7 +145,10 @@ def rms_norm_vec_kernels(CPT: int):
         normalize_row(v, sum_sq, scratch, weight, out, row, hidden, eps)
 
     @cuda.jit
+    @overlapping
     def add_rms_norm_vec(x, x_row_words, residual, res_row_words, weight, out, hidden, eps):
+        wait_for_previous_grid()                  # x is the previous kernel's output
+        allow_next_grid()
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x

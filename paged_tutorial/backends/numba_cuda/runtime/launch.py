@@ -312,6 +312,11 @@ class _RawLauncher:
         self.params_address = ctypes.addressof(self.params)
         self.lock = threading.Lock()
 
+        #: launched with programmatic stream serialization (``overlapping`` kernels)
+        self.overlap = False                  # set by _first_launch for overlapping kernels
+        self.name = ""
+        self.configs: dict = {}
+
     def __call__(self, grid, block, args) -> None:
         values = []
         for a in args:
@@ -321,11 +326,40 @@ class _RawLauncher:
                 values.append(a)
         gx, gy, gz = _dims(grid)
         bx, by, bz = _dims(block)
+        stream = _current_stream_handle()
         with self.lock:                       # one parameter buffer per launcher
             self.pack(self.buffer, 0, *values)
+            if self.overlap and OVERLAP[0]:
+                err, = _cudrv.cuLaunchKernelEx(self._overlap_config(gx, gy, gz, bx, by, bz,
+                                                                    stream),
+                                               self.function, self.params_address, 0)
+                if err == _cudrv.CUresult.CUDA_SUCCESS:
+                    return
+                # the driver refused the attribute: record it, launch plainly from now on
+                FAST_LAUNCH_ERRORS[(self.name, "overlap")] = repr(err)[:300]
+                self.overlap = False
             err, = _cudrv.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, 0,
-                                         _current_stream_handle(), self.params_address, 0)
+                                         stream, self.params_address, 0)
         _check(err, "cuLaunchKernel")
+
+    def _overlap_config(self, gx, gy, gz, bx, by, bz, stream):
+        """The ``CUlaunchConfig`` of a launch that may start before the previous kernel on the
+        stream has finished (``device/grid_dependency.py``), one per shape and stream."""
+        key = (gx, gy, gz, bx, by, bz, stream)
+        config = self.configs.get(key)
+        if config is None:
+            attr = _cudrv.CUlaunchAttribute()
+            attr.id = _cudrv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = _cudrv.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+            config.sharedMemBytes = 0
+            config.hStream = _cudrv.CUstream(stream)
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self.configs[key] = config
+        return config
 
 
 def _check(err, what: str) -> None:
@@ -384,6 +418,10 @@ def _first_launch(kernel, argtypes, grid, block, args):
     for kind in _MODES.get(LAUNCH_MODE, ("core",)):
         try:
             launcher = _LAUNCHER_KINDS[kind](compiled, argtypes)
+            if kind == "raw":
+                py_func = getattr(kernel, "py_func", None)
+                launcher.overlap = py_func in _OVERLAPPING
+                launcher.name = getattr(py_func, "__name__", "")
             launcher(grid, block, args)
             return launcher
         except NotImplementedError:
@@ -418,6 +456,30 @@ def _gpu_launch(kernel, grid, block, args) -> bool:
         _thread_state.context_ready = True
     launcher = _launchers[key] = _first_launch(kernel, tuple(types), grid, block, args)
     return launcher is not False
+
+
+#: Python functions of the kernels written for overlapped launches (see ``overlapping``)
+_OVERLAPPING: set = set()
+#: [True] while overlapped launches are on: ``PAGED_TUTORIAL_OVERLAP=0`` turns them off, and
+#: ``set_overlap`` switches them at run time (benchmarks measure both in one process)
+OVERLAP = [os.environ.get("PAGED_TUTORIAL_OVERLAP", "1") != "0"]
+
+
+def overlapping(py_func):
+    """Mark a kernel's Python function (apply below ``@cuda.jit``) as written for launches that
+    overlap the previous kernel: every block calls ``grid_dependency.wait_for_previous_grid()``
+    before it reads another kernel's output or returns.  The raw launcher then launches it with
+    programmatic stream serialization on GPUs that support it (``device/grid_dependency.py``);
+    other launch paths launch it plainly, which is always correct."""
+    _OVERLAPPING.add(py_func)
+    return py_func
+
+
+def set_overlap(on: bool) -> bool:
+    """Turn overlapped launches on or off for the kernels launched from now on (CUDA graphs
+    keep what they captured); returns the previous setting."""
+    previous, OVERLAP[0] = OVERLAP[0], bool(on)
+    return previous
 
 
 def launch(kernel, grid, block, *args) -> None:
