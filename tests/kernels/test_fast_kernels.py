@@ -390,3 +390,20 @@ def test_fused_linear_silu_mul_matches_the_separate_ops(hidden):
     assert torch.equal(bits16(got), bits16(want))
     ref = torch.nn.functional.silu(x.float() @ w[:inter].float().T) * (x.float() @ w[inter:].float().T)
     assert torch.allclose(got.float(), ref, rtol=3e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("k", [64, 8 * (32 * 8 + 1)])
+def test_gemv_loops_over_more_row_blocks_than_its_grid(k):
+    """The GEMV's grid is capped (``gemv.resident_blocks``) and each block loops over row
+    blocks: every output row is still computed once, for short rows (one warp per row) and
+    long ones (a row split over warps, partial sums in shared memory reused per row block)."""
+    from paged_tutorial.backends.numba_cuda.kernels import gemv
+
+    nb = NumbaBackend(gemv=True)
+    g = gen(90 + k)
+    n_out = 4 * gemv.rows_per_block(k) * gemv.resident_blocks() + 1
+    assert gemv.grid(n_out, k) == gemv.resident_blocks()
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(nb.device)
+    w = torch.randn(n_out, k, generator=g).to(torch.bfloat16).to(nb.device)
+    y = nb.linear(x, w)
+    assert rel_err(y, x.float().cpu() @ w.float().cpu().T) < 4e-3

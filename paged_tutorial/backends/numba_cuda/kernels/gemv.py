@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 from numba import cuda, float32, int32
 
@@ -43,6 +44,31 @@ MAX_ROWS = 1
 WARPS = 2 if SIMULATING else 8
 #: 16-byte chunks a lane loads at once
 UNROLL = 8
+
+
+#: blocks of ``WARPS`` warps per SM a GEMV launches at most (``resident_blocks``), each
+#: looping over row blocks: room is left on every SM for the next kernel's blocks to start and
+#: load their weights while this one finishes (``device/grid_dependency.py``).  Measured on an
+#: H200 (Llama-3.2-1B shapes, batch 1, graph replay): 2 -> 1.034 ms per step, 4 -> 1.043,
+#: 8 -> 1.045, no cap -> 1.041: within the noise of one another, so the cap buys little.
+#: ``PAGED_TUTORIAL_GEMV_BLOCKS_PER_SM`` overrides it (0: no cap, one block per row block).
+BLOCKS_PER_SM = int(os.environ.get("PAGED_TUTORIAL_GEMV_BLOCKS_PER_SM", "2"))
+
+
+@functools.lru_cache(maxsize=None)
+def resident_blocks() -> int:
+    """The GEMVs' grid cap on this device (no cap with BLOCKS_PER_SM 0; in the simulator,
+    which runs blocks one after another, the few blocks of ``launch.SIM_MAX_BLOCKS``)."""
+    if SIMULATING:
+        from paged_tutorial.backends.numba_cuda.runtime.launch import SIM_MAX_BLOCKS
+
+        return SIM_MAX_BLOCKS
+    if BLOCKS_PER_SM <= 0:
+        return 1 << 30
+    import torch
+
+    return BLOCKS_PER_SM * torch.cuda.get_device_properties(torch.cuda.current_device()) \
+        .multi_processor_count
 
 
 def k_split(K: int, warps: int = WARPS) -> int:
@@ -81,73 +107,82 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
     def gemv(x, x_row_words, w, out, out_row, n_rows):
         wib = cuda.threadIdx.x // WARP_SIZE       # warp in block
         lane = cuda.threadIdx.x % WARP_SIZE
-        row = cuda.blockIdx.x * ROWS + wib // KSPLIT
         seg = wib % KSPLIT
-        valid = row < n_rows and wib < ROWS * KSPLIT
         c_lo = seg * SEG
         c_hi = min(c_lo + SEG, CHUNKS)
         partial = cuda.shared.array((32, T), float32)
         acc = cuda.local.array(T, float32)
-        for t in range(T):
-            acc[t] = float32(0.0)
         wv = cuda.local.array((UN, CHUNK_WORDS), int32)
-        w_base = row * ROW_WORDS
-        for round_ in range(ROUNDS):
-            for u in range(UN):                   # issue every load of the round first
-                c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
-                if valid and c < c_hi:
-                    w0, w1, w2, w3 = load_u32x4_nc(w, w_base + c * CHUNK_WORDS)
-                else:
-                    w0 = w1 = w2 = w3 = int32(0)
-                wv[u, 0] = w0
-                wv[u, 1] = w1
-                wv[u, 2] = w2
-                wv[u, 3] = w3
-            if round_ == 0:                       # weights in flight; x is the last kernel's
-                wait_for_previous_grid()
-                allow_next_grid()
-            for u in range(UN):
-                c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
-                if valid and c < c_hi:
+        waited = False
+        n_row_blocks = (n_rows + ROWS - 1) // ROWS
+        for row_block in range(cuda.blockIdx.x, n_row_blocks, cuda.gridDim.x):
+            row = row_block * ROWS + wib // KSPLIT
+            valid = row < n_rows and wib < ROWS * KSPLIT
+            for t in range(T):
+                acc[t] = float32(0.0)
+            w_base = row * ROW_WORDS
+            for round_ in range(ROUNDS):
+                for u in range(UN):               # issue every load of the round first
+                    c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
+                    if valid and c < c_hi:
+                        w0, w1, w2, w3 = load_u32x4_nc(w, w_base + c * CHUNK_WORDS)
+                    else:
+                        w0 = w1 = w2 = w3 = int32(0)
+                    wv[u, 0] = w0
+                    wv[u, 1] = w1
+                    wv[u, 2] = w2
+                    wv[u, 3] = w3
+                if not waited:                    # weights in flight; x is the last kernel's
+                    wait_for_previous_grid()
+                    allow_next_grid()
+                    waited = True
+                for u in range(UN):
+                    c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
+                    if valid and c < c_hi:
+                        for t in range(T):
+                            x0, x1, x2, x3 = load_u32x4_nc(x, t * x_row_words + c * CHUNK_WORDS)
+                            xs = (x0, x1, x2, x3)
+                            s = float32(0.0)
+                            for k in range(CHUNK_WORDS):
+                                wa, wb = unpack2(wv[u, k])
+                                xa, xb = unpack2(xs[k])
+                                s += wa * xa + wb * xb
+                            acc[t] += s
+            for t in range(T):                    # every lane of every warp: whole warps
+                v = acc[t]
+                v += cuda.shfl_xor_sync(FULL_MASK, v, 16)
+                v += cuda.shfl_xor_sync(FULL_MASK, v, 8)
+                v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
+                v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
+                v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+                acc[t] = v
+            if KSPLIT == 1:
+                if lane == 0 and valid:
                     for t in range(T):
-                        x0, x1, x2, x3 = load_u32x4_nc(x, t * x_row_words + c * CHUNK_WORDS)
-                        xs = (x0, x1, x2, x3)
-                        s = float32(0.0)
-                        for k in range(CHUNK_WORDS):
-                            wa, wb = unpack2(wv[u, k])
-                            xa, xb = unpack2(xs[k])
-                            s += wa * xa + wb * xb
-                        acc[t] += s
-        for t in range(T):                        # every lane of every warp: whole warps
-            v = acc[t]
-            v += cuda.shfl_xor_sync(FULL_MASK, v, 16)
-            v += cuda.shfl_xor_sync(FULL_MASK, v, 8)
-            v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
-            v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
-            v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
-            acc[t] = v
-        if KSPLIT == 1:
-            if lane == 0 and valid:
-                for t in range(T):
-                    out[t * out_row + row] = float_to_bf16_bits(acc[t])
-            return
-        if lane == 0:
-            for t in range(T):
-                partial[wib, t] = acc[t]
-        cuda.syncthreads()
-        if lane == 0 and seg == 0 and valid:      # the row's first warp adds the segments
-            for t in range(T):
-                v = partial[wib, t]
-                for j in range(1, KSPLIT):
-                    v += partial[wib + j, t]
-                out[t * out_row + row] = float_to_bf16_bits(v)
+                        out[t * out_row + row] = float_to_bf16_bits(acc[t])
+            else:
+                if lane == 0:
+                    for t in range(T):
+                        partial[wib, t] = acc[t]
+                cuda.syncthreads()
+                if lane == 0 and seg == 0 and valid:  # the row's first warp adds the segments
+                    for t in range(T):
+                        v = partial[wib, t]
+                        for j in range(1, KSPLIT):
+                            v += partial[wib + j, t]
+                        out[t * out_row + row] = float_to_bf16_bits(v)
+                cuda.syncthreads()                # partial is reused by the next row block
+        if not waited:                            # no rows here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
 
     return gemv
 
 
 def grid(n_out: int, K: int, warps: int = WARPS) -> int:
-    """Blocks for N = n_out output rows."""
-    return -(-n_out // rows_per_block(K, warps))
+    """Blocks for N = n_out output rows: one row block each, at most ``resident_blocks()``
+    (the kernels loop over row blocks)."""
+    return min(-(-n_out // rows_per_block(K, warps)), resident_blocks())
 
 
 # --- two rows per warp: the QKV projection with RoPE, the gate/up projection with SwiGLU -------
@@ -163,11 +198,12 @@ def fused_qkv_supported(K: int, head_dim: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def pair_dot(T: int, K: int):
-    """Device function ``pair_dot(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1)``: the
-    warp's dot products of rows n0 and n1 of W with the T rows of x, as ``gemv_kernel``
-    computes a row (same loads, same float32 sums), into ``acc0[t]`` / ``acc1[t]`` of every
-    lane.  Both rows' weight loads are issued before ``wait_for_previous_grid`` (x is the
-    previous kernel's output; the weights are not)."""
+    """Device function ``pair_dot(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1,
+    first)``: the warp's dot products of rows n0 and n1 of W with the T rows of x, as
+    ``gemv_kernel`` computes a row (same loads, same float32 sums), into ``acc0[t]`` /
+    ``acc1[t]`` of every lane.  On the block's ``first`` pair both rows' weight loads are
+    issued before ``wait_for_previous_grid`` (x is the previous kernel's output; the weights
+    are not)."""
     if not pair_supported(K):
         raise ValueError(f"paired GEMV: K = {K} needs one round of loads per lane")
     CHUNKS = K // CHUNK_ELEMS
@@ -175,7 +211,7 @@ def pair_dot(T: int, K: int):
     ROW_WORDS = K // 2
 
     @cuda.jit(device=True)
-    def dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1):
+    def dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1, first):
         for t in range(T):
             acc0[t] = float32(0.0)
             acc1[t] = float32(0.0)
@@ -196,8 +232,9 @@ def pair_dot(T: int, K: int):
             w1v[u, 1] = b1
             w1v[u, 2] = b2
             w1v[u, 3] = b3
-        wait_for_previous_grid()                  # weights in flight; x is the last kernel's
-        allow_next_grid()
+        if first:                                 # weights in flight; x is the last kernel's
+            wait_for_previous_grid()
+            allow_next_grid()
         for u in range(PER_LANE):
             c = lane + u * WARP_SIZE
             if valid and c < CHUNKS:
@@ -238,24 +275,11 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
     Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
     dot_two_rows = pair_dot(T, K)
 
-    @cuda.jit
-    @overlapping
-    def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
-                          n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
-                          BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
-        pair = cuda.blockIdx.x * (cuda.blockDim.x // WARP_SIZE) + cuda.threadIdx.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
+    @cuda.jit(device=True)
+    def store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
+                           n_q_heads, n_kv_heads, head_dim, kv_cache, block_table, layer, slots,
+                           KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
         half = head_dim // 2
-        valid = pair < n_out // 2
-        h = pair // half
-        i = pair - h * half
-        n0 = h * head_dim + i
-        n1 = n0 + half
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
-        dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1)
-        if lane != 0 or not valid:
-            return
         for t in range(T):
             a = rnd_bf16(acc0[t])                  # what linear would have stored
             b = rnd_bf16(acc1[t])
@@ -282,11 +306,41 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
                     kv_cache[dst + offset] = lo
                     kv_cache[dst + offset + half] = hi
 
+    @cuda.jit
+    @overlapping
+    def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
+                          n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
+                          BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
+        warps = cuda.blockDim.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        half = head_dim // 2
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        n_pair_blocks = (n_out // 2 + warps - 1) // warps
+        first = True
+        for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
+            pair = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = pair < n_out // 2
+            h = pair // half
+            i = pair - h * half
+            n0 = h * head_dim + i
+            n1 = n0 + half
+            dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1, first)
+            first = False
+            if lane == 0 and valid:
+                store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
+                                   n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
+                                   layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,
+                                   V_OFFSET_ELEMS)
+        if first:                                 # no pairs here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
+
     return qkv_rope_write_kv
 
 
 def qkv_grid(n_out: int, warps: int = WARPS) -> int:
-    return -(-(n_out // 2) // warps)
+    return pair_grid(n_out // 2, warps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,22 +355,29 @@ def linear_silu_mul_kernel(T: int, K: int):
     @cuda.jit
     @overlapping
     def linear_silu_mul(x, x_row_words, w, out, inter):
-        n = cuda.blockIdx.x * (cuda.blockDim.x // WARP_SIZE) + cuda.threadIdx.x // WARP_SIZE
+        warps = cuda.blockDim.x // WARP_SIZE
         lane = cuda.threadIdx.x % WARP_SIZE
-        valid = n < inter
         acc0 = cuda.local.array(T, float32)
         acc1 = cuda.local.array(T, float32)
-        dot_two_rows(x, x_row_words, w, n, n + inter, valid, lane, acc0, acc1)
-        if lane != 0 or not valid:
-            return
-        for t in range(T):
-            g = rnd_bf16(acc0[t])                  # what linear would have stored
-            u = rnd_bf16(acc1[t])
-            silu = rnd_bf16(g / (float32(1.0) + math.exp(-g)))
-            out[t * inter + n] = float_to_bf16_bits(silu * u)
+        first = True
+        for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
+            n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = n < inter
+            dot_two_rows(x, x_row_words, w, n, n + inter, valid, lane, acc0, acc1, first)
+            first = False
+            if lane == 0 and valid:
+                for t in range(T):
+                    g = rnd_bf16(acc0[t])          # what linear would have stored
+                    u = rnd_bf16(acc1[t])
+                    silu = rnd_bf16(g / (float32(1.0) + math.exp(-g)))
+                    out[t * inter + n] = float_to_bf16_bits(silu * u)
+        if first:                                 # no rows here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
 
     return linear_silu_mul
 
 
 def pair_grid(n_pairs: int, warps: int = WARPS) -> int:
-    return -(-n_pairs // warps)
+    """Blocks for ``n_pairs`` warp pairs, at most ``resident_blocks()`` (the kernels loop)."""
+    return min(-(-n_pairs // warps), resident_blocks())
