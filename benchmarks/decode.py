@@ -99,6 +99,17 @@ def exactly(n: int) -> pt.SamplingParams:
     return pt.SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
+def ladder() -> dict:
+    """The rungs of the decode-step fusions, each with graphs and without the rungs after it
+    (the engine itself, with all of them, is the "engine" row): SwiGLU in the gate/up GEMV
+    (``fuse_mlp``), then launches that overlap the previous kernel (``overlap``)."""
+    return {
+        "graphs_separate_mlp_no_overlap": dict(backend=NumbaBackend(fuse_mlp=False),
+                                               overlap=False),
+        "graphs_no_overlap": dict(overlap=False),
+    }
+
+
 def time_engine(model, batch, overlap: bool = True, **kw) -> dict:
     """Median ms per decode step (and the graph replay's GPU time) of a fresh engine;
     ``overlap``: launches that overlap the previous kernel (``grid_dependency.py``) on or off
@@ -291,21 +302,17 @@ def main(argv=None):
         print("correctness:", data["correctness"], flush=True)
     cfg = model.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim * 2
+    rungs = ladder()
     variants = {
         "engine": {},
         "article_no_graphs": dict(backend=NumbaBackend(attention="article"), cuda_graphs=False),
         "fast_no_graphs": dict(cuda_graphs=False),
         "article_graphs": dict(backend=NumbaBackend(attention="article")),
         "triton_graphs": dict(backend=NumbaBackend(attention="triton")),
-        # the batch-1 ladder, each rung without the ones after it
-        "graphs_separate_mlp_no_overlap": dict(backend=NumbaBackend(fuse_mlp=False),
-                                               overlap=False),
-        "graphs_no_overlap": dict(overlap=False),
+        **rungs,
     }
     if args.skip_variants:
-        variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False),
-                    "graphs_separate_mlp_no_overlap": variants["graphs_separate_mlp_no_overlap"],
-                    "graphs_no_overlap": variants["graphs_no_overlap"]}
+        variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False), **rungs}
     data["rows"] = []
     for batch in BATCHES:
         mean_ctx = PROMPT_LEN + NEW_TOKENS / 2
