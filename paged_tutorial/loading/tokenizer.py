@@ -312,7 +312,8 @@ class Tokenizer:
         ids = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in (
             ("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
             ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id"))}
-        special = {name: tokens[i] if i is not None and 0 <= i < len(tokens) else None
+        special = {name: tokens[i] if isinstance(i, int) and not isinstance(i, bool)
+                   and 0 <= i < len(tokens) else None
                    for name, i in ids.items()}
         if meta.get("tokenizer.ggml.add_bos_token") and special["bos_token"] is not None:
             _with_bos_post_processor(backend, special["bos_token"], int(ids["bos_token"]))
