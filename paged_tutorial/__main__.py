@@ -83,6 +83,11 @@ def integer_in(low: int, high: int):
     return parse
 
 
+def _plain(number: float) -> str:
+    """16777216 rather than 1.67772e+07; 0.5 as 0.5."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
 def number_in(low: float, high: float, *, low_open: bool = False):
     """An argparse ``type``: a finite number in [low, high] ((low, high] when ``low_open``)."""
     def parse(text: str) -> float:
@@ -94,7 +99,7 @@ def number_in(low: float, high: float, *, low_open: bool = False):
         if not (math.isfinite(value) and above_low and value <= high):
             bracket = "(" if low_open else "["
             raise argparse.ArgumentTypeError(
-                f"must be a finite number in {bracket}{low:g}, {high:g}], got {text}")
+                f"must be a finite number in {bracket}{_plain(low)}, {_plain(high)}], got {text}")
         return value
     return parse
 
@@ -325,8 +330,9 @@ def bad_prompt_encoding(prompts: list[str]) -> str | None:
         what = f"the byte 0x{byte:02X}" if byte is not None else f"U+{ord(char):04X}"
         label = "the prompt" if len(prompts) == 1 else f"prompt {i + 1}"
         return (f"{label} holds {what} at position {position}, which is not valid in this "
-                f"terminal's encoding ({sys.getfilesystemencoding()}): set the terminal (and "
-                "LANG / LC_ALL) to that encoding, e.g. UTF-8, and type the prompt again")
+                f"terminal's encoding ({sys.getfilesystemencoding()}, from LANG / LC_ALL): the "
+                "terminal sent text in another encoding; make the terminal and LANG / LC_ALL "
+                "agree (both UTF-8, say) and type the prompt again")
     return None
 
 

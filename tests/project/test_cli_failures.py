@@ -231,4 +231,4 @@ def test_undecodable_argv_byte(tiny_gguf):
     err = run.stderr.decode("utf-8", "replace")
     assert run.returncode == cli.EXIT_USAGE, err
     no_traceback(err)
-    assert "the byte 0xE9 at position 3" in err and "(utf-8)" in err
+    assert "the byte 0xE9 at position 3" in err and "(utf-8, from LANG / LC_ALL)" in err
