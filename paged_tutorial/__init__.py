@@ -14,13 +14,15 @@ and ``config.py`` (the one definition of every shape and cache constant).
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from paged_tutorial.backends.recording import OpCall, RecordingBackend
-from paged_tutorial.cache import BlockEvent, PagedKVCache
-from paged_tutorial.config import CacheConfig, ModelConfig, llama_3_2_1b_config
-from paged_tutorial.engine import (Engine, GenerationResult, SamplingParams, StepReport,
-                                   TokenStream)
-from paged_tutorial.loading.models import Model, load_model, random_model
+if TYPE_CHECKING:
+    from paged_tutorial.backends.recording import OpCall, RecordingBackend
+    from paged_tutorial.cache import BlockEvent, PagedKVCache
+    from paged_tutorial.config import CacheConfig, ModelConfig, llama_3_2_1b_config
+    from paged_tutorial.engine import (Engine, GenerationResult, SamplingParams, StepReport,
+                                       TokenStream)
+    from paged_tutorial.loading.models import Model, load_model, random_model
 
 __version__ = "0.1.0"
 
@@ -29,14 +31,35 @@ __all__ = ["BlockEvent", "CacheConfig", "Engine", "GenerationResult", "Model", "
            "TokenStream", "exercises", "llama_3_2_1b_config", "load_model", "random_model",
            "__version__"]
 
-# ``pt.exercises`` (the notebooks' checker) is imported on first use: serving requests never
-# loads the teaching code or its plotting libraries.
-_LAZY = {"exercises": "paged_tutorial.teaching.exercises"}
+# Every public name is imported on first use (``pt.Engine`` imports the engine then): ``import
+# paged_tutorial`` itself costs nothing, so ``python -m paged_tutorial`` reaches its own Ctrl-C
+# handling before torch loads, and serving requests never loads ``pt.exercises`` (the
+# notebooks' checker) or its plotting libraries.
+_LAZY_NAMES = {
+    "OpCall": "paged_tutorial.backends.recording",
+    "RecordingBackend": "paged_tutorial.backends.recording",
+    "BlockEvent": "paged_tutorial.cache", "PagedKVCache": "paged_tutorial.cache",
+    "CacheConfig": "paged_tutorial.config", "ModelConfig": "paged_tutorial.config",
+    "llama_3_2_1b_config": "paged_tutorial.config",
+    "Engine": "paged_tutorial.engine", "GenerationResult": "paged_tutorial.engine",
+    "SamplingParams": "paged_tutorial.engine", "StepReport": "paged_tutorial.engine",
+    "TokenStream": "paged_tutorial.engine",
+    "Model": "paged_tutorial.loading.models", "load_model": "paged_tutorial.loading.models",
+    "random_model": "paged_tutorial.loading.models",
+}
+_LAZY_MODULES = {"exercises": "paged_tutorial.teaching.exercises"}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'paged_tutorial' has no attribute {name!r}")
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    elif name in _LAZY_MODULES:
+        value = importlib.import_module(_LAZY_MODULES[name])
+    else:
+        raise AttributeError(f"module 'paged_tutorial' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

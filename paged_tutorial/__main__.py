@@ -5,22 +5,35 @@ One prompt streams its answer to stdout token by token; several prompts are serv
 (backend, cache size), progress and timing go to stderr.
 
 Every failure the user can cause (a model that is missing, gated or cannot be downloaded, a
-backend this machine cannot run, a bad option value, Ctrl-C) ends with one ``error:`` line on
-stderr and exit status 2.  The backend is checked before any weights are loaded.
+backend this machine cannot run, a prompt too long for ``--max-seq-len``, an answer standard
+output cannot take) ends with one ``error:`` line on stderr and exit status 2; an option value
+out of range, or a prompt the terminal's encoding could not decode, is argparse's
+``error:`` line (status 2) before anything loads.  The backend is checked before any weights
+are loaded.  Ctrl-C at any moment prints one line and exits 130; when nobody reads standard
+output any more (``| head -c 1``, or started with it closed) the command stops quietly with
+status 141, as a shell reports for a writer that SIGPIPE ended.  No traceback in any of these.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import re
+import signal
 import sys
 import warnings
 
-from paged_tutorial.backends import BACKEND_NAMES
-
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130          # 128 + SIGINT: what a shell reports for Ctrl-C
+EXIT_OUTPUT_CLOSED = 141        # 128 + SIGPIPE: what `head` expects of a writer it stopped reading
+
+# The largest values the numeric options take: beyond them a value is a typo, not a request.
+MAX_TOKENS_OPTION = 2 ** 24
+MAX_SLOTS_OPTION = 4096
+MAX_KV_CACHE_MIB = 2 ** 24      # 16 TiB
+MAX_TEMPERATURE = 100.0
 HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 
 BACKEND_HELP = {
@@ -56,7 +69,44 @@ def api_defaults() -> dict:
     return defaults
 
 
+def integer_in(low: int, high: int):
+    """An argparse ``type``: an integer in [low, high], else argparse's one error line."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {low} to {high}, got {text}")
+        return value
+    return parse
+
+
+def _plain(number: float) -> str:
+    """16777216 rather than 1.67772e+07; 0.5 as 0.5."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def number_in(low: float, high: float, *, low_open: bool = False):
+    """An argparse ``type``: a finite number in [low, high] ((low, high] when ``low_open``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        above_low = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above_low and value <= high):
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number in {bracket}{_plain(low)}, {_plain(high)}], got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from paged_tutorial.backends import BACKEND_NAMES
+
     d = api_defaults()
     backends = "\n".join(f"  {name:10s} {text}" for name, text in BACKEND_HELP.items())
     p = argparse.ArgumentParser(
@@ -68,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                "llama-3.2-1b-ungated\n(same weights, no login), kanana-nano-2.1b (Korean and "
                "English), a .gguf file, a Hugging Face\nmodel folder, or any hub id of a "
                "Llama-architecture model.\n\n"
-               "Exit status: 0 on success, 2 on any error (one 'error:' line on stderr).")
+               "Exit status: 0 on success, 2 on any error (one 'error:' line on stderr), 130\n"
+               "after Ctrl-C, 141 when nothing reads standard output any more.")
     p.add_argument("prompt", nargs="+", help="one or more prompts (each served in a slot)")
     p.add_argument("--model", default="smollm2-135m",
                    help="an alias, a .gguf file, an HF folder or a hub id (default: "
@@ -78,20 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="default: bfloat16 on a GPU (float16 on one without native bfloat16, "
                         "such as a T4), float32 on a CPU")
-    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+    p.add_argument("--max-new-tokens", type=integer_in(0, MAX_TOKENS_OPTION),
+                   default=d["max_new_tokens"],
                    help="tokens to generate per prompt (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=d["temperature"],
+    p.add_argument("--temperature", type=number_in(0.0, MAX_TEMPERATURE),
+                   default=d["temperature"],
                    help="0 = greedy (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=d["top_p"],
+    p.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=d["top_p"],
                    help="nucleus sampling mass (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=d["seed"],
+    p.add_argument("--seed", type=integer_in(0, 2 ** 64 - 1), default=d["seed"],
                    help="sampling seed (default: random)")
-    p.add_argument("--max-slots", type=int, default=d["max_slots"],
+    p.add_argument("--max-slots", type=integer_in(1, MAX_SLOTS_OPTION), default=d["max_slots"],
                    help="requests decoded together (default: %(default)s)")
-    p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"],
+    p.add_argument("--max-seq-len", type=integer_in(1, MAX_TOKENS_OPTION),
+                   default=d["max_seq_len"],
                    help="prompt + answer tokens per request (default: 2048, or the model's "
                         "max_position_embeddings if smaller)")
-    p.add_argument("--kv-cache-mib", type=float, default=None,
+    p.add_argument("--kv-cache-mib", type=number_in(0.0, MAX_KV_CACHE_MIB, low_open=True),
+                   default=None,
                    help="KV cache size in MiB (default: what max-slots x max-seq-len need, "
                         "capped)")
     p.add_argument("--prefix-caching", action="store_true",
@@ -185,6 +240,15 @@ def run(args, out=None, err=None) -> int:
                     for i, prompt in enumerate(args.prompt)]
     except (ValueError, TypeError) as exc:
         raise UsageError(_one_line(exc)) from exc
+    too_long = [(i, r) for i, r in enumerate(requests) if r.finish_reason == "prompt_too_long"]
+    if too_long:
+        i, request = too_long[0]
+        label = "the prompt" if single else f"prompt {i + 1}"
+        templated = "" if args.no_chat else " (with the chat template)"
+        raise UsageError(
+            f"{label} is {len(request.prompt_ids)} tokens{templated}, but --max-seq-len is "
+            f"{engine.max_seq_len} (prompt and answer together, so prompts of at most "
+            f"{engine.max_seq_len - 1} tokens): shorten the prompt or raise --max-seq-len")
     index_of = {r.request_id: i for i, r in enumerate(requests)}
     shown: set[int] = set()
 
@@ -215,15 +279,108 @@ def run(args, out=None, err=None) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    warnings.formatwarning = _warning_line
+class OutputClosed(Exception):
+    """Nobody reads standard output any more (the reader of the pipe left, or it was closed)."""
+
+
+class OutputFailed(Exception):
+    """Standard output refused the answer (a full disk, ``/dev/full``, an I/O error)."""
+
+
+class AnswerOutput:
+    """Standard output for the answer.  A write that fails becomes OutputClosed or OutputFailed,
+    and stays failed: an engine that hands a callback's exception to its caller later still
+    ends the command the same way."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.failure: Exception | None = None
+
+    def write(self, text: str) -> int:
+        return self._guarded(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call, *args):
+        if self.failure is not None:
+            raise self.failure
+        try:
+            if self.stream.closed:
+                raise BrokenPipeError
+            return call(*args)
+        except BrokenPipeError:
+            self.failure = OutputClosed()
+        except OSError as exc:
+            self.failure = OutputFailed(exc.strerror or _one_line(exc))
+        raise self.failure
+
+
+def bad_prompt_encoding(prompts: list[str]) -> str | None:
+    """What to say about the first prompt holding a byte the terminal's encoding could not
+    decode (Python gives such argv bytes as lone surrogates), or None."""
+    from paged_tutorial.loading.text_input import escaped_byte, find_lone_surrogate
+
+    for i, prompt in enumerate(prompts):
+        found = find_lone_surrogate(prompt)
+        if found is None:
+            continue
+        position, char = found
+        byte = escaped_byte(char)
+        what = f"the byte 0x{byte:02X}" if byte is not None else f"U+{ord(char):04X}"
+        label = "the prompt" if len(prompts) == 1 else f"prompt {i + 1}"
+        return (f"{label} holds {what} at position {position}, which is not valid in this "
+                f"terminal's encoding ({sys.getfilesystemencoding()}, from LANG / LC_ALL): the "
+                "terminal sent text in another encoding; make the terminal and LANG / LC_ALL "
+                "agree (both UTF-8, say) and type the prompt again")
+    return None
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush of stdout at exit
+    cannot fail again (what Python's documentation advises after a BrokenPipeError)."""
     try:
-        return run(args)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _error(message: str) -> None:
+    if sys.stderr is not None:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+
+def main(argv=None) -> int:
+    if sys.stdout is None:           # started with stdout closed (>&-): nobody reads the answer
+        return EXIT_OUTPUT_CLOSED
+    out = AnswerOutput(sys.stdout)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        problem = bad_prompt_encoding(args.prompt)
+        if problem:
+            parser.error(problem)
+        warnings.formatwarning = _warning_line
+        status = run(args, out=out)
+        if out.failure is not None:
+            raise out.failure
+        return status
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
     except KeyboardInterrupt:
-        print("\nerror: interrupted (Ctrl-C)", file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)       # a second Ctrl-C: no traceback
+        _error("\nerror: interrupted (Ctrl-C)")
+        return EXIT_INTERRUPTED
+    except OutputClosed:
+        _stdout_to_devnull()
+        return EXIT_OUTPUT_CLOSED
+    except OutputFailed as exc:
+        _stdout_to_devnull()
+        _error(f"error: cannot write the answer to standard output: {exc}")
     return EXIT_USAGE
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 DTYPE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
 def check_dtype(dtype: str) -> str:
@@ -33,17 +32,206 @@ def check_dtype(dtype: str) -> str:
     return name
 
 
+class ConfigFieldError(ValueError):
+    """A model-config field whose value is outside what the engine accepts.
+
+    ``field`` is the ModelConfig name (``num_attention_heads``); ``shown_as`` is how the file
+    spells it (``llama.attention.head_count`` in a GGUF), used in the message."""
+
+    def __init__(self, field: str, value: Any, expected: str, shown_as: str | None = None):
+        self.field, self.value, self.expected = field, value, expected
+        self.shown_as = shown_as or field
+        super().__init__(f"{self.shown_as} must be {expected}, got {describe_value(value)}")
+
+    def spelled(self, names: Mapping[str, str]) -> "ConfigFieldError":
+        """The same error with the field named as ``names`` spells it (else unchanged)."""
+        shown = names.get(self.field)
+        if shown is None:
+            return self
+        return ConfigFieldError(self.field, self.value, self.expected, f"{shown} ({self.field})")
+
+
+ABSENT = object()      # the value of a ConfigFieldError for a key the file does not have
+
+
+def describe_value(value: Any) -> str:
+    """``4.5 (float)``: the value and its type, short enough for one error line."""
+    if value is ABSENT:
+        return "nothing (the key is absent)"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = "null" if value is None else type(value).__name__
+    return f"{text} ({kind})"
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_positive_int(field: str, value: Any) -> int:
+    """``value`` if it is an integer >= 1; a float (even 4.0) or a bool is refused, never
+    truncated."""
+    if not _is_integer(value) or value <= 0:
+        raise ConfigFieldError(field, value, "a positive integer (1, 2, ...)")
+    return value
+
+
+def check_token_id(field: str, value: Any) -> int:
+    if not _is_integer(value) or value < 0:
+        raise ConfigFieldError(field, value, "a token id (an integer >= 0)")
+    return value
+
+
+FLOAT32_MAX = 3.4028234663852886e38     # the tables RoPE builds are float32
+
+
+def check_number(field: str, value: Any, *, above: float = 0.0, at_least: float | None = None,
+                 below: float = FLOAT32_MAX) -> float:
+    """``value`` as a float if it is a finite number in range: > ``above`` (or >= ``at_least``
+    when given) and < ``below``.  Bools and strings are refused."""
+    in_range = _is_real(value) and (value >= at_least if at_least is not None
+                                    else value > above) and value < below  # NaN fails both
+    if not in_range:
+        low = f"at least {at_least:g}" if at_least is not None else f"above {above:g}"
+        raise ConfigFieldError(field, value, f"a finite number {low} and below {below:.3g}")
+    return float(value)
+
+
+def check_positive_finite(field: str, value: Any) -> float:
+    return check_number(field, value)
+
+
+def check_scale_factor(field: str, value: Any) -> float:
+    """A RoPE scaling factor: stretches wavelengths, so at least 1 (as transformers checks)."""
+    return check_number(field, value, at_least=1.0)
+
+
+# What each RoPE type needs in rope_scaling (besides rope_type), with the check for each key.
+ROPE_SCALING_KEYS = {
+    "default": {},
+    "linear": {"factor": check_scale_factor},
+    "llama3": {"factor": check_scale_factor, "low_freq_factor": check_positive_finite,
+               "high_freq_factor": check_positive_finite,
+               "original_max_position_embeddings": check_positive_int},
+}
+SUPPORTED_ROPE_TYPES = tuple(ROPE_SCALING_KEYS)
+ROPE_SCALING_EXAMPLE = '{"rope_type": "linear", "factor": 2.0}'
+
+
+def check_rope_scaling(value: Any) -> dict | None:
+    """None for plain RoPE, else a dict with ``rope_type`` (the older key ``type`` is read too)
+    and every key that type needs, each checked."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigFieldError("rope_scaling", value,
+                               f"null or an object such as {ROPE_SCALING_EXAMPLE}")
+    scaling = dict(value)
+    if "rope_type" not in scaling and "type" in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    rope_type = scaling.get("rope_type", "default")
+    if not isinstance(rope_type, str) or rope_type not in ROPE_SCALING_KEYS:
+        raise ConfigFieldError(
+            "rope_scaling.rope_type", rope_type,
+            f"a RoPE type this engine implements ({', '.join(SUPPORTED_ROPE_TYPES)})")
+    if rope_type == "default":
+        return None
+    for key, check in ROPE_SCALING_KEYS[rope_type].items():
+        if key not in scaling:
+            raise ConfigFieldError(f"rope_scaling.{key}", ABSENT,
+                                   f"given for RoPE type {rope_type!r} (it needs "
+                                   f"{', '.join(ROPE_SCALING_KEYS[rope_type])})")
+        scaling[key] = check(f"rope_scaling.{key}", scaling[key])
+    if rope_type == "llama3" and scaling["low_freq_factor"] >= scaling["high_freq_factor"]:
+        raise ConfigFieldError("rope_scaling.low_freq_factor", scaling["low_freq_factor"],
+                               f"below high_freq_factor ({scaling['high_freq_factor']:g})")
+    return scaling
+
+
+def check_eos_token_ids(value: Any) -> tuple[int, ...]:
+    """An id, a list of ids, or none (null / absent) -> a tuple of ids."""
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(check_token_id("eos_token_ids", v) for v in value)
+    if _is_integer(value):
+        return (check_token_id("eos_token_ids", value),)
+    raise ConfigFieldError("eos_token_ids", value, "a token id or a list of token ids")
+
+
+def check_model_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The one validator both readers (config.json, GGUF metadata) and ModelConfig itself go
+    through: every field checked by name, value and accepted range, in a fixed order, and
+    returned normalised (``head_dim`` / ``num_key_value_heads`` of None derived as Llama derives
+    them, rope_scaling in one spelling, eos ids as a tuple).  Raises ConfigFieldError."""
+    out = dict(fields)
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads"):
+        check_positive_int(name, out[name])
+    heads = out["num_attention_heads"]
+    if out.get("num_key_value_heads") is None:
+        out["num_key_value_heads"] = heads
+    kv_heads = check_positive_int("num_key_value_heads", out["num_key_value_heads"])
+    if heads % kv_heads:
+        raise ConfigFieldError(
+            "num_key_value_heads", kv_heads,
+            f"a divisor of num_attention_heads ({heads}) for grouped-query attention")
+    if out.get("head_dim") is None:
+        if out["hidden_size"] % heads:
+            raise ConfigFieldError(
+                "num_attention_heads", heads,
+                f"a divisor of hidden_size ({out['hidden_size']}) when head_dim is not given "
+                "(head_dim = hidden_size / num_attention_heads)")
+        out["head_dim"] = out["hidden_size"] // heads
+        if out["head_dim"] % 2:
+            raise ConfigFieldError(
+                "hidden_size", out["hidden_size"],
+                f"a multiple of 2 x num_attention_heads ({2 * heads}) when head_dim is not "
+                "given (head_dim = hidden_size / num_attention_heads must be even for RoPE)")
+    head_dim = check_positive_int("head_dim", out["head_dim"])
+    if head_dim % 2:
+        raise ConfigFieldError("head_dim", head_dim, "even (RoPE rotates pairs)")
+    out["rms_norm_eps"] = check_number("rms_norm_eps", out["rms_norm_eps"], below=1.0)
+    # RoPE's base wavelength: frequencies theta^(-2i/d) must fall with i, so above 1.
+    out["rope_theta"] = check_number("rope_theta", out["rope_theta"], above=1.0)
+    out["rope_scaling"] = check_rope_scaling(out.get("rope_scaling"))
+    check_positive_int("max_position_embeddings", out["max_position_embeddings"])
+    if not isinstance(out["tie_word_embeddings"], bool):
+        raise ConfigFieldError("tie_word_embeddings", out["tie_word_embeddings"],
+                               "true or false")
+    if out.get("bos_token_id") is not None:
+        check_token_id("bos_token_id", out["bos_token_id"])
+    out["eos_token_ids"] = check_eos_token_ids(out.get("eos_token_ids"))
+    if not isinstance(out["architecture"], str):
+        raise ConfigFieldError("architecture", out["architecture"], "a string")
+    return out
+
+
+# config.json spells these differently from ModelConfig.
+HF_FIELD_NAMES = {"eos_token_ids": "eos_token_id", "architecture": "architectures"}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-architecture model (HF ``LlamaConfig`` field names)."""
+    """The shape of a Llama-architecture model (HF ``LlamaConfig`` field names).
+
+    Every field is checked on construction (:func:`check_model_fields`); ``head_dim`` or
+    ``num_key_value_heads`` given as None are derived (hidden_size / num_attention_heads, and
+    no grouping).  ``from_fields`` is what the file readers call: the same checks, with errors
+    naming the field as the file spells it."""
 
     vocab_size: int
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+    num_key_value_heads: int | None
+    head_dim: int | None
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: Mapping[str, Any] | None = None
@@ -54,23 +242,20 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"model config: {name} must be a positive integer, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"model config: num_attention_heads ({self.num_attention_heads}) must be a "
-                f"multiple of num_key_value_heads ({self.num_key_value_heads}) for grouped-query "
-                "attention")
-        if self.head_dim % 2:
-            raise ValueError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
-        rope_type = self.rope_type
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"unsupported RoPE type {rope_type!r} in rope_scaling: this engine implements "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+        checked = check_model_fields({f.name: getattr(self, f.name)
+                                      for f in dataclasses.fields(self)})
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any],
+                    names: Mapping[str, str] | None = None) -> "ModelConfig":
+        """A config from raw values as read from a file; a ConfigFieldError names the field as
+        ``names`` spells it (``{"num_attention_heads": "llama.attention.head_count"}``)."""
+        try:
+            return cls(**fields)
+        except ConfigFieldError as exc:
+            raise exc.spelled(names or {}) from None
 
     # --- derived sizes -------------------------------------------------------------------
     @property
@@ -100,9 +285,7 @@ class ModelConfig:
 
     @property
     def rope_type(self) -> str:
-        if not self.rope_scaling:
-            return "default"
-        return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
+        return self.rope_scaling["rope_type"] if self.rope_scaling else "default"
 
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
@@ -114,8 +297,14 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
         """Read a ``config.json`` in the hub's spelling (``rope_theta`` + ``rope_scaling``) or in
-        transformers 5's (``rope_parameters``)."""
-        archs = d.get("architectures") or ["LlamaForCausalLM"]
+        transformers 5's (``rope_parameters``).  Values are taken as written and checked by
+        :func:`check_model_fields`: nothing is converted, so 4.5 heads is refused, not 4."""
+        archs = d.get("architectures")
+        if archs is None or archs == []:
+            archs = ["LlamaForCausalLM"]
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ConfigFieldError("architectures", archs,
+                                   'a list of strings such as ["LlamaForCausalLM"]')
         model_type = d.get("model_type", "llama")
         if model_type != "llama" or archs[0] != "LlamaForCausalLM":
             raise ValueError(
@@ -125,40 +314,29 @@ class ModelConfig:
                                "num_hidden_layers", "num_attention_heads") if k not in d]
         if missing:
             raise ValueError(f"config.json lacks required field(s) {missing}")
-        n_heads = int(d["num_attention_heads"])
-        head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
         rope_params = d.get("rope_parameters")
         rope_scaling = d.get("rope_scaling")
-        rope_theta = d.get("rope_theta")
-        if isinstance(rope_params, Mapping):
+        rope_theta = d.get("rope_theta", 10000.0)
+        if rope_params is not None:
+            if not isinstance(rope_params, Mapping):
+                raise ConfigFieldError("rope_parameters", rope_params,
+                                       'null or an object such as {"rope_type": "default", '
+                                       '"rope_theta": 10000.0}')
             rope_theta = rope_params.get("rope_theta", rope_theta)
             if rope_params.get("rope_type", "default") != "default":
                 rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if isinstance(rope_scaling, Mapping):
-            rope_scaling = dict(rope_scaling)
-            if "type" in rope_scaling and "rope_type" not in rope_scaling:
-                rope_scaling["rope_type"] = rope_scaling.pop("type")
-            if rope_scaling.get("rope_type") == "default":
-                rope_scaling = None
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        return cls(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=n_heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or n_heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-            rope_scaling=rope_scaling or None,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=tuple(int(e) for e in eos_ids),
+        return cls.from_fields(dict(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            bos_token_id=d.get("bos_token_id"), eos_token_ids=d.get("eos_token_id"),
             architecture=archs[0],
-        )
+        ), HF_FIELD_NAMES)
 
     def to_hf_dict(self) -> dict:
         """A hub-style ``config.json`` dict (used to build HF reference models in tests)."""

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
+from paged_tutorial.loading.text_input import check_text
+
 # --- chat templates ----------------------------------------------------------------------------
 
 
@@ -77,7 +79,7 @@ def compile_chat_template(source: str):
 def as_messages(prompt_or_messages) -> list[dict]:
     """A prompt string becomes one user message; a message list is checked and copied."""
     if isinstance(prompt_or_messages, str):
-        return [{"role": "user", "content": prompt_or_messages}]
+        return [{"role": "user", "content": check_text(prompt_or_messages, "the prompt")}]
     if not isinstance(prompt_or_messages, Sequence) or not prompt_or_messages:
         raise TypeError("a chat is a prompt string or a non-empty list of "
                         f"{{'role': ..., 'content': ...}} dicts, got {prompt_or_messages!r}")
@@ -86,6 +88,8 @@ def as_messages(prompt_or_messages) -> list[dict]:
         if not isinstance(message, Mapping) or "role" not in message:
             raise TypeError(f"chat message {i} must be a dict with 'role' and 'content', "
                             f"got {message!r}")
+        if isinstance(message.get("content"), str):
+            check_text(message["content"], f"chat message {i}'s content")
         messages.append(dict(message))
     return messages
 
@@ -312,7 +316,8 @@ class Tokenizer:
         ids = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in (
             ("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
             ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id"))}
-        special = {name: tokens[i] if i is not None and 0 <= i < len(tokens) else None
+        special = {name: tokens[i] if isinstance(i, int) and not isinstance(i, bool)
+                   and 0 <= i < len(tokens) else None
                    for name, i in ids.items()}
         if meta.get("tokenizer.ggml.add_bos_token") and special["bos_token"] is not None:
             _with_bos_post_processor(backend, special["bos_token"], int(ids["bos_token"]))
@@ -335,6 +340,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a string, got {type(text).__name__}")
+        check_text(text)
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

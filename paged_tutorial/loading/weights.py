@@ -28,7 +28,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from paged_tutorial.config import ModelConfig, check_dtype
+from paged_tutorial.config import (ConfigFieldError, ModelConfig, check_dtype, check_eos_token_ids,
+                                   check_token_id)
 from paged_tutorial.model.rope import llama3_rope_factors
 
 # --- the tensors of a Llama checkpoint -------------------------------------------------------
@@ -37,6 +38,7 @@ EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 LAYER_PREFIX = "model.layers.{i}."
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.")
 LAYER_TENSORS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
@@ -101,12 +103,20 @@ def _config_summary(config: ModelConfig) -> str:
     return (f"hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
             f"vocab_size={config.vocab_size}, num_attention_heads={config.num_attention_heads}, "
             f"num_key_value_heads={config.num_key_value_heads}, head_dim={config.head_dim}, "
-            f"num_hidden_layers={config.num_hidden_layers}")
+            f"num_hidden_layers={config.num_hidden_layers}, "
+            f"tie_word_embeddings={config.tie_word_embeddings}")
 
 
 def check_weights(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> None:
     """Raise ValueError unless ``tensors`` holds exactly the tensors ``config`` describes, each
-    with the shape it implies.  A tied checkpoint may still carry an ``lm_head.weight``."""
+    with the shape it implies.  A tied checkpoint may still carry an ``lm_head.weight``.
+    The layer count is compared first, so a wild ``num_hidden_layers`` is named as such."""
+    layers = {int(m.group(1)) for m in map(_HF_LAYER_RE.match, tensors) if m}
+    if layers and config.num_hidden_layers != max(layers) + 1:
+        raise ValueError(
+            f"the config says num_hidden_layers={config.num_hidden_layers} but the checkpoint "
+            f"holds {max(layers) + 1} layers (model.layers.0 to model.layers.{max(layers)}): "
+            "the config does not belong to these weights; use the config.json shipped with them")
     expected = expected_tensor_shapes(config)
     missing = [name for name in expected if name not in tensors]
     if missing:
@@ -122,7 +132,7 @@ def check_weights(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> N
             f"checkpoint has tensor {unexpected[0]!r}, which this engine's Llama does not have "
             f"({len(unexpected)} such tensor(s)); attention/MLP biases, extra layers or other "
             "architectures are not supported: use a plain LlamaForCausalLM checkpoint whose "
-            "config matches its weights")
+            f"config matches its weights ({_config_summary(config)})")
     present = {**expected, **{n: s for n, s in optional.items() if n in tensors}}
     for name, want in present.items():            # in model order: the embedding first
         found = tuple(tensors[name].shape)
@@ -182,10 +192,10 @@ def read_generation_eos_ids(folder: Path) -> tuple[int, ...]:
     path = folder / GENERATION_CONFIG
     if not path.is_file():
         return ()
-    eos = read_json(path).get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    try:
+        return check_eos_token_ids(read_json(path).get("eos_token_id"))
+    except ConfigFieldError as exc:
+        raise ValueError(f"{path}: {exc.spelled({'eos_token_ids': 'eos_token_id'})}") from None
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -385,35 +395,70 @@ def _single_value(meta: Mapping[str, Any], key: str, path: Path):
     """A per-model hyperparameter; llama.cpp may store it per layer, which must then agree."""
     value = meta.get(key)
     if isinstance(value, list):
-        if len(set(value)) != 1:
-            raise ValueError(f"{path}: {key} differs between layers ({sorted(set(value))}); "
-                             "this engine needs every layer to have the same shape")
+        if not value:
+            raise ValueError(f"{path}: {key} is an empty list: it should hold one value (or "
+                             "one per layer); the file is corrupt, re-download it")
+        if any(v != value[0] for v in value):
+            raise ValueError(f"{path}: {key} differs between layers ({value[:8]}); this "
+                             "engine needs every layer to have the same shape")
         value = value[0]
     return value
 
 
-def rope_scaling_from_gguf(meta: Mapping[str, Any], rope_freqs: np.ndarray | None,
-                           theta: float, head_dim: int, path: Path) -> dict | None:
-    """HF-style ``rope_scaling`` from ``llama.rope.scaling.*`` keys or a ``rope_freqs`` tensor."""
+# The GGUF key each ModelConfig field is read from (named in errors).
+GGUF_FIELD_NAMES = {
+    "vocab_size": "llama.vocab_size", "hidden_size": "llama.embedding_length",
+    "intermediate_size": "llama.feed_forward_length", "num_hidden_layers": "llama.block_count",
+    "num_attention_heads": "llama.attention.head_count",
+    "num_key_value_heads": "llama.attention.head_count_kv",
+    "head_dim": "llama.attention.key_length",
+    "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+    "rope_theta": "llama.rope.freq_base", "rope_scaling": "llama.rope.scaling.type",
+    "rope_scaling.rope_type": "llama.rope.scaling.type",
+    "rope_scaling.factor": "llama.rope.scaling.factor",
+    "max_position_embeddings": "llama.context_length",
+    "bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_ids": "tokenizer.ggml.eos_token_id",
+}
+
+
+def rope_scaling_from_gguf_keys(meta: Mapping[str, Any]) -> dict | None:
+    """HF-style ``rope_scaling`` from ``llama.rope.scaling.type`` / ``.factor`` (checked by the
+    config like any other: a linear type without a factor is an error, not plain RoPE)."""
     kind = meta.get("llama.rope.scaling.type")
-    factor = meta.get("llama.rope.scaling.factor")
-    if rope_freqs is not None:
-        if np.allclose(rope_freqs, 1.0):
-            return None
-        scaling = {"rope_type": "llama3", "factor": float(rope_freqs.max()),
-                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings":
-                       int(meta.get("llama.rope.scaling.original_context_length") or 8192)}
-        if rope_freqs.shape != (head_dim // 2,) or not np.allclose(
-                rope_freqs, llama3_rope_factors(theta, head_dim, scaling).numpy(), rtol=1e-4):
-            raise ValueError(
-                f"{path}: {GGUF_ROPE_FREQS} holds per-frequency RoPE factors that are not Llama "
-                "3's (factor, low_freq_factor=1, high_freq_factor=4, original context 8192); "
-                "this engine supports default, linear and llama3 RoPE only")
-        return scaling
-    if kind in (None, "none") or factor in (None, 0, 1):
+    if kind is None or kind == "none":
         return None
-    return {"rope_type": str(kind), "factor": float(factor)}
+    scaling = {"rope_type": kind}
+    if meta.get("llama.rope.scaling.factor") is not None:
+        scaling["factor"] = meta["llama.rope.scaling.factor"]
+    return scaling
+
+
+def rope_scaling_from_rope_freqs(rope_freqs: np.ndarray, meta: Mapping[str, Any],
+                                 config: ModelConfig, path: Path) -> dict | None:
+    """HF-style ``rope_scaling`` from a ``rope_freqs`` tensor (Llama 3.1+ GGUF files)."""
+    if rope_freqs.shape == (config.head_dim // 2,) and np.allclose(rope_freqs, 1.0):
+        return None
+    old_context = meta.get("llama.rope.scaling.original_context_length")
+    scaling = {"rope_type": "llama3", "factor": float(rope_freqs.max()),
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192 if old_context is None else old_context}
+    scaling = ModelConfig.from_fields(
+        {**_fields_of(config), "rope_scaling": scaling},
+        {**GGUF_FIELD_NAMES, "rope_scaling.original_max_position_embeddings":
+         "llama.rope.scaling.original_context_length", "rope_scaling.factor": GGUF_ROPE_FREQS}
+    ).rope_scaling
+    if rope_freqs.shape != (config.head_dim // 2,) or not np.allclose(
+            rope_freqs, llama3_rope_factors(config.rope_theta, config.head_dim,
+                                            scaling).numpy(), rtol=1e-4):
+        raise ValueError(
+            f"{path}: {GGUF_ROPE_FREQS} holds per-frequency RoPE factors that are not Llama "
+            "3's (factor, low_freq_factor=1, high_freq_factor=4, original context 8192); "
+            "this engine supports default, linear and llama3 RoPE only")
+    return scaling
+
+
+def _fields_of(config: ModelConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
 def _check_gguf_architecture(meta: Mapping[str, Any], path: Path) -> None:
@@ -429,62 +474,79 @@ def _check_gguf_architecture(meta: Mapping[str, Any], path: Path) -> None:
                          "corrupt; re-download it")
 
 
-def _gguf_head_dim(meta: Mapping[str, Any], hidden: int, n_heads: int, path: Path) -> int:
-    head_dim = int(meta.get("llama.attention.key_length") or hidden // n_heads)
-    rope_dim = int(meta.get("llama.rope.dimension_count") or head_dim)
-    if rope_dim != head_dim:
-        raise ValueError(f"{path}: llama.rope.dimension_count={rope_dim} differs from "
-                         f"head_dim={head_dim}; partial rotary embeddings are not supported")
-    return head_dim
-
-
-def _gguf_vocab_size(meta: Mapping[str, Any], path: Path) -> int:
+def _gguf_vocab_size(meta: Mapping[str, Any], path: Path):
+    vocab = meta.get("llama.vocab_size")
+    if vocab is not None:
+        return vocab
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = int(meta.get("llama.vocab_size") or (len(tokens) if tokens else 0))
-    if not vocab:
+    if not isinstance(tokens, list) or not tokens:
         raise ValueError(f"{path}: GGUF metadata has neither llama.vocab_size nor "
                          "tokenizer.ggml.tokens, so the vocabulary size is unknown")
-    return vocab
+    return len(tokens)
+
+
+GGUF_EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                 "tokenizer.ggml.eom_token_id")
 
 
 def gguf_eos_token_ids(meta: Mapping[str, Any]) -> tuple[int, ...]:
-    """End-of-generation ids: eos plus llama.cpp's end-of-turn / end-of-message ids."""
-    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id")
-    return tuple(dict.fromkeys(int(meta[k]) for k in keys if meta.get(k) is not None))
+    """End-of-generation ids: eos plus llama.cpp's end-of-turn / end-of-message ids, each
+    checked (a ConfigFieldError names the key)."""
+    ids = []
+    for key in GGUF_EOS_KEYS:
+        if meta.get(key) is not None:
+            try:
+                ids.append(check_token_id("eos_token_ids", meta[key]))
+            except ConfigFieldError as exc:
+                raise exc.spelled({"eos_token_ids": key}) from None
+    return tuple(dict.fromkeys(ids))
 
 
 def config_from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str],
                               rope_freqs: np.ndarray | None = None,
                               path: Path | str = "<gguf>") -> ModelConfig:
-    """A ModelConfig from llama.cpp's ``llama.*`` and ``tokenizer.ggml.*`` keys."""
+    """A ModelConfig from llama.cpp's ``llama.*`` and ``tokenizer.ggml.*`` keys, taken as written
+    and checked by the same validator as config.json (errors name the GGUF key)."""
     path = Path(path)
     _check_gguf_architecture(meta, path)
-    hidden = int(meta["llama.embedding_length"])
-    n_heads = int(_single_value(meta, "llama.attention.head_count", path))
-    head_dim = _gguf_head_dim(meta, hidden, n_heads, path)
-    theta = float(meta.get("llama.rope.freq_base") or 10000.0)
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    fields = dict(
-        vocab_size=_gguf_vocab_size(meta, path), hidden_size=hidden,
-        intermediate_size=int(_single_value(meta, "llama.feed_forward_length", path)),
-        num_hidden_layers=int(meta["llama.block_count"]),
-        num_attention_heads=n_heads,
-        num_key_value_heads=int(_single_value(meta, "llama.attention.head_count_kv", path)
-                                or n_heads),
-        head_dim=head_dim,
-        rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon") or 1e-5),
-        rope_theta=theta,
-        rope_scaling=rope_scaling_from_gguf(meta, rope_freqs, theta, head_dim, path),
-        max_position_embeddings=int(meta.get("llama.context_length") or 2048),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=gguf_eos_token_ids(meta),
-    )
+
+    def value(key, default=None):
+        found = _single_value(meta, key, path)
+        return default if found is None else found
+
     try:
-        return ModelConfig(**fields)
+        config = ModelConfig.from_fields(dict(
+            vocab_size=_gguf_vocab_size(meta, path),
+            hidden_size=value("llama.embedding_length"),
+            intermediate_size=value("llama.feed_forward_length"),
+            num_hidden_layers=value("llama.block_count"),
+            num_attention_heads=value("llama.attention.head_count"),
+            num_key_value_heads=value("llama.attention.head_count_kv"),
+            head_dim=value("llama.attention.key_length"),
+            rms_norm_eps=value("llama.attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=value("llama.rope.freq_base", 10000.0),
+            rope_scaling=rope_scaling_from_gguf_keys(meta),
+            max_position_embeddings=value("llama.context_length", 2048),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=gguf_eos_token_ids(meta),
+        ), GGUF_FIELD_NAMES)
+        rope_dim = value("llama.rope.dimension_count", config.head_dim)
+        if rope_dim != config.head_dim:
+            head_dim_from = ("llama.attention.key_length" if meta.get("llama.attention.key_length")
+                             is not None else "llama.embedding_length / llama.attention.head_count")
+            raise ConfigFieldError("head_dim", rope_dim,
+                                   f"equal to head_dim ({config.head_dim} = {head_dim_from}): "
+                                   "partial rotary embeddings are not supported",
+                                   "llama.rope.dimension_count")
+        if rope_freqs is not None:
+            config = config.replace(
+                rope_scaling=rope_scaling_from_rope_freqs(rope_freqs, meta, config, path))
     except ValueError as exc:
+        if str(exc).startswith(str(path)):
+            raise
         raise ValueError(f"{path}: {exc}") from exc
+    return config
 
 
 def _gguf_tensors_by_hf_name(reader, path: Path) -> dict[str, Any]:

@@ -111,27 +111,35 @@ def tiny_tokens(vocab_size: int) -> list[str]:
 
 
 def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=(),
-                    rope_freqs: np.ndarray | None = None, extra_tensors=None) -> Path:
+                    rope_freqs: np.ndarray | None = None, extra_tensors=None,
+                    metadata=None) -> Path:
     """Write ``model`` as a llama.cpp GGUF: llama.cpp names, permuted Q/K rows, F32 unless a
-    tensor's HF name ends with one of ``quantize`` (then Q8_0)."""
+    tensor's HF name ends with one of ``quantize`` (then Q8_0).  ``metadata`` replaces header
+    values (``{"llama.attention.head_count": 0}``; None drops the key)."""
     import gguf
 
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     arch = architecture
-    writer.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
-    writer.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
-    writer.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
-    writer.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
-    writer.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
-    writer.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
-    writer.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
-    writer.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    values = {
+        f"{arch}.block_count": cfg.num_hidden_layers,
+        f"{arch}.context_length": cfg.max_position_embeddings,
+        f"{arch}.embedding_length": cfg.hidden_size,
+        f"{arch}.feed_forward_length": cfg.intermediate_size,
+        f"{arch}.attention.head_count": cfg.num_attention_heads,
+        f"{arch}.attention.head_count_kv": cfg.num_key_value_heads,
+        f"{arch}.rope.dimension_count": cfg.head_dim,
+        f"{arch}.rope.freq_base": float(cfg.rope_theta),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+        "tokenizer.ggml.bos_token_id": cfg.bos_token_id,
+        "tokenizer.ggml.eos_token_id": cfg.eos_token_ids[0],
+    }
+    values.update(metadata or {})
+    for key, value in values.items():
+        if value is not None:
+            add_gguf_value(writer, key, value)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tiny_tokens(cfg.vocab_size))
-    writer.add_bos_token_id(cfg.bos_token_id)
-    writer.add_eos_token_id(cfg.eos_token_ids[0])
     tensors = dict(model.weights)
     for hf_name, weight in tensors.items():
         w = weight.float()
@@ -150,6 +158,24 @@ def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def add_gguf_value(writer, key: str, value) -> None:
+    """One header value, typed as llama.cpp's converter would type it: whole numbers uint32
+    (int64 when negative or large), other numbers float32, bools, strings, arrays."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        if 0 <= value < 2 ** 32:
+            writer.add_uint32(key, value)
+        else:
+            writer.add_int64(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, list(value))
 
 
 def _add_tensor(writer, name: str, values: np.ndarray, quantized: bool) -> None:

@@ -477,7 +477,7 @@ def test_untied_config_without_lm_head(tmp_path):
 @pytest.mark.parametrize("changes, pattern", [
     ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "MistralForCausalLM"),
     ({"model_type": "mistral"}, "'mistral'"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type must be a RoPE type.*'yarn'"),
 ])
 def test_unsupported_configs(tmp_path, changes, pattern):
     write_tiny_folder(tmp_path)
@@ -491,7 +491,7 @@ def test_unsupported_rope_parameters(tmp_path):
     write_tiny_folder(tmp_path)
     edit_config_json(tmp_path, rope_theta=None, rope_scaling=None,
                      rope_parameters={"rope_type": "longrope", "rope_theta": 1e4})
-    with pytest.raises(ValueError, match="RoPE type 'longrope'"):
+    with pytest.raises(ValueError, match="RoPE type.*'longrope'"):
         load_safetensors_folder(tmp_path, "float32")
 
 

@@ -223,10 +223,6 @@ def test_numba_gpu_problem_fails_before_loading(monkeypatch, capsys):
 
 def test_bad_option_values(tiny_gguf, capsys):
     status, _, err = run_cli(capsys, "hi", "--model", str(tiny_gguf), "--backend", "torch",
-                             "--no-chat", "--top-p", "1.5")
-    assert status == 2
-    assert_one_error_line(err, "top_p")
-    status, _, err = run_cli(capsys, "hi", "--model", str(tiny_gguf), "--backend", "torch",
                              "--kv-cache-mib", "0.0001", "--no-chat")
     assert status == 2
     assert_one_error_line(err)
@@ -238,7 +234,7 @@ def test_ctrl_c(monkeypatch, capsys):
 
     monkeypatch.setattr(pt, "load_model", interrupted)
     status, _, err = run_cli(capsys, "hi", "--backend", "torch")
-    assert status == 2
+    assert status == 130
     assert_one_error_line(err, "interrupted")
 
 
