@@ -21,7 +21,8 @@ This kernel
    warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration; ``LANES_PER_TOKEN``
    lanes share a token (``TOKENS_PER_PASS`` tokens per pass) and sum their partial dot
    products with butterfly shuffles, and the warp updates its running max / denominator /
-   accumulator (flash-attention's recurrence) once per block.  Warps meet once, at the end,
+   accumulator (flash-attention's recurrence) every ``PASSES_PER_UPDATE`` passes (twice
+   per block).  Warps meet once, at the end,
    in shared memory.
 4. **keeps the next block in flight while computing this one**: the whole next block's K and
    V words are loaded into a second set of registers before the current block's arithmetic
@@ -71,6 +72,9 @@ NARROW_LOAD_ELEMS = 4        # head dims per load on the 8-byte path (an int64 w
 NEG_INF = float32(-math.inf)
 #: registers per lane for one block's K words, at most, for the prefetch (see KernelShape)
 MAX_PREFETCH_WORDS = 16
+#: splits at most (one lane per split in the merge); and split partials loaded at once there
+MAX_SPLITS = 32
+MERGE_CHUNK = 8
 #: the name of the kernel's ticket counters in ``launch.persistent_buffer``
 TICKETS = "attention.tickets"
 
@@ -100,15 +104,22 @@ class KernelShape:
     - ``max_lanes``: at most this many lanes share one token's row;
     - ``load_passes``: passes (``32 // lanes`` tokens each) whose K and V are loaded at once
       (0: the whole block);
-    - ``update_passes``: passes per online-softmax update (0: all loaded passes);
+    - ``update_passes``: passes per online-softmax update (0: all loaded passes; with the
+      prefetch, 4 passes per update make the pass loop too long for the compiler to unroll,
+      and the scores land in local memory, so the default is 2);
     - ``prefetch``: load the warp's next block while computing this one (double-buffered
-      registers); needs ``load_passes=0``."""
+      registers); needs ``load_passes=0``;
+    - ``max_registers``: the cap given to ptxas (0: its own choice).  Left alone, ptxas gives
+      the prefetching kernel about 216 registers per thread at head_dim 64 / GQA 4, so two
+      4-warp blocks share an SM; at 168 three fit (``RESIDENT_BLOCKS_PER_SM``), for 32
+      bytes of spills (``ptxas -v``, sm_90).  Only the prefetching kernel is capped."""
 
     wide: bool = True
     max_lanes: int = 8
     load_passes: int = 0
-    update_passes: int = 0
+    update_passes: int = 2
     prefetch: bool = True
+    max_registers: int = 168
 
     def __post_init__(self):
         if self.prefetch and self.load_passes != 0:
@@ -226,6 +237,8 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
     UPDATES_PER_LOAD = PASSES_PER_LOAD // PASSES_PER_UPDATE
     # registers per lane holding one load's K (and as many holding its V)
     WORDS_PER_LANE = PASSES_PER_LOAD * LOADS_PER_ROW * WORDS_PER_LOAD
+    # registers per lane holding one softmax update's K (and as many its V)
+    WORDS_PER_UPDATE = PASSES_PER_UPDATE * LOADS_PER_ROW * WORDS_PER_LOAD
     WORD_TYPE = int32 if WIDE else int64
     # the next block's K/V loaded while this one is computed (whole blocks: one load each)
     # (up to MAX_PREFETCH_WORDS words per lane for one block's K: head_dim 64 in bf16; a
@@ -282,7 +295,12 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     kw[w0] = MASKED
                     vw[w0] = MASKED
 
-    @cuda.jit(fastmath=True)
+    # the register cap, for the prefetching kernel it was chosen for (the simulator's jit
+    # takes none)
+    caps = {"max_registers": shape.max_registers} \
+        if shape.max_registers and PREFETCH and not SIMULATING else {}
+
+    @cuda.jit(fastmath=True, **caps)
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):
         b = cuda.blockIdx.x                       # row of q / seq_lens (compact index)
@@ -300,6 +318,8 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         sm_l = cuda.shared.array((NUM_WARPS, GQA_GROUP), float32)
         sm_acc = cuda.shared.array((NUM_WARPS, GQA_GROUP, HEAD_DIM), float32)
         sm_last = cuda.shared.array(1, int32)
+        sm_pm = cuda.shared.array((GQA_GROUP, MAX_SPLITS), float32)   # split maxima, weights
+        sm_pl = cuda.shared.array((GQA_GROUP, MAX_SPLITS), float32)   # split denominators
 
         seq_len = seq_lens[b]
         slot = active_slots[b]
@@ -373,7 +393,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                             s[u, h] = float32(0.0)
                         for c in range(LOADS_PER_ROW):
                             for w in range(WORDS_PER_LOAD):
-                                kx = unpack(kv, kc[(pl * LOADS_PER_ROW + c)
+                                kx = unpack(kv, kc[(u * LOADS_PER_ROW + c)
                                                    * WORDS_PER_LOAD + w])
                                 for x in range(ELEMS_PER_WORD):
                                     d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
@@ -412,15 +432,20 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                             l[h] += e
                     # --- accumulate p * V for this lane's tokens and dims ----------------
                     for u in range(PASSES_PER_UPDATE):
-                        pl = update * PASSES_PER_UPDATE + u
                         for c in range(LOADS_PER_ROW):
                             for w in range(WORDS_PER_LOAD):
-                                vx = unpack(kv, vc[(pl * LOADS_PER_ROW + c)
+                                vx = unpack(kv, vc[(u * LOADS_PER_ROW + c)
                                                    * WORDS_PER_LOAD + w])
                                 for x in range(ELEMS_PER_WORD):
                                     d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
                                     for h in range(GQA_GROUP):   # p = 0 where masked
                                         acc[h, d] += s[u, h] * vx[x]
+                    # the next update's words move to the front of kc / vc: every index
+                    # above is then a compile-time constant, which keeps both arrays in
+                    # registers (a loop index in them would put them in local memory)
+                    for i in range(WORDS_PER_LANE - WORDS_PER_UPDATE):
+                        kc[i] = kc[i + WORDS_PER_UPDATE]
+                        vc[i] = vc[i + WORDS_PER_UPDATE]
 
         # --- the warp's tokens were spread over lane groups: sum the groups ---------------
         off = LANES_PER_TOKEN
@@ -481,27 +506,56 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         if sm_last[0] == 0:
             return
         threadfence()
+        # Latency, not bandwidth, is the cost here (a few KB, read back from L2), so no
+        # thread walks the splits one dependent load at a time.  1. every (head, split)'s max
+        # and denominator, one load per thread, into shared memory;
+        row_base = (b * n_q_heads + kv_head * GQA_GROUP) * n_splits
+        for idx in range(tid, GQA_GROUP * n_splits, THREADS):
+            h = idx // n_splits
+            sp = idx - h * n_splits
+            sm_pm[h, sp] = part_ml[(row_base + idx) * 2]
+            sm_pl[h, sp] = part_ml[(row_base + idx) * 2 + 1]
+        cuda.syncthreads()
+        # 2. a warp per head turns them into weights exp(m_s - m) / l, lane s for split s;
+        for h0 in range(0, GQA_GROUP, NUM_WARPS):          # block-uniform (shuffles)
+            h = h0 + warp
+            ms = NEG_INF
+            ls = float32(0.0)
+            if h < GQA_GROUP and lane < n_splits:
+                ms = sm_pm[h, lane]
+                ls = sm_pl[h, lane]
+            mm = ms
+            off = 1
+            while off < WARP_SIZE:
+                mm = max(mm, cuda.shfl_xor_sync(FULL_MASK, mm, off))
+                off *= 2
+            f = float32(0.0)
+            if ms > NEG_INF:
+                f = math.exp(ms - mm)
+            ll = f * ls
+            off = 1
+            while off < WARP_SIZE:
+                ll += cuda.shfl_xor_sync(FULL_MASK, ll, off)
+                off *= 2
+            if h < GQA_GROUP and lane < n_splits:
+                sm_pm[h, lane] = f / ll if ll > float32(0.0) else float32(0.0)
+        cuda.syncthreads()
+        # 3. each output sums its splits' partials, MERGE_CHUNK loads issued before any use.
         for idx in range(tid, OUT_ELEMS, THREADS):
             h = idx // HEAD_DIM
             d = idx - h * HEAD_DIM
-            head = kv_head * GQA_GROUP + h
-            row0 = (b * n_q_heads + head) * n_splits
-            mm = NEG_INF
-            for sp in range(n_splits):
-                mm = max(mm, part_ml[(row0 + sp) * 2])
-            ll = float32(0.0)
+            row0 = row_base + h * n_splits
             oo = float32(0.0)
-            if mm > NEG_INF:
-                for sp in range(n_splits):
-                    ms = part_ml[(row0 + sp) * 2]
-                    if ms > NEG_INF:
-                        f = math.exp(ms - mm)
-                        ll += f * part_ml[(row0 + sp) * 2 + 1]
-                        oo += f * part_acc[(row0 + sp) * HEAD_DIM + d]
-            res = float32(0.0)
-            if ll > float32(0.0):
-                res = oo / ll
-            store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+            for sp0 in range(0, n_splits, MERGE_CHUNK):
+                vals = cuda.local.array(MERGE_CHUNK, float32)
+                for j in range(MERGE_CHUNK):
+                    vals[j] = float32(0.0)
+                    if sp0 + j < n_splits:
+                        vals[j] = part_acc[(row0 + sp0 + j) * HEAD_DIM + d]
+                for j in range(MERGE_CHUNK):
+                    if sp0 + j < n_splits:
+                        oo += sm_pm[h, sp0 + j] * vals[j]
+            store(q, b * q_row_stride + (kv_head * GQA_GROUP + h) * HEAD_DIM + d, oo)
         if tid == 0:
             tickets[b * cuda.gridDim.y + kv_head] = 0
 
@@ -522,7 +576,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
 
 #: 4-warp thread blocks resident on one SM at once (register-bound; see above)
 RESIDENT_BLOCKS_PER_SM = 3
-MAX_SPLITS = 32
 #: warps per block on a GPU, unless the batch fills a wave with fewer (``launch_plan``)
 NUM_WARPS = 4
 #: SMs assumed when no GPU is visible (an H200 has 132)
@@ -587,6 +640,9 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     if n_seqs == 0:
         return q
     splits = n_splits or plan_splits
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"decode_attention_fast: n_splits must be 1..{MAX_SPLITS} (the merge "
+                         f"gives each split one lane of a warp), got {splits}")
     n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
     # scratch for the split partials: kept for the process (no allocation per call; every
     # launch on the stream finishes before the next one reuses it); the tickets start at zero
