@@ -76,3 +76,54 @@ def test_profile_rows_and_figure():
     fig = performance.plot_profile(profile)
     assert fig.axes[0].patches
     plt.close(fig)
+
+
+def sweep_row(batch=64, context=2048, floor_us=64.0):
+    """An attention row as ``benchmarks/attention.py --sweep`` writes it (names as it spells
+    them), two warps counts per variant."""
+    us = {"fast": 80.0, "triton": 77.0, "sdpa": 65.0, "article": 1700.0}
+    for i, rung in enumerate(performance.ATTENTION_LADDER):
+        us[f"fast {rung.variant} w4 sauto"] = 100.0 - 8 * i
+        us[f"fast {rung.variant} w2 sauto"] = 101.0 - 8 * i
+        us[f"fast {rung.variant} w4 s1"] = 50.0          # a fixed split count: not a rung
+    return {"batch": batch, "context": context, "floor_us": floor_us, "us": us}
+
+
+def test_attention_ladder_takes_each_rungs_fastest_automatic_launch():
+    attn = {"gpu": "a GPU", "rows": [sweep_row()]}
+    ladder = performance.attention_ladder(attn, 64, 2048)
+    assert [e["rung"].variant for e in ladder] == \
+        ["article"] + [r.variant for r in performance.ATTENTION_LADDER]
+    assert [e["us"] for e in ladder] == [1700.0, 100.0, 92.0, 84.0, 76.0]
+    assert abs(ladder[-1]["pct"] - 100 * 64 / 76) < 1e-9
+    assert performance.attention_ladder(attn, 1, 1024) == []
+    fig = performance.plot_attention_ladder(attn)
+    assert len(fig.axes[0].patches) == 5
+    plt.close(fig)
+
+
+def test_attention_ladder_without_variants_shows_the_default():
+    attn = committed("attention")
+    row = next(r for r in attn["rows"] if (r["batch"], r["context"]) == (64, 2048))
+    plain = {"rows": [{**row, "us": {k: v for k, v in row["us"].items() if " " not in k}}]}
+    ladder = performance.attention_ladder(plain, 64, 2048)
+    assert ladder[-1]["rung"].variant == "fast" and ladder[-1]["us"] == row["us"]["fast"]
+    plt.close(performance.plot_attention_ladder(plain))
+
+
+def test_attention_verdicts_compare_with_each_peer_timed():
+    attn = {"rows": [sweep_row(), {**sweep_row(1, 1024, 0.5),
+                                   "us": {"fast": 4.0, "triton": 5.0}}]}
+    big, small = performance.attention_verdicts(attn)
+    assert big["peers"]["triton"] == {"us": 77.0, "fast_at_least_as_fast": False}
+    assert small["peers"] == {"triton": {"us": 5.0, "fast_at_least_as_fast": True}}
+
+
+def test_bandwidth_share_and_the_megakernel_line():
+    decode = committed("decode")
+    share = performance.bandwidth_share(decode)
+    for r in decode["rows"]:
+        assert share[r["batch"]] == r["floor_ms_per_step"] / r["engine_ms_per_step"]
+    fig = performance.plot_decode_ladder(decode)
+    assert performance.MEGAKERNEL_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)
