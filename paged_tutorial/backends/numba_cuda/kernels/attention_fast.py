@@ -59,12 +59,14 @@ import math
 import torch
 from numba import cuda, float32, int32, int64
 
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS,
                                                                   load_u32x4_nc, unpack2)
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
-                                                                persistent_buffer, rows, words)
+                                                                overlapping, persistent_buffer,
+                                                                rows, words)
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -301,8 +303,11 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         if shape.max_registers and PREFETCH and not SIMULATING else {}
 
     @cuda.jit(fastmath=True, **caps)
+    @overlapping
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):
+        wait_for_previous_grid()                  # q and the new K/V are the last kernel's
+        allow_next_grid()
         b = cuda.blockIdx.x                       # row of q / seq_lens (compact index)
         kv_head = cuda.blockIdx.y
         split = cuda.blockIdx.z
