@@ -59,6 +59,7 @@ from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CH
                                                                   load_u32x4_nc, unpack2)
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
                                                                 persistent_buffer, rows, words)
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -263,7 +264,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     kw[w0] = MASKED
                     vw[w0] = MASKED
 
-    @cuda.jit(fastmath=True)
+    @cached_kernel(fastmath=True)
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):
         b = cuda.blockIdx.x                       # row of q / seq_lens (compact index)

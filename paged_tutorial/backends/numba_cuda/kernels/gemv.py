@@ -29,6 +29,7 @@ from paged_tutorial.backends.numba_cuda.device.reduce import FULL_MASK, WARP_SIZ
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits, rnd_bf16
 from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4_nc, unpack2
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 #: rows of x (tokens) up to which the GEMV replaces cuBLAS.  Measured on an H200
 #: (benchmarks/results/kernels-*.json, table "gemv"): at one row the GEMV and cuBLAS are
@@ -73,7 +74,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
     ROUNDS = -(-PER_LANE // UN)
     ROW_WORDS = K // 2
 
-    @cuda.jit
+    @cached_kernel
     def gemv(x, x_row_words, w, out, out_row, n_rows):
         wib = cuda.threadIdx.x // WARP_SIZE       # warp in block
         lane = cuda.threadIdx.x % WARP_SIZE
@@ -166,7 +167,7 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
     PER_LANE = -(-CHUNKS // WARP_SIZE)
     ROW_WORDS = K // 2
 
-    @cuda.jit
+    @cached_kernel
     def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
                           n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
                           BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
