@@ -58,9 +58,9 @@ def choose_dtype(source, device=None, requested: str | None = None,
         return DtypeChoice(check_dtype(requested), "asked for")
     device_type = _device_type(device)
     if device_type != "cuda":
-        return DtypeChoice("float32", f"the default on the {device_type.upper()}: it gives "
-                                      "transformers' float32 tokens, and half precision is "
-                                      "not faster there on most CPUs")
+        return DtypeChoice("float32", f"the {device_type.upper()}'s default (the tokens of "
+                                      "transformers in float32; half precision is not faster "
+                                      "there on most CPUs)")
     entry = known_model(source)
     if entry is None:
         half = half or gpu_dtype()

@@ -50,7 +50,7 @@ def test_load_model_says_which_dtype_and_why(tmp_path, caplog):
     write_tiny_folder(tmp_path)
     with caplog.at_level(logging.INFO, logger="paged_tutorial"):
         model = load_model(tmp_path)
-    assert model.dtype == "float32" and "the default on the CPU" in model.dtype_reason
-    assert "float32 (the default on the CPU" in model.describe()
-    assert any("float32: the default on the CPU" in r.getMessage() for r in caplog.records)
+    assert model.dtype == "float32" and "the CPU's default" in model.dtype_reason
+    assert "float32 (the CPU's default" in model.describe()
+    assert any("float32: the CPU's default" in r.getMessage() for r in caplog.records)
     assert load_model(tmp_path, "float16").dtype_reason == "asked for"

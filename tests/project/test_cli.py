@@ -106,7 +106,7 @@ def test_the_loading_line_says_which_dtype_and_why_and_the_timing_is_split(tiny_
     assert cli.run(args, out=io.StringIO(), err=err) == 0
     text = err.getvalue()
     if not torch.cuda.is_available():
-        assert text.startswith(f"loading {tiny_gguf} on cpu in float32: the default on the CPU")
+        assert text.startswith(f"loading {tiny_gguf} on cpu in float32: the CPU's default")
     report = text.strip().splitlines()[-1]
     assert re.search(r"loaded in [0-9.]+ s, first token after [0-9.]+ s, [0-9.]+ tok/s decode]",
                      report), report
