@@ -138,6 +138,19 @@ def test_module_constants_a_kernel_reads_are_listed():
         del globals()["SCALE_FOR_TEST"], globals()["NAMES_FOR_TEST"]
 
 
+def test_a_helper_the_kernel_calls_is_part_of_the_key():
+    """A learner's part calling a helper from her notebook: editing the helper must not find
+    the kernel compiled from the old one."""
+    def make(helper_body: str):
+        namespace = {"__name__": "notebook"}
+        exec(f"def helper(x):\n    return {helper_body}\n"
+             "def body(out):\n    out[0] = helper(1)\n", namespace)
+        return namespace["body"]
+
+    assert kernel_cache.kernel_key(make("x + 1")) == kernel_cache.kernel_key(make("x + 1"))
+    assert kernel_cache.kernel_key(make("x + 1")) != kernel_cache.kernel_key(make("x + 2"))
+
+
 def test_values_without_a_stable_text_are_uncacheable():
     assert kernel_cache.describe((1, "a", 2.5)) == "(1, 'a', 2.5)"
     assert kernel_cache.describe(frozenset({"b", "a"})) == kernel_cache.describe({"a", "b"})

@@ -128,7 +128,27 @@ def _function_text(fn, seen: set) -> str:
     seen.add(id(fn))
     cells = ",".join(f"{n}={describe(c.cell_contents, seen)}"
                      for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-    return f"{name}<{_code_text(fn.__code__)}>[{cells}]"
+    # the functions and constants it reads from its module, recursively: a notebook's helper
+    # that a learner's part calls, or a device function of this package
+    glb = fn.__globals__
+    used = ",".join(f"{n}={describe(glb[n], seen)}" for n in _global_names(fn.__code__)
+                    if n in glb and _is_described_global(glb[n]))
+    return f"{name}<{_code_text(fn.__code__)}>[{cells}]{{{used}}}"
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    names = dict.fromkeys(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names.update(dict.fromkeys(_global_names(c)))
+    return list(names)
+
+
+def _is_described_global(value) -> bool:
+    """Globals that shape compiled code: constants, functions, dispatchers, intrinsics."""
+    return (_is_constant(value) or isinstance(value, types.FunctionType)
+            or isinstance(getattr(value, "py_func", None), types.FunctionType)
+            or isinstance(getattr(value, "_defn", None), types.FunctionType))
 
 
 def describe(value, seen: set | None = None) -> str:
@@ -137,9 +157,8 @@ def describe(value, seen: set | None = None) -> str:
     Numba's own key pickles the kernel's closure, and a pickled Numba intrinsic carries a fresh
     random id in each process (so a kernel whose closure reaches one would never be found in
     the cache); here functions are written as their code and their closures' values,
-    recursively, intrinsics as their defining function, Numba types by name, and module-level
-    functions by name and code (a change to the code they call is caught by the source
-    digest).  Raises ``Uncacheable`` for a value that only has an address-based repr."""
+    recursively, with the functions and constants they read from their module's globals,
+    intrinsics as their defining function, Numba types by name.  Raises ``Uncacheable`` for a value that only has an address-based repr."""
     seen = set() if seen is None else seen
     if _is_constant(value):
         return repr(value)
