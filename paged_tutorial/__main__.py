@@ -192,7 +192,8 @@ def _warm_up(engine, err, progress: bool) -> None:
     if not progress:
         engine.warm_up()
         return
-    with compile_progress(file=err):
+    key = f"{engine.model.source} | {engine.model.dtype} | {engine.backend.describe()}"
+    with compile_progress(file=err, key=key):
         engine.warm_up()
 
 

@@ -169,18 +169,36 @@ def test_every_kernel_is_made_through_cached_kernel():
     assert not offenders, "use @cached_kernel: " + "; ".join(offenders)
 
 
-def test_progress_bar_only_when_something_compiles():
+def _compile(names, loaded=0):
+    """What PackageKernelCache reports for kernels loaded from the cache, then compiled."""
+    for _ in range(loaded):
+        kernel_cache.COMPILE_STATS.loaded += 1
+        kernel_cache._kernel_ready("cached")
+    for name in names:
+        kernel_cache._compile_started()
+        kernel_cache.COMPILE_STATS.compiled += 1
+        kernel_cache._kernel_ready(name)
+
+
+def test_progress_bar_only_when_something_compiles(monkeypatch, tmp_path):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernel_cache, "COMPILE_STATS", kernel_cache.CompileStats())
     quiet = io.StringIO()
-    with kernel_cache.compile_progress(file=quiet):
-        pass                                                  # everything came from the cache
+    with kernel_cache.compile_progress(file=quiet, key="model A"):
+        _compile([], loaded=3)                              # everything from the cache
     assert quiet.getvalue() == ""
-    shown = io.StringIO()
-    with kernel_cache.compile_progress(file=shown, total=2):
-        for name in ("rms_norm", "silu_mul"):
-            kernel_cache._compile_started()
-            kernel_cache._compile_finished(name)
-    text = shown.getvalue()
-    assert "compiling 2 kernels (first run only)" in text and "2/2" in text
+    first = io.StringIO()
+    with kernel_cache.compile_progress(file=first, key="model B"):
+        _compile(["rms_norm", "silu_mul"], loaded=1)
+    assert "compiling kernels (first run only)" in first.getvalue()
+    assert kernel_cache.remembered_kernel_count("model B") == 3
+    assert kernel_cache.remembered_kernel_count("model A") == 3
+    again = io.StringIO()                                   # after a source change, say
+    with kernel_cache.compile_progress(file=again, key="model B"):
+        _compile(["rms_norm", "silu_mul", "rope"])
+    text = again.getvalue()
+    assert "compiling 3 kernels (first run only)" in text and "3/3" in text
 
 
 def test_device_functions_are_refused():

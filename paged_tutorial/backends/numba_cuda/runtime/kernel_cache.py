@@ -28,9 +28,9 @@ The simulator compiles nothing: there ``cached_kernel`` is plain ``cuda.jit``.
 ``PAGED_TUTORIAL_KERNEL_CACHE=0`` turns the disk cache off (every process compiles again).
 
 ``COMPILE_STATS`` counts what happened in this process (kernels loaded from the cache,
-kernels compiled, seconds spent in each), and ``compile_progress(file)`` shows a progress bar
-while kernels compile ("compiling kernels (first run only)"); when every kernel comes from the
-cache nothing is printed.
+kernels compiled, seconds spent in each), and ``compile_progress(file, key)`` shows a progress
+bar while kernels compile ("compiling N kernels (first run only)", N remembered from the last
+time ``key`` was warmed up); when every kernel comes from the cache nothing is printed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -221,20 +222,55 @@ COMPILE_STATS = CompileStats()
 _progress = threading.local()          # .file: where the bar goes; .bar: the open tqdm bar
 
 
+WARM_UP_COUNTS = "warm-up-kernels.json"
+
+
+def remembered_kernel_count(key: str, environ=None) -> int | None:
+    """How many kernels the warm-up named ``key`` needed last time (None: never seen)."""
+    try:
+        counts = json.loads((cache_root(environ) / WARM_UP_COUNTS).read_text())
+    except (OSError, ValueError):
+        return None
+    value = counts.get(key) if isinstance(counts, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def remember_kernel_count(key: str, count: int, environ=None) -> None:
+    """Record ``count`` for ``key`` (best effort: an unwritable folder is no error)."""
+    path = cache_root(environ) / WARM_UP_COUNTS
+    try:
+        counts = json.loads(path.read_text()) if path.is_file() else {}
+        counts = counts if isinstance(counts, dict) else {}
+        counts[key] = int(count)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(counts, indent=1, sort_keys=True))
+    except (OSError, ValueError):
+        pass
+
+
+def _kernels_seen() -> int:
+    return COMPILE_STATS.loaded + COMPILE_STATS.compiled
+
+
 @contextlib.contextmanager
-def compile_progress(file=None, total: int | None = None):
-    """Show a tqdm bar on ``file`` (default stderr) for the kernels compiled inside the block.
+def compile_progress(file=None, key: str | None = None):
+    """Show a tqdm bar on ``file`` (default stderr) while kernels compile inside the block.
     The bar opens at the first kernel that is not in the cache: a fully cached run prints
-    nothing.  ``total``: how many kernels are expected, when known."""
+    nothing.  ``key`` names what is warmed up (a model on an engine): the number of kernels
+    it needed is remembered beside the caches (``warm-up-kernels.json``) and is the bar's
+    total the next time the kernels compile (after a change to their source, say)."""
     _progress.file = sys.stderr if file is None else file
-    _progress.total = total
+    _progress.total = remembered_kernel_count(key) if key else None
     _progress.bar = None
+    _progress.before = _kernels_seen()
     try:
         yield COMPILE_STATS
     finally:
         bar = getattr(_progress, "bar", None)
         if bar is not None:
             bar.close()
+        if key:
+            remember_kernel_count(key, _kernels_seen() - _progress.before)
         _progress.file = _progress.bar = None
 
 
@@ -244,13 +280,16 @@ def _compile_started() -> None:
         return
     from tqdm.auto import tqdm
 
+    done = _kernels_seen() - _progress.before           # loaded from the cache so far
     total = getattr(_progress, "total", None)
-    what = f"{total} kernels" if total else "kernels"
-    _progress.bar = tqdm(total=total, desc=f"compiling {what} (first run only)",
+    total = total if total is not None and total > done else None
+    what = f"{total - done} kernels" if total else "kernels"
+    _progress.bar = tqdm(total=total, initial=done, desc=f"compiling {what} (first run only)",
                          unit="kernel", file=file, leave=True, dynamic_ncols=True)
 
 
-def _compile_finished(name: str) -> None:
+def _kernel_ready(name: str) -> None:
+    """A kernel compiled, or loaded from the cache, while the bar is open."""
     bar = getattr(_progress, "bar", None)
     if bar is not None:
         bar.set_postfix_str(name, refresh=False)
@@ -322,6 +361,7 @@ if not SIMULATING:                                     # pragma: no cover - GPU 
             if kernel is not None:
                 COMPILE_STATS.loaded += 1
                 COMPILE_STATS.load_seconds += time.perf_counter() - self._started
+                _kernel_ready(self._name_short)
             else:
                 _compile_started()
             return kernel
@@ -331,7 +371,7 @@ if not SIMULATING:                                     # pragma: no cover - GPU 
                 COMPILE_STATS.compiled += 1
                 COMPILE_STATS.compile_seconds += time.perf_counter() - self._started
                 self._started = None
-            _compile_finished(self._name_short)
+            _kernel_ready(self._name_short)
             try:
                 super().save_overload(sig, data)
             except Uncacheable:
