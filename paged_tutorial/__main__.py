@@ -16,6 +16,7 @@ import inspect
 import os
 import re
 import sys
+import time
 import warnings
 
 from paged_tutorial.backends import BACKEND_NAMES
@@ -115,17 +116,11 @@ class StartTiming:
     while decoding are taken out)."""
 
     def __init__(self):
-        import time
-
-        self._clock = time.perf_counter
-        self.start = self._clock()
-        self.load_s = self.ready_s = None
+        self.start = time.perf_counter()
+        self.load_s = None
 
     def loaded(self) -> None:
-        self.load_s = self._clock() - self.start
-
-    def ready(self) -> None:
-        self.ready_s = self._clock() - self.start - self.load_s
+        self.load_s = time.perf_counter() - self.start
 
     def report(self, result, compiling_while_decoding: float = 0.0, stats=None) -> str:
         parts = []
@@ -224,7 +219,6 @@ def run(args, out=None, err=None) -> int:
                         kv_cache_bytes=None if args.kv_cache_mib is None
                         else int(args.kv_cache_mib * 2**20))
         _warm_up(engine, err, progress=not args.no_progress)
-        timing.ready()
     except (ValueError, FileNotFoundError, PermissionError, ConnectionError, RuntimeError,
             TypeError) as exc:
         raise UsageError(_one_line(exc)) from exc

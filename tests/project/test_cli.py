@@ -116,7 +116,7 @@ def test_decode_rate_leaves_out_compile_time():
     from types import SimpleNamespace
 
     timing = cli.StartTiming()
-    timing.load_s, timing.ready_s = 1.0, 2.0
+    timing.load_s = 1.0
     result = SimpleNamespace(token_ids=list(range(11)), time_to_first_token_s=0.5,
                              total_time_s=3.5)                     # 10 decode steps in 3 s
     stats = SimpleNamespace(compiled=3, loaded=2, seconds=2.5)

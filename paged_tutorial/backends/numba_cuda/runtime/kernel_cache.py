@@ -1,4 +1,5 @@
-"""Kernels compiled once per machine: every kernel of the numba backend is made by ``cached_kernel``.
+"""Kernels compiled once per machine: every kernel of the numba backend is made by
+``cached_kernel``.
 
     @cached_kernel                  # instead of @cuda.jit
     def rms_norm(x, ...): ...
@@ -159,7 +160,8 @@ def describe(value, seen: set | None = None) -> str:
     random id in each process (so a kernel whose closure reaches one would never be found in
     the cache); here functions are written as their code and their closures' values,
     recursively, with the functions and constants they read from their module's globals,
-    intrinsics as their defining function, Numba types by name.  Raises ``Uncacheable`` for a value that only has an address-based repr."""
+    intrinsics as their defining function, Numba types by name.  Raises ``Uncacheable`` for a
+    value that only has an address-based repr."""
     seen = set() if seen is None else seen
     if _is_constant(value):
         return repr(value)
