@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import time
 import warnings
 
 EXIT_USAGE = 2
@@ -127,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=BACKEND_NAMES,
                    help="see 'backends' below (default: %(default)s)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on a GPU (float16 on one without native bfloat16, "
-                        "such as a T4), float32 on a CPU")
+                   help="default: the model's catalog entry decides on a GPU (float32 for "
+                        "smollm2-135m; bfloat16 for Llama-3.2-1B and larger, float16 on a GPU "
+                        "without native bfloat16 such as a T4), float32 on a CPU; the loading "
+                        "line says which and why")
     p.add_argument("--max-new-tokens", type=integer_in(0, MAX_TOKENS_OPTION),
                    default=d["max_new_tokens"],
                    help="tokens to generate per prompt (default: %(default)s)")
@@ -157,6 +160,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar while the weights load")
     return p
+
+
+class StartTiming:
+    """The figures printed after each answer: ``loaded in X s, compiled in Y s (N kernels
+    compiled, M from the cache), first token after Z s, R tok/s decode``.  Loading counts
+    reading the weights; compiling, the time Numba spent compiling kernels or loading them
+    from the disk cache (numba backend only); the first token, from the request's arrival
+    (after the engine's warm-up); the rate, decode steps only (kernel compiles that happened
+    while decoding are taken out)."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.load_s = None
+
+    def loaded(self) -> None:
+        self.load_s = time.perf_counter() - self.start
+
+    def report(self, result, compiling_while_decoding: float = 0.0, stats=None) -> str:
+        parts = []
+        if self.load_s is not None:
+            parts.append(f"loaded in {self.load_s:.2f} s")
+        if stats is not None and (stats.compiled or stats.loaded):
+            parts.append(f"compiled in {stats.seconds:.2f} s ({stats.compiled} kernels "
+                         f"compiled, {stats.loaded} from the cache)")
+        if result.time_to_first_token_s is not None:
+            parts.append(f"first token after {result.time_to_first_token_s:.3f} s")
+        n = len(result.token_ids)
+        if n > 1 and result.total_time_s is not None and result.time_to_first_token_s is not None:
+            decoding = result.total_time_s - result.time_to_first_token_s - \
+                max(0.0, compiling_while_decoding)
+            if decoding > 0:
+                parts.append(f"{(n - 1) / decoding:.3g} tok/s decode")
+        return "".join(f", {p}" for p in parts)
 
 
 class UsageError(Exception):
@@ -190,10 +226,31 @@ def choose_backend(name: str):
         raise UsageError(_one_line(exc)) from exc
 
 
+def _compile_stats():
+    """The numba backend's count of kernels compiled / loaded, if it was imported."""
+    module = sys.modules.get("paged_tutorial.backends.numba_cuda.runtime.kernel_cache")
+    return module.COMPILE_STATS if module is not None else None
+
+
+def _warm_up(engine, err, progress: bool) -> None:
+    """On the GPU numba backend: compile (or load from the disk cache) the kernels before
+    the first request, with a progress bar while any compiles."""
+    if engine.backend.name != "numba":
+        return
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import compile_progress
+
+    if not progress:
+        engine.warm_up()
+        return
+    key = f"{engine.model.source} | {engine.model.dtype} | {engine.backend.describe()}"
+    with compile_progress(file=err, key=key):
+        engine.warm_up()
+
+
 def run(args, out=None, err=None) -> int:
     from paged_tutorial import Engine, load_model
     from paged_tutorial.loading.catalog import known_model, korean_note
-    from paged_tutorial.loading.model_choice import gpu_dtype
+    from paged_tutorial.loading.dtype_choice import choose_dtype
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -202,15 +259,21 @@ def run(args, out=None, err=None) -> int:
     if backend.name == "numba-sim":
         print(SIM_WARNING, file=err)
     device = backend.device
-    dtype = args.dtype or (gpu_dtype() if device.type == "cuda" else "float32")
-    print(f"loading {args.model} ({dtype}, {device}) ...", file=err, flush=True)
     try:
-        model = load_model(args.model, dtype=dtype, device=device,
+        dtype = choose_dtype(args.model, device, args.dtype)
+    except ValueError as exc:
+        raise UsageError(_one_line(exc)) from exc
+    print(f"loading {args.model} on {device} in {dtype.line()} ...", file=err, flush=True)
+    timing = StartTiming()
+    try:
+        model = load_model(args.model, dtype=dtype.dtype, device=device,
                            progress=not args.no_progress and err.isatty())
+        timing.loaded()
         engine = Engine(model, backend=backend, max_slots=args.max_slots,
                         max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
                         kv_cache_bytes=None if args.kv_cache_mib is None
                         else int(args.kv_cache_mib * 2**20))
+        _warm_up(engine, err, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, PermissionError, ConnectionError, RuntimeError,
             TypeError) as exc:
         raise UsageError(_one_line(exc)) from exc
@@ -224,8 +287,13 @@ def run(args, out=None, err=None) -> int:
 
     streamed: list[str] = []
 
+    compile_at_first_token: dict[int, float] = {}
+
     def on_token_for(index):
         def on_token(_request_id, _token, piece):
+            if index not in compile_at_first_token:
+                stats = _compile_stats()
+                compile_at_first_token[index] = stats.seconds if stats is not None else 0.0
             if single and piece:
                 streamed.append(piece)
                 out.write(piece)
@@ -261,11 +329,12 @@ def run(args, out=None, err=None) -> int:
         else:
             out.write(f"--- [{i}] {args.prompt[i]!r}\n{result.text}\n")
         out.flush()
-        tps = (f", {result.decode_tokens_per_s:.3g} tok/s decode"
-               if result.decode_tokens_per_s else "")
+        stats = _compile_stats()
+        compiling = (stats.seconds if stats is not None else 0.0) - \
+            compile_at_first_token.get(i, 0.0)
         label = "" if single else f"{i}: "
         print(f"[{label}{len(result.token_ids)} tokens, finish_reason={result.finish_reason}"
-              f"{tps}]", file=err, flush=True)
+              f"{timing.report(result, compiling, stats)}]", file=err, flush=True)
         shown.add(request_id)
 
     while engine.has_unfinished():

@@ -431,6 +431,20 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def warm_up(self) -> None:
+        """Serve one two-token prompt (a prefill and a decode step) and forget it, so that the
+        first real request finds the kernels it needs compiled (or loaded from the disk
+        cache) and, with CUDA graphs, the batch-1 decode graph captured.  Call it before any
+        request is queued; ``step_count`` counts its two steps."""
+        if self.has_unfinished():
+            raise RuntimeError("warm_up() runs before any request: this engine has requests "
+                               "queued or running")
+        request = self.add_request([1, 2], SamplingParams(max_new_tokens=2, ignore_eos=True),
+                                   chat=False)
+        while not request.finished:
+            self.step()
+        self._forget([request])
+
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits and prefill it; otherwise decode every running request."""

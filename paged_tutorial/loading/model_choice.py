@@ -15,9 +15,9 @@ The rule, first match wins:
    choice's ``reason`` says why.
 4. Otherwise the embedded SmolLM2-135M-Instruct, on the CPU.
 
-dtype: float32 on the CPU and for SmolLM2 anywhere (small, and float32 makes the engine's tokens
-identical to transformers'); on a GPU bfloat16 for the other models (float16 on a GPU without
-native bfloat16, such as Colab's T4).  Weights are loaded straight
+dtype: ``dtype_choice.choose_dtype`` (float32 on the CPU and for SmolLM2 anywhere; on a GPU
+bfloat16 for the other models, float16 on a GPU without native bfloat16 such as Colab's T4).
+Weights are loaded straight
 onto the device (``load_model(..., device=...)``), one tensor at a time.
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from paged_tutorial.loading.catalog import LLAMA_3_2_1B_UNGATED, known_model
+from paged_tutorial.loading.dtype_choice import choose_dtype, gpu_dtype
 
 MODEL_ENV = "PAGED_TUTORIAL_MODEL"
 LOCAL_LLAMA_ENV = "LLAMA_3_2_1B_DIR"
@@ -50,20 +51,9 @@ class ModelChoice:
         return entry.alias if entry is not None else self.source
 
 
-def gpu_dtype() -> str:
-    """bfloat16 where the GPU computes in it natively (Ampere and newer), else float16 (a T4)."""
-    try:
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:                                   # torch without that argument
-        native = torch.cuda.is_bf16_supported()
-    return "bfloat16" if native else "float16"
-
-
 def _placement(source: str, gpu: bool) -> tuple[str, str]:
-    small = known_model(source) is not None and known_model(source).alias == FALLBACK_MODEL
-    if not gpu:
-        return "float32", "cpu"
-    return ("float32" if small else gpu_dtype()), "cuda"
+    device = "cuda" if gpu else "cpu"
+    return choose_dtype(source, device, half=gpu_dtype() if gpu else None).dtype, device
 
 
 def choose_model(environ=None, gpu: bool | None = None) -> ModelChoice:

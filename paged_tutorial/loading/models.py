@@ -12,7 +12,9 @@
   answers in Korean).
 
 ``load_model(source, dtype, device="cuda")`` reads the checkpoint tensor by tensor straight onto
-the GPU: the host never holds a second copy of the weights.
+the GPU: the host never holds a second copy of the weights.  Without ``dtype`` the model's
+catalog entry decides (``dtype_choice.py``: float32 for SmolLM2-135M and on the CPU, half
+precision for Llama-3.2-1B and larger on a GPU); ``model.dtype_reason`` says why.
 
 ``random_model`` builds random weights of any shape (benchmarks at Llama-3.2-1B size, tests) and
 ``save_hf_folder`` writes a model back as a folder that both this package and transformers read.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +39,9 @@ from paged_tutorial.loading.weights import (EMBED, LM_HEAD, expected_tensor_shap
                       load_safetensors_folder, read_generation_eos_ids)
 
 from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
+from paged_tutorial.loading.dtype_choice import choose_dtype
+
+log = logging.getLogger(__name__)
 
 HUB_ALLOW_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -66,6 +72,8 @@ class Model:
     tokenizer: Tokenizer | None
     dtype: str
     source: str
+    #: why this dtype ("asked for", or the catalog's reason: ``dtype_choice.choose_dtype``)
+    dtype_reason: str = "asked for"
     packed: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -95,7 +103,8 @@ class Model:
         packed = {name: t.to(device) for name, t in self.packed.items()}
         rest = {name: t.to(device) for name, t in self.weights.items()
                 if not is_packed_part(name)}
-        return Model(self.config, rest, self.tokenizer, self.dtype, self.source, packed=packed)
+        return Model(self.config, rest, self.tokenizer, self.dtype, self.source,
+                     dtype_reason=self.dtype_reason, packed=packed)
 
     def num_bytes(self) -> int:
         """Bytes of weight storage (each tensor counted once, however many names view it)."""
@@ -107,6 +116,13 @@ class Model:
                 total += t.untyped_storage().nbytes()
         return total
 
+    def describe(self) -> str:
+        """One line: where the model came from, its dtype and why, its device and shape."""
+        c = self.config
+        return (f"{self.source} in {self.dtype} ({self.dtype_reason}) on {self.device}: "
+                f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+                f"{c.num_attention_heads}/{c.num_key_value_heads} heads")
+
     def __repr__(self) -> str:
         c = self.config
         return (f"Model(source={self.source!r}, dtype={self.dtype}, device={self.device}, "
@@ -117,14 +133,23 @@ class Model:
 
 # --- load_model --------------------------------------------------------------------------------
 
-def load_model(source, dtype: str = "bfloat16", device=None, progress: bool = False) -> Model:
+def load_model(source, dtype: str | None = None, device=None, progress: bool = False) -> Model:
     """Load a model from an alias, a ``.gguf`` file, a HF folder or a hub id (see module doc).
 
     ``device`` (default: the CPU) is where the weights go, one tensor at a time, converted to
-    ``dtype`` there; ``progress=True`` shows a tqdm bar on stderr while they load."""
-    dtype = check_dtype(dtype)
-    place = dict(device=torch.device(device) if device is not None else torch.device("cpu"),
-                 progress=progress)
+    ``dtype`` there (default: chosen for the model and device, ``dtype_choice.choose_dtype``;
+    the returned model's ``dtype_reason`` says why, and the ``paged_tutorial`` logger says it
+    at INFO level); ``progress=True`` shows a tqdm bar on stderr while they load."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    choice = choose_dtype(source, device, dtype)
+    log.info("loading %s in %s", source, choice.line())
+    model = _load(source, choice.dtype, device, progress)
+    model.dtype_reason = choice.reason
+    return model
+
+
+def _load(source, dtype: str, device: torch.device, progress: bool) -> Model:
+    place = dict(device=device, progress=progress)
     name = str(source)
     resolved = MODEL_ALIASES.get(name.lower(), name)
     if resolved == EMBEDDED_SMOLLM2:

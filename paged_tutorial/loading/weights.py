@@ -5,7 +5,8 @@ Two on-disk formats are understood:
 * a Hugging Face folder: ``config.json`` + one or more ``*.safetensors`` (sharded ones listed in
   ``model.safetensors.index.json``), optionally ``generation_config.json``;
 * a llama.cpp GGUF file, whose tensors may be quantized (Q4_1, Q8_0, K-quants, ...).  They are
-  dequantized with the ``gguf`` package, renamed to the HF names and, for Q and K, un-permuted:
+  read and dequantized by ``gguf_file.py`` (whole tensors at once in NumPy; the ``gguf``
+  package for rare quantizations), renamed to the HF names and, for Q and K, un-permuted:
   llama.cpp's converter reorders each head's rows so its RoPE can rotate adjacent pairs, while
   HF (and this engine) rotate the two halves of a head.
 
@@ -31,6 +32,7 @@ import torch
 from paged_tutorial.config import (ConfigFieldError, ModelConfig, check_dtype, check_eos_token_ids,
                                    check_token_id)
 from paged_tutorial.model.rope import llama3_rope_factors
+from paged_tutorial.loading.gguf_file import GGUFFile
 
 # --- the tensors of a Llama checkpoint -------------------------------------------------------
 
@@ -316,9 +318,9 @@ GGUF_LAYER_NAMES = {
 GGUF_ROPE_FREQS = "rope_freqs.weight"     # Llama 3.1+ stores its RoPE scaling as this tensor
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-# What gguf.GGUFReader raises on a truncated or garbled file: it maps the file with numpy, so a
-# short or wrong buffer surfaces as whichever numpy/indexing error it happens to hit first.
-_GGUF_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, EOFError, OverflowError)
+# What reading a truncated or garbled file raises: GGUFFormatError (a ValueError), or numpy's
+# ValueError for an empty file it cannot map.
+_GGUF_PARSE_ERRORS = (ValueError, IndexError, OverflowError)
 
 
 def hf_name_from_gguf(name: str) -> str | None:
@@ -346,43 +348,30 @@ def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
             .transpose(1, 2).reshape(weight.shape))
 
 
-def open_gguf(path: Path):
-    """A ``gguf.GGUFReader`` on ``path``; ValueError naming the file if it cannot be parsed."""
-    import gguf
-
+def open_gguf(path: Path) -> GGUFFile:
+    """``path`` parsed (``gguf_file.GGUFFile``); ValueError naming the file if it cannot be."""
     try:
-        return gguf.GGUFReader(str(path))
+        return GGUFFile.open(path)
     except _GGUF_PARSE_ERRORS as exc:
         raise ValueError(
             f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}): it is truncated "
             "or corrupt; re-download it") from exc
 
 
-def read_gguf_metadata(reader) -> dict[str, Any]:
+def read_gguf_metadata(reader: GGUFFile) -> dict[str, Any]:
     """Every key/value of the GGUF header as plain Python values (strings, numbers, lists)."""
-    return {name: field.contents() for name, field in reader.fields.items()
-            if not name.startswith("GGUF.")}
-
-
-def _gguf_shape(tensor) -> tuple[int, ...]:
-    """A GGUF tensor's shape in torch order: GGUF lists dimensions innermost first
-    (``[576, 49152]`` for a 49152x576 embedding)."""
-    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return dict(reader.fields)
 
 
 def dequantize_gguf_tensor(tensor) -> np.ndarray:
     """One GGUF tensor as float32 numpy, in torch's (rows, cols) order."""
-    from gguf.quants import dequantize
-
-    shape = _gguf_shape(tensor)
     try:
-        values = dequantize(tensor.data, tensor.tensor_type)
+        return GGUFFile.dequantize(tensor)
     except NotImplementedError as exc:
         raise ValueError(
             f"GGUF tensor {tensor.name!r} uses quantization {tensor.tensor_type.name}, which the "
             f"installed gguf package cannot dequantize ({exc}): upgrade gguf or use another "
             "quantization of the model") from exc
-    return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
 def _numpy_to_torch(values: np.ndarray, torch_dtype: torch.dtype) -> torch.Tensor:
@@ -583,7 +572,7 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
     config = config_from_gguf_metadata(meta, {t.name for t in reader.tensors}, rope_freqs, path)
     gguf_tensors = _gguf_tensors_by_hf_name(reader, path)
     # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
-    check_weights(config, {name: torch.empty(_gguf_shape(t), device="meta")
+    check_weights(config, {name: torch.empty(t.shape, device="meta")
                            for name, t in gguf_tensors.items()})
     device = torch.device(device)
     bar = progress_bar(len(gguf_tensors), f"loading {path.name}", progress)

@@ -162,3 +162,22 @@ def test_finish_reasons(tiny_llama):
     assert too_long.finish_reason == "prompt_too_long" and too_long.token_ids == []
     assert fits_edge.finish_reason == "max_seq_len" and len(fits_edge.token_ids) == 10
     assert zero.finish_reason == "length" and len(zero.token_ids) == 20
+
+
+def test_warm_up_serves_one_request_and_leaves_no_trace():
+    from paged_tutorial.loading.models import random_model
+    from helpers.fixtures_loading import tiny_config
+
+    model = random_model(tiny_config(), seed=0)
+    warmed = pt.Engine(model, backend="torch")
+    free_before = sorted(warmed.cache.free_blocks)
+    warmed.warm_up()
+    assert warmed.step_count == 2 and not warmed.has_unfinished()
+    assert sorted(warmed.cache.free_blocks) == free_before
+    fresh = pt.Engine(model, backend="torch")
+    prompt = [[5, 6, 7]]
+    assert warmed.generate(prompt, max_new_tokens=4, chat=False)[0].token_ids == \
+        fresh.generate(prompt, max_new_tokens=4, chat=False)[0].token_ids
+    warmed.add_request([5, 6], max_new_tokens=2, chat=False)
+    with pytest.raises(RuntimeError, match="before any request"):
+        warmed.warm_up()

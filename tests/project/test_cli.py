@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import re
 
 import pytest
 import torch
@@ -94,7 +95,34 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
     assert len([w for w in writes if w.strip()]) >= 2     # written as tokens came, not at once
     assert f"[{len(expected.token_ids)} tokens, finish_reason=" in err.getvalue()
     device = "cuda" if torch.cuda.is_available() else "cpu"     # the torch backend's choice
-    assert err.getvalue().startswith(f"loading {tiny_gguf} (float32, {device})")
+    assert err.getvalue().startswith(f"loading {tiny_gguf} on {device} in float32: asked for")
+
+
+def test_the_loading_line_says_which_dtype_and_why_and_the_timing_is_split(tiny_gguf):
+    args = cli.build_parser().parse_args(
+        ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
+         "--max-new-tokens", "4", "--seed", "0"])
+    err = io.StringIO()
+    assert cli.run(args, out=io.StringIO(), err=err) == 0
+    text = err.getvalue()
+    if not torch.cuda.is_available():
+        assert text.startswith(f"loading {tiny_gguf} on cpu in float32: the CPU's default")
+    report = text.strip().splitlines()[-1]
+    assert re.search(r"loaded in [0-9.]+ s, first token after [0-9.]+ s, [0-9.]+ tok/s decode]",
+                     report), report
+
+
+def test_decode_rate_leaves_out_compile_time():
+    from types import SimpleNamespace
+
+    timing = cli.StartTiming()
+    timing.load_s = 1.0
+    result = SimpleNamespace(token_ids=list(range(11)), time_to_first_token_s=0.5,
+                             total_time_s=3.5)                     # 10 decode steps in 3 s
+    stats = SimpleNamespace(compiled=3, loaded=2, seconds=2.5)
+    text = timing.report(result, compiling_while_decoding=2.0, stats=stats)
+    assert text == (", loaded in 1.00 s, compiled in 2.50 s (3 kernels compiled, 2 from the "
+                    "cache), first token after 0.500 s, 10 tok/s decode")
 
 
 def test_several_prompts_print_labelled_answers_as_each_finishes(tiny_gguf, monkeypatch):

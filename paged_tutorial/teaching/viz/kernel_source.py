@@ -59,7 +59,7 @@ def section_of(line: int) -> str:
 
 def _kernel_text() -> str:
     source = inspect.getsource(attention._build_kernel)
-    start = source.index("    @cuda.jit")
+    start = source.index("    @cached_kernel")
     end = source.index("    return paged_attention_kernel")
     return textwrap.dedent(source[start:end]).rstrip() + "\n"
 

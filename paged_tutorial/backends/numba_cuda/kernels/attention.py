@@ -40,6 +40,7 @@ from typing import Callable, NamedTuple
 from numba import cuda, float32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 WARP_SIZE = 32
 WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
@@ -253,7 +254,7 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
     combine_warps = device_function(parts.combine_warps)
     softmax_update = device_function(parts.softmax_update)
 
-    @cuda.jit(**jit_options)
+    @cached_kernel(**jit_options)
     def paged_attention_kernel(layer, q, q_row_stride, kv_cache, block_table, seq_lens,
                                active_slots, q_per_kv, scale):
         # --- kernels.cu:464-469: who am I? --------------------------------------------

@@ -67,6 +67,7 @@ from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CH
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
                                                                 overlapping, persistent_buffer,
                                                                 rows, words)
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -302,7 +303,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
     caps = {"max_registers": shape.max_registers} \
         if shape.max_registers and PREFETCH and not SIMULATING else {}
 
-    @cuda.jit(fastmath=True, **caps)
+    @cached_kernel(fastmath=True, **caps)
     @overlapping
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):

@@ -15,9 +15,10 @@ from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, rnd_bf16
 from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_WORDS, load_u32x4_nc, pack2, store_u32x4, unpack2
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
-@cuda.jit
+@cached_kernel
 def embed_kernel(weight, w_row_stride, token_ids, out, hidden, n):
     """out[t, j] = weight[token_ids[t], j] (the article's embeddingGatherKernel,
     ``kernels.cu:347``).  A pure copy: bf16 travels as int16 bits, no conversion needed."""
@@ -38,7 +39,7 @@ def silu_mul_kernel(dtype_name: str):
     ops = DTYPE_OPS[dtype_name]
     load, store, rnd = ops.load, ops.store, ops.rnd
 
-    @cuda.jit
+    @cached_kernel
     def silu_mul(gate_up, gu_row_stride, out, inter, n):
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
@@ -55,7 +56,7 @@ def silu_mul_kernel(dtype_name: str):
 
 # --- bf16, 16 bytes per access (see vector_io.py) ------------------------------------------
 
-@cuda.jit
+@cached_kernel
 def embed_vec_kernel(weight, w_row_words, token_ids, out, row_words, n_chunks):
     """``embed_kernel`` moving 16-byte chunks: weight and out as int32 words, rows of
     ``row_words`` words (a multiple of 4), 16-byte aligned."""
@@ -69,7 +70,7 @@ def embed_vec_kernel(weight, w_row_words, token_ids, out, row_words, n_chunks):
         store_u32x4(out, t * row_words + j, w0, w1, w2, w3)
 
 
-@cuda.jit
+@cached_kernel
 @overlapping
 def silu_mul_vec_kernel(gate_up, gu_row_words, out, inter_words, n_chunks):
     """``silu_mul`` for bf16 moving 16-byte chunks (same rounding as the scalar kernel):

@@ -33,6 +33,7 @@ from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits,
 from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4_nc, unpack2
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 #: rows of x (tokens) up to which the GEMV replaces cuBLAS.  Measured on an H200
 #: (benchmarks/results/kernels-*.json, table "gemv"): at one row the GEMV and cuBLAS are
@@ -102,7 +103,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
     ROUNDS = -(-PER_LANE // UN)
     ROW_WORDS = K // 2
 
-    @cuda.jit
+    @cached_kernel
     @overlapping
     def gemv(x, x_row_words, w, out, out_row, n_rows):
         wib = cuda.threadIdx.x // WARP_SIZE       # warp in block
@@ -306,7 +307,7 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
                     kv_cache[dst + offset] = lo
                     kv_cache[dst + offset + half] = hi
 
-    @cuda.jit
+    @cached_kernel
     @overlapping
     def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
                           n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
@@ -352,7 +353,7 @@ def linear_silu_mul_kernel(T: int, K: int):
     Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
     dot_two_rows = pair_dot(T, K)
 
-    @cuda.jit
+    @cached_kernel
     @overlapping
     def linear_silu_mul(x, x_row_words, w, out, inter):
         warps = cuda.blockDim.x // WARP_SIZE

@@ -14,9 +14,10 @@ skipped (the backend's optional host check reports it; the kernel cannot raise).
 from __future__ import annotations
 
 from numba import cuda
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
-@cuda.jit
+@cached_kernel
 def write_kv_kernel(k, k_row_stride, v, v_row_stride, kv_cache, block_table, layer, slots,
                     positions, n_tokens, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
     n = n_tokens * KV_DIM

@@ -21,6 +21,7 @@ from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, block_su
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS, load_u32x4,
                                                                   load_u32x4_nc, pack2, store_u32x4,
                                                                   unpack2)
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
 @cuda.jit(device=True)
@@ -37,7 +38,7 @@ def rms_norm_kernels(dtype_name: str):
     ops = DTYPE_OPS[dtype_name]
     load, store, rnd = ops.load, ops.store, ops.rnd
 
-    @cuda.jit
+    @cached_kernel
     def rms_norm(x, x_row_stride, weight, out, hidden, eps):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -52,7 +53,7 @@ def rms_norm_kernels(dtype_name: str):
             normed = rnd(load(x, base + j) * inv_rms)
             store(out, row * hidden + j, load(weight, j) * normed)
 
-    @cuda.jit
+    @cached_kernel
     def add_rms_norm(x, x_row_stride, residual, res_row_stride, weight, out, hidden, eps):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -120,7 +121,7 @@ def rms_norm_vec_kernels(CPT: int):
             if chunk < n_chunks:
                 normalize_store(v, c, inv_rms, weight, out, ob, chunk)
 
-    @cuda.jit
+    @cached_kernel
     @overlapping
     def rms_norm_vec(x, x_row_words, weight, out, hidden, eps):
         wait_for_previous_grid()                  # x is the previous kernel's output
@@ -144,7 +145,7 @@ def rms_norm_vec_kernels(CPT: int):
                     sum_sq += a * a + b * b
         normalize_row(v, sum_sq, scratch, weight, out, row, hidden, eps)
 
-    @cuda.jit
+    @cached_kernel
     @overlapping
     def add_rms_norm_vec(x, x_row_words, residual, res_row_words, weight, out, hidden, eps):
         wait_for_previous_grid()                  # x is the previous kernel's output

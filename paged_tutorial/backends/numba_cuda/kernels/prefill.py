@@ -28,6 +28,7 @@ import math
 from numba import cuda, float32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 SHARED_FLOATS = 8192          # 32 KiB of shared memory for the K and V tiles together
 
@@ -46,7 +47,7 @@ def make_prefill_kernel(dtype_name: str, HEAD_DIM: int, TILE: int):
     ops = DTYPE_OPS[dtype_name]
     load, store = ops.load, ops.store
 
-    @cuda.jit
+    @cached_kernel
     def prefill_attention_kernel(q, q_row_stride, k, k_row_stride, v, v_row_stride, out,
                                  tiles, q_per_kv, scale):
         tile = cuda.blockIdx.x

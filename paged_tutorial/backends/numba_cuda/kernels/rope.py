@@ -15,6 +15,7 @@ import functools
 from numba import cuda
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +59,7 @@ def rope_kernel(dtype_name: str):
     rope_item = rope_item_function(dtype_name)
     rotate_pair = rotate_pair_function(dtype_name)
 
-    @cuda.jit
+    @cached_kernel
     def rope(q, q_row_stride, n_q_heads, k, k_row_stride, n_kv_heads, head_dim,
              positions, cos, sin, n_tokens):
         half = head_dim // 2

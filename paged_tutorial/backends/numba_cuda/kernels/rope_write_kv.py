@@ -21,6 +21,7 @@ import functools
 from numba import cuda
 
 from paged_tutorial.backends.numba_cuda.kernels.rope import rope_item_function, rotate_pair_function
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,7 +29,7 @@ def rope_write_kv_kernel(dtype_name: str):
     rope_item = rope_item_function(dtype_name)
     rotate_pair = rotate_pair_function(dtype_name)
 
-    @cuda.jit
+    @cached_kernel
     def rope_write_kv(q, q_row_stride, n_q_heads, k, k_row_stride, v, v_row_stride,
                       n_kv_heads, head_dim, positions, cos, sin, n_tokens, kv_cache,
                       block_table, layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,

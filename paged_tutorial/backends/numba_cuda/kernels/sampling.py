@@ -33,6 +33,7 @@ from numba import cuda, float32, int32
 
 from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, beats, block_argmax, block_max, block_sum
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 MAX_SAMPLE_THREADS = 1024
 
@@ -48,7 +49,7 @@ def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
 
 
 
-@cuda.jit
+@cached_kernel
 def sample_kernel(logits, logits_row_stride, vocab, temperature, top_p, uniforms, probs, out,
                   part_v, part_i, tickets):
     """Launch: ``grid = (B, parts)``, ``block`` = a multiple of 32, at most 1024.  ``part_v`` /

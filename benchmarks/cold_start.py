@@ -1,0 +1,248 @@
+"""How long a fresh process takes to answer: the command line and the Python API, each run twice
+in new processes (the first with an empty kernel cache folder, the second finding the kernels
+the first compiled), plus the embedded GGUF loaded by this package and by transformers, side
+by side.
+
+    python benchmarks/cold_start.py                  # on a GPU: --backend numba
+    python benchmarks/cold_start.py --backend torch --max-new-tokens 4 --skip-hf   # CPU smoke
+
+Each process reports the seconds from its start to: ``import torch`` done, the model loaded,
+the engine ready (created and warmed up: kernels compiled or loaded from the cache), the
+first token of the answer; and the decode rate (tokens after the first / their time).  For the
+command line (``python -m paged_tutorial PROMPT --backend B``, run through ``runpy`` so that
+the import of torch can be timed) the load / compile figures are its own stderr report's.  The
+goal on the H200: the second process has its first token within 3 s of ``import torch``
+finishing (``first_token_after_torch_s``).
+
+Writes ``cold-start-<date>.json`` (date and device inside) into ``--out`` (default
+``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "What is the capital of France?"
+
+# --- the child processes ------------------------------------------------------------------------
+
+CLI_CHILD = r"""
+import json, runpy, sys, time
+t0 = time.perf_counter()
+import torch
+t_torch = time.perf_counter() - t0
+
+class FirstWrite:                       # when the answer's first piece reaches stdout
+    def __init__(self, stream):
+        self.stream, self.first = stream, None
+    def write(self, text):
+        if self.first is None and text.strip():
+            self.first = time.perf_counter() - t0
+        return self.stream.write(text)
+    def flush(self):
+        self.stream.flush()
+    def isatty(self):
+        return False
+
+out = sys.stdout = FirstWrite(sys.stdout)
+argv = json.loads(sys.argv[1])
+sys.argv = ["paged_tutorial", *argv]
+code = 0
+try:
+    runpy.run_module("paged_tutorial", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code or 0
+sys.stdout = out.stream
+print("\nCOLD_START " + json.dumps({"import_torch_s": t_torch, "first_token_s": out.first,
+                                    "total_s": time.perf_counter() - t0, "exit": code}))
+"""
+
+API_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t_torch = time.perf_counter() - t0
+import paged_tutorial as pt
+args = json.loads(sys.argv[1])
+t_import = time.perf_counter() - t0
+model = pt.load_model(args["model"], device="cuda" if torch.cuda.is_available() else None)
+t_load = time.perf_counter() - t0
+engine = pt.Engine(model, backend=args["backend"])
+t_engine = time.perf_counter() - t0
+engine.warm_up()
+t_ready = time.perf_counter() - t0
+first = []
+result = engine.generate([args["prompt"]], max_new_tokens=args["max_new_tokens"], seed=0,
+                         chat=args["chat"],
+                         on_token=lambda *a: first or first.append(time.perf_counter() - t0))[0]
+stats = sys.modules.get("paged_tutorial.backends.numba_cuda.runtime.kernel_cache")
+stats = stats.COMPILE_STATS if stats is not None else None
+print("COLD_START " + json.dumps({
+    "import_torch_s": t_torch, "import_package_s": t_import, "loaded_s": t_load,
+    "engine_created_s": t_engine, "engine_ready_s": t_ready,
+    "first_token_s": first[0] if first else None, "total_s": time.perf_counter() - t0,
+    "decode_tokens_per_s": result.decode_tokens_per_s, "tokens": len(result.token_ids),
+    "dtype": model.dtype, "dtype_reason": model.dtype_reason, "answer": result.text,
+    "kernels_compiled": stats.compiled if stats else 0,
+    "kernels_from_cache": stats.loaded if stats else 0,
+    "compile_s": stats.seconds if stats else 0.0}))
+"""
+
+GGUF_CHILD = r"""
+import json, sys, time
+import torch
+import paged_tutorial as pt
+from paged_tutorial.loading.models import find_embedded_smollm2
+path = find_embedded_smollm2()
+times = {"ours": [], "hf": []}
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    pt.load_model("smollm2-135m", "float32")
+    times["ours"].append(time.perf_counter() - t)
+    if sys.argv[2] == "1":
+        from transformers import LlamaForCausalLM
+        t = time.perf_counter()
+        LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        times["hf"].append(time.perf_counter() - t)
+print("COLD_START " + json.dumps(times))
+"""
+
+CLI_REPORT = re.compile(r"loaded in (?P<load>[0-9.]+) s(, compiled in (?P<compile>[0-9.]+) s "
+                        r"\((?P<compiled>\d+) kernels compiled, (?P<cached>\d+) from the cache\))?"
+                        r"(, first token after (?P<ttft>[0-9.]+) s)?(, (?P<tps>[0-9.e+]+) tok/s "
+                        r"decode)?")
+
+
+def _run(code: str, args: list[str], env: dict, timeout: int) -> tuple[dict, str, str]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("COLD_START ")),
+                None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"child failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    data = json.loads(line[len("COLD_START "):])
+    if isinstance(data, dict) and "total_s" in data:
+        data["wall_s"] = wall
+    return data, done.stdout, done.stderr
+
+
+def _after_torch(data: dict) -> None:
+    if data.get("first_token_s") is not None:
+        data["first_token_after_torch_s"] = data["first_token_s"] - data["import_torch_s"]
+
+
+def cli_run(args, env) -> dict:
+    argv = [args.prompt, "--backend", args.backend, "--model", args.model,
+            "--max-new-tokens", str(args.max_new_tokens), "--seed", "0"] + \
+        (["--no-chat"] if args.no_chat else [])
+    data, stdout, stderr = _run(CLI_CHILD, [json.dumps(argv)], env, args.timeout)
+    if data["exit"] != 0:
+        raise RuntimeError(f"the CLI failed:\n{stderr[-4000:]}")
+    data["answer"] = stdout.split("\nCOLD_START ")[0].strip()
+    report = next((m for m in map(CLI_REPORT.search, reversed(stderr.splitlines())) if m), None)
+    if report is not None:
+        for key, name, cast in (("load", "loaded_in_s", float), ("compile", "compile_s", float),
+                                ("compiled", "kernels_compiled", int),
+                                ("cached", "kernels_from_cache", int),
+                                ("ttft", "request_first_token_s", float),
+                                ("tps", "decode_tokens_per_s", float)):
+            if report.group(key) is not None:
+                data[name] = cast(report.group(key))
+    data["stderr_lines"] = [x for x in stderr.splitlines() if x.startswith(("loading", "["))]
+    _after_torch(data)
+    return data
+
+
+def api_run(args, env) -> dict:
+    data, _, _ = _run(API_CHILD, [json.dumps({"model": args.model, "backend": args.backend,
+                                              "prompt": args.prompt,
+                                              "max_new_tokens": args.max_new_tokens,
+                                              "chat": not args.no_chat})],
+                      env, args.timeout)
+    _after_torch(data)
+    return data
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default=None, help="default: numba on a GPU, else torch")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--no-chat", action="store_true", help="the prompt without chat template")
+    ap.add_argument("--gguf-reps", type=int, default=2, help="GGUF loads of each loader")
+    ap.add_argument("--skip-hf", action="store_true", help="time only this package's GGUF load")
+    ap.add_argument("--skip-gguf", action="store_true", help="no GGUF load comparison")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per child process")
+    ap.add_argument("--out", default=None, help="folder for cold-start-<date>.json")
+    args = ap.parse_args(argv)
+    device = device_name()
+    args.backend = args.backend or ("numba" if device != "cpu" else "torch")
+
+    results = {"date": dt.date.today().isoformat(), "device": device, "backend": args.backend,
+               "model": args.model, "prompt": args.prompt,
+               "max_new_tokens": args.max_new_tokens, "python": sys.version.split()[0]}
+    with tempfile.TemporaryDirectory(prefix="cold-start-kernels-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONUNBUFFERED": "1"}
+        if args.backend == "numba":
+            env.pop("NUMBA_ENABLE_CUDASIM", None)
+        for name, run in (("cli", cli_run), ("api", api_run)):
+            empty_folder(cache)                     # the first process finds an empty cache
+            first = run(args, env)
+            second = run(args, env)
+            results[name] = {"first_process": first, "second_process": second}
+            print(f"{name}: first token after torch {_fmt(first)} s (first process), "
+                  f"{_fmt(second)} s (second)", file=sys.stderr)
+    if not args.skip_gguf:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        times, _, _ = _run(GGUF_CHILD, [str(args.gguf_reps), "0" if args.skip_hf else "1"],
+                           env, args.timeout)
+        results["gguf_load_s"] = {k: {"each": v, "best": min(v) if v else None}
+                                  for k, v in times.items()}
+        best = {k: v["best"] for k, v in results["gguf_load_s"].items()}
+        print(f"GGUF load: ours {best['ours']:.2f} s, transformers "
+              + ("skipped" if best["hf"] is None else f"{best['hf']:.2f} s"), file=sys.stderr)
+    second = results["cli"]["second_process"].get("first_token_after_torch_s")
+    results["target"] = {"second_process_first_token_after_torch_s": second,
+                         "goal_s": 3.0, "met": second is not None and second <= 3.0}
+    folder = Path(args.out) if args.out else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"cold-start-{results['date']}.json"
+    path.write_text(json.dumps(results, indent=1))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def empty_folder(folder: str) -> None:
+    """Empty ``folder`` (kept: it is the kernel cache the children share)."""
+    for entry in Path(folder).iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def _fmt(data: dict) -> str:
+    value = data.get("first_token_after_torch_s")
+    return "?" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
