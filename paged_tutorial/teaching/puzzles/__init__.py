@@ -22,8 +22,9 @@ against a stock one).
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
-               prefix_sharing, warp_combine)
+from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses,
+                                            online_softmax, prefix_sharing, score_handoff,
+                                            warp_combine)
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
@@ -31,6 +32,7 @@ PUZZLES: tuple[Puzzle, ...] = (
     *block_table.PUZZLES,
     *kernel_addresses.PUZZLES,
     *warp_combine.PUZZLES,
+    *score_handoff.PUZZLES,
     *online_softmax.PUZZLES,
     *free_list.PUZZLES,
     *prefix_sharing.PUZZLES,
