@@ -328,7 +328,7 @@ def run_body(prep: Prepared, parts) -> BodyRun:
         with quiet_nan_arithmetic():
             if access_log.AVAILABLE:
                 with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
-                                                       block_table=table) as logs, \
+                                                       block_table=table, q=q) as logs, \
                         access_log.record_shared_accesses() as shared:
                     launch()
             else:

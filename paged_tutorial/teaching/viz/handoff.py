@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from paged_tutorial.teaching.viz.layout import FIG_DPI
 
-__all__ = ["handoff_table", "plot_handoff"]
+__all__ = ["handoff_table", "plot_handoff", "plot_q_writes"]
 
 
 def _threads(threads) -> str:
@@ -79,5 +79,37 @@ def plot_handoff(log, block=(0, 0), max_epochs: int = 6, title: str = ""):
     races = sum(entry["race"] for entry in table.values())
     ax.set_title(title or f"shared-memory hand-off of thread block {tuple(block)}: "
                  f"{races} racy box(es)", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_q_writes(case, writes_by_thread: dict, row: int = 0, q_head: int = 0):
+    """Which thread of thread block (row, q_head) wrote which element of q (the flat
+    [rows][q heads][head_dim] array), for a ``puzzles.kernel_harness.KernelCase``: one cell per
+    element, coloured by the writing thread; the block's own head is outlined."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    n_rows, heads, dim = len(case.rows), case.n_q_heads, case.head_dim
+    grid = np.full((n_rows * heads, dim), np.nan)
+    for thread, elements in writes_by_thread.items():
+        for e in np.asarray(elements).ravel().tolist():
+            if 0 <= e < grid.size:
+                grid.flat[e] = thread
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * n_rows * heads + 1.2), dpi=FIG_DPI)
+    cmap = plt.get_cmap("turbo").copy()
+    cmap.set_bad("#dddddd")
+    ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=max(dim - 1, 1),
+              aspect="auto", interpolation="nearest")
+    own = row * heads + q_head
+    ax.add_patch(Rectangle((-0.5, own - 0.5), dim, 1, fill=False, lw=1.5, ec="black"))
+    ax.set_yticks(range(n_rows * heads),
+                  [f"row {r}, head {h}" for r in range(n_rows) for h in range(heads)],
+                  fontsize=6)
+    ax.set_xlabel("dim (colour: the thread that wrote it; grey: not written)", fontsize=7)
+    ax.tick_params(axis="x", labelsize=6)
+    ax.set_title(f"q after the kernel: stores of thread block (row {row}, q head {q_head})",
+                 fontsize=8)
     fig.tight_layout()
     return fig
