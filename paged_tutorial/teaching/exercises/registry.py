@@ -59,11 +59,11 @@ class Exercise:
             return Verdict("wrong", f"{problem}.  Expected {self.kind.what}.")
         expected = self.right_answer()
         if self.kind.equal(answer, expected):
-            return Verdict("correct", self.explain(expected))
+            return Verdict("correct", str(self.explain(expected)))
         for mistake in self.mistakes:
             wrong = mistake.value()
             if self.kind.type_problem(wrong) is None and self.kind.equal(answer, wrong):
-                return Verdict("wrong", mistake.says)
+                return Verdict("wrong", str(mistake.says))
         parts = self.kind.wrong_parts(answer, expected)
         where = f"{', '.join(parts)} wrong; " if parts else ""
         return Verdict("wrong", f"{where}{self.hint}")

@@ -24,9 +24,10 @@ from collections import Counter
 import numpy as np
 
 from paged_tutorial.teaching.language import Text, say
-from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong
+from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_addresses import element_name, entry_name
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, divergence_message,
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
+                                                            divergence_message, is_stub,
                                                             prepare, run_body)
 
 CASE = KernelCase("two slots in swapped rows, two layers, two kv heads, a partly filled last block",
@@ -124,6 +125,8 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
+    if is_stub(fn):
+        raise Unsolved(say(en="walk_blocks has no body yet: write it", ko="walk_blocks 의 본문이 아직 없습니다: 작성하세요"))
     prep = prepare(CASE)
     result = run_body(prep, attention.ARTICLE_PARTS.replace(walk_blocks=fn))
     figure = _figure(prep, result.logs)

@@ -154,10 +154,12 @@ def run(prep: Prepared, parts) -> KernelRun:
                                  prep.slots, prep.scale, parts)
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
-        raise Wrong(f"the kernel did not compile with your function: {reason.strip()}") from None
+        raise Wrong(say(en=f"the kernel did not compile with your function: {reason.strip()}",
+                        ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
+                    ) from None
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
-        raise Wrong(f"the kernel failed with your function: {type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from None
+        raise Wrong(say(en=f"the kernel failed with your function: {_first_line(exc)}",
+                        ko=f"여러분의 함수로 커널이 실패했습니다: {_first_line(exc)}")) from None
     out = q.cpu()
     bad = []
     for row in range(len(prep.slots)):
@@ -223,19 +225,28 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                                (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
                                "block_table_index", "the table index")
                 if not 0 <= ti < table.size:
-                    raise Wrong(
-                        f"for slot {slot}, layer {case.layer}, logical block {lb} the kernel "
-                        f"would read block_table[{ti}], outside the table's {table.size} "
-                        f"entries ({c.max_slots} slots x {c.num_layers} layers x "
-                        f"{c.MAX_BLOCKS_PER_SEQ} logical blocks; the loop visits {n} block(s) "
-                        f"for seq_len {seq_len}): on a GPU that read leaves the table")
+                    shape = (f"{c.max_slots} slots x {c.num_layers} layers x "
+                             f"{c.MAX_BLOCKS_PER_SEQ} logical blocks")
+                    raise Wrong(say(
+                        en=f"for slot {slot}, layer {case.layer}, logical block {lb} the kernel "
+                           f"would read block_table[{ti}], outside the table's {table.size} "
+                           f"entries ({shape}; the loop visits {n} block(s) for seq_len "
+                           f"{seq_len}): on a GPU that read leaves the table",
+                        ko=f"슬롯 {slot}, 레이어 {case.layer}, 논리 블록 {lb} 에 대해 커널이 "
+                           f"block_table[{ti}] 를 읽게 됩니다. 테이블의 {table.size}개 항목 "
+                           f"({shape}; seq_len {seq_len} 이면 루프는 블록 {n}개를 돕니다) 밖이라 "
+                           "GPU 에서는 테이블을 벗어난 읽기입니다"))
                 phys = int(table[ti])
                 t = _call_int(parts.tokens_in_block, (seq_len, lb, c.BLOCK_SIZE),
                               "tokens_in_block", "the number of tokens")
                 if t > MAX_ROWS_FACTOR * c.BLOCK_SIZE:
-                    raise Wrong(f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: the "
-                                f"kernel would read {t} token rows from one {c.BLOCK_SIZE}-token "
-                                "block, far past its end")
+                    raise Wrong(say(
+                        en=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: the kernel "
+                           f"would read {t} token rows from one {c.BLOCK_SIZE}-token block, far "
+                           "past its end",
+                        ko=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: 커널이 "
+                           f"{c.BLOCK_SIZE} 토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
+                           "블록 끝을 한참 넘습니다"))
                 rep.table_index.append(ti)
                 rep.physical_block.append(phys)
                 rep.tokens.append(t)
@@ -247,12 +258,17 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                     worst = idx[(idx < 0) | (idx + c.V_OFFSET_ELEMS >= n_elems)]
                     if worst.size:
                         d = int(np.flatnonzero(idx == worst[0])[0])
-                        raise Wrong(
-                            f"thread {d} of block (row {row}, q head {h}) would read K element "
-                            f"{int(worst[0])} (and V at +V_OFFSET_ELEMS) for token {token} of "
-                            f"physical block {phys}: outside the cache's {n_elems} elements "
-                            f"({c.NUM_BLOCKS} blocks x BLOCK_ELEMS {c.BLOCK_ELEMS}); on a GPU "
-                            "that read leaves the buffer")
+                        raise Wrong(say(
+                            en=f"thread {d} of block (row {row}, q head {h}) would read K "
+                               f"element {int(worst[0])} (and V at +V_OFFSET_ELEMS) for token "
+                               f"{token} of physical block {phys}: outside the cache's "
+                               f"{n_elems} elements ({c.NUM_BLOCKS} blocks x BLOCK_ELEMS "
+                               f"{c.BLOCK_ELEMS}); on a GPU that read leaves the buffer",
+                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 스레드 {d} 가 물리 블록 {phys} "
+                               f"의 토큰 {token} 에 대해 K 원소 {int(worst[0])} (그리고 "
+                               f"+V_OFFSET_ELEMS 의 V) 를 읽게 됩니다: 캐시의 {n_elems}개 원소 "
+                               f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU "
+                               "에서는 버퍼를 벗어난 읽기입니다"))
                     rep.k_index.append(idx)
             out.append(rep)
     return out
@@ -272,11 +288,19 @@ def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poi
                 ) -> str:
     row, h = result.bad[0]
     got = result.out[row, h]
-    what = f"NaN or inf ({nan_means})" if not torch.isfinite(got).all() else \
-        f"off by up to {float((got - prep.reference[row, h]).abs().max()):.3g}"
+    err = float((got - prep.reference[row, h]).abs().max())
+    if not torch.isfinite(got).all():
+        what = say(en=f"NaN or inf ({nan_means})",
+                   ko="NaN 또는 inf (오염된 메모리를 읽었습니다)"
+                   if nan_means == "it read poisoned memory" else f"NaN 또는 inf ({nan_means})")
+    else:
+        what = say(en=f"off by up to {err:.3g}", ko=f"최대 {err:.3g} 만큼 다릅니다")
     slot, n = prep.case.rows[row]
-    return (f"{len(result.bad)} of {len(prep.slots) * prep.case.n_q_heads} outputs differ from "
-            f"the torch oracle; first: row {row} (slot {slot}, seq_len {n}), q head {h}: {what}")
+    total = len(prep.slots) * prep.case.n_q_heads
+    return say(en=f"{len(result.bad)} of {total} outputs differ from the torch oracle; first: "
+                  f"row {row} (slot {slot}, seq_len {n}), q head {h}: {what}",
+               ko=f"출력 {total}개 중 {len(result.bad)}개가 torch 오라클과 다릅니다; 첫 번째: 행 "
+                  f"{row} (슬롯 {slot}, seq_len {n}), q 헤드 {h}: {what}")
 
 
 # --- the body parts: a whole launch with the reader's loop, score or store ---------------------
@@ -347,6 +371,21 @@ def run_body(prep: Prepared, parts) -> BodyRun:
                    and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
                                       atol=ATOL))]
     return BodyRun(out, logs, shared, bad, None)
+
+
+_EMPTY_BODY_OPS = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP",
+                   "CACHE", "PUSH_NULL"}
+
+
+def is_stub(fn) -> bool:
+    """True when ``fn``'s body does nothing (only a docstring, ``...`` or ``pass``): the stub a
+    notebook starts with.  A device function cannot be called on the host to find out."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    return all(i.opname in _EMPTY_BODY_OPS for i in dis.get_instructions(code))
 
 
 def threads_text(threads) -> str:

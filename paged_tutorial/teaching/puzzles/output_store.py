@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections import Counter
 
 from paged_tutorial.teaching.language import Text, say
-from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong
-from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase, bad_summary, prepare, run_body
+from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, is_stub,
+                                                            prepare, run_body)
 
 CASE = KernelCase("two rows, two q heads, head_dim 40 (a partly used second warp)",
                   rows=((1, 3), (0, 2)), head_dim=40, n_q_heads=2, max_slots=2, max_seq_len=16,
@@ -37,7 +38,8 @@ def check_q_writes(prep, logs) -> None:
         for h in range(case.n_q_heads):
             who = say(en=f"thread block (row {row}, q head {h})",
                       ko=f"스레드 블록 (행 {row}, q 헤드 {h})")
-            mine = [r for r in writes.records if r.block == (row, h) and r.op == "W"]
+            mine = sorted((r for r in writes.records if r.block == (row, h) and r.op == "W"),
+                          key=lambda r: (r.thread, r.seq))
             base = (row * case.n_q_heads + h) * case.head_dim
             for r in mine:
                 if r.index != base + r.thread or r.thread >= case.head_dim:
@@ -84,6 +86,8 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
+    if is_stub(fn):
+        raise Unsolved(say(en="write_output has no body yet: write it", ko="write_output 의 본문이 아직 없습니다: 작성하세요"))
     prep = prepare(CASE)
     result = run_body(prep, attention.ARTICLE_PARTS.replace(write_output=fn))
     figure = _figure(prep, result.logs)

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from paged_tutorial.teaching.language import Text, say
-from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, divergence_message,
+from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
+                                                            divergence_message, is_stub,
                                                             prepare, race_message, run_body,
                                                             threads_text)
 
@@ -126,6 +127,8 @@ def _figure(result, case):
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
+    if is_stub(fn):
+        raise Unsolved(say(en="token_score has no body yet: write it", ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     last = None
     for case in CASES:

@@ -98,8 +98,7 @@ def plot_q_writes(case, writes_by_thread: dict, row: int = 0, q_head: int = 0):
             if 0 <= e < grid.size:
                 grid.flat[e] = thread
     fig, ax = plt.subplots(figsize=(6.4, 0.35 * n_rows * heads + 1.2), dpi=FIG_DPI)
-    cmap = plt.get_cmap("turbo").copy()
-    cmap.set_bad("#dddddd")
+    cmap = plt.get_cmap("turbo").with_extremes(bad="#dddddd")
     ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=max(dim - 1, 1),
               aspect="auto", interpolation="nearest")
     own = row * heads + q_head
