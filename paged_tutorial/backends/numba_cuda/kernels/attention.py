@@ -181,21 +181,30 @@ def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
     element and folds both into the online softmax (``softmax_update``).  Returns the state
     (current_max, d, acc) after the last token.  A thread with ``owns_dim`` False (the tail of
     a partial last warp) reads nothing and works with zeros."""
+    # --- kernels.cu:471: how many blocks to read ------------------------------------------
+    num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
+    # --- kernels.cu:473-476: online softmax state -----------------------------------------
     current_max = float32(-math.inf)
     acc = float32(0.0)
-    d = float32(0.0)
-    num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
+    d = float32(0.0)                                   # denominator
+    # --- kernels.cu:478: one logical block at a time --------------------------------------
     for logical_block in range(num_blocks):
+        # --- kernels.cu:480: logical -> physical, via the three-term index ------------------
         physical_block = block_table[block_table_index(slot, layer, logical_block, N_LAYERS,
                                                        MAX_BLOCKS_PER_SEQ)]
+        # --- kernels.cu:481: the last block may be partly filled ----------------------------
         n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
+        # --- kernels.cu:482: one token of the block at a time -------------------------------
         for token in range(n_tokens):
+            # --- kernels.cu:484-485: physical block -> element addresses --------------------
             k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM,
                              HEAD_DIM)
             k = float32(0.0)
             if owns_dim:
                 k = load(kv_cache, k_elem)
+            # the token's score, kernels.cu:486-508 (token_score)
             s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            # --- kernels.cu:509-519: online softmax update ------------------------------------
             v = float32(0.0)
             if owns_dim:
                 v = load(kv_cache, k_elem + V_OFFSET_ELEMS)
@@ -211,19 +220,22 @@ def token_score(q_val, k, thread_id, scale, dot_products, score):
     and writes the score into its own shared cell ``score[0]``; a barrier; every thread reads
     it.  The next token's publish writes ``dot_products`` only, so no cell is written while
     another thread may still read it (the article's race, DEPARTURES)."""
+    # --- kernels.cu:486-493: one product each, warp shuffle tree --------------------------
     qk = q_val * k
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+    # --- kernels.cu:494-502: each warp's lane 0 publishes its sum --------------------------
     if thread_id % WARP_SIZE == 0:
         dot_products[thread_id // WARP_SIZE] = qk
     cuda.syncthreads()
+    # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ------------------
     if thread_id == 0:
         score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * scale
     cuda.syncthreads()
-    return score[0]
+    return score[0]                                    # the port: the score's own cell
 
 
 def token_score_in_dot_products(q_val, k, thread_id, scale, dot_products, score):
@@ -398,7 +410,7 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
         dot_products = cuda.shared.array(NUM_WARPS, float32)   # one partial sum per warp
         score = cuda.shared.array(1, float32)                  # the token's scaled q.k
 
-        # --- kernels.cu:470-519: the blocks, the scores, the online softmax -------------
+        # the body, kernels.cu:470-521: blocks, scores, online softmax (walk_blocks)
         seq_len = seq_lens[active_slot]
         current_max, d, acc = walk_blocks(kv_cache, block_table, slot, layer, seq_len,
                                           kv_head, thread_id, owns_dim, q_val,
