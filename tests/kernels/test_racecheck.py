@@ -108,12 +108,51 @@ def test_the_gpu_command_names_both_layouts(racecheck):
         assert command.endswith(f"--child {layout}")
 
 
-def test_dry_run_runs_both_layouts_in_the_simulator(racecheck, tmp_path):
-    assert racecheck.main(["--dry-run", "--out", str(tmp_path)]) == 0
+MY_PART = '''
+def my_score(q_val, k, thread_id, scale, dot_products, score):
+    qk = q_val * k
+    for offset in (16, 8, 4, 2, 1):
+        qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, offset)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        total = float32(0.0)
+        for w in range(NUM_WARPS):
+            total += dot_products[w]
+        score[0] = total * scale
+    cuda.syncthreads()
+    return score[0]
+'''
+
+
+def test_a_readers_part_is_loaded_from_its_file(racecheck, tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text(MY_PART)
+    name, fn = racecheck.load_part(f"{mine}:my_score=token_score")
+    assert name == "token_score" and fn.__name__ == "my_score"
+    assert racecheck.load_part(f"{mine}:my_score")[0] == "my_score"
+    with pytest.raises(SystemExit, match="FILE.py:FUNCTION"):
+        racecheck.load_part("mine:my_score")
+    with pytest.raises(SystemExit, match="no function 'other'"):
+        racecheck.load_part(f"{mine}:other")
+    command = racecheck.sanitizer_command("yours", part=f"{mine}:my_score=token_score")
+    assert command.endswith(f"--child yours --part {mine}:my_score=token_score")
+    assert "mine.py" in racecheck.kernel_source_lines(f"{mine}:my_score")
+
+
+def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(racecheck, tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text(MY_PART)
+    part = f"{mine}:my_score=token_score"
+    assert racecheck.main(["--dry-run", "--out", str(tmp_path), "--part", part]) == 0
     (path,) = tmp_path.glob("racecheck-dryrun-*.json")
     data = json.loads(path.read_text())
     assert data["dry_run"] is True and data["sanitizer"] is None
-    assert set(data["layouts"]) == {"article", "port"}
+    assert set(data["layouts"]) == {"article", "port", "yours"} and data["part"] == part
+    assert data["layouts"]["yours"]["parts_replaced"] == ["token_score"]
+    assert data["layouts"]["article"]["parts_replaced"] == ["token_score"]
+    assert data["layouts"]["port"]["parts_replaced"] == []
     for name, layout in data["layouts"].items():
         assert layout["returncode"] == 0, layout
         assert layout["device"] == "simulator" and layout["agrees_with_oracle"], layout

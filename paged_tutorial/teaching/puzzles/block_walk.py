@@ -41,7 +41,7 @@ def _block_name(prep, row: int, h: int) -> str:
                ko=f"스레드 블록 (행 {row} = 슬롯 {slot}, q 헤드 {h}; seq_len {n})")
 
 
-def check_table_reads(prep, logs) -> None:
+def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
     """Every thread block reads the article's table entries, in order, and no other."""
     c = prep.case.config
     reads = logs["block_table"]
@@ -55,7 +55,7 @@ def check_table_reads(prep, logs) -> None:
             continue
         who = _block_name(prep, row, h)
         if len(got) != len(want) and set(got[:len(want)]) <= set(want):
-            raise Wrong(say(
+            raise Wrong(figure=figure_for(row, h), message=say(
                 en=f"{who} read {len(got)} block-table entries, but its {trace.seq_len} tokens "
                    f"fill {len(want)} logical block(s) of BLOCK_SIZE {c.BLOCK_SIZE}: check how "
                    "many blocks the loop visits",
@@ -65,7 +65,7 @@ def check_table_reads(prep, logs) -> None:
         lb = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
                                                                                len(want)))
         wrong = got[lb] if lb < len(got) else None
-        raise Wrong(say(
+        raise Wrong(figure=figure_for(row, h), message=say(
             en=f"{who}, logical block {lb}: it read "
                + (f"block_table[{wrong}] ({entry_name(c, wrong)})" if wrong is not None
                   else "no entry")
@@ -76,7 +76,7 @@ def check_table_reads(prep, logs) -> None:
                + f"; 아티클의 인덱스는 {entry_name(c, want[lb])}"))
 
 
-def check_cache_reads(prep, logs) -> None:
+def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
     """Every thread reads each K and V element of its dimension of the sequence once, and
     nothing else."""
     c = prep.case.config
@@ -91,7 +91,7 @@ def check_cache_reads(prep, logs) -> None:
             counts = Counter(by_thread.get(d, np.zeros(0, dtype=np.int64)).tolist())
             stray = next((e for e in counts if e not in want), None)
             if stray is not None:
-                raise Wrong(say(
+                raise Wrong(figure=figure_for(row, h), message=say(
                     en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
                        "which is not its element of any token of this sequence",
                     ko=f"{who}: 스레드 {d} 가 원소 {stray} ({element_name(c, stray)}) 를 "
@@ -100,7 +100,7 @@ def check_cache_reads(prep, logs) -> None:
                 n = counts.get(e, 0)
                 if n != 1:
                     lb, row_in = int(trace.logical_block[t]), int(trace.token_in_block[t])
-                    raise Wrong(say(
+                    raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} read the {half} element of token {t} (logical "
                            f"block {lb}, row {row_in}; element {e}) {n} times, not once",
                         ko=f"{who}: 스레드 {d} 가 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
@@ -142,8 +142,10 @@ def grade(fn) -> tuple:
         raise Wrong(say(en=f"the kernel failed with your walk_blocks: {result.error}",
                         ko=f"여러분의 walk_blocks 로 커널이 실패했습니다: {result.error}"), figure)
     if result.logs:
-        check_table_reads(prep, result.logs)
-        check_cache_reads(prep, result.logs)
+        def figure_for(row, h):
+            return _figure(prep, result.logs, row, h)
+        check_table_reads(prep, result.logs, figure_for)
+        check_cache_reads(prep, result.logs, figure_for)
     if result.bad:
         row, h = result.bad[0]
         raise Wrong(bad_summary(prep, result) + say(

@@ -31,7 +31,7 @@ def q_element_name(case, element: int) -> str:
     return say(en=f"row {row}, q head {head}, dim {dim}", ko=f"행 {row}, q 헤드 {head}, 차원 {dim}")
 
 
-def check_q_writes(prep, logs) -> None:
+def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
     case = prep.case
     writes = logs["q"]
     for row in range(len(case.rows)):
@@ -44,7 +44,7 @@ def check_q_writes(prep, logs) -> None:
             for r in mine:
                 if r.index != base + r.thread or r.thread >= case.head_dim:
                     if r.thread >= case.head_dim:
-                        raise Wrong(say(
+                        raise Wrong(figure=figure_for(row, h), message=say(
                             en=f"{who}: thread {r.thread} wrote q element {r.index} "
                                f"({q_element_name(case, r.index)}), but threads from HEAD_DIM "
                                f"= {case.head_dim} on own no dimension and must write nothing",
@@ -52,7 +52,7 @@ def check_q_writes(prep, logs) -> None:
                                f"({q_element_name(case, r.index)}) 에 썼지만, HEAD_DIM = "
                                f"{case.head_dim} 부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
                                "안 됩니다"))
-                    raise Wrong(say(
+                    raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {r.thread} wrote q element {r.index} "
                            f"({q_element_name(case, r.index)}), not the element it read its q "
                            f"from ({base + r.thread}): that element belongs to another block, "
@@ -64,7 +64,7 @@ def check_q_writes(prep, logs) -> None:
             counts = Counter(r.thread for r in mine)
             for d in range(case.head_dim):
                 if counts.get(d, 0) != 1:
-                    raise Wrong(say(
+                    raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} wrote its output element {counts.get(d, 0)} "
                            "time(s), not once",
                         ko=f"{who}: 스레드 {d} 가 자기 출력 원소를 한 번이 아니라 "
@@ -92,7 +92,7 @@ def grade(fn) -> tuple:
     result = run_body(prep, attention.ARTICLE_PARTS.replace(write_output=fn))
     figure = _figure(prep, result.logs)
     if result.logs:                 # the stores made before a failure say more than the failure
-        check_q_writes(prep, result.logs)
+        check_q_writes(prep, result.logs, lambda row, h: _figure(prep, result.logs, row, h))
     if result.error is not None:
         raise Wrong(say(en=f"the kernel failed with your write_output: {result.error}",
                         ko=f"여러분의 write_output 으로 커널이 실패했습니다: {result.error}"),

@@ -86,13 +86,13 @@ def _split(lines: list[str], head: tuple) -> list:
     return pieces
 
 
-def kernel_pieces() -> list[SourcePiece]:
-    """The decode kernel's source and its body parts' (``walk_blocks``, ``token_score``), one
-    piece per ``kernels.cu`` annotation, in kernels.cu order."""
+def kernel_pieces(parts=attention.ARTICLE_PARTS) -> list[SourcePiece]:
+    """The decode kernel's source and its body parts' (``walk_blocks``, ``token_score``, as
+    ``parts`` has them), one piece per ``kernels.cu`` annotation, in kernels.cu order."""
     pieces = _split(_kernel_text().splitlines(),
                     (461, 461, "the signature: the kernel's arguments"))
     for name in BODY_PARTS:
-        source = textwrap.dedent(inspect.getsource(getattr(attention, name)))
+        source = textwrap.dedent(inspect.getsource(getattr(parts, name)))
         pieces += _split(source.rstrip().splitlines(), None)
     out = []
     for (first, last, title), body in pieces:
@@ -161,10 +161,13 @@ class KernelListing:
         return "\n".join(out)
 
 
-def kernel_source(lines: int | str | None = None, with_parts: bool = True) -> KernelListing:
+def kernel_source(lines: int | str | None = None, with_parts: bool = True,
+                  parts=attention.ARTICLE_PARTS) -> KernelListing:
     """The pieces of the decode kernel that port ``lines`` of kernels.cu (an int, "470-485",
-    or None for the whole kernel), with the device functions they call (``with_parts``)."""
-    pieces = _select(kernel_pieces(), lines)
+    or None for the whole kernel), with the device functions they call (``with_parts``);
+    ``parts`` (``attention.KernelParts``) chooses the body parts shown, e.g.
+    ``attention.ARTICLE_LAYOUT_PARTS`` for the article's own score hand-off."""
+    pieces = _select(kernel_pieces(parts), lines)
     if not with_parts:
         pieces = [SourcePiece(p.first, p.last, p.title, p.section, p.code, ()) for p in pieces]
     return KernelListing(pieces)

@@ -243,15 +243,18 @@ def token_score_in_dot_products(q_val, k, thread_id, scale, dot_products, score)
     back into ``dot_products[0]``, which thread 0 overwrites with the next token's warp sum
     while other warps may still be reading it.  Racy: built only to show the race
     (``ARTICLE_LAYOUT_PARTS``, benchmarks/racecheck.py, the shared-memory access log)."""
+    # --- kernels.cu:486-493: one product each, warp shuffle tree --------------------------
     qk = q_val * k
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
     qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+    # --- kernels.cu:494-502: each warp's lane 0 publishes its sum --------------------------
     if thread_id % WARP_SIZE == 0:
         dot_products[thread_id // WARP_SIZE] = qk
     cuda.syncthreads()
+    # --- kernels.cu:503-508: thread 0 adds, scales and writes back into dot_products[0] -----
     if thread_id == 0:
         dot_products[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * scale
     cuda.syncthreads()

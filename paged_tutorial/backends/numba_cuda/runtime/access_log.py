@@ -353,8 +353,10 @@ class SharedLog:
                 and (array is None or r.array == array)]
 
     def races(self, limit: int | None = None) -> list[Race]:
-        """Every write and another thread's access to the same cell in the same epoch of the
-        same block (one Race per such pair of first accesses, in recording order)."""
+        """Every shared cell that one thread writes and another thread accesses in the same
+        epoch of the same block: one Race per (block, cell, epoch), naming the lowest writing
+        thread and the lowest other thread, ordered by block, epoch and cell (deterministic
+        whatever order the simulator ran the threads in)."""
         groups: dict = {}
         for r in self.records:
             groups.setdefault((r.block, r.array, r.index, r.epoch), []).append(r)
@@ -363,14 +365,14 @@ class SharedLog:
             writes = [r for r in group if r.op == "W"]
             if not writes:
                 continue
-            for w in writes:
-                other = next((r for r in group if r.thread != w.thread), None)
-                if other is not None:
-                    found.append(Race(w, other))
+            for w in sorted(writes, key=lambda r: r.thread):
+                others = [r for r in group if r.thread != w.thread]
+                if others:               # the lowest thread: the same answer in every run
+                    found.append(Race(w, min(others, key=lambda r: (r.thread, r.op))))
                     break
-            if limit is not None and len(found) >= limit:
-                break
-        return sorted(found, key=lambda race: min(race.write.seq, race.other.seq))
+        found.sort(key=lambda race: (race.write.block, race.write.epoch, race.write.array,
+                                     race.write.index))
+        return found if limit is None else found[:limit]
 
     def divergence(self) -> Divergence | None:
         """The first barrier round at which the threads of a block are not all at the same
