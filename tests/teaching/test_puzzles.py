@@ -180,3 +180,22 @@ def test_puzzle_lookup():
     with pytest.raises(KeyError, match="puzzles:"):
         puzzle("03.nothing")
     assert all(p.parameters for p in PUZZLES)
+
+
+def test_chapter_03_to_05_texts_and_verdicts_speak_korean():
+    from paged_tutorial.teaching.language import set_language
+
+    set_language("ko")
+    try:
+        for name in ("03.walk_blocks", "04.token_score", "05.write_output", "03.k_index",
+                     "05.softmax_update"):
+            assert "돌려" in puzzle(name).describe() or "쓰세요" in puzzle(name).describe()
+        wrong, _ = WRONG_BODIES["05.write_output"]["row and head swapped"]
+        verdict = ex.grade("05.write_output", wrong)
+        assert verdict.status == "wrong" and "스레드 블록 (행" in verdict.message
+        assert "다른 블록" in verdict.message
+        for name in ex.names("03.") + ex.names("04.") + ex.names("05."):
+            if name not in {p.name for p in PUZZLES}:
+                assert any("\uac00" <= ch <= "\ud7a3" for ch in str(ex.get(name).question)), name
+    finally:
+        set_language("en")
