@@ -48,9 +48,10 @@ def entry_name(config, index: int) -> str:
     return f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})"
 
 
-def _figure(prep, reps, result):
-    """Reads of the first wrong thread block against the article's, in the cache buffer."""
-    row, h = result.bad[0]
+def _figure(prep, reps, result, block=None):
+    """Reads of thread block ``block`` (default: the first wrong one) against the article's, in
+    the cache buffer."""
+    row, h = block or result.bad[0]
     trace = prep.traces[(row, h)]
     rep = next(r for r in reps if (r.row, r.q_head) == (row, h))
     recorded = recorded_k_reads(result.logs, prep, row, h)
@@ -68,8 +69,8 @@ def _figure(prep, reps, result):
     return draw
 
 
-def _table_figure(prep, reps, result):
-    row, h = result.bad[0]
+def _table_figure(prep, reps, result, block=None):
+    row, h = block or result.bad[0]
     trace = prep.traces[(row, h)]
     rep = next(r for r in reps if (r.row, r.q_head) == (row, h))
     reads = rep.table_index
@@ -87,20 +88,26 @@ def _table_figure(prep, reps, result):
     return draw
 
 
-def _grade(part: str, fn, cases, explain) -> None:
+def _grade(part: str, fn, cases, explain):
+    """Run ``fn`` as ``part`` of the kernel on every case; raise Wrong on the first wrong one,
+    else return the figure of the first case's reads (drawn after a right answer too)."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     parts = attention.ARTICLE_PARTS.replace(**{part: fn})
     preps = [prepare(case) for case in cases]
     reps = [replay(prep, parts) for prep in preps]       # refuses reads outside memory
     check_compiles(fn, SAMPLE_ARGS[part])
+    figure = None
     for prep, rep in zip(preps, reps):
         result = run(prep, parts)
+        draw = _table_figure if part == "block_table_index" else _figure
         if not result.ok:
             raise Wrong(f"{bad_summary(prep, result)}.  {explain(prep, rep, result)}",
-                        figure=(_table_figure if part == "block_table_index" else _figure)(
-                            prep, rep, result))
+                        figure=draw(prep, rep, result))
         _no_extra_reads(prep, rep)
+        if figure is None:          # the picture of a right run: its first thread block
+            figure = draw(prep, rep, result, (0, 0))
+    return figure
 
 
 def _no_extra_reads(prep, reps) -> None:
@@ -149,12 +156,12 @@ def _explain_table(prep, reps, result) -> str:
                ko="읽은 테이블 항목은 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
 
 
-def grade_table_index(fn) -> str:
-    _grade("block_table_index", fn, TABLE_CASES, _explain_table)
+def grade_table_index(fn) -> tuple:
+    figure = _grade("block_table_index", fn, TABLE_CASES, _explain_table)
     return say(en="every block of 2 slots x 3 layers found through your index: the kernel's "
                   "output equals the torch oracle's on a poisoned cache",
                ko="슬롯 2개 x 레이어 3개의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 캐시에서 "
-                  "커널 출력이 torch 오라클과 같습니다")
+                  "커널 출력이 torch 오라클과 같습니다"), figure
 
 
 # --- 03.k_index ---------------------------------------------------------------------------
@@ -178,12 +185,12 @@ def _explain_k(prep, reps, result) -> str:
                ko="읽은 K 원소는 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
 
 
-def grade_k_index(fn) -> str:
-    _grade("k_index", fn, K_CASES, _explain_k)
+def grade_k_index(fn) -> tuple:
+    figure = _grade("k_index", fn, K_CASES, _explain_k)
     return say(en="both kv heads' K found for 18 tokens in 2 scattered blocks: the kernel's "
                   "output equals the torch oracle's on a poisoned cache",
                ko="흩어진 블록 2개의 토큰 18개에서 두 kv 헤드의 K 를 모두 찾았습니다: 오염된 캐시에서 "
-                  "커널 출력이 torch 오라클과 같습니다")
+                  "커널 출력이 torch 오라클과 같습니다"), figure
 
 
 PUZZLES = (

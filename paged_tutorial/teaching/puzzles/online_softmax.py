@@ -117,7 +117,7 @@ def _first_divergence(scores, mine, article) -> str:
                ko="호스트 재현은 아티클의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
-def grade(fn) -> str:
+def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     first = host_call(fn, (-math.inf, 0.0, 0.0, 0.5, 1.0), NAMES)
@@ -144,10 +144,18 @@ def grade(fn) -> str:
                                f"host: {first}",
                             ko=f"{case.label}: {summary}.  호스트에서 재현한 첫 차이: {first}"),
                         figure=draw)
+    scores, values = _scores_and_values(prep)
+    article = replay(article_update, scores, values)
+    mine = replay(fn, scores, values)
+
+    def draw(scores=scores, mine=mine, article=article, label=CASES[-1].label):
+        from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
+
+        return plot_softmax_replay(scores, mine, article, title=label)
     return say(en="24 ordinary tokens and 8 with scores hundreds apart: the kernel's output "
                   "equals the torch oracle's, without overflow",
                ko="보통 토큰 24개와 점수가 수백씩 차이 나는 토큰 8개: 커널 출력이 오버플로 없이 "
-                  "torch 오라클과 같습니다")
+                  "torch 오라클과 같습니다"), draw
 
 
 PUZZLES = (
