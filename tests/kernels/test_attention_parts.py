@@ -112,7 +112,8 @@ def test_body_parts_call_each_other_by_part_name_without_imports():
         physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ      # noqa: F821
                                      + layer * MAX_BLOCKS_PER_SEQ]             # noqa: F821
         for token in range(BLOCK_SIZE):                                        # noqa: F821
-            e = physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id  # noqa: F821,E501
+            e = (physical_block * BLOCK_ELEMS + token * KV_DIM                 # noqa: F821
+                 + kv_head * HEAD_DIM + thread_id)                             # noqa: F821
             s = token_score(q_val, load(kv_cache, e), thread_id, scale,         # noqa: F821
                             dot_products, score)
             current_max, d, acc = softmax_update(current_max, d, acc, s,      # noqa: F821

@@ -125,8 +125,8 @@ def _in_notebook() -> bool:
 def check(name: str, answer, draw: bool | None = None) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
     one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
-    run (what went wrong, or what the right answer did) is drawn too (by default only inside a notebook; ``draw`` forces it on or
-    off)."""
+    run (what went wrong, or what the right answer did) is drawn too (by default only inside a
+    notebook; ``draw`` forces it on or off)."""
     verdict = grade(name, answer)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
     if verdict.figure is not None and (_in_notebook() if draw is None else draw):

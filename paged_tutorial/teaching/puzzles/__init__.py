@@ -14,7 +14,8 @@ Modules, one per part of the article: ``block_layout`` (01: a K/V element's byte
 ``kernel_addresses`` (02-03: the table index and the K address, in the kernel), the kernel's
 body parts written as device code: ``block_walk`` (03: the loop over blocks), ``score_handoff``
 (04: one token's score, shuffle tree to race-free hand-off), ``output_store`` (05: the in-place
-store); ``online_softmax`` (05: the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes),
+store); ``online_softmax`` (05: the (m, d, acc) update), ``free_list`` (06: when prefill and
+decode pop, what release pushes),
 ``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
 Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
 a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,

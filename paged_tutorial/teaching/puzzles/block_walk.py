@@ -126,7 +126,8 @@ def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     if is_stub(fn):
-        raise Unsolved(say(en="walk_blocks has no body yet: write it", ko="walk_blocks 의 본문이 아직 없습니다: 작성하세요"))
+        raise Unsolved(say(en="walk_blocks has no body yet: write it",
+                           ko="walk_blocks 의 본문이 아직 없습니다: 작성하세요"))
     prep = prepare(CASE)
     result = run_body(prep, attention.ARTICLE_PARTS.replace(walk_blocks=fn))
     figure = _figure(prep, result.logs)

@@ -16,7 +16,8 @@ import numpy as np
 
 from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare, recorded_k_reads, replay, run)
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare,
+                                                            recorded_k_reads, replay, run)
 
 RUNS_IN = "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)"
 

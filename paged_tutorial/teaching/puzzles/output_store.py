@@ -87,7 +87,8 @@ def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     if is_stub(fn):
-        raise Unsolved(say(en="write_output has no body yet: write it", ko="write_output 의 본문이 아직 없습니다: 작성하세요"))
+        raise Unsolved(say(en="write_output has no body yet: write it",
+                           ko="write_output 의 본문이 아직 없습니다: 작성하세요"))
     prep = prepare(CASE)
     result = run_body(prep, attention.ARTICLE_PARTS.replace(write_output=fn))
     figure = _figure(prep, result.logs)

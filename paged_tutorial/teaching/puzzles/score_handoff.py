@@ -128,7 +128,8 @@ def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     if is_stub(fn):
-        raise Unsolved(say(en="token_score has no body yet: write it", ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
+        raise Unsolved(say(en="token_score has no body yet: write it",
+                           ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     last = None
     for case in CASES:
