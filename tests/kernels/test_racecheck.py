@@ -159,3 +159,15 @@ def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(racecheck
         assert layout["hazards"] is None and "dry run" in layout["note"]
     assert data["layouts"]["article"]["score_cell"] == "article"
     assert data["layouts"]["port"]["score_cell"] == "own"
+
+
+def test_a_notebook_function_becomes_a_part_spec(racecheck, tmp_path):
+    from paged_tutorial.teaching.viz.races import part_spec
+
+    namespace = {}
+    exec(compile(MY_PART, str(tmp_path / "cell.py"), "exec"), namespace)
+    (tmp_path / "cell.py").write_text(MY_PART)        # inspect reads the source from the file
+    spec = part_spec(namespace["my_score"], tmp_path)
+    assert spec.endswith("reader_part.py:my_score=token_score")
+    name, fn = racecheck.load_part(spec)
+    assert name == "token_score" and fn.__name__ == "my_score"
