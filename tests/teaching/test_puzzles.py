@@ -199,3 +199,22 @@ def test_chapter_03_to_05_texts_and_verdicts_speak_korean():
                 assert any("\uac00" <= ch <= "\ud7a3" for ch in str(ex.get(name).question)), name
     finally:
         set_language("en")
+
+
+@pytest.mark.skipif(not __import__("paged_tutorial.backends.numba_cuda.runtime.access_log",
+                                   fromlist=["AVAILABLE"]).AVAILABLE,
+                    reason="the time limit stops simulated threads only")
+def test_a_stuck_kernel_is_stopped_and_reported_not_hung():
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.puzzles import kernel_harness, score_handoff
+
+    def spins(q_val, k, thread_id, scale, dot_products, score):
+        if thread_id == 0:
+            while True:             # waits for something no other thread does
+                pass
+        cuda.syncthreads()          # noqa: F821
+        return float32(0.0)         # noqa: F821
+    prep = kernel_harness.prepare(score_handoff.CASES[0])
+    result = kernel_harness.run_body(prep, attention.ARTICLE_PARTS.replace(token_score=spins),
+                                     timeout=3)
+    assert result.error is not None and "still running after 3 s" in result.error

@@ -28,7 +28,9 @@ launch it says where the reads went.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -331,10 +333,53 @@ def _first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {line}"
 
 
-def run_body(prep: Prepared, parts) -> BodyRun:
+#: a simulated launch of a graded case takes seconds; one still running after this long is
+#: stuck (a thread spinning on shared memory while the others wait at a barrier)
+KERNEL_TIMEOUT_S = 90.0
+
+
+class KernelTimeout(Exception):
+    """Raised inside the simulated threads of a launch that ran past its time limit."""
+
+
+@contextlib.contextmanager
+def simulated_time_limit(seconds: float):
+    """In the simulator, stop a launch that runs longer than ``seconds``: its block threads get
+    a ``KernelTimeout`` (the simulator then ends the launch with it), so a stuck kernel ends the
+    cell with a message instead of hanging it.  Nothing happens on a GPU."""
+    import ctypes
+
+    from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+    if not SIMULATING:
+        yield
+        return
+    done = threading.Event()
+
+    def stop():
+        if done.wait(seconds):
+            return
+        for t in threading.enumerate():
+            # the threads still running (not those waiting at a barrier: the simulator ends
+            # them itself once the launch fails)
+            if type(t).__name__ == "BlockThread" and t.is_alive() and \
+                    not getattr(t, "syncthreads_blocked", False):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                           ctypes.py_object(KernelTimeout))
+    watchdog = threading.Thread(target=stop, daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     """Launch the kernel with ``parts`` on the poisoned cache, recording cache, table and
     shared-memory accesses where the simulator can; a failing kernel is reported in
-    ``error``, never raised, so that the grader can read the logs first."""
+    ``error``, never raised, so that the grader can read the logs first.  A simulated launch
+    still running after ``timeout`` seconds (default ``KERNEL_TIMEOUT_S``) is stopped and
+    reported as stuck."""
     from paged_tutorial.backends.numba_cuda.runtime import access_log
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from numba.core.errors import NumbaError
@@ -348,8 +393,9 @@ def run_body(prep: Prepared, parts) -> BodyRun:
     def launch():
         attention.decode(q, prep.poisoned, table, prep.case.layer, prep.lens, prep.slots,
                          prep.scale, parts)
+    limit = KERNEL_TIMEOUT_S if timeout is None else timeout
     try:
-        with quiet_nan_arithmetic():
+        with quiet_nan_arithmetic(), simulated_time_limit(limit):
             if access_log.AVAILABLE:
                 with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
                                                        block_table=table, q=q) as logs, \
@@ -357,6 +403,13 @@ def run_body(prep: Prepared, parts) -> BodyRun:
                     launch()
             else:
                 launch()
+    except KernelTimeout:
+        error = say(en=f"the kernel was still running after {limit:g} s and was stopped: some "
+                       "thread never gets past a loop, or waits for something another thread "
+                       "never does (on a GPU the block would hang)",
+                    ko=f"커널이 {limit:g} 초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
+                       "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 "
+                       "블록이 멈춥니다)")
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
         error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
