@@ -172,6 +172,15 @@ def grade(fn) -> tuple:
                                       "정확히 한 번 곱했나요?"))
             raise Wrong(f"{head}: " + ".  ".join(why), figure)
         last = figure
+    if last is None:                # on a GPU: no shared-memory log, the output alone
+        return say(
+            en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's on this GPU. "
+               "Races and divergent barriers are checked in the simulator only: run "
+               "viz.races.rerun_racecheck(part=token_score) (compute-sanitizer) or grade it on a "
+               "CPU",
+            ko="head_dim 32, 64, 80: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
+               "안의 배리어는 시뮬레이터에서만 검사합니다: viz.races.rerun_racecheck("
+               "part=token_score) (compute-sanitizer) 를 실행하거나 CPU 에서 채점하세요"), None
     message = say(
         en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's, every barrier "
            "is reached by every thread, and no shared cell is written while another thread may "
