@@ -5,13 +5,17 @@ The article's kernel (``kernels.cu:486-508``) keeps the warps' partial sums in t
 ``dot_products`` and then writes the scaled score back into ``dot_products[0]``, where every
 thread reads it after the second barrier.  Warp 0's lane 0 writes its next partial sum into the
 same cell at the next token with no barrier in between (``attention.DEPARTURES``).  The port
-gives the score its own shared cell.  ``attention.decode(..., score_cell="article")`` rebuilds
-the article's layout for this experiment only.
+gives the score its own shared cell.  ``attention.ARTICLE_LAYOUT_PARTS`` rebuilds the article's
+layout (its ``token_score`` writes the score back into ``dot_products[0]``) to show the race.
 
     python benchmarks/racecheck.py             # on a GPU with compute-sanitizer: both layouts,
                                                # writes benchmarks/results/racecheck-<date>.json
     python benchmarks/racecheck.py --dry-run   # anywhere: both layouts in Numba's simulator at
                                                # a tiny size, no sanitizer; prints the JSON
+    python benchmarks/racecheck.py --part mine.py:token_score
+                                               # a third layout, "yours": the kernel with the
+                                               # reader's token_score from mine.py (a file that
+                                               # defines it, as written in notebook 04)
 
 For each layout the script starts itself again under
 ``compute-sanitizer --tool racecheck --racecheck-report all`` (``--child LAYOUT``): the child
@@ -39,7 +43,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 RESULTS = HERE.parent / "results"
-LAYOUTS = {"article": "article", "port": "own"}     # name in the JSON -> attention's score_cell
+#: name in the JSON -> where the score waits between the barriers ("score_cell")
+LAYOUTS = {"article": "article", "port": "own"}
+#: the layout of a reader's part (--part FILE:FUNCTION), checked besides the two above
+YOURS = "yours"
 SHARED_ARRAYS = ("dot_products", "score")            # the kernel's shared arrays
 #: --print-limit 0: every hazard printed (the default stops at 100, which hid all but 100 of
 #: the 17282 the first run on the H200 reported)
@@ -57,8 +64,24 @@ DRY_CASE = dict(head_dim=64, num_kv_heads=1, n_q_heads=2, num_layers=2, layer=1,
 # the child: one launch of the kernel in one layout
 # =========================================================================================
 
-def run_kernel(layout: str, case: dict, seed: int = 0) -> dict:
-    """Launch the article's kernel in ``layout`` on ``case``; compare with the torch oracle."""
+def load_part(spec: str):
+    """``"FILE.py:FUNCTION"`` -> (part name, the function ``FUNCTION`` defined in FILE.py).  The
+    part is the function's name unless the spec says ``FILE.py:FUNCTION=PART``."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not name:
+        raise SystemExit(f"--part {spec!r}: give FILE.py:FUNCTION (e.g. mine.py:token_score)")
+    function, _, part = name.partition("=")
+    namespace = {"__name__": "reader_part", "__file__": path}
+    code = compile(Path(path).read_text(), path, "exec")
+    exec(code, namespace)
+    if not callable(namespace.get(function)):
+        raise SystemExit(f"--part {spec!r}: {path} defines no function {function!r}")
+    return part or function, namespace[function]
+
+
+def run_kernel(layout: str, case: dict, seed: int = 0, part: str | None = None) -> dict:
+    """Launch the article's kernel in ``layout`` (``YOURS``: with the reader's ``part``, a
+    ``--part`` spec) on ``case``; compare with the torch oracle."""
     import math
 
     import torch
@@ -94,18 +117,24 @@ def run_kernel(layout: str, case: dict, seed: int = 0) -> dict:
     reference = TorchBackend().decode_attention(q.clone(), cpu, cpu.device_block_table(),
                                                 case["layer"], torch.tensor(lens),
                                                 torch.tensor(slots), scale)
+    if layout == YOURS:
+        name, fn = load_part(part)
+        parts = attention.ARTICLE_PARTS.replace(**{name: fn})
+    else:
+        parts = attention.ARTICLE_LAYOUT_PARTS if LAYOUTS[layout] == "article" \
+            else attention.ARTICLE_PARTS
     out = attention.decode(q.to(dev).clone(), cache, cache.device_block_table(), case["layer"],
-                           lens, slots, scale, score_cell=LAYOUTS[layout],
-                           lineinfo=not SIMULATING).cpu()
+                           lens, slots, scale, parts, lineinfo=not SIMULATING).cpu()
     err = float((out.float() - reference.float()).abs().max())
-    return {"layout": layout, "score_cell": LAYOUTS[layout],
+    return {"layout": layout, "score_cell": LAYOUTS.get(layout, "the reader's"),
+            "parts_replaced": list(parts.replaced()),
             "device": "simulator" if SIMULATING else torch.cuda.get_device_name(0),
             "max_abs_err_vs_oracle": err, "agrees_with_oracle": err <= 2 ** -6}
 
 
 def child_main(args) -> int:
     case = DRY_CASE if args.dry_run else GPU_CASE
-    result = run_kernel(args.child, case)
+    result = run_kernel(args.child, case, part=args.part)
     Path(args.report).write_text(json.dumps(result))
     return 0
 
@@ -260,12 +289,17 @@ def _count(items) -> dict:
     return out
 
 
-def kernel_source_lines() -> dict:
-    """{base name: lines} of the files a report can name (the kernel's module)."""
+def kernel_source_lines(part: str | None = None) -> dict:
+    """{base name: lines} of the files a report can name (the kernel's module, and the file of
+    a reader's ``--part``)."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     path = Path(attention.__file__)
-    return {path.name: path.read_text().splitlines()}
+    lines = {path.name: path.read_text().splitlines()}
+    if part:
+        mine = Path(part.rpartition(":")[0])
+        lines[mine.name] = mine.read_text().splitlines()
+    return lines
 
 
 # =========================================================================================
@@ -282,16 +316,20 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def sanitizer_command(layout: str, dry_run: bool = False) -> str:
+def sanitizer_command(layout: str, dry_run: bool = False, part: str | None = None) -> str:
     """The command line one layout runs (as the JSON records it)."""
     return " ".join(["compute-sanitizer", *SANITIZER_ARGS, "python", "benchmarks/racecheck.py",
-                     "--child", layout] + (["--dry-run"] if dry_run else []))
+                     "--child", layout] + (["--part", part] if layout == YOURS else [])
+                    + (["--dry-run"] if dry_run else []))
 
 
-def run_layout(layout: str, sanitizer: str | None, dry_run: bool, workdir: Path) -> dict:
+def run_layout(layout: str, sanitizer: str | None, dry_run: bool, workdir: Path,
+               part: str | None = None) -> dict:
     """Run one layout in a child process (under ``sanitizer`` unless it is None)."""
     report = workdir / f"child-{layout}.json"
     child = [sys.executable, str(HERE), "--child", layout, "--report", str(report)]
+    if layout == YOURS:
+        child += ["--part", part]
     if dry_run:
         child.append("--dry-run")
     env = dict(os.environ)
@@ -301,8 +339,8 @@ def run_layout(layout: str, sanitizer: str | None, dry_run: bool, workdir: Path)
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     proc = subprocess.run(([sanitizer, *SANITIZER_ARGS] if sanitizer else []) + child,
                           capture_output=True, text=True, env=env)
-    out = {"command": sanitizer_command(layout) if sanitizer else
-           f"python benchmarks/racecheck.py --child {layout} --dry-run",
+    out = {"command": sanitizer_command(layout, part=part) if sanitizer else
+           " ".join(child[1:]).replace(str(HERE), "benchmarks/racecheck.py"),
            "returncode": proc.returncode}
     if report.is_file():
         out.update(json.loads(report.read_text()))
@@ -311,7 +349,7 @@ def run_layout(layout: str, sanitizer: str | None, dry_run: bool, workdir: Path)
         out["error"] = f"the kernel did not run: {tail[-1]}"
     if sanitizer:
         text = proc.stdout + "\n" + proc.stderr
-        out.update(parse_report(text, kernel_source_lines()))
+        out.update(parse_report(text, kernel_source_lines(part if layout == YOURS else None)))
         kept = [line for line in text.splitlines() if line.startswith("=")]
         out["report_head"], out["report_tail"] = kept[:40], kept[-10:]
         if out["summary"] is None:
@@ -330,7 +368,10 @@ def main(argv=None) -> int:
                         "writes only when --out is given)")
     p.add_argument("--dry-run", action="store_true",
                    help="both layouts in Numba's CUDA simulator at a tiny size, no sanitizer")
-    p.add_argument("--child", choices=sorted(LAYOUTS), help=argparse.SUPPRESS)
+    p.add_argument("--part", default=None, metavar="FILE.py:FUNCTION",
+                   help="also check the kernel with a reader's part (the function FUNCTION of "
+                        "FILE.py, e.g. mine.py:token_score) as layout \"yours\"")
+    p.add_argument("--child", choices=sorted([*LAYOUTS, YOURS]), help=argparse.SUPPRESS)
     p.add_argument("--report", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -356,15 +397,19 @@ def main(argv=None) -> int:
             "sanitizer": (subprocess.run([sanitizer, "--version"], capture_output=True,
                                          text=True).stdout.strip().splitlines() or [""])[-1]
             if sanitizer else None,
-            "commands": {layout: sanitizer_command(layout) for layout in LAYOUTS},
             "layouts": {}}
+    layouts = [*LAYOUTS, *([YOURS] if args.part else [])]
+    if args.part:
+        load_part(args.part)                   # refuse a bad spec before any child starts
+        data["part"] = args.part
+    data["commands"] = {layout: sanitizer_command(layout, part=args.part) for layout in layouts}
     if sanitizer:
         import torch
 
         data["gpu"] = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as tmp:
-        for layout in LAYOUTS:
-            result = run_layout(layout, sanitizer, args.dry_run, Path(tmp))
+        for layout in layouts:
+            result = run_layout(layout, sanitizer, args.dry_run, Path(tmp), args.part)
             data["layouts"][layout] = result
             print(f"{layout:>8}: " + (f"{result['hazards']} hazards {result.get('by_cell')}"
                                       if sanitizer else

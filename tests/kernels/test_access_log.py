@@ -69,3 +69,71 @@ def test_a_flat_view_is_recognised_and_nested_recordings_stack():
         assert arr[4] == 4.0 and inner["inner"].reads().tolist() == [4]
         arr[5] = 7.0
     assert t[1, 2] == 7.0 and inner["inner"].writes().tolist() == [5]
+
+
+# --- shared memory ---------------------------------------------------------------------------
+
+def shared_run(parts, head_dim=64, n=3, failing=False):
+    cfg = pt.CacheConfig(num_layers=1, num_kv_heads=1, head_dim=head_dim, dtype="float32",
+                         kv_cache_bytes=2 * 2 * 16 * head_dim * 4, max_slots=1, max_seq_len=32)
+    cache = pt.PagedKVCache(cfg, kernel_device())
+    cache.buffer.normal_(generator=torch.Generator().manual_seed(0))
+    cache.ensure_capacity(0, n)
+    q = torch.randn(1, 1, head_dim, generator=torch.Generator().manual_seed(1))
+    with access_log.record_shared_accesses() as log:
+        try:
+            attention.decode(q, cache, cache.device_block_table(), 0, [n], [0], 0.125, parts)
+        except RuntimeError:
+            if not failing:
+                raise
+    return log
+
+
+def test_shared_accesses_carry_the_barrier_epoch_and_the_port_has_no_race():
+    log = shared_run(attention.ARTICLE_PARTS)
+    publishes = [a for a in log.records if a.op == "W" and a.array == "dot_products"]
+    # lanes 0 and 32 publish once per token, before that token's first barrier
+    assert sorted((a.thread, a.epoch) for a in publishes) == [(0, 0), (0, 2), (0, 4),
+                                                              (32, 0), (32, 2), (32, 4)]
+    scores = [a for a in log.records if a.array == "score"]
+    assert {a.epoch for a in scores if a.op == "W"} == {1, 3, 5}
+    assert {a.epoch for a in scores if a.op == "R"} == {2, 4, 6}
+    assert len([b for b in log.barriers if b.thread == 5]) == 6       # two per token
+    assert log.races() == [] and log.divergence() is None
+
+
+def test_the_articles_hand_off_races_on_dot_products_0():
+    races = shared_run(attention.ARTICLE_LAYOUT_PARTS).races()
+    assert len(races) == 2                             # between token t's read and t+1's publish
+    first = races[0]
+    assert first.cell == "dot_products[0]" and first.write.thread == 0
+    assert first.other.op == "R" and first.other.thread == 1 and first.write.epoch == 2
+    assert "dot_products[thread_id // WARP_SIZE] = qk" in first.write.site.code()
+
+
+def test_a_barrier_in_a_divergent_branch_is_found():
+    def split_barrier(q_val, k, thread_id, scale, dot_products, score):
+        qk = q_val * k
+        for off in (16, 8, 4, 2, 1):
+            qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, off)     # noqa: F821
+        if thread_id == 0:
+            score[0] = qk * scale
+            cuda.syncthreads()                                       # noqa: F821
+        cuda.syncthreads()                                           # noqa: F821
+        return score[0]
+    # the simulator releases a barrier once every live thread waits at *some* barrier, so the
+    # block does not hang; the shuffle emulation may then fail, and the log still tells why
+    log = shared_run(attention.ARTICLE_PARTS.replace(token_score=split_barrier), 32, 2,
+                     failing=True)
+    divergence = log.divergence()
+    assert divergence is not None and divergence.round == 0
+    lines = {site.line if site else None: threads for site, threads in divergence.at.items()}
+    assert sorted(len(t) for t in lines.values()) == [1, 31]
+
+
+def test_a_shared_index_out_of_range_is_refused_with_its_name():
+    def reads_cell_1(q_val, k, thread_id, scale, dot_products, score):
+        cuda.syncthreads()                                           # noqa: F821
+        return dot_products[1]
+    with pytest.raises(IndexError, match=r"dot_products\[1\] read by thread \d+ .* 1 cell"):
+        shared_run(attention.ARTICLE_PARTS.replace(token_score=reads_cell_1), 32, 1)

@@ -32,8 +32,8 @@ def line_of(code: str) -> int:
 def analysis_report(kernel="paged_attention_kernel",
                     where="/site/paged_tutorial/backends/numba_cuda/kernels/attention.py"):
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
-    read = line_of("dot_product = dot_products[0]")
-    write_back = line_of("dot_products[0] = total")
+    read = line_of("return dot_products[0]")
+    write_back = line_of("dot_products[0] = combine_warps(")
     return f"""========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at {kernel}+0x1a0 in {where}:{publish}:{kernel}
 =========     and Read access at {kernel}+0x2f0 in {where}:{read}:{kernel} [192 hazards]
@@ -52,13 +52,13 @@ def test_analysis_mode_counts_hazards_per_shared_cell(racecheck):
     assert parsed["by_cell"] == {"dot_products[0]": 256}
     first = parsed["races"][0]
     assert first["first"]["op"] == "Write" and first["second"]["op"] == "Read"
-    assert first["second"]["code"] == "dot_product = dot_products[0]"
+    assert first["second"]["code"] == "return dot_products[0]"
     assert first["first"]["file"] == "attention.py"
 
 
 def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
-    read = line_of("dot_product = dot_products[0]")
+    read = line_of("return dot_products[0]")
     text = "\n".join(
         f"""========= Error: Potential WAR hazard detected at __shared__ 0x{byte} in block (1,7,0) :
 =========     Read Thread (40,0,0) at paged_attention_kernel+0x2f0 in attention.py:{read}:k
@@ -75,7 +75,7 @@ def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
 
 
 def test_warp_level_warnings_are_read_too(racecheck):
-    read = line_of("dot_product = dot_products[0]")
+    read = line_of("return dot_products[0]")
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
     text = f"""========= WARN:(Warp Level Programming) Potential WAR hazard detected at __shared__ 0x0 in block (0, 0, 0) :
 =========     Read Thread (33, 0, 0) at 0x00000170 in /x/attention.py:{read}:paged_attention_kernel
@@ -108,15 +108,66 @@ def test_the_gpu_command_names_both_layouts(racecheck):
         assert command.endswith(f"--child {layout}")
 
 
-def test_dry_run_runs_both_layouts_in_the_simulator(racecheck, tmp_path):
-    assert racecheck.main(["--dry-run", "--out", str(tmp_path)]) == 0
+MY_PART = '''
+def my_score(q_val, k, thread_id, scale, dot_products, score):
+    qk = q_val * k
+    for offset in (16, 8, 4, 2, 1):
+        qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, offset)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        total = float32(0.0)
+        for w in range(NUM_WARPS):
+            total += dot_products[w]
+        score[0] = total * scale
+    cuda.syncthreads()
+    return score[0]
+'''
+
+
+def test_a_readers_part_is_loaded_from_its_file(racecheck, tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text(MY_PART)
+    name, fn = racecheck.load_part(f"{mine}:my_score=token_score")
+    assert name == "token_score" and fn.__name__ == "my_score"
+    assert racecheck.load_part(f"{mine}:my_score")[0] == "my_score"
+    with pytest.raises(SystemExit, match="FILE.py:FUNCTION"):
+        racecheck.load_part("mine:my_score")
+    with pytest.raises(SystemExit, match="no function 'other'"):
+        racecheck.load_part(f"{mine}:other")
+    command = racecheck.sanitizer_command("yours", part=f"{mine}:my_score=token_score")
+    assert command.endswith(f"--child yours --part {mine}:my_score=token_score")
+    assert "mine.py" in racecheck.kernel_source_lines(f"{mine}:my_score")
+
+
+def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(racecheck, tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text(MY_PART)
+    part = f"{mine}:my_score=token_score"
+    assert racecheck.main(["--dry-run", "--out", str(tmp_path), "--part", part]) == 0
     (path,) = tmp_path.glob("racecheck-dryrun-*.json")
     data = json.loads(path.read_text())
     assert data["dry_run"] is True and data["sanitizer"] is None
-    assert set(data["layouts"]) == {"article", "port"}
+    assert set(data["layouts"]) == {"article", "port", "yours"} and data["part"] == part
+    assert data["layouts"]["yours"]["parts_replaced"] == ["token_score"]
+    assert data["layouts"]["article"]["parts_replaced"] == ["token_score"]
+    assert data["layouts"]["port"]["parts_replaced"] == []
     for name, layout in data["layouts"].items():
         assert layout["returncode"] == 0, layout
         assert layout["device"] == "simulator" and layout["agrees_with_oracle"], layout
         assert layout["hazards"] is None and "dry run" in layout["note"]
     assert data["layouts"]["article"]["score_cell"] == "article"
     assert data["layouts"]["port"]["score_cell"] == "own"
+
+
+def test_a_notebook_function_becomes_a_part_spec(racecheck, tmp_path):
+    from paged_tutorial.teaching.viz.races import part_spec
+
+    namespace = {}
+    exec(compile(MY_PART, str(tmp_path / "cell.py"), "exec"), namespace)
+    (tmp_path / "cell.py").write_text(MY_PART)        # inspect reads the source from the file
+    spec = part_spec(namespace["my_score"], tmp_path)
+    assert spec.endswith("reader_part.py:my_score=token_score")
+    name, fn = racecheck.load_part(spec)
+    assert name == "token_score" and fn.__name__ == "my_score"

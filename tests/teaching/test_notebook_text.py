@@ -120,11 +120,14 @@ def test_the_kernel_is_shown_from_its_source(name):
 def test_puzzle_answers_are_not_shown_before_the_puzzle():
     """kernel_source shows the device functions a listing calls unless with_parts=False; for the
     parts that are puzzles of the notebook, they must stay hidden."""
-    for name, part in (("03_address_arithmetic.ipynb", "blocks_to_read"),
+    for name, part in (("03_address_arithmetic.ipynb", "walk_blocks"),
+                       ("03_address_arithmetic.ipynb", "blocks_to_read"),
                        ("03_address_arithmetic.ipynb", "tokens_in_block"),
                        ("03_address_arithmetic.ipynb", "k_index"),
+                       ("04_warp_shuffle_reduction.ipynb", "token_score"),
                        ("04_warp_shuffle_reduction.ipynb", "combine_warps"),
-                       ("05_online_softmax.ipynb", "softmax_update")):
+                       ("05_online_softmax.ipynb", "softmax_update"),
+                       ("05_online_softmax.ipynb", "write_output")):
         out = "".join(outputs_of(c) for c in cells(name))
         assert f"def {part}(" not in out, name
 

@@ -19,15 +19,7 @@ import pytest  # noqa: E402
 import paged_tutorial.teaching.exercises as ex  # noqa: E402
 from paged_tutorial.teaching.puzzles import PUZZLES, puzzle  # noqa: E402
 from paged_tutorial.teaching.puzzles.free_list import article_release_order  # noqa: E402
-
-
-def _sum_warps(count):
-    def combine(dot_products, HEAD_DIM, WARP_SIZE):
-        total = 0.0
-        for w in range(count(HEAD_DIM, WARP_SIZE)):
-            total += dot_products[w]
-        return total
-    return combine
+from helpers.kernel_bodies import WRONG_BODIES  # noqa: E402
 
 
 def _softmax(rescale_acc=True, rescale_d=True, inverted=False, keep_first_max=False):
@@ -70,27 +62,12 @@ WRONG = {
         "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
         "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
     },
-    "03.blocks_to_read": {
-        "floor division": lambda n, BS: n // BS,
-        "off-by-one ceiling": lambda n, BS: n // BS + 1,
-    },
-    "03.tokens_in_block": {
-        "seq_len % BLOCK_SIZE (33 % 16)": lambda n, lb, BS: n % BS,
-        "no min: reads past the block": lambda n, lb, BS: n - lb * BS,
-        "always a full block": lambda n, lb, BS: BS,
-    },
     "03.k_index": {
         "kv_head term missing": lambda p, t, h, d, BE, KV, HD: p * BE + t * KV + d,
         "token stride HEAD_DIM": lambda p, t, h, d, BE, KV, HD: p * BE + t * HD + h * HD + d,
         "bytes instead of elements":
             lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) * 2,
         "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
-    },
-    "04.combine_warps": {
-        "head_dim fixed at 64 (the article's two cells)": lambda dp, H, W: dp[0] + dp[1],
-        "floor division of HEAD_DIM": _sum_warps(lambda H, W: H // W),
-        "off-by-one ceiling": _sum_warps(lambda H, W: (H + W) // W),
-        "warp 0 only": lambda dp, H, W: dp[0],
     },
     "05.softmax_update": {
         "acc not rescaled": _softmax(rescale_acc=False),
@@ -132,6 +109,12 @@ WRONG = {
     },
 }
 
+#: the body puzzles' wrong answers, with a text each verdict must contain
+EXPECTED_TEXT = {(name, what): text for name, wrong in WRONG_BODIES.items()
+                 for what, (_, text) in wrong.items()}
+WRONG.update({name: {what: fn for what, (fn, _) in wrong.items()}
+              for name, wrong in WRONG_BODIES.items()})
+
 NAMES = [p.name for p in PUZZLES]
 CASES = [(name, what) for name in NAMES for what in WRONG[name]]
 
@@ -155,6 +138,7 @@ def test_wrong_answer_fails(name, what):
     verdict = ex.grade(name, WRONG[name][what])
     assert verdict.status == "wrong", verdict.message
     assert len(verdict.message) > 30
+    assert EXPECTED_TEXT.get((name, what), "") in verdict.message
     if verdict.figure is not None:
         fig = verdict.figure()
         assert fig.axes
@@ -173,7 +157,7 @@ def test_stub_is_not_solved_and_signature_is_checked(name):
     assert ex.grade(name, 42).status == "wrong"
     assert "argument" in ex.grade(name, lambda x: x).message
     text = p.describe()
-    assert p.signature in text and p.hint in text and p.article in text
+    assert p.signature in text and str(p.hint) in text and p.article in text
 
 
 def test_unsolved_stub_prints_the_not_solved_line(capsys):
@@ -184,11 +168,11 @@ def test_unsolved_stub_prints_the_not_solved_line(capsys):
 
 
 def test_reader_errors_are_reported_with_the_call():
-    def raises(seq_len, logical_block, BLOCK_SIZE):
-        return [seq_len][logical_block + 5]
-    verdict = ex.grade("03.tokens_in_block", raises)
+    def raises(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+        return [token][thread_id + 5]
+    verdict = ex.grade("03.k_index", raises)
     assert verdict.status == "wrong" and "IndexError" in verdict.message
-    assert "seq_len=" in verdict.message
+    assert "thread_id=" in verdict.message
 
 
 def test_puzzle_lookup():
@@ -196,3 +180,41 @@ def test_puzzle_lookup():
     with pytest.raises(KeyError, match="puzzles:"):
         puzzle("03.nothing")
     assert all(p.parameters for p in PUZZLES)
+
+
+def test_chapter_03_to_05_texts_and_verdicts_speak_korean():
+    from paged_tutorial.teaching.language import set_language
+
+    set_language("ko")
+    try:
+        for name in ("03.walk_blocks", "04.token_score", "05.write_output", "03.k_index",
+                     "05.softmax_update"):
+            assert "돌려" in puzzle(name).describe() or "쓰세요" in puzzle(name).describe()
+        wrong, _ = WRONG_BODIES["05.write_output"]["row and head swapped"]
+        verdict = ex.grade("05.write_output", wrong)
+        assert verdict.status == "wrong" and "스레드 블록 (행" in verdict.message
+        assert "다른 블록" in verdict.message
+        for name in ex.names("03.") + ex.names("04.") + ex.names("05."):
+            if name not in {p.name for p in PUZZLES}:
+                assert any("\uac00" <= ch <= "\ud7a3" for ch in str(ex.get(name).question)), name
+    finally:
+        set_language("en")
+
+
+@pytest.mark.skipif(not __import__("paged_tutorial.backends.numba_cuda.runtime.access_log",
+                                   fromlist=["AVAILABLE"]).AVAILABLE,
+                    reason="the time limit stops simulated threads only")
+def test_a_stuck_kernel_is_stopped_and_reported_not_hung():
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.puzzles import kernel_harness, score_handoff
+
+    def spins(q_val, k, thread_id, scale, dot_products, score):
+        if thread_id == 0:
+            while True:             # waits for something no other thread does
+                pass
+        cuda.syncthreads()          # noqa: F821
+        return float32(0.0)         # noqa: F821
+    prep = kernel_harness.prepare(score_handoff.CASES[0])
+    result = kernel_harness.run_body(prep, attention.ARTICLE_PARTS.replace(token_score=spins),
+                                     timeout=3)
+    assert result.error is not None and "still running after 3 s" in result.error

@@ -5,6 +5,7 @@
     pt.exercises.check("05.q_index", 581)        # prints a verdict, returns True / False
     pt.exercises.reveal("05.q_index")            # the worked solution (a value or a function)
     print(pt.exercises.puzzle("03.k_index").describe())   # a puzzle's signature and hint
+    pt.exercises.set_language("ko")              # prompts, hints and verdicts in Korean
 
 *Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
 and answers are compared without coercion (``answers.py``: a float or a string for an integer
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
+from paged_tutorial.teaching.language import set_language
 from paged_tutorial.teaching.verdict import Verdict
 
 
@@ -29,4 +31,4 @@ def puzzle(name: str):
 
 
 __all__ = ["Verdict", "check", "expected_answer", "get", "grade", "names", "puzzle",
-           "reveal"]
+           "reveal", "set_language"]

@@ -59,11 +59,11 @@ class Exercise:
             return Verdict("wrong", f"{problem}.  Expected {self.kind.what}.")
         expected = self.right_answer()
         if self.kind.equal(answer, expected):
-            return Verdict("correct", self.explain(expected))
+            return Verdict("correct", str(self.explain(expected)))
         for mistake in self.mistakes:
             wrong = mistake.value()
             if self.kind.type_problem(wrong) is None and self.kind.equal(answer, wrong):
-                return Verdict("wrong", mistake.says)
+                return Verdict("wrong", str(mistake.says))
         parts = self.kind.wrong_parts(answer, expected)
         where = f"{', '.join(parts)} wrong; " if parts else ""
         return Verdict("wrong", f"{where}{self.hint}")
@@ -124,12 +124,12 @@ def _in_notebook() -> bool:
 
 def check(name: str, answer, draw: bool | None = None) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
-    one-line verdict and return True when it is right.  For a wrong puzzle answer, a figure of
-    what went wrong is drawn too (by default only inside a notebook; ``draw`` forces it on or
-    off)."""
+    one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
+    run (what went wrong, or what the right answer did) is drawn too (by default only inside a
+    notebook; ``draw`` forces it on or off)."""
     verdict = grade(name, answer)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
-    if verdict.figure is not None and not verdict.ok and (_in_notebook() if draw is None else draw):
+    if verdict.figure is not None and (_in_notebook() if draw is None else draw):
         figure = verdict.figure()
         if figure is not None and _in_notebook():
             import matplotlib.pyplot as plt

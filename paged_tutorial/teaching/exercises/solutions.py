@@ -100,11 +100,11 @@ _FREE_LIST = "paged_tutorial.teaching.puzzles.free_list"
 #: puzzles whose answer is the package's own code: (module, function)
 PACKAGE_CODE = {
     "02.table_index": (_KERNEL, "block_table_index"),
-    "03.blocks_to_read": (_KERNEL, "blocks_to_read"),
-    "03.tokens_in_block": (_KERNEL, "tokens_in_block"),
     "03.k_index": (_KERNEL, "k_index"),
-    "04.combine_warps": (_KERNEL, "combine_warps"),
+    "03.walk_blocks": (_KERNEL, "walk_blocks"),
+    "04.token_score": (_KERNEL, "token_score"),
     "05.softmax_update": (_KERNEL, "softmax_update"),
+    "05.write_output": (_KERNEL, "write_output"),
     "06.prefill_pops": (_FREE_LIST, "article_prefill_pops"),
     "06.decode_pops": (_FREE_LIST, "article_decode_pops"),
     "06.release_order": (_FREE_LIST, "article_release_order"),

@@ -11,9 +11,11 @@ Each puzzle is registered with the exercises, so the same calls serve both:
 
 Modules, one per part of the article: ``block_layout`` (01: a K/V element's bytes in a block),
 ``block_table`` (02: logical -> physical through the table, in the engine's write path),
-``kernel_addresses`` (02-03: the table index, the block loop, the K address, in the kernel),
-``warp_combine`` (04: adding the warps' partial sums for any head_dim), ``online_softmax`` (05:
-the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes),
+``kernel_addresses`` (02-03: the table index and the K address, in the kernel), the kernel's
+body parts written as device code: ``block_walk`` (03: the loop over blocks), ``score_handoff``
+(04: one token's score, shuffle tree to race-free hand-off), ``output_store`` (05: the in-place
+store); ``online_softmax`` (05: the (m, d, acc) update), ``free_list`` (06: when prefill and
+decode pop, what release pushes),
 ``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
 Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
 a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,
@@ -22,16 +24,20 @@ against a stock one).
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
-               prefix_sharing, warp_combine)
+from paged_tutorial.teaching.puzzles import (block_layout, block_table, block_walk, free_list,
+                                            kernel_addresses,
+                                            online_softmax, output_store, prefix_sharing,
+                                            score_handoff)
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
     *block_layout.PUZZLES,
     *block_table.PUZZLES,
     *kernel_addresses.PUZZLES,
-    *warp_combine.PUZZLES,
+    *block_walk.PUZZLES,
+    *score_handoff.PUZZLES,
     *online_softmax.PUZZLES,
+    *output_store.PUZZLES,
     *free_list.PUZZLES,
     *prefix_sharing.PUZZLES,
 )

@@ -4,33 +4,30 @@ kernel, the grader compiles it into the article's kernel (``attention.KernelPart
 on a poisoned cache and compares with the torch oracle.
 
 - ``02.table_index``   the three-term index into the flat block table (kernels.cu:480)
-- ``03.blocks_to_read`` how many logical blocks the loop visits (kernels.cu:470-471)
-- ``03.tokens_in_block`` how many rows of a block hold tokens (kernels.cu:481)
 - ``03.k_index``        one thread's K element (kernels.cu:484)
+
+The loop over blocks itself (its bounds, the table lookup, the K/V addresses) is the body
+puzzle ``03.walk_blocks`` (``block_walk``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare, recorded_k_reads, replay, run)
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare,
+                                                            recorded_k_reads, replay, run)
 
 RUNS_IN = "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)"
 
 TABLE_CASES = (KernelCase("two slots, three layers", rows=((1, 20), (0, 7)), num_layers=3,
                           max_slots=2, max_seq_len=64, layer=2, num_blocks=12, seed=1),)
-# slot 1 holds max_seq_len tokens: one block too many would read past the end of the table
-LOOP_CASES = (KernelCase("a partly filled last block, and a sequence of max_seq_len tokens",
-                         rows=((0, 21), (1, 32)), max_slots=2, max_seq_len=32, num_blocks=8,
-                         seed=2),)
 K_CASES = (KernelCase("two kv heads", rows=((0, 18),), num_kv_heads=2, n_q_heads=2,
                       max_seq_len=32, num_blocks=6, seed=3),)
 
 SAMPLE_ARGS = {
-    "blocks_to_read": (21, 16),
     "block_table_index": (1, 2, 0, 3, 4),
-    "tokens_in_block": (21, 1, 16),
     "k_index": (3, 2, 1, 5, 2048, 64, 32),
 }
 
@@ -52,9 +49,10 @@ def entry_name(config, index: int) -> str:
     return f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})"
 
 
-def _figure(prep, reps, result):
-    """Reads of the first wrong thread block against the article's, in the cache buffer."""
-    row, h = result.bad[0]
+def _figure(prep, reps, result, block=None):
+    """Reads of thread block ``block`` (default: the first wrong one) against the article's, in
+    the cache buffer."""
+    row, h = block or result.bad[0]
     trace = prep.traces[(row, h)]
     rep = next(r for r in reps if (r.row, r.q_head) == (row, h))
     recorded = recorded_k_reads(result.logs, prep, row, h)
@@ -72,8 +70,8 @@ def _figure(prep, reps, result):
     return draw
 
 
-def _table_figure(prep, reps, result):
-    row, h = result.bad[0]
+def _table_figure(prep, reps, result, block=None):
+    row, h = block or result.bad[0]
     trace = prep.traces[(row, h)]
     rep = next(r for r in reps if (r.row, r.q_head) == (row, h))
     reads = rep.table_index
@@ -91,20 +89,26 @@ def _table_figure(prep, reps, result):
     return draw
 
 
-def _grade(part: str, fn, cases, explain) -> None:
+def _grade(part: str, fn, cases, explain):
+    """Run ``fn`` as ``part`` of the kernel on every case; raise Wrong on the first wrong one,
+    else return the figure of the first case's reads (drawn after a right answer too)."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     parts = attention.ARTICLE_PARTS.replace(**{part: fn})
     preps = [prepare(case) for case in cases]
     reps = [replay(prep, parts) for prep in preps]       # refuses reads outside memory
     check_compiles(fn, SAMPLE_ARGS[part])
+    figure = None
     for prep, rep in zip(preps, reps):
         result = run(prep, parts)
+        draw = _table_figure if part == "block_table_index" else _figure
         if not result.ok:
             raise Wrong(f"{bad_summary(prep, result)}.  {explain(prep, rep, result)}",
-                        figure=(_table_figure if part == "block_table_index" else _figure)(
-                            prep, rep, result))
+                        figure=draw(prep, rep, result))
         _no_extra_reads(prep, rep)
+        if figure is None:          # the picture of a right run: its first thread block
+            figure = draw(prep, rep, result, (0, 0))
+    return figure
 
 
 def _no_extra_reads(prep, reps) -> None:
@@ -116,13 +120,18 @@ def _no_extra_reads(prep, reps) -> None:
         extra = sorted(set(rep.table_index) - set(trace.table_index.tolist()))
         if extra:
             slot, n = prep.case.rows[rep.row]
-            raise Wrong(f"the output is right, but for slot {slot} (seq_len {n}) the kernel also "
-                        f"reads {entry_name(c, extra[0])}, which holds no token of the sequence "
-                        "(-1 in the engine's table); at max_seq_len it would lie past the "
-                        "slot's row")
+            raise Wrong(say(
+                en=f"the output is right, but for slot {slot} (seq_len {n}) the kernel also "
+                   f"reads {entry_name(c, extra[0])}, which holds no token of the sequence (-1 "
+                   "in the engine's table); at max_seq_len it would lie past the slot's row",
+                ko=f"출력은 맞지만, 슬롯 {slot} (seq_len {n}) 에 대해 커널이 "
+                   f"{entry_name(c, extra[0])} 도 읽습니다. 이 항목은 시퀀스의 토큰을 담지 않습니다 "
+                   "(엔진 테이블에서 -1); max_seq_len 에서는 슬롯의 행을 넘어섭니다"))
         if not set(rep.elements().tolist()) <= set(trace.k_index.ravel().tolist()):
-            raise Wrong("the output is right, but the kernel reads cache elements the "
-                        "article's kernel does not read")
+            raise Wrong(say(en="the output is right, but the kernel reads cache elements the "
+                               "article's kernel does not read",
+                            ko="출력은 맞지만, 커널이 아티클의 커널이 읽지 않는 캐시 원소를 "
+                               "읽습니다"))
 
 
 # --- 02.table_index ----------------------------------------------------------------------
@@ -134,56 +143,26 @@ def _explain_table(prep, reps, result) -> str:
         for lb, (got, want) in enumerate(zip(rep.table_index, trace.table_index)):
             if got != want:
                 slot = prep.case.rows[rep.row][0]
-                return (f"For slot {slot}, layer {prep.case.layer}, logical block {lb} your index "
-                        f"reads {entry_name(c, got)}; the block of (slot {slot}, layer "
-                        f"{prep.case.layer}, logical block {lb}) is elsewhere in the "
-                        f"[{c.max_slots}][{c.num_layers}][{c.MAX_BLOCKS_PER_SEQ}] table")
-    return "The table entries read look right; check what else the function returns"
+                shape = f"[{c.max_slots}][{c.num_layers}][{c.MAX_BLOCKS_PER_SEQ}]"
+                return say(
+                    en=f"For slot {slot}, layer {prep.case.layer}, logical block {lb} your index "
+                       f"reads {entry_name(c, got)}; the block of (slot {slot}, layer "
+                       f"{prep.case.layer}, logical block {lb}) is elsewhere in the {shape} "
+                       "table",
+                    ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb} 에 대해 여러분의 "
+                       f"인덱스는 {entry_name(c, got)} 를 읽습니다; (슬롯 {slot}, 레이어 "
+                       f"{prep.case.layer}, 논리 블록 {lb}) 의 블록은 {shape} 테이블의 다른 "
+                       "곳에 있습니다")
+    return say(en="The table entries read look right; check what else the function returns",
+               ko="읽은 테이블 항목은 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
 
 
-def grade_table_index(fn) -> str:
-    _grade("block_table_index", fn, TABLE_CASES, _explain_table)
-    return ("every block of 2 slots x 3 layers found through your index: the kernel's output "
-            "equals the torch oracle's on a poisoned cache")
-
-
-# --- 03.blocks_to_read / 03.tokens_in_block ----------------------------------------------
-
-def _explain_loop(prep, reps, result) -> str:
-    bs = prep.case.config.BLOCK_SIZE
-    for rep in reps:
-        trace = prep.traces[(rep.row, rep.q_head)]
-        n = rep.seq_len
-        if rep.num_blocks != trace.num_blocks:
-            if rep.num_blocks < trace.num_blocks:
-                return (f"For seq_len {n} the loop visits {rep.num_blocks} block(s); positions "
-                        f"{rep.num_blocks * bs}..{n - 1} live in logical block(s) "
-                        f"{rep.num_blocks}..{trace.num_blocks - 1}, never read")
-            return (f"For seq_len {n} the loop visits {rep.num_blocks} blocks, but logical block "
-                    f"{trace.num_blocks} holds no token of the sequence: its table entry is -1 "
-                    "in the engine's table (here it points at an all-NaN block)")
-        for lb, (got, want) in enumerate(zip(rep.tokens, trace.tokens_in_block)):
-            if got != want:
-                first = lb * bs
-                if got < want:
-                    return (f"For seq_len {n}, logical block {lb} (positions {first}..) is read "
-                            f"for {got} token(s); it holds {want} (positions {first}.."
-                            f"{first + want - 1})")
-                return (f"For seq_len {n}, logical block {lb} is read for {got} rows; it holds "
-                        f"{want} token(s): rows past {want - 1} are "
-                        + ("the V half of the block" if got > bs else "not written yet (NaN)"))
-    return "The loop bounds look right; check what else the function returns"
-
-
-def grade_blocks_to_read(fn) -> str:
-    _grade("blocks_to_read", fn, LOOP_CASES, _explain_loop)
-    return "seq_len 21 (16 + 5 tokens) and 32 (two full blocks): the loop reads exactly the cache"
-
-
-def grade_tokens_in_block(fn) -> str:
-    _grade("tokens_in_block", fn, LOOP_CASES, _explain_loop)
-    return ("a partly filled last block (21 = 16 + 5) and a full one (32): every row read holds "
-            "a token")
+def grade_table_index(fn) -> tuple:
+    figure = _grade("block_table_index", fn, TABLE_CASES, _explain_table)
+    return say(en="every block of 2 slots x 3 layers found through your index: the kernel's "
+                  "output equals the torch oracle's on a poisoned cache",
+               ko="슬롯 2개 x 레이어 3개의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 캐시에서 "
+                  "커널 출력이 torch 오라클과 같습니다"), figure
 
 
 # --- 03.k_index ---------------------------------------------------------------------------
@@ -196,54 +175,58 @@ def _explain_k(prep, reps, result) -> str:
             wrong = np.flatnonzero(got != want)
             if wrong.size:
                 d = int(wrong[0])
-                return (f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
-                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
-                        f"needs {element_name(c, want[d])}")
-    return "The K elements read look right; check what else the function returns"
+                return say(
+                    en=f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
+                       f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
+                       f"needs {element_name(c, want[d])}",
+                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {d} 가 "
+                       f"원소 {int(got[d])} ({element_name(c, got[d])}) 를 읽습니다; 필요한 것은 "
+                       f"{element_name(c, want[d])}")
+    return say(en="The K elements read look right; check what else the function returns",
+               ko="읽은 K 원소는 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
 
 
-def grade_k_index(fn) -> str:
-    _grade("k_index", fn, K_CASES, _explain_k)
-    return ("both kv heads' K found for 18 tokens in 2 scattered blocks: the kernel's output "
-            "equals the torch oracle's on a poisoned cache")
+def grade_k_index(fn) -> tuple:
+    figure = _grade("k_index", fn, K_CASES, _explain_k)
+    return say(en="both kv heads' K found for 18 tokens in 2 scattered blocks: the kernel's "
+                  "output equals the torch oracle's on a poisoned cache",
+               ko="흩어진 블록 2개의 토큰 18개에서 두 kv 헤드의 K 를 모두 찾았습니다: 오염된 캐시에서 "
+                  "커널 출력이 torch 오라클과 같습니다"), figure
 
 
 PUZZLES = (
     Puzzle(
-        "02.table_index", "the three-term block-table index, inside the kernel",
+        "02.table_index", Text(en="the three-term block-table index, inside the kernel",
+                               ko="커널 안의 세 항 block table 인덱스"),
         "def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):",
-        "Return the position, in the flat block table, of the entry for (cache slot, layer,\n"
-        "logical block).  The table is laid out as [slot][layer][logical block]: every slot has\n"
-        "N_LAYERS rows of MAX_BLOCKS_PER_SEQ entries.  The kernel then reads\n"
-        "physical_block = block_table[block_table_index(...)].",
-        "How many entries does one whole slot take?  And one layer of one slot?",
+        Text(en="Return the position, in the flat block table, of the entry for (cache slot,\n"
+                "layer, logical block).  The table is laid out as [slot][layer][logical block]:\n"
+                "every slot has N_LAYERS rows of MAX_BLOCKS_PER_SEQ entries.  The kernel then\n"
+                "reads physical_block = block_table[block_table_index(...)].",
+             ko="평평한 block table 에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
+                "테이블은 [slot][layer][logical block] 순서입니다: 슬롯마다 MAX_BLOCKS_PER_SEQ\n"
+                "항목짜리 행이 N_LAYERS 개 있습니다.  커널은 그다음\n"
+                "physical_block = block_table[block_table_index(...)] 를 읽습니다."),
+        Text(en="How many entries does one whole slot take?  And one layer of one slot?",
+             ko="슬롯 하나 전체는 항목을 몇 개 차지하나요?  슬롯 하나의 레이어 하나는요?"),
         RUNS_IN + ", 2 slots x 3 layers", "kernels.cu:480", grade_table_index),
     Puzzle(
-        "03.blocks_to_read", "how many logical blocks the kernel reads",
-        "def blocks_to_read(seq_len, BLOCK_SIZE):",
-        "Return how many logical blocks hold the first seq_len tokens of a sequence: the bound\n"
-        "of the kernel's block loop.  seq_len already counts the token just written.",
-        "A partly filled last block must be read too, but a sequence of exactly 32 tokens fills "
-        "two blocks, not three.",
-        RUNS_IN, "kernels.cu:470-471", grade_blocks_to_read),
-    Puzzle(
-        "03.tokens_in_block", "how many rows of a block hold tokens",
-        "def tokens_in_block(seq_len, logical_block, BLOCK_SIZE):",
-        "Return how many token rows of logical block `logical_block` hold data, for a\n"
-        "sequence of seq_len tokens: the bound of the kernel's token loop.",
-        "Every block before the last is full.  How many tokens come before this block, and how "
-        "many are left for it?",
-        RUNS_IN, "kernels.cu:481", grade_tokens_in_block),
-    Puzzle(
-        "03.k_index", "one thread's K address",
+        "03.k_index", Text(en="one thread's K address", ko="스레드 하나의 K 주소"),
         "def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):",
-        "Return the element of the cache buffer that thread `thread_id` multiplies with q: the\n"
-        "K value of dimension thread_id, kv head kv_head, token row `token` of physical_block.\n"
-        "Counted in elements, not bytes (the article's byte address divided by 2 for bf16).\n"
-        "A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of K, each KV_DIM = n_kv_heads x\n"
-        "HEAD_DIM elements, then the same rows of V (which the kernel finds V_OFFSET_ELEMS\n"
-        "further).",
-        "Four terms: where the block starts, where the row starts inside it, where the head's "
-        "slice starts inside the row, and the thread's own dimension.",
+        Text(en="Return the element of the cache buffer that thread `thread_id` multiplies with\n"
+                "q: the K value of dimension thread_id, kv head kv_head, token row `token` of\n"
+                "physical_block.  Counted in elements, not bytes (the article's byte address\n"
+                "divided by 2 for bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of\n"
+                "K, each KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which\n"
+                "the kernel finds V_OFFSET_ELEMS further).",
+             ko="스레드 `thread_id` 가 q 와 곱하는 캐시 버퍼의 원소 번호를 돌려주세요: physical_block\n"
+                "의 토큰 행 `token`, kv 헤드 kv_head, 차원 thread_id 의 K 값입니다.  바이트가 아니라\n"
+                "원소 단위입니다 (아티클의 바이트 주소를 bf16 이면 2 로 나눈 값).  블록 하나는\n"
+                "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE 개 (행마다 KV_DIM = n_kv_heads x\n"
+                "HEAD_DIM 원소), 그 뒤에 같은 수의 V 행 (커널은 V_OFFSET_ELEMS 뒤에서 찾습니다)."),
+        Text(en="Four terms: where the block starts, where the row starts inside it, where the "
+                "head's slice starts inside the row, and the thread's own dimension.",
+             ko="네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 헤드 구간이 "
+                "시작하는 곳, 그리고 스레드 자신의 차원."),
         RUNS_IN + ", 2 kv heads", "kernels.cu:484", grade_k_index),
 )

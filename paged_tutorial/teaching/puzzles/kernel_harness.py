@@ -15,6 +15,11 @@ shuffled free list (so logical and physical blocks differ), random K/V and q, a 
 reader's part (``KernelParts``) -- on the poisoned copy, in the simulator on a CPU or on the
 GPU, recording its cache and table reads when the simulator can (``access_log``).
 
+``run_body`` does the same for the kernel's body parts (``walk_blocks``, ``token_score``,
+``write_output``) and records shared memory and barriers too (``access_log.SharedLog``), so a
+grader can name a race or a barrier in a divergent branch; ``divergence_message`` and
+``race_message`` say them in words.
+
 ``replay`` walks the kernel's address arithmetic on the host with the same parts (plain
 Python): before a launch it refuses a part that would read outside the table or the cache (on a
 GPU that is an illegal memory access, which ends the process's CUDA context), and after a wrong
@@ -23,7 +28,9 @@ launch it says where the reads went.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -34,6 +41,7 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
+from paged_tutorial.teaching.language import say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, need_int
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
@@ -148,10 +156,12 @@ def run(prep: Prepared, parts) -> KernelRun:
                                  prep.slots, prep.scale, parts)
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
-        raise Wrong(f"the kernel did not compile with your function: {reason.strip()}") from None
+        raise Wrong(say(en=f"the kernel did not compile with your function: {reason.strip()}",
+                        ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
+                    ) from None
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
-        raise Wrong(f"the kernel failed with your function: {type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from None
+        raise Wrong(say(en=f"the kernel failed with your function: {_first_line(exc)}",
+                        ko=f"여러분의 함수로 커널이 실패했습니다: {_first_line(exc)}")) from None
     out = q.cpu()
     bad = []
     for row in range(len(prep.slots)):
@@ -217,19 +227,28 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                                (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
                                "block_table_index", "the table index")
                 if not 0 <= ti < table.size:
-                    raise Wrong(
-                        f"for slot {slot}, layer {case.layer}, logical block {lb} the kernel "
-                        f"would read block_table[{ti}], outside the table's {table.size} "
-                        f"entries ({c.max_slots} slots x {c.num_layers} layers x "
-                        f"{c.MAX_BLOCKS_PER_SEQ} logical blocks; the loop visits {n} block(s) "
-                        f"for seq_len {seq_len}): on a GPU that read leaves the table")
+                    shape = (f"{c.max_slots} slots x {c.num_layers} layers x "
+                             f"{c.MAX_BLOCKS_PER_SEQ} logical blocks")
+                    raise Wrong(say(
+                        en=f"for slot {slot}, layer {case.layer}, logical block {lb} the kernel "
+                           f"would read block_table[{ti}], outside the table's {table.size} "
+                           f"entries ({shape}; the loop visits {n} block(s) for seq_len "
+                           f"{seq_len}): on a GPU that read leaves the table",
+                        ko=f"슬롯 {slot}, 레이어 {case.layer}, 논리 블록 {lb} 에 대해 커널이 "
+                           f"block_table[{ti}] 를 읽게 됩니다. 테이블의 {table.size}개 항목 "
+                           f"({shape}; seq_len {seq_len} 이면 루프는 블록 {n}개를 돕니다) 밖이라 "
+                           "GPU 에서는 테이블을 벗어난 읽기입니다"))
                 phys = int(table[ti])
                 t = _call_int(parts.tokens_in_block, (seq_len, lb, c.BLOCK_SIZE),
                               "tokens_in_block", "the number of tokens")
                 if t > MAX_ROWS_FACTOR * c.BLOCK_SIZE:
-                    raise Wrong(f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: the "
-                                f"kernel would read {t} token rows from one {c.BLOCK_SIZE}-token "
-                                "block, far past its end")
+                    raise Wrong(say(
+                        en=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: the kernel "
+                           f"would read {t} token rows from one {c.BLOCK_SIZE}-token block, far "
+                           "past its end",
+                        ko=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: 커널이 "
+                           f"{c.BLOCK_SIZE} 토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
+                           "블록 끝을 한참 넘습니다"))
                 rep.table_index.append(ti)
                 rep.physical_block.append(phys)
                 rep.tokens.append(t)
@@ -241,12 +260,17 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                     worst = idx[(idx < 0) | (idx + c.V_OFFSET_ELEMS >= n_elems)]
                     if worst.size:
                         d = int(np.flatnonzero(idx == worst[0])[0])
-                        raise Wrong(
-                            f"thread {d} of block (row {row}, q head {h}) would read K element "
-                            f"{int(worst[0])} (and V at +V_OFFSET_ELEMS) for token {token} of "
-                            f"physical block {phys}: outside the cache's {n_elems} elements "
-                            f"({c.NUM_BLOCKS} blocks x BLOCK_ELEMS {c.BLOCK_ELEMS}); on a GPU "
-                            "that read leaves the buffer")
+                        raise Wrong(say(
+                            en=f"thread {d} of block (row {row}, q head {h}) would read K "
+                               f"element {int(worst[0])} (and V at +V_OFFSET_ELEMS) for token "
+                               f"{token} of physical block {phys}: outside the cache's "
+                               f"{n_elems} elements ({c.NUM_BLOCKS} blocks x BLOCK_ELEMS "
+                               f"{c.BLOCK_ELEMS}); on a GPU that read leaves the buffer",
+                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 스레드 {d} 가 물리 블록 {phys} "
+                               f"의 토큰 {token} 에 대해 K 원소 {int(worst[0])} (그리고 "
+                               f"+V_OFFSET_ELEMS 의 V) 를 읽게 됩니다: 캐시의 {n_elems}개 원소 "
+                               f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU "
+                               "에서는 버퍼를 벗어난 읽기입니다"))
                     rep.k_index.append(idx)
             out.append(rep)
     return out
@@ -266,8 +290,208 @@ def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poi
                 ) -> str:
     row, h = result.bad[0]
     got = result.out[row, h]
-    what = f"NaN or inf ({nan_means})" if not torch.isfinite(got).all() else \
-        f"off by up to {float((got - prep.reference[row, h]).abs().max()):.3g}"
+    err = float((got - prep.reference[row, h]).abs().max())
+    if not torch.isfinite(got).all():
+        what = say(en=f"NaN or inf ({nan_means})",
+                   ko="NaN 또는 inf (오염된 메모리를 읽었습니다)"
+                   if nan_means == "it read poisoned memory" else f"NaN 또는 inf ({nan_means})")
+    else:
+        what = say(en=f"off by up to {err:.3g}", ko=f"최대 {err:.3g} 만큼 다릅니다")
     slot, n = prep.case.rows[row]
-    return (f"{len(result.bad)} of {len(prep.slots) * prep.case.n_q_heads} outputs differ from "
-            f"the torch oracle; first: row {row} (slot {slot}, seq_len {n}), q head {h}: {what}")
+    total = len(prep.slots) * prep.case.n_q_heads
+    return say(en=f"{len(result.bad)} of {total} outputs differ from the torch oracle; first: "
+                  f"row {row} (slot {slot}, seq_len {n}), q head {h}: {what}",
+               ko=f"출력 {total}개 중 {len(result.bad)}개가 torch 오라클과 다릅니다; 첫 번째: 행 "
+                  f"{row} (슬롯 {slot}, seq_len {n}), q 헤드 {h}: {what}")
+
+
+# --- the body parts: a whole launch with the reader's loop, score or store ---------------------
+
+@dataclass
+class BodyRun:
+    """One launch with body parts replaced: the output (None when the kernel failed), the
+    cache and table access logs and the shared-memory log (simulator; None on a GPU), the
+    rows/heads that disagree with the oracle, and what the kernel raised (or None)."""
+
+    out: torch.Tensor | None
+    logs: dict | None
+    shared: object | None
+    bad: list
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.bad
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[-1] if text else ""
+    # the simulator prefixes a thread's exception with its ids: "tid=[3, 0, 0] ctaid=[0, 0, 0]: "
+    if line.startswith("tid=") and "]: " in line:
+        line = line.split("]: ", 2)[-1]
+    return f"{type(exc).__name__}: {line}"
+
+
+#: a simulated launch of a graded case takes seconds; one still running after this long is
+#: stuck (a thread spinning on shared memory while the others wait at a barrier)
+KERNEL_TIMEOUT_S = 90.0
+
+
+class KernelTimeout(Exception):
+    """Raised inside the simulated threads of a launch that ran past its time limit."""
+
+
+@contextlib.contextmanager
+def simulated_time_limit(seconds: float):
+    """In the simulator, stop a launch that runs longer than ``seconds``: its block threads get
+    a ``KernelTimeout`` (the simulator then ends the launch with it), so a stuck kernel ends the
+    cell with a message instead of hanging it.  Nothing happens on a GPU."""
+    import ctypes
+
+    from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+    if not SIMULATING:
+        yield
+        return
+    done = threading.Event()
+
+    def stop():
+        if done.wait(seconds):
+            return
+        for t in threading.enumerate():
+            # the threads still running (not those waiting at a barrier: the simulator ends
+            # them itself once the launch fails)
+            if type(t).__name__ == "BlockThread" and t.is_alive() and \
+                    not getattr(t, "syncthreads_blocked", False):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                           ctypes.py_object(KernelTimeout))
+    watchdog = threading.Thread(target=stop, daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
+    """Launch the kernel with ``parts`` on the poisoned cache, recording cache, table and
+    shared-memory accesses where the simulator can; a failing kernel is reported in
+    ``error``, never raised, so that the grader can read the logs first.  A simulated launch
+    still running after ``timeout`` seconds (default ``KERNEL_TIMEOUT_S``) is stopped and
+    reported as stuck."""
+    from paged_tutorial.backends.numba_cuda.runtime import access_log
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from numba.core.errors import NumbaError
+
+    dev = kernel_device()
+    q = prep.q.to(dev).clone()
+    table = prep.poisoned.device_block_table()
+    logs = shared = None
+    error = None
+
+    def launch():
+        attention.decode(q, prep.poisoned, table, prep.case.layer, prep.lens, prep.slots,
+                         prep.scale, parts)
+    limit = KERNEL_TIMEOUT_S if timeout is None else timeout
+    try:
+        with quiet_nan_arithmetic(), simulated_time_limit(limit):
+            if access_log.AVAILABLE:
+                with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
+                                                       block_table=table, q=q) as logs, \
+                        access_log.record_shared_accesses() as shared:
+                    launch()
+            else:
+                launch()
+    except KernelTimeout:
+        error = say(en=f"the kernel was still running after {limit:g} s and was stopped: some "
+                       "thread never gets past a loop, or waits for something another thread "
+                       "never does (on a GPU the block would hang)",
+                    ko=f"커널이 {limit:g} 초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
+                       "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 "
+                       "블록이 멈춥니다)")
+    except NumbaError as exc:
+        reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
+        error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
+                    ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
+    except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        error = _first_line(exc)
+    if error is not None:
+        return BodyRun(None, logs, shared, [], error)
+    out = q.cpu()
+    bad = [(row, h) for row in range(len(prep.slots)) for h in range(prep.case.n_q_heads)
+           if not (torch.isfinite(out[row, h]).all()
+                   and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
+                                      atol=ATOL))]
+    return BodyRun(out, logs, shared, bad, None)
+
+
+_EMPTY_BODY_OPS = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP",
+                   "CACHE", "PUSH_NULL"}
+
+
+def is_stub(fn) -> bool:
+    """True when ``fn``'s body does nothing (only a docstring, ``...`` or ``pass``): the stub a
+    notebook starts with.  A device function cannot be called on the host to find out."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    return all(i.opname in _EMPTY_BODY_OPS for i in dis.get_instructions(code))
+
+
+def threads_text(threads) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    threads = sorted(threads)
+    runs, start = [], None
+    for i, t in enumerate(threads):
+        if start is None:
+            start = t
+        if i + 1 == len(threads) or threads[i + 1] != t + 1:
+            runs.append(f"{start}" if start == t else f"{start}-{t}")
+            start = None
+    return ", ".join(runs)
+
+
+def divergence_message(divergence) -> str:
+    """A barrier in a divergent branch, in words (which round, which threads where)."""
+    where = []
+    for site, threads in divergence.at.items():
+        if site is None:
+            where.append(say(en=f"threads {threads_text(threads)} have no barrier left (they "
+                                "finished)",
+                             ko=f"스레드 {threads_text(threads)} 는 남은 배리어가 없습니다 "
+                                "(이미 끝남)"))
+        else:
+            where.append(say(en=f"threads {threads_text(threads)} wait at line {site.line} of "
+                                f"{site.function} (`{site.code()}`)",
+                             ko=f"스레드 {threads_text(threads)} 는 {site.function} 의 "
+                                f"{site.line}번 줄(`{site.code()}`)에서 기다립니다"))
+    rnd = divergence.round + 1
+    return say(
+        en=f"barrier round {rnd} of thread block {divergence.block}: " + "; ".join(where)
+        + ".  A cuda.syncthreads() that not every thread of the block reaches (inside a branch "
+        "on thread_id) never releases on a GPU: the block deadlocks.  Every thread must call "
+        "the same barriers in the same order",
+        ko=f"스레드 블록 {divergence.block} 의 {rnd}번째 배리어: " + "; ".join(where)
+        + ".  블록의 모든 스레드가 도달하지 않는 cuda.syncthreads() (thread_id 에 따른 분기 "
+        "안)는 GPU 에서 풀리지 않아 블록이 멈춥니다(deadlock).  모든 스레드가 같은 배리어를 같은 "
+        "순서로 호출해야 합니다")
+
+
+def race_message(race, count: int) -> str:
+    """The first race of a shared-memory log, in words."""
+    w, o = race.write, race.other
+    other_op = say(en="read", ko="읽었") if o.op == "R" else say(en="wrote", ko="썼")
+    return say(
+        en=f"race on {race.cell}: thread {w.thread} wrote it (line {w.site.line} of "
+           f"{w.site.function}: `{w.site.code()}`) and thread {o.thread} {other_op} it (line "
+           f"{o.site.line}: `{o.site.code()}`) with no barrier between them (both after "
+           f"barrier {w.epoch} of block {w.block}); {count} such pair(s) in the launch.  On a "
+           "GPU the read may see the old or the new value",
+        ko=f"{race.cell} 에 경쟁 상태(race): 스레드 {w.thread} 가 쓰고({w.site.function} 의 "
+           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 {o.thread} 가 {other_op}습니다"
+           f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
+           f"{w.block} 의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU 에서는 읽는 "
+           "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles, host_call, need_real
 from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase, bad_summary, prepare, run
 
@@ -46,13 +47,19 @@ def replay(fn, scores, values):
             except Wrong:
                 break
             if not isinstance(out, (tuple, list)) or len(out) != 3:
-                raise Wrong(f"your function returned {out!r}; it must return three numbers: "
-                            "(new_max, new_d, new_acc)")
+                raise Wrong(_three_numbers(out))
             for x, name in zip(out, ("new_max", "new_d", "new_acc")):
                 need_real(x, name, "softmax_update")
             state = tuple(out)
             steps.append(tuple(float(x) for x in out))
     return np.array(steps, dtype=np.float64).reshape(-1, 3)
+
+
+def _three_numbers(out) -> str:
+    return say(en=f"your function returned {out!r}; it must return three numbers: "
+                  "(new_max, new_d, new_acc)",
+               ko=f"여러분의 함수가 {out!r} 를 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
+                  "new_acc) 를 돌려주어야 합니다")
 
 
 def _scores_and_values(prep, row: int = 0, head: int = 0):
@@ -69,35 +76,53 @@ def _first_divergence(scores, mine, article) -> str:
         out_article = article[:, 2] / article[:, 1]
     for t in range(len(article)):
         if t >= len(mine):
-            return f"at token {t} (score {scores[t]:.3g}) your update fails (see above)"
+            return say(en=f"at token {t} (score {scores[t]:.3g}) your update fails (see above)",
+                       ko=f"토큰 {t} (점수 {scores[t]:.3g}) 에서 여러분의 업데이트가 실패합니다 "
+                          "(위 참고)")
         if not np.isfinite(out_mine[t]) or abs(out_mine[t] - out_article[t]) > 1e-4 * (
                 1 + abs(out_article[t])):
             rose = t > 0 and article[t, 0] > article[t - 1, 0]
-            event = (f"the running max rises from {article[t - 1, 0]:.4g} to {article[t, 0]:.4g}"
-                     if rose else "the first token" if t == 0 else
-                     f"the running max stays {article[t, 0]:.4g}")
-            state = f" (your d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: "
+            if rose:
+                event = say(en=f"the running max rises from {article[t - 1, 0]:.4g} to "
+                               f"{article[t, 0]:.4g}",
+                            ko=f"running max 가 {article[t - 1, 0]:.4g} 에서 {article[t, 0]:.4g} "
+                               "로 오릅니다")
+            elif t == 0:
+                event = say(en="the first token", ko="첫 토큰")
+            else:
+                event = say(en=f"the running max stays {article[t, 0]:.4g}",
+                            ko=f"running max 는 {article[t, 0]:.4g} 그대로입니다")
+            state = say(en=f" (your d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ",
+                        ko=f" (여러분의 d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ")
             if np.isinf(mine[t]).any():
-                overflow = state + ("float32 overflowed: exp() of a score far above the kept "
-                                    "max exceeds 3.4e38)")
+                overflow = state + say(en="float32 overflowed: exp() of a score far above the "
+                                          "kept max exceeds 3.4e38)",
+                                       ko="float32 오버플로: 유지한 최대보다 훨씬 큰 점수의 exp() "
+                                          "가 3.4e38 을 넘습니다)")
             elif np.isnan(mine[t]).any():
-                overflow = state + ("NaN comes from inf x 0 or inf - inf: with the old max "
-                                    "-inf, which exp() is infinite?)")
+                overflow = state + say(en="NaN comes from inf x 0 or inf - inf: with the old max "
+                                          "-inf, which exp() is infinite?)",
+                                       ko="NaN 은 inf x 0 이나 inf - inf 에서 나옵니다: 이전 최대가 "
+                                          "-inf 일 때 어느 exp() 가 무한대인가요?)")
             else:
                 overflow = ""
-            return (f"token {t} (score {scores[t]:.4g}; {event}): acc/d, the output so far for "
-                    f"dimension 0, is {out_mine[t]:.4g} with your update, {out_article[t]:.4g} "
-                    f"with the article's{overflow}")
-    return "the host replay agrees with the article's update; compare the types you return"
+            return say(en=f"token {t} (score {scores[t]:.4g}; {event}): acc/d, the output so far "
+                          f"for dimension 0, is {out_mine[t]:.4g} with your update, "
+                          f"{out_article[t]:.4g} with the article's{overflow}",
+                       ko=f"토큰 {t} (점수 {scores[t]:.4g}; {event}): 차원 0 의 지금까지 출력 "
+                          f"acc/d 가 여러분의 업데이트로는 {out_mine[t]:.4g}, 아티클의 것으로는 "
+                          f"{out_article[t]:.4g} 입니다{overflow}")
+    return say(en="the host replay agrees with the article's update; compare the types you "
+                  "return",
+               ko="호스트 재현은 아티클의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
-def grade(fn) -> str:
+def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     first = host_call(fn, (-math.inf, 0.0, 0.0, 0.5, 1.0), NAMES)
     if not isinstance(first, (tuple, list)) or len(first) != 3:
-        raise Wrong(f"your function returned {first!r}; it must return three numbers: "
-                    "(new_max, new_d, new_acc)")
+        raise Wrong(_three_numbers(first))
     f32 = np.float32
     check_compiles(fn, (f32(-np.inf), f32(0.0), f32(0.0), f32(0.5), f32(1.0)))
     parts = attention.ARTICLE_PARTS.replace(softmax_update=fn)
@@ -112,26 +137,51 @@ def grade(fn) -> str:
                 from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
 
                 return plot_softmax_replay(scores, mine, article, title=label)
-            raise Wrong(f"{case.label}: {bad_summary(prep, result, 'an overflow or 0/0')}.  First difference, "
-                        f"replayed on the host: {_first_divergence(scores, mine, article)}",
+            summary = bad_summary(prep, result, say(en="an overflow or 0/0",
+                                                    ko="오버플로 또는 0/0"))
+            first = _first_divergence(scores, mine, article)
+            raise Wrong(say(en=f"{case.label}: {summary}.  First difference, replayed on the "
+                               f"host: {first}",
+                            ko=f"{case.label}: {summary}.  호스트에서 재현한 첫 차이: {first}"),
                         figure=draw)
-    return ("24 ordinary tokens and 8 with scores hundreds apart: the kernel's output equals "
-            "the torch oracle's, without overflow")
+    scores, values = _scores_and_values(prep)
+    article = replay(article_update, scores, values)
+    mine = replay(fn, scores, values)
+
+    def draw(scores=scores, mine=mine, article=article, label=CASES[-1].label):
+        from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
+
+        return plot_softmax_replay(scores, mine, article, title=label)
+    return say(en="24 ordinary tokens and 8 with scores hundreds apart: the kernel's output "
+                  "equals the torch oracle's, without overflow",
+               ko="보통 토큰 24개와 점수가 수백씩 차이 나는 토큰 8개: 커널 출력이 오버플로 없이 "
+                  "torch 오라클과 같습니다"), draw
 
 
 PUZZLES = (
     Puzzle(
-        "05.softmax_update", "the online-softmax update (m, d, acc)",
+        "05.softmax_update", Text(en="the online-softmax update (m, d, acc)",
+                                  ko="online softmax 업데이트 (m, d, acc)"),
         "def softmax_update(current_max, d, acc, score, v):",
-        "Fold one token into the running state of one thread, and return\n"
-        "(new_max, new_d, new_acc).\n"
-        "  current_max  the largest score so far (-inf before the first token)\n"
-        "  d            the softmax denominator so far, sum of exp(score - current_max)\n"
-        "  acc          this thread's sum of exp(score - current_max) * v so far\n"
-        "  score        this token's scaled q.k;  v  its V element for this thread's dimension\n"
-        "After the last token the kernel writes acc / d.  Use math.exp.",
-        "d and acc are kept relative to the running max: when the max rises, what was summed "
-        "so far must be rescaled by exp(old max - new max) before the new token is added.",
+        Text(en="Fold one token into the running state of one thread, and return\n"
+                "(new_max, new_d, new_acc).\n"
+                "  current_max  the largest score so far (-inf before the first token)\n"
+                "  d            the softmax denominator so far, sum of exp(score - current_max)\n"
+                "  acc          this thread's sum of exp(score - current_max) * v so far\n"
+                "  score        this token's scaled q.k;  v  its V element for this thread's\n"
+                "               dimension\n"
+                "After the last token the kernel writes acc / d.  Use math.exp.",
+             ko="토큰 하나를 스레드 하나의 누적 상태에 더하고 (new_max, new_d, new_acc) 를\n"
+                "돌려주세요.\n"
+                "  current_max  지금까지의 가장 큰 점수 (첫 토큰 전에는 -inf)\n"
+                "  d            지금까지의 softmax 분모, exp(score - current_max) 의 합\n"
+                "  acc          이 스레드의 exp(score - current_max) * v 의 합\n"
+                "  score        이 토큰의 scale 된 q.k;  v  이 스레드 차원의 V 원소\n"
+                "마지막 토큰 뒤에 커널은 acc / d 를 씁니다.  math.exp 를 쓰세요."),
+        Text(en="d and acc are kept relative to the running max: when the max rises, what was "
+                "summed so far must be rescaled before the new token is added.",
+             ko="d 와 acc 는 running max 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
+                "토큰을 더하기 전에 다시 맞춰야 합니다."),
         "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)",
         "kernels.cu:509-519", grade),
 )

@@ -1,6 +1,7 @@
-"""Show the article's kernel as the package runs it: ``attention.py``'s decode kernel, cut into
-pieces at its ``# --- kernels.cu:NNN-MMM`` annotations, each piece next to the article's lines
-and section, with the device functions it calls (``KernelParts``) below it.
+"""Show the article's kernel as the package runs it: ``attention.py``'s decode kernel and its body
+parts ``walk_blocks`` and ``token_score``, cut into pieces at their ``# --- kernels.cu:NNN-MMM``
+annotations, each piece next to the article's lines and section, with the smaller device
+functions it calls (``KernelParts``) below it.
 
     from paged_tutorial.teaching.viz.kernel_source import kernel_source, departures
     kernel_source(480)          # the piece that holds kernels.cu:480, and block_table_index
@@ -34,8 +35,12 @@ ARTICLE_SECTIONS = (
     (461, 469, _KERNEL), (470, 472, _ADDRESSES), (473, 477, _SOFTMAX), (478, 485, _ADDRESSES),
     (486, 508, _SCORE), (509, 521, _SOFTMAX), (522, 527, _IN_PLACE),
 )
+#: the device functions a piece may call, listed under it (the body parts walk_blocks and
+#: token_score are cut into pieces of their own instead)
 PART_NAMES = ("blocks_to_read", "block_table_index", "tokens_in_block", "k_index",
-              "combine_warps", "softmax_update")
+              "combine_warps", "softmax_update", "write_output")
+#: the body parts whose source is cut into pieces at their own markers, after the kernel's
+BODY_PARTS = ("walk_blocks", "token_score")
 _MARKER = re.compile(r"^\s*# --- kernels\.cu:(\d+)(?:-(\d+))?(?:,\s*\d+)*: (.*?) -*\s*$")
 
 
@@ -64,13 +69,13 @@ def _kernel_text() -> str:
     return textwrap.dedent(source[start:end]).rstrip() + "\n"
 
 
-def kernel_pieces() -> list[SourcePiece]:
-    """The decode kernel's source, one piece per ``kernels.cu`` annotation."""
-    lines = _kernel_text().splitlines()
-    pieces, current, head = [], [], (461, 461, "the signature: the kernel's arguments")
+def _split(lines: list[str], head: tuple) -> list:
+    """(head, lines) per ``# --- kernels.cu`` marker; what comes before the first marker goes
+    with ``head`` (None: into the first marked piece)."""
+    pieces, current = [], []
     for line in lines:
         match = _MARKER.match(line)
-        if match and current:
+        if match and (current and (head is not None or pieces)):
             pieces.append((head, current))
             current = []
         if match:
@@ -78,13 +83,24 @@ def kernel_pieces() -> list[SourcePiece]:
             head = (first, int(match.group(2) or first), match.group(3).strip())
         current.append(line)
     pieces.append((head, current))
+    return pieces
+
+
+def kernel_pieces(parts=attention.ARTICLE_PARTS) -> list[SourcePiece]:
+    """The decode kernel's source and its body parts' (``walk_blocks``, ``token_score``, as
+    ``parts`` has them), one piece per ``kernels.cu`` annotation, in kernels.cu order."""
+    pieces = _split(_kernel_text().splitlines(),
+                    (461, 461, "the signature: the kernel's arguments"))
+    for name in BODY_PARTS:
+        source = textwrap.dedent(inspect.getsource(getattr(parts, name)))
+        pieces += _split(source.rstrip().splitlines(), None)
     out = []
     for (first, last, title), body in pieces:
         code = "\n".join(body).strip("\n") + "\n"
         called = tuple(inspect.getsource(getattr(attention, name)) for name in PART_NAMES
                        if re.search(rf"\b{name}\(", code))
         out.append(SourcePiece(first, last, title, section_of(first), code, called))
-    return out
+    return sorted(out, key=lambda p: p.first)
 
 
 def _select(pieces, lines) -> list[SourcePiece]:
@@ -145,10 +161,13 @@ class KernelListing:
         return "\n".join(out)
 
 
-def kernel_source(lines: int | str | None = None, with_parts: bool = True) -> KernelListing:
+def kernel_source(lines: int | str | None = None, with_parts: bool = True,
+                  parts=attention.ARTICLE_PARTS) -> KernelListing:
     """The pieces of the decode kernel that port ``lines`` of kernels.cu (an int, "470-485",
-    or None for the whole kernel), with the device functions they call (``with_parts``)."""
-    pieces = _select(kernel_pieces(), lines)
+    or None for the whole kernel), with the device functions they call (``with_parts``);
+    ``parts`` (``attention.KernelParts``) chooses the body parts shown, e.g.
+    ``attention.ARTICLE_LAYOUT_PARTS`` for the article's own score hand-off."""
+    pieces = _select(kernel_pieces(parts), lines)
     if not with_parts:
         pieces = [SourcePiece(p.first, p.last, p.title, p.section, p.code, ()) for p in pieces]
     return KernelListing(pieces)

@@ -24,12 +24,14 @@ from pathlib import Path
 
 from paged_tutorial.teaching.results import Measured, newest, results_dir
 
-__all__ = ["LAYOUT_NAMES", "load_racecheck", "summary", "plot_hazards", "rerun_racecheck"]
+__all__ = ["LAYOUT_NAMES", "load_racecheck", "part_spec", "summary", "plot_hazards",
+           "rerun_racecheck"]
 
 #: the layouts racecheck.py checks, as the notebook names them
 LAYOUT_NAMES = {
     "article": "the article's layout (the score written back into dot_products[0])",
     "port": "the port's layout (the score in its own shared cell)",
+    "yours": "your token_score (notebook 04's puzzle)",
 }
 COMMAND = "python benchmarks/racecheck.py"
 
@@ -110,9 +112,21 @@ def plot_hazards(data: dict):
     return fig
 
 
-def rerun_racecheck(timeout: float = 500) -> tuple[dict | None, str]:
+def part_spec(fn, folder, part: str = "token_score") -> str:
+    """Write the source of the reader's function ``fn`` (e.g. her ``token_score`` from notebook
+    04) into ``folder``/reader_part.py and return racecheck.py's ``--part`` spec for it."""
+    import inspect
+    import textwrap
+
+    path = Path(folder) / "reader_part.py"
+    path.write_text("import math\n\n\n" + textwrap.dedent(inspect.getsource(fn)))
+    return f"{path}:{fn.__name__}={part}"
+
+
+def rerun_racecheck(timeout: float = 500, part=None) -> tuple[dict | None, str]:
     """Run ``benchmarks/racecheck.py`` into a temporary folder when this process runs kernels on
-    a GPU and compute-sanitizer is installed; returns (its JSON or None, a message)."""
+    a GPU and compute-sanitizer is installed; returns (its JSON or None, a message).  ``part``:
+    the reader's ``token_score`` function, checked as a third layout, "yours"."""
     from paged_tutorial.backends.numba_cuda import SIMULATING
 
     if SIMULATING:
@@ -131,7 +145,8 @@ def rerun_racecheck(timeout: float = 500) -> tuple[dict | None, str]:
                       "racecheck is not re-run")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            proc = subprocess.run([sys.executable, str(script), "--out", tmp],
+            extra = ["--part", part_spec(part, tmp)] if part is not None else []
+            proc = subprocess.run([sys.executable, str(script), "--out", tmp, *extra],
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None, f"racecheck.py did not finish within {timeout:.0f} s: not re-run"

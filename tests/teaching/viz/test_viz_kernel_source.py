@@ -17,11 +17,15 @@ def test_pieces_cover_the_kernel_in_order():
     assert all(p.section for p in pieces)
     # every line of the kernel is in exactly one piece
     joined = "".join(p.code for p in pieces)
-    assert "store(q, q_index, acc / d)" in joined and "def paged_attention_kernel" in joined
+    assert "write_output(q, q_row_stride" in joined and "def paged_attention_kernel" in joined
+    assert "def walk_blocks" in joined and "def token_score" in joined
+    assert "cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)" in joined
     calls = {p.lines: [re.search(r"def (\w+)", s).group(1) for s in p.parts] for p in pieces}
     assert calls["kernels.cu:480"] == ["block_table_index"]
     assert calls["kernels.cu:484-485"] == ["k_index"]
     assert calls["kernels.cu:509-519"] == ["softmax_update"]
+    assert calls["kernels.cu:503-508"] == ["combine_warps"]
+    assert calls["kernels.cu:522"] == ["write_output"]
 
 
 def test_selection_text_and_html():
@@ -49,5 +53,5 @@ def test_departures_of_some_lines():
     assert any("head_dim" in t for t in titles) and any("race" in t for t in titles)
     assert any("scale" in t for t in titles)
     assert not any("storage dtypes" in t for t in titles)           # kernels.cu:461 only
-    assert [d.title for d in departures(467).items] == ["any GQA ratio"]
+    assert [d.title for d in departures(468).items] == ["any GQA ratio"]
     assert departures("900-901").items == ()
