@@ -1,0 +1,363 @@
+"""A simulated thread block that runs one thread at a time: the simulator's block runner,
+replaced (``sim_shim.install`` puts ``LockstepBlock`` in place of Numba's ``BlockManager``).
+
+Why: Numba's simulator starts every CUDA thread of a block as a Python thread, lets them all
+compete for the GIL, and a manager thread polls them in a loop to find the moment when each one
+waits at ``syncthreads``.  Most of a barrier-heavy kernel's time then goes to threads being
+woken only to find they cannot run yet, and to the polling thread itself (measured on the
+2-core machine: about 200 us per thread per barrier, for 64-thread blocks).
+
+How: one thread of the block holds the *turn* at any moment.  It runs until it has to wait --
+at a block barrier (``syncthreads``), at a warp exchange (a shuffle, ``syncwarp``), or because
+it returned -- and then hands the turn to the next thread that can run, which was asleep on its
+own lock.  Nothing polls and nothing spins: each hand-over is one lock release, so a barrier of
+n threads costs n hand-overs.  Threads take their turns in thread-id order, so a simulated
+kernel is deterministic.
+
+The waits, and the errors a GPU would turn into a hang or garbage:
+
+- **block barrier** -- released when every live thread of the block (one that has not
+  returned) waits at one.  They must all wait at the *same* ``syncthreads`` (the same line,
+  reached through the same calls): threads waiting at different ones mean a barrier inside a
+  divergent branch, and the launch raises ``BarrierDivergence`` naming the lines and threads.
+  A thread that has returned no longer counts, as in the stock simulator.
+- **warp exchange** -- released when every live lane of one warp waits at the same exchange;
+  only that warp waits, as on hardware (other warps run on).  Lanes of one warp at different
+  exchanges (a shuffle in a divergent branch) raise ``BarrierDivergence`` too.
+- **deadlock** -- no thread can run and no wait can be released (e.g. some lanes of a warp wait
+  at a shuffle while the others wait at ``syncthreads``): ``SimulatorDeadlock`` says who waits
+  where.
+
+``LockstepBlock.barrier_rounds`` counts the block barriers released so far, and each thread's
+``barriers_passed`` how many it has passed: a shared-memory access can be placed between two
+barriers by reading the latter.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+
+import numpy as np
+from numba.cuda.simulator import kernel as _sim_kernel
+from numba.cuda.simulator import kernelapi as _sim_kernelapi
+
+WARP_SIZE = 32
+
+
+class BarrierDivergence(RuntimeError):
+    """Threads of one block (or lanes of one warp) wait at different barriers or exchanges."""
+
+
+class SimulatorDeadlock(RuntimeError):
+    """No thread of a simulated block can run, and none of their waits can be released."""
+
+
+class _Aborted(BaseException):
+    """Raised in the block's other threads when one failed: they leave quietly."""
+
+
+# --- where a thread waits: the kernel lines, innermost first ---------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SKIPPED = {os.path.abspath(_sim_kernel.__file__), os.path.abspath(_sim_kernelapi.__file__),
+            os.path.abspath(__file__), os.path.join(_HERE, "sim_shim.py")}
+
+
+def _thread_entry(fn, args):
+    """The bottom frame of every simulated thread: the kernel called with its arguments."""
+    fn(*args)
+
+
+_ENTRY_CODE = _thread_entry.__code__
+
+
+def call_site(frame) -> tuple:
+    """The chain of (code, line) of the kernel and device-function frames above ``frame``,
+    innermost first, leaving out the simulator's and the shim's own frames."""
+    site = []
+    while frame is not None and frame.f_code is not _ENTRY_CODE:
+        code = frame.f_code
+        if code.co_filename not in _SKIPPED:
+            site.append((code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(site)
+
+
+def describe_site(site: tuple) -> str:
+    if not site:
+        return "the kernel"
+    code, line = site[0]
+    return f"{os.path.basename(code.co_filename)}:{line} ({code.co_name})"
+
+
+def _ranges(ids) -> str:
+    """Thread ids as short ranges: [0, 1, 2, 5] -> "0-2, 5"."""
+    ids = sorted(ids)
+    out, start, prev = [], None, None
+    for i in ids:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out)
+
+
+# --- the threads -------------------------------------------------------------------------------
+
+class LaneThread(_sim_kernel.BlockThread):
+    """One CUDA thread of a ``LockstepBlock``: sleeps on ``turn`` while another thread runs."""
+
+    def __init__(self, fn, block, block_idx, thread_idx, debug, args):
+        super().__init__(lambda: _thread_entry(fn, args), block, block_idx, thread_idx, debug)
+        self.turn = threading.Lock()
+        self.turn.acquire()                          # held: not this thread's turn
+        self.warp, self.lane = divmod(self.thread_id, WARP_SIZE)
+        self.waits_at = None                         # ("barrier" | op name, call site)
+        self.received = None                         # what the last warp exchange gave it
+        self.exited = False
+        self.barriers_passed = 0
+
+    def run(self):
+        block = self._manager
+        self.turn.acquire()                          # the first turn
+        if block.aborted:
+            return
+        try:
+            threading.Thread.run(self)
+        except _Aborted:
+            return
+        except Exception as exc:                     # the kernel failed in this thread
+            message = (f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
+                       + (f": {exc}" if str(exc) else ""))
+            try:
+                wrapped = type(exc)(message)
+            except Exception:                        # an exception type with other arguments
+                wrapped = RuntimeError(f"{type(exc).__name__}: {message}")
+            self.exception = (wrapped, exc.__traceback__)
+        block.thread_exited(self)
+
+    def syncthreads(self):
+        self._manager.block_barrier(self, call_site(sys._getframe(1)))
+
+
+# --- the block -------------------------------------------------------------------------------
+
+class LockstepBlock:
+    """Runs one thread block of a simulated launch, one thread at a time (see the module
+    docstring).  Same constructor and ``run`` as the simulator's ``BlockManager``."""
+
+    def __init__(self, f, grid_dim, block_dim, debug):
+        self._grid_dim = grid_dim
+        self._block_dim = block_dim
+        self._f = f
+        self._debug = debug
+        self.block_state = np.zeros(block_dim, dtype=np.bool_)   # syncthreads_count & co.
+        self.barrier_rounds = 0
+        self.aborted = False
+
+    # --- the launch of one block ---------------------------------------------------------
+    def run(self, grid_point, *args):
+        threads = sorted((LaneThread(self._f, self, grid_point, point, self._debug, args)
+                          for point in np.ndindex(*self._block_dim)),
+                         key=lambda t: t.thread_id)
+        self.threads = threads
+        self.n_live = len(threads)
+        self.ready = collections.deque(threads)
+        self.at_barrier: list = []
+        self.warp_live = collections.Counter(t.warp for t in threads)
+        self.warp_waiting: dict = collections.defaultdict(list)
+        self.error: BaseException | None = None
+        self.error_tb = None
+        self.finished = threading.Event()
+        for t in threads:
+            t.start()
+        try:
+            self._give_turn(None)
+            self.finished.wait()
+        except BaseException:
+            self._abort()
+            raise
+        if self.error is not None:
+            self._abort()
+            raise self.error.with_traceback(self.error_tb)
+        for t in threads:
+            t.join()
+
+    def _abort(self) -> None:
+        self.aborted = True
+        for t in self.threads:
+            if not t.exited and t.turn.locked():
+                t.turn.release()
+        for t in self.threads:
+            t.join(timeout=1.0)
+
+    # --- handing the turn over (only the thread holding the turn calls these) -------------
+    def _next_thread(self):
+        """The next thread to run, releasing the block barrier when every live thread waits
+        there; None when the block is done or stuck (then ``error`` says why)."""
+        if self.ready:
+            return self.ready.popleft()
+        if self.n_live == 0 or self.error is not None:
+            return None
+        if len(self.at_barrier) == self.n_live:
+            self._release_barrier()
+            return self.ready.popleft() if self.error is None else None
+        self._fail(SimulatorDeadlock(self._deadlock_message()))
+        return None
+
+    def _give_turn(self, me):
+        """Hand the turn to the next thread; ``me`` (None from the launching thread) then
+        sleeps until it gets the turn back."""
+        nxt = self._next_thread()
+        if nxt is me:
+            return
+        if nxt is None:
+            self.finished.set()
+        else:
+            nxt.turn.release()
+        if me is not None:
+            me.turn.acquire()
+            if self.aborted:
+                raise _Aborted()
+
+    def _fail(self, error: BaseException, tb=None) -> None:
+        if self.error is None:
+            self.error, self.error_tb = error, tb
+
+    # --- block barrier ---------------------------------------------------------------------
+    def block_barrier(self, me, site) -> None:
+        if self.aborted:
+            raise _Aborted()
+        me.waits_at = ("barrier", site)
+        self.at_barrier.append(me)
+        self._give_turn(me)
+
+    def _release_barrier(self) -> None:
+        sites = collections.defaultdict(list)
+        for t in self.at_barrier:
+            sites[t.waits_at[1]].append(t.thread_id)
+        if len(sites) > 1:
+            where = "; ".join(f"threads {_ranges(ids)} at {describe_site(site)}"
+                              for site, ids in sorted(sites.items(), key=lambda s: min(s[1])))
+            self._fail(BarrierDivergence(
+                f"block {self._block_label()}: the threads wait at different syncthreads "
+                f"calls ({where}): a barrier inside a branch that not every thread of the block "
+                "takes (on a GPU the block hangs or runs on with a broken barrier).  Every "
+                "thread that has not returned must reach the same syncthreads"))
+            return
+        self.barrier_rounds += 1
+        waiting, self.at_barrier = self.at_barrier, []
+        waiting.sort(key=lambda t: t.thread_id)
+        for t in waiting:
+            t.waits_at = None
+            t.barriers_passed += 1
+        self.ready.extend(waiting)
+
+    # --- warp exchange ------------------------------------------------------------------------
+    def warp_exchange(self, me, op: str, site, value, source_lane):
+        """Wait for every live lane of ``me``'s warp to reach this exchange; return the value
+        that lane ``source_lane`` brought (``value`` itself when ``source_lane`` is None or
+        past the end of a partial warp)."""
+        if self.aborted:
+            raise _Aborted()
+        me.waits_at = (op, site)
+        me.received = (value, source_lane)
+        waiting = self.warp_waiting[me.warp]
+        waiting.append(me)
+        if len(waiting) == self.warp_live[me.warp]:
+            self._release_warp(me.warp)
+        self._give_turn(me)
+        outcome = me.received
+        me.received = None
+        if isinstance(outcome, _ExitedLane):
+            raise RuntimeError(outcome.message)
+        return outcome
+
+    def _release_warp(self, warp: int) -> None:
+        waiting = sorted(self.warp_waiting.pop(warp), key=lambda t: t.lane)
+        sites = collections.defaultdict(list)
+        for t in waiting:
+            sites[t.waits_at].append(t.thread_id)
+        if len(sites) > 1:
+            where = "; ".join(f"threads {_ranges(ids)} at {op} {describe_site(site)}"
+                              for (op, site), ids in sorted(sites.items(),
+                                                            key=lambda s: min(s[1])))
+            self._fail(BarrierDivergence(
+                f"block {self._block_label()}, warp {warp}: the lanes wait at different "
+                f"warp-level calls ({where}): every live lane of a warp must execute the same "
+                "shuffles, in the same order (a shuffle inside a branch that only some lanes "
+                "take is undefined on hardware)"))
+            return
+        by_lane = {t.lane: t for t in waiting}
+        size = min(WARP_SIZE, len(self.threads) - warp * WARP_SIZE)
+        brought = {t.lane: t.received[0] for t in waiting}
+        op = waiting[0].waits_at[0]
+        for t in waiting:
+            value, src = t.received
+            if src is None or src >= size:
+                t.received = value
+            elif src in by_lane:
+                t.received = brought[src]
+            else:
+                t.received = _ExitedLane(
+                    f"sim_shim: thread {t.thread_id} reads lane {src} (thread "
+                    f"{warp * WARP_SIZE + src}) in {op}, but that lane has returned: every live "
+                    "lane of a warp must execute the same shuffles, and reading a lane that "
+                    "has exited is undefined on hardware")
+            t.waits_at = None
+        self.ready.extend(waiting)
+
+    # --- threads returning --------------------------------------------------------------------
+    def thread_exited(self, me) -> None:
+        me.exited = True
+        self.n_live -= 1
+        self.warp_live[me.warp] -= 1
+        if me.exception is not None:
+            self._fail(*me.exception)
+            self.finished.set()
+            return
+        waiting = self.warp_waiting.get(me.warp)
+        if waiting and len(waiting) == self.warp_live[me.warp]:
+            self._release_warp(me.warp)
+        nxt = self._next_thread()
+        if nxt is None:
+            self.finished.set()
+        else:
+            nxt.turn.release()
+
+    # --- messages -----------------------------------------------------------------------------
+    def _block_label(self) -> str:
+        t = self.threads[0]
+        return f"({', '.join(str(int(v)) for v in t.blockIdx)})"
+
+    def _deadlock_message(self) -> str:
+        groups = collections.defaultdict(list)
+        for t in self.threads:
+            if not t.exited and t.waits_at is not None:
+                op, site = t.waits_at
+                groups[(op, site)].append(t.thread_id)
+        where = "; ".join(
+            f"threads {_ranges(ids)} at {'syncthreads' if op == 'barrier' else op} "
+            f"{describe_site(site)}"
+            for (op, site), ids in sorted(groups.items(), key=lambda g: min(g[1])))
+        return (f"block {self._block_label()} cannot go on: {where}.  A warp-level call "
+                "waits for every live lane of its warp and syncthreads for every live thread "
+                "of the block; here each waits for threads that wait elsewhere (on a GPU the "
+                "kernel hangs)")
+
+
+class _ExitedLane:
+    """What a lane receives when its source lane has returned (raised in the reading lane)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
