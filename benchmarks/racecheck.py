@@ -5,8 +5,8 @@ The article's kernel (``kernels.cu:486-508``) keeps the warps' partial sums in t
 ``dot_products`` and then writes the scaled score back into ``dot_products[0]``, where every
 thread reads it after the second barrier.  Warp 0's lane 0 writes its next partial sum into the
 same cell at the next token with no barrier in between (``attention.DEPARTURES``).  The port
-gives the score its own shared cell.  ``attention.decode(..., score_cell="article")`` rebuilds
-the article's layout for this experiment only.
+gives the score its own shared cell.  ``attention.ARTICLE_LAYOUT_PARTS`` rebuilds the article's
+layout (its ``token_score`` writes the score back into ``dot_products[0]``) to show the race.
 
     python benchmarks/racecheck.py             # on a GPU with compute-sanitizer: both layouts,
                                                # writes benchmarks/results/racecheck-<date>.json
@@ -39,7 +39,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 RESULTS = HERE.parent / "results"
-LAYOUTS = {"article": "article", "port": "own"}     # name in the JSON -> attention's score_cell
+#: name in the JSON -> where the score waits between the barriers ("score_cell")
+LAYOUTS = {"article": "article", "port": "own"}
 SHARED_ARRAYS = ("dot_products", "score")            # the kernel's shared arrays
 #: --print-limit 0: every hazard printed (the default stops at 100, which hid all but 100 of
 #: the 17282 the first run on the H200 reported)
@@ -94,9 +95,10 @@ def run_kernel(layout: str, case: dict, seed: int = 0) -> dict:
     reference = TorchBackend().decode_attention(q.clone(), cpu, cpu.device_block_table(),
                                                 case["layer"], torch.tensor(lens),
                                                 torch.tensor(slots), scale)
+    parts = attention.ARTICLE_LAYOUT_PARTS if LAYOUTS[layout] == "article" \
+        else attention.ARTICLE_PARTS
     out = attention.decode(q.to(dev).clone(), cache, cache.device_block_table(), case["layer"],
-                           lens, slots, scale, score_cell=LAYOUTS[layout],
-                           lineinfo=not SIMULATING).cpu()
+                           lens, slots, scale, parts, lineinfo=not SIMULATING).cpu()
     err = float((out.float() - reference.float()).abs().max())
     return {"layout": layout, "score_cell": LAYOUTS[layout],
             "device": "simulator" if SIMULATING else torch.cuda.get_device_name(0),

@@ -59,8 +59,10 @@ def test_a_replaced_part_runs_inside_the_kernel():
 def test_parts_are_checked():
     with pytest.raises(TypeError, match="no part named"):
         attention.ARTICLE_PARTS.replace(k_address=lambda *a: 0)
-    with pytest.raises(TypeError, match="must be a function"):
+    with pytest.raises(TypeError, match="must be a plain Python function"):
         attention.ARTICLE_PARTS.replace(k_index=3)
+    with pytest.raises(TypeError, match="must be a plain Python function"):
+        attention.ARTICLE_PARTS.replace(k_index=print)
     with pytest.raises(TypeError, match="KernelParts"):
         attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512, parts=None)
     assert hash(attention.ARTICLE_PARTS) == hash(attention.KernelParts())
@@ -82,24 +84,50 @@ def test_default_parts_in_plain_python():
 
 
 def test_the_articles_score_layout_builds_and_agrees_in_the_simulator():
-    """score_cell="article" writes the score back into dot_products[0] (kernels.cu:507-508),
+    """ARTICLE_LAYOUT_PARTS writes the score back into dot_products[0] (kernels.cu:505, 508),
     the layout benchmarks/racecheck.py checks on a GPU.  Run sequentially (the simulator, or a
     GPU where the race does not strike) it computes the same attention; it is a separate
     kernel, and the default stays the port's own score cell."""
     cache, q, ref, n = setup(head_dim=64)
     own = attention.kernel_for(cache, "float32")
-    article = attention.kernel_for(cache, "float32", score_cell="article")
+    article = attention.kernel_for(cache, "float32", attention.ARTICLE_LAYOUT_PARTS)
     assert own is not article
-    assert own is attention.kernel_for(cache, "float32", score_cell="own")
-    out = attention.decode(q.to(cache.buffer.device).clone(), cache, cache.device_block_table(),
-                           0, [n], [0], 0.25, score_cell="article").cpu()
+    assert own is attention.kernel_for(cache, "float32", attention.KernelParts())
+    assert attention.ARTICLE_LAYOUT_PARTS.replaced() == ("token_score",)
+    out = run(cache, q, n, attention.ARTICLE_LAYOUT_PARTS)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_body_parts_call_each_other_by_part_name_without_imports():
+    """A reader's body part names the helpers (load, BLOCK_SIZE, token_score...) without
+    importing them, and is called by its part name whatever its own name: the factory binds
+    them.  Here a renamed walk_blocks that reads only the first block sees 16 of 18 tokens."""
+    cache, q, ref, n = setup()
+
+    def my_walk(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, owns_dim,
+                q_val, scale, dot_products, score):
+        current_max = float32(-math.inf)                                      # noqa: F821
+        d = float32(0.0)                                                      # noqa: F821
+        acc = float32(0.0)                                                    # noqa: F821
+        physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ      # noqa: F821
+                                     + layer * MAX_BLOCKS_PER_SEQ]             # noqa: F821
+        for token in range(BLOCK_SIZE):                                        # noqa: F821
+            e = physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id  # noqa: F821,E501
+            s = token_score(q_val, load(kv_cache, e), thread_id, scale,         # noqa: F821
+                            dot_products, score)
+            current_max, d, acc = softmax_update(current_max, d, acc, s,      # noqa: F821
+                                                 load(kv_cache, e + V_OFFSET_ELEMS))  # noqa: F821
+        return current_max, d, acc
+
+    out = run(cache, q, n, attention.ARTICLE_PARTS.replace(walk_blocks=my_walk))
+    cpu = clone_cache(cache, "cpu")
+    first_block = TorchBackend().decode_attention(q.clone(), cpu, cpu.device_block_table(), 0,
+                                                  torch.tensor([16]), torch.tensor([0]), 0.25)
+    torch.testing.assert_close(out, first_block, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out, ref, atol=1e-3)
+
+
 def test_build_options_are_checked():
-    with pytest.raises(ValueError, match="score_cell='shared'.*own.*article"):
-        attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512,
-                                              score_cell="shared")
     with pytest.raises(TypeError, match="lineinfo"):
         attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512,
                                               lineinfo="yes")

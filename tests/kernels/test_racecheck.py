@@ -32,8 +32,8 @@ def line_of(code: str) -> int:
 def analysis_report(kernel="paged_attention_kernel",
                     where="/site/paged_tutorial/backends/numba_cuda/kernels/attention.py"):
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
-    read = line_of("dot_product = dot_products[0]")
-    write_back = line_of("dot_products[0] = total")
+    read = line_of("return dot_products[0]")
+    write_back = line_of("dot_products[0] = combine_warps(")
     return f"""========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at {kernel}+0x1a0 in {where}:{publish}:{kernel}
 =========     and Read access at {kernel}+0x2f0 in {where}:{read}:{kernel} [192 hazards]
@@ -52,13 +52,13 @@ def test_analysis_mode_counts_hazards_per_shared_cell(racecheck):
     assert parsed["by_cell"] == {"dot_products[0]": 256}
     first = parsed["races"][0]
     assert first["first"]["op"] == "Write" and first["second"]["op"] == "Read"
-    assert first["second"]["code"] == "dot_product = dot_products[0]"
+    assert first["second"]["code"] == "return dot_products[0]"
     assert first["first"]["file"] == "attention.py"
 
 
 def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
-    read = line_of("dot_product = dot_products[0]")
+    read = line_of("return dot_products[0]")
     text = "\n".join(
         f"""========= Error: Potential WAR hazard detected at __shared__ 0x{byte} in block (1,7,0) :
 =========     Read Thread (40,0,0) at paged_attention_kernel+0x2f0 in attention.py:{read}:k
@@ -75,7 +75,7 @@ def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
 
 
 def test_warp_level_warnings_are_read_too(racecheck):
-    read = line_of("dot_product = dot_products[0]")
+    read = line_of("return dot_products[0]")
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
     text = f"""========= WARN:(Warp Level Programming) Potential WAR hazard detected at __shared__ 0x0 in block (0, 0, 0) :
 =========     Read Thread (33, 0, 0) at 0x00000170 in /x/attention.py:{read}:paged_attention_kernel

@@ -125,15 +125,15 @@ def _in_notebook() -> bool:
 
 def check(name: str, answer, draw: bool | None = None) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
-    one-line verdict and return True when it is right.  For a wrong puzzle answer, a figure of
-    what went wrong is drawn too (by default only inside a notebook; ``draw`` forces it on or
-    off).  A puzzle's function that is right is remembered (``solved.py``): the closing
-    kernel notebook assembles the learner's kernel from them."""
+    one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
+    run (what went wrong, or what the right answer did) is drawn too (by default only inside a
+    notebook; ``draw`` forces it on or off).  A puzzle's function that is right is remembered
+    (``solved.py``): the closing kernel notebook assembles the learner's kernel from them."""
     verdict = grade(name, answer)
     if verdict.ok and not isinstance(get(name), Exercise):
         solved.remember(name, answer)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
-    if verdict.figure is not None and not verdict.ok and (_in_notebook() if draw is None else draw):
+    if verdict.figure is not None and (_in_notebook() if draw is None else draw):
         figure = verdict.figure()
         if figure is not None and _in_notebook():
             import matplotlib.pyplot as plt

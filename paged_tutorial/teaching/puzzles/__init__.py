@@ -22,16 +22,22 @@ against a stock one).
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
-               prefix_sharing, warp_combine)
+from paged_tutorial.teaching.puzzles import (block_layout, block_table, block_walk, free_list,
+                                            kernel_addresses,
+                                            online_softmax, output_store, prefix_sharing,
+                                            score_handoff,
+                                            warp_combine)
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
     *block_layout.PUZZLES,
     *block_table.PUZZLES,
     *kernel_addresses.PUZZLES,
+    *block_walk.PUZZLES,
     *warp_combine.PUZZLES,
+    *score_handoff.PUZZLES,
     *online_softmax.PUZZLES,
+    *output_store.PUZZLES,
     *free_list.PUZZLES,
     *prefix_sharing.PUZZLES,
 )

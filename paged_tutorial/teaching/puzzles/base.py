@@ -43,7 +43,8 @@ class Puzzle:
     hint: str
     runs_in: str                       # where the grader runs the reader's function
     article: str                       # the article's lines it replaces (src/...:line)
-    grader: Callable[[Callable], str]  # returns the success message, raises Wrong/Unsolved
+    grader: Callable[[Callable], Any]  # the success message (or (message, figure)), raises
+    #                                    Wrong/Unsolved
 
     @property
     def function_name(self) -> str:
@@ -56,7 +57,7 @@ class Puzzle:
 
     def stub(self) -> str:
         """Source of the function to fill in: signature, docstring, a body of ``...``."""
-        doc = textwrap.indent(f'"""{self.docstring.strip()}\n"""', "    ")
+        doc = textwrap.indent(f'"""{str(self.docstring).strip()}\n"""', "    ")
         return f"{self.signature}\n{doc}\n    ...   # your code\n"
 
     def describe(self) -> str:
@@ -80,7 +81,10 @@ class Puzzle:
                            f"{self.function_name} still returns nothing: write its body")
         except Wrong as wrong:
             return Verdict("wrong", wrong.message, wrong.figure)
-        return Verdict("correct", message)
+        figure = None
+        if isinstance(message, tuple):          # a picture of the run, drawn on success too
+            message, figure = message
+        return Verdict("correct", message, figure)
 
 
 def _signature_problem(fn, parameters: list[str]) -> str | None:

@@ -15,6 +15,11 @@ shuffled free list (so logical and physical blocks differ), random K/V and q, a 
 reader's part (``KernelParts``) -- on the poisoned copy, in the simulator on a CPU or on the
 GPU, recording its cache and table reads when the simulator can (``access_log``).
 
+``run_body`` does the same for the kernel's body parts (``walk_blocks``, ``token_score``,
+``write_output``) and records shared memory and barriers too (``access_log.SharedLog``), so a
+grader can name a race or a barrier in a divergent branch; ``divergence_message`` and
+``race_message`` say them in words.
+
 ``replay`` walks the kernel's address arithmetic on the host with the same parts (plain
 Python): before a launch it refuses a part that would read outside the table or the cache (on a
 GPU that is an illegal memory access, which ends the process's CUDA context), and after a wrong
@@ -34,6 +39,7 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
+from paged_tutorial.teaching.language import say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, need_int
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
@@ -271,3 +277,129 @@ def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poi
     slot, n = prep.case.rows[row]
     return (f"{len(result.bad)} of {len(prep.slots) * prep.case.n_q_heads} outputs differ from "
             f"the torch oracle; first: row {row} (slot {slot}, seq_len {n}), q head {h}: {what}")
+
+
+# --- the body parts: a whole launch with the reader's loop, score or store ---------------------
+
+@dataclass
+class BodyRun:
+    """One launch with body parts replaced: the output (None when the kernel failed), the
+    cache and table access logs and the shared-memory log (simulator; None on a GPU), the
+    rows/heads that disagree with the oracle, and what the kernel raised (or None)."""
+
+    out: torch.Tensor | None
+    logs: dict | None
+    shared: object | None
+    bad: list
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.bad
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[-1] if text else ""
+    # the simulator prefixes a thread's exception with its ids: "tid=[3, 0, 0] ctaid=[0, 0, 0]: "
+    if line.startswith("tid=") and "]: " in line:
+        line = line.split("]: ", 2)[-1]
+    return f"{type(exc).__name__}: {line}"
+
+
+def run_body(prep: Prepared, parts) -> BodyRun:
+    """Launch the kernel with ``parts`` on the poisoned cache, recording cache, table and
+    shared-memory accesses where the simulator can; a failing kernel is reported in
+    ``error``, never raised, so that the grader can read the logs first."""
+    from paged_tutorial.backends.numba_cuda.runtime import access_log
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from numba.core.errors import NumbaError
+
+    dev = kernel_device()
+    q = prep.q.to(dev).clone()
+    table = prep.poisoned.device_block_table()
+    logs = shared = None
+    error = None
+
+    def launch():
+        attention.decode(q, prep.poisoned, table, prep.case.layer, prep.lens, prep.slots,
+                         prep.scale, parts)
+    try:
+        with quiet_nan_arithmetic():
+            if access_log.AVAILABLE:
+                with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
+                                                       block_table=table, q=q) as logs, \
+                        access_log.record_shared_accesses() as shared:
+                    launch()
+            else:
+                launch()
+    except NumbaError as exc:
+        reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
+        error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
+                    ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
+    except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        error = _first_line(exc)
+    if error is not None:
+        return BodyRun(None, logs, shared, [], error)
+    out = q.cpu()
+    bad = [(row, h) for row in range(len(prep.slots)) for h in range(prep.case.n_q_heads)
+           if not (torch.isfinite(out[row, h]).all()
+                   and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
+                                      atol=ATOL))]
+    return BodyRun(out, logs, shared, bad, None)
+
+
+def threads_text(threads) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    threads = sorted(threads)
+    runs, start = [], None
+    for i, t in enumerate(threads):
+        if start is None:
+            start = t
+        if i + 1 == len(threads) or threads[i + 1] != t + 1:
+            runs.append(f"{start}" if start == t else f"{start}-{t}")
+            start = None
+    return ", ".join(runs)
+
+
+def divergence_message(divergence) -> str:
+    """A barrier in a divergent branch, in words (which round, which threads where)."""
+    where = []
+    for site, threads in divergence.at.items():
+        if site is None:
+            where.append(say(en=f"threads {threads_text(threads)} have no barrier left (they "
+                                "finished)",
+                             ko=f"스레드 {threads_text(threads)} 는 남은 배리어가 없습니다 "
+                                "(이미 끝남)"))
+        else:
+            where.append(say(en=f"threads {threads_text(threads)} wait at line {site.line} of "
+                                f"{site.function} (`{site.code()}`)",
+                             ko=f"스레드 {threads_text(threads)} 는 {site.function} 의 "
+                                f"{site.line}번 줄(`{site.code()}`)에서 기다립니다"))
+    rnd = divergence.round + 1
+    return say(
+        en=f"barrier round {rnd} of thread block {divergence.block}: " + "; ".join(where)
+        + ".  A cuda.syncthreads() that not every thread of the block reaches (inside a branch "
+        "on thread_id) never releases on a GPU: the block deadlocks.  Every thread must call "
+        "the same barriers in the same order",
+        ko=f"스레드 블록 {divergence.block} 의 {rnd}번째 배리어: " + "; ".join(where)
+        + ".  블록의 모든 스레드가 도달하지 않는 cuda.syncthreads() (thread_id 에 따른 분기 "
+        "안)는 GPU 에서 풀리지 않아 블록이 멈춥니다(deadlock).  모든 스레드가 같은 배리어를 같은 "
+        "순서로 호출해야 합니다")
+
+
+def race_message(race, count: int) -> str:
+    """The first race of a shared-memory log, in words."""
+    w, o = race.write, race.other
+    other_op = say(en="read", ko="읽었") if o.op == "R" else say(en="wrote", ko="썼")
+    return say(
+        en=f"race on {race.cell}: thread {w.thread} wrote it (line {w.site.line} of "
+           f"{w.site.function}: `{w.site.code()}`) and thread {o.thread} {other_op} it (line "
+           f"{o.site.line}: `{o.site.code()}`) with no barrier between them (both after "
+           f"barrier {w.epoch} of block {w.block}); {count} such pair(s) in the launch.  On a "
+           "GPU the read may see the old or the new value",
+        ko=f"{race.cell} 에 경쟁 상태(race): 스레드 {w.thread} 가 쓰고({w.site.function} 의 "
+           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 {o.thread} 가 {other_op}습니다"
+           f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
+           f"{w.block} 의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU 에서는 읽는 "
+           "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")

@@ -189,11 +189,30 @@ def _shared_array(self, shape, dtype):
         if array is None:
             array = np.empty(shape, dtype)
             self._allocations[caller] = array
+    if SHARED_OBSERVERS:                             # a shared-memory recording is active
+        return SHARED_OBSERVERS[-1].shared_array(array, caller)
     return array
 
 
 _ORIGINAL_SHARED_ARRAY = None
 _INSTALLED = False
+
+
+# --- watching shared memory and barriers (runtime/access_log.py records them) --------------
+
+#: the active observers of shared arrays and barriers, innermost last (empty unless
+#: ``access_log.record_shared_accesses`` is recording).  An observer has
+#: ``shared_array(array, (file, line)) -> what the kernel gets`` and ``barrier(frame)``.
+SHARED_OBSERVERS: list = []
+
+
+def _observed_syncthreads(self):
+    """The fake module's ``syncthreads``, telling the active observer which line of which
+    function called it before waiting.  The shuffles' warp-level waits (``_exchange``) are not
+    reported: on hardware a shuffle orders no shared memory."""
+    if SHARED_OBSERVERS:
+        SHARED_OBSERVERS[-1].barrier(sys._getframe(1))
+    threading.current_thread().syncthreads()
 
 
 # --- the cuda-module swap of older numba-cuda (macOS) --------------------------------------
@@ -237,8 +256,9 @@ def _counted_cuda_swap(fn, fake_cuda_module):
 
 def install() -> None:
     """Add the shuffles and ``syncwarp`` to the simulator's fake ``cuda`` module, run its
-    blocks with ``sim_block.LockstepBlock``, make its shared-array allocation thread-safe, and
-    on numba-cuda 0.20 its module swap too (idempotent; simulator only)."""
+    blocks with ``sim_block.LockstepBlock``, make its shared-array allocation thread-safe, let
+    ``SHARED_OBSERVERS`` see shared arrays and barriers, and on numba-cuda 0.20 make its module
+    swap thread-safe too (idempotent; simulator only)."""
     global _INSTALLED, _ORIGINAL_SHARED_ARRAY
     if not SIMULATING or _INSTALLED:
         return
@@ -256,6 +276,7 @@ def install() -> None:
     kernel.BlockManager = LockstepBlock
     _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
     kernelapi.FakeCUDAShared.array = _shared_array
+    fake.syncthreads = _observed_syncthreads
     if not hasattr(kernelapi, "_swap_refcount"):     # numba-cuda without the counted swap
         kernel.swapped_cuda_module = _counted_cuda_swap
     _INSTALLED = True

@@ -19,12 +19,18 @@ Two index spaces, as in the article: the compact ``active_slot`` (= blockIdx.x: 
 seq_lens and active_slots) and the real cache ``slot = active_slots[active_slot]``, which is
 what the block table is indexed by.
 
-**The kernel's parts.**  Six small steps of the kernel are plain Python functions below
-(``block_table_index``, ``blocks_to_read``, ``tokens_in_block``, ``k_index``,
-``combine_warps``, ``softmax_update``), each annotated with its ``kernels.cu`` lines, which
-``make_paged_attention_kernel`` compiles as device functions.  ``KernelParts`` names them;
-``ARTICLE_PARTS`` is the article's arithmetic, and a puzzle builds the same kernel with one
-part replaced by the reader's function (``ARTICLE_PARTS.replace(k_index=mine)``).
+**The kernel's parts.**  The kernel's body is four plain Python functions below, compiled as
+device functions and run by every thread of the launch: ``walk_blocks`` (the loop over logical
+blocks, the table lookup and the K/V addresses), ``token_score`` (one token's q.k: shuffle
+tree, per-warp publish to shared memory, barriers, cross-warp combine, scale, hand-off),
+``softmax_update`` (one online-softmax step) and ``write_output`` (the in-place store).  The
+article's versions call five smaller steps (``blocks_to_read``, ``block_table_index``,
+``tokens_in_block``, ``k_index``, ``combine_warps``).  ``KernelParts`` names all nine;
+``ARTICLE_PARTS`` is the article's version of each, and a puzzle builds the same kernel with
+some replaced by the reader's functions (``ARTICLE_PARTS.replace(walk_blocks=mine)``).  The
+parts call each other, the device helpers (``load``, ``store``, ``cuda``) and the constants
+(``BLOCK_SIZE``, ``HEAD_DIM``, ...) by name: ``compile_parts`` binds those names per build
+(``BUILD_NAMES``), so the reader's functions need no imports.
 
 Where this port departs from the article, on purpose: see ``DEPARTURES`` (one entry each, with
 the article's lines; ``viz.kernel_source`` shows them next to the code).
@@ -35,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 from typing import Callable, NamedTuple
 
 from numba import cuda, float32
@@ -44,10 +51,6 @@ from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 WARP_SIZE = 32
 WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
 MAX_THREADS_PER_BLOCK = 1024
-#: where the token's score waits between the two barriers: "own" (this port: a shared cell of
-#: its own) or "article" (written back into dot_products[0], kernels.cu:507-508, the layout with
-#: the race of DEPARTURES; built only by benchmarks/racecheck.py)
-SCORE_CELLS = ("own", "article")
 
 
 class Departure(NamedTuple):
@@ -68,10 +71,10 @@ DEPARTURES: tuple[Departure, ...] = (
         "64, 80, 128, ...); for 64 it is exactly the article's two-warp path.  Larger head dims "
         "(more than 1024 threads per block) are refused with a ValueError."),
     Departure(
-        "any GQA ratio", "kernels.cu:467",
+        "any GQA ratio", "kernels.cu:468",
         "kv_head = q_head // q_per_kv for any ratio; the article divides by 4."),
     Departure(
-        "the scale is an argument", "kernels.cu:506",
+        "the scale is an argument", "kernels.cu:505",
         "The score is multiplied by the scale argument; the article divides by SQRT_HEAD_DIM = "
         "8, a second place where it assumes head_dim 64."),
     Departure(
@@ -82,8 +85,8 @@ DEPARTURES: tuple[Departure, ...] = (
         "second barrier against warp 0's next write.  The score here lives in its own shared "
         "cell, score[0]; every write is then separated from the last read of the same cell by "
         "a barrier, with no extra barrier per token.  The article's layout can still be built "
-        "(score_cell=\"article\"), only so that benchmarks/racecheck.py can show the race "
-        "with compute-sanitizer; nothing else uses it."),
+        "(ARTICLE_LAYOUT_PARTS), only to show the race: the simulator's shared-memory "
+        "access log and benchmarks/racecheck.py (compute-sanitizer) both flag it."),
     Departure(
         "constants from one definition, addresses in elements", "kernels.cu:6, 16-19, 484-485",
         "BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS and "
@@ -96,12 +99,13 @@ DEPARTURES: tuple[Departure, ...] = (
         "The cache may hold bfloat16, float16 or float32 (dtypes.py load/store); every sum is "
         "float32, as in the article.  The article's kernel reads __nv_bfloat16 only."),
     Departure(
-        "six steps are device functions", "kernels.cu:470-519",
-        "The block count, the table index, the fill of a block, the K address, the cross-warp "
-        "combine and the online-softmax update are small device functions (KernelParts) "
-        "rather than inline code, so that a puzzle can compile the same kernel with one of "
-        "them replaced by the reader's version.  Numba inlines them; the arithmetic is the "
-        "article's."),
+        "the body is made of device functions", "kernels.cu:470-522",
+        "The loop over blocks (walk_blocks), the score of one token (token_score), the "
+        "online-softmax update (softmax_update) and the store (write_output), and inside them "
+        "the block count, the table index, the fill of a block, the K address and the "
+        "cross-warp combine, are device functions (KernelParts) rather than inline code, so "
+        "that a puzzle can compile the same kernel with any of them written by the reader.  "
+        "Numba inlines them; the arithmetic is the article's."),
 )
 
 
@@ -121,10 +125,21 @@ def block_threads(head_dim: int) -> int:
 
 # =========================================================================================
 # The kernel's parts: plain Python, compiled as device functions by the kernel factory.
+#
+# Every part may call every other part, the device helpers and the build's constants by name:
+# the factory compiles a copy of each function whose globals bind these names (``BUILD_NAMES``)
+# to this build's versions, so a reader's ``walk_blocks`` calls her own ``token_score`` once
+# both are hers.
 # =========================================================================================
 
+#: the names a part may use without importing them; the kernel factory binds each one
+BUILD_NAMES = ("cuda", "math", "float32", "load", "store", "BLOCK_SIZE", "N_LAYERS",
+               "MAX_BLOCKS_PER_SEQ", "KV_DIM", "BLOCK_ELEMS", "V_OFFSET_ELEMS", "HEAD_DIM",
+               "NUM_WARPS", "WARP_SIZE", "WARP_FULL_MASK")
+
+
 def blocks_to_read(seq_len, BLOCK_SIZE):
-    """kernels.cu:470-471: how many logical blocks hold the sequence's ``seq_len`` tokens
+    """kernels.cu:471: how many logical blocks hold the sequence's ``seq_len`` tokens
     (the division rounded up: the last block may be partly filled)."""
     return (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
 
@@ -158,6 +173,79 @@ def combine_warps(dot_products, HEAD_DIM, WARP_SIZE):
     return total
 
 
+def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, owns_dim,
+                q_val, scale, dot_products, score):
+    """kernels.cu:470-485 and the loops around 486-519: every thread of the block walks the
+    sequence's logical blocks, looks each one up in the block table, and for every token it
+    holds loads this thread's K element, gets the token's score (``token_score``), loads its V
+    element and folds both into the online softmax (``softmax_update``).  Returns the state
+    (current_max, d, acc) after the last token.  A thread with ``owns_dim`` False (the tail of
+    a partial last warp) reads nothing and works with zeros."""
+    current_max = float32(-math.inf)
+    acc = float32(0.0)
+    d = float32(0.0)
+    num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
+    for logical_block in range(num_blocks):
+        physical_block = block_table[block_table_index(slot, layer, logical_block, N_LAYERS,
+                                                       MAX_BLOCKS_PER_SEQ)]
+        n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
+        for token in range(n_tokens):
+            k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM,
+                             HEAD_DIM)
+            k = float32(0.0)
+            if owns_dim:
+                k = load(kv_cache, k_elem)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = float32(0.0)
+            if owns_dim:
+                v = load(kv_cache, k_elem + V_OFFSET_ELEMS)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def token_score(q_val, k, thread_id, scale, dot_products, score):
+    """kernels.cu:486-508: the scaled q.k of one token, returned to every thread of the block.
+    Each thread multiplies its q and k elements; five ``shfl_down_sync`` (16, 8, 4, 2, 1) sum
+    each warp into its lane 0; lane 0 of every warp publishes the warp's sum in
+    ``dot_products[warp]``; a barrier; thread 0 adds the warps (``combine_warps``), scales,
+    and writes the score into its own shared cell ``score[0]``; a barrier; every thread reads
+    it.  The next token's publish writes ``dot_products`` only, so no cell is written while
+    another thread may still read it (the article's race, DEPARTURES)."""
+    qk = q_val * k
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * scale
+    cuda.syncthreads()
+    return score[0]
+
+
+def token_score_in_dot_products(q_val, k, thread_id, scale, dot_products, score):
+    """``token_score`` with the article's hand-off (kernels.cu:505, 508): the score is written
+    back into ``dot_products[0]``, which thread 0 overwrites with the next token's warp sum
+    while other warps may still be reading it.  Racy: built only to show the race
+    (``ARTICLE_LAYOUT_PARTS``, benchmarks/racecheck.py, the shared-memory access log)."""
+    qk = q_val * k
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        dot_products[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * scale
+    cuda.syncthreads()
+    return dot_products[0]
+
+
 def softmax_update(current_max, d, acc, score, v):
     """kernels.cu:509-519: fold one token (its scaled score and this thread's V element) into
     the running max, the denominator d and the accumulator acc; returns the three new values.
@@ -170,46 +258,86 @@ def softmax_update(current_max, d, acc, score, v):
     return new_max, d * correction + exp_score, acc * correction + exp_score * v
 
 
+def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):
+    """kernels.cu:522: this thread's output dimension, acc / d, written over q at the very
+    element the thread read its q from (kernels.cu:469): the output is in place.  Threads past
+    HEAD_DIM (a partial last warp) own no element and write nothing."""
+    if thread_id < HEAD_DIM:
+        store(q, active_slot * q_row_stride + q_head * HEAD_DIM + thread_id, acc / d)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelParts:
-    """The replaceable steps of the kernel (plain Python functions with the signatures of the
-    article's versions above).  Hashable: the kernel factory caches one kernel per set."""
+    """The replaceable steps of the kernel: plain Python functions with the signatures of the
+    article's versions above.  The small steps (block count, table index, fill of a block, K
+    address, cross-warp combine) are called by the article's body parts (``walk_blocks``,
+    ``token_score``, ``softmax_update``, ``write_output``); a reader's body part may call them
+    or do the arithmetic itself.  Hashable: the kernel factory caches one kernel per set."""
 
     blocks_to_read: Callable = blocks_to_read
     block_table_index: Callable = block_table_index
     tokens_in_block: Callable = tokens_in_block
     k_index: Callable = k_index
     combine_warps: Callable = combine_warps
+    walk_blocks: Callable = walk_blocks
+    token_score: Callable = token_score
     softmax_update: Callable = softmax_update
+    write_output: Callable = write_output
 
     def replace(self, **parts: Callable) -> "KernelParts":
         """A copy with some parts replaced (``parts`` named as the fields)."""
-        names = {f.name for f in dataclasses.fields(self)}
+        names = set(PART_NAMES)
         unknown = sorted(set(parts) - names)
         if unknown:
             raise TypeError(f"KernelParts: no part named {', '.join(unknown)}; the parts are "
-                            f"{', '.join(sorted(names))}")
+                            f"{', '.join(PART_NAMES)}")
         for name, fn in parts.items():
-            if not callable(fn):
-                raise TypeError(f"KernelParts.{name} must be a function, got {type(fn).__name__}")
+            if not isinstance(fn, types.FunctionType):
+                raise TypeError(f"KernelParts.{name} must be a plain Python function (def ...), "
+                                f"got {type(fn).__name__}")
         return dataclasses.replace(self, **parts)
 
+    def replaced(self) -> tuple[str, ...]:
+        """The names of the parts that differ from the article's."""
+        return tuple(n for n in PART_NAMES if getattr(self, n) is not getattr(ARTICLE_PARTS, n))
 
+
+#: every part's name, in the order the kernel reaches them
+PART_NAMES = tuple(f.name for f in dataclasses.fields(KernelParts))
 #: the article's arithmetic for every part
 ARTICLE_PARTS = KernelParts()
+#: the article's layout of the score hand-off (the race of DEPARTURES), everything else as
+#: ARTICLE_PARTS; for showing the race only
+ARTICLE_LAYOUT_PARTS = ARTICLE_PARTS.replace(token_score=token_score_in_dot_products)
 
 
-@functools.lru_cache(maxsize=None)
-def device_function(fn: Callable):
-    """``fn`` compiled as a CUDA device function (once per function object)."""
-    return cuda.jit(device=True)(fn)
+def compile_parts(parts: KernelParts, constants: dict) -> dict:
+    """Every part of ``parts`` as a device function, by part name.  Each is compiled from a
+    copy of the function whose globals are its own module's (or notebook's) plus
+    ``constants`` (the ``BUILD_NAMES``) and every other compiled part, so the parts call
+    each other by their part names whatever the functions themselves are called."""
+    missing = sorted(set(BUILD_NAMES) - set(constants))
+    if missing:
+        raise ValueError(f"compile_parts: constants lack {', '.join(missing)}")
+    bound = dict(constants)
+    namespaces = []
+    for name in PART_NAMES:
+        fn = getattr(parts, name)
+        namespace = dict(fn.__globals__)
+        copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__qualname__ = fn.__qualname__
+        copy.__doc__ = fn.__doc__
+        copy.__module__ = fn.__module__
+        namespaces.append(namespace)
+        bound[name] = cuda.jit(device=True)(copy)
+    for namespace in namespaces:            # compiled lazily: bind before the first call
+        namespace.update(bound)
+    return bound
 
 
-def check_build_options(score_cell: str, lineinfo: bool) -> None:
-    if score_cell not in SCORE_CELLS:
-        raise ValueError(f"score_cell={score_cell!r}: choose one of {SCORE_CELLS} (\"own\" is "
-                         "the port's layout; \"article\" rebuilds the article's race for "
-                         "benchmarks/racecheck.py)")
+def check_build_options(lineinfo: bool) -> None:
     if not isinstance(lineinfo, bool):
         raise TypeError(f"lineinfo must be True or False, got {lineinfo!r}")
 
@@ -217,41 +345,41 @@ def check_build_options(score_cell: str, lineinfo: bool) -> None:
 def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int, N_LAYERS: int,
                                 MAX_BLOCKS_PER_SEQ: int, KV_DIM: int, BLOCK_ELEMS: int,
                                 V_OFFSET_ELEMS: int, parts: KernelParts = ARTICLE_PARTS,
-                                score_cell: str = "own", lineinfo: bool = False):
-    """Compile (lazily, once per dtype, cache layout, set of parts and build options) the decode
+                                lineinfo: bool = False):
+    """Compile (lazily, once per dtype, cache layout, set of parts and build option) the decode
     attention kernel.
 
-    ``score_cell``: "own" (the default: the score has its own shared cell) or "article" (the
-    article's layout, score written back into ``dot_products[0]``: racy, see DEPARTURES; for
-    ``benchmarks/racecheck.py`` only).  ``lineinfo``: compile with source line information so
-    that compute-sanitizer names ``attention.py`` lines (on a GPU; the simulator ignores it).
+    ``parts``: the body and its steps (``KernelParts``; ``ARTICLE_LAYOUT_PARTS`` rebuilds the
+    article's racy score hand-off).  ``lineinfo``: compile with source line information so
+    that compute-sanitizer names source lines (on a GPU; the simulator ignores it).
 
     Launch: ``grid = (num_active_slots, num_q_heads)``, ``block = block_threads(HEAD_DIM)``."""
     check_head_dim(HEAD_DIM)
     if not isinstance(parts, KernelParts):
         raise TypeError(f"make_paged_attention_kernel: parts must be a KernelParts, got "
                         f"{type(parts).__name__}")
-    check_build_options(score_cell, lineinfo)
+    check_build_options(lineinfo)
     return _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
-                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo)
+                         BLOCK_ELEMS, V_OFFSET_ELEMS, parts, lineinfo)
 
 
 @functools.lru_cache(maxsize=64)
 def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
-                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts, score_cell, lineinfo):
+                  BLOCK_ELEMS, V_OFFSET_ELEMS, parts, lineinfo):
     from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 
     NUM_WARPS = block_threads(HEAD_DIM) // WARP_SIZE       # the article: 2
-    SCORE_IN_DOT_PRODUCTS = score_cell == "article"        # the article's racy layout
     jit_options = {"lineinfo": True} if lineinfo and not SIMULATING else {}
     ops = DTYPE_OPS[dtype_name]
-    load, store = ops.load, ops.store
-    blocks_to_read = device_function(parts.blocks_to_read)
-    block_table_index = device_function(parts.block_table_index)
-    tokens_in_block = device_function(parts.tokens_in_block)
-    k_index = device_function(parts.k_index)
-    combine_warps = device_function(parts.combine_warps)
-    softmax_update = device_function(parts.softmax_update)
+    load = ops.load
+    compiled = compile_parts(parts, {
+        "cuda": cuda, "math": math, "float32": float32, "load": ops.load, "store": ops.store,
+        "BLOCK_SIZE": BLOCK_SIZE, "N_LAYERS": N_LAYERS, "MAX_BLOCKS_PER_SEQ": MAX_BLOCKS_PER_SEQ,
+        "KV_DIM": KV_DIM, "BLOCK_ELEMS": BLOCK_ELEMS, "V_OFFSET_ELEMS": V_OFFSET_ELEMS,
+        "HEAD_DIM": HEAD_DIM, "NUM_WARPS": NUM_WARPS, "WARP_SIZE": WARP_SIZE,
+        "WARP_FULL_MASK": WARP_FULL_MASK})
+    walk_blocks = compiled["walk_blocks"]
+    write_output = compiled["write_output"]
 
     @cuda.jit(**jit_options)
     def paged_attention_kernel(layer, q, q_row_stride, kv_cache, block_table, seq_lens,
@@ -263,86 +391,33 @@ def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ
         thread_id = cuda.threadIdx.x               # one thread per head dimension
         kv_head = q_head // q_per_kv               # GQA (the article: q_head / 4)
         owns_dim = thread_id < HEAD_DIM            # False only in a partial last warp
-        q_index = active_slot * q_row_stride + q_head * HEAD_DIM + thread_id
         q_val = float32(0.0)
-        if owns_dim:
-            q_val = load(q, q_index)               # read once; the output goes here too
+        if owns_dim:                               # read once; the output goes here too
+            q_val = load(q, active_slot * q_row_stride + q_head * HEAD_DIM + thread_id)
 
         dot_products = cuda.shared.array(NUM_WARPS, float32)   # one partial sum per warp
         score = cuda.shared.array(1, float32)                  # the token's scaled q.k
 
-        # --- kernels.cu:470-471: how many blocks to read ----------------------------------
+        # --- kernels.cu:470-519: the blocks, the scores, the online softmax -------------
         seq_len = seq_lens[active_slot]
-        num_blocks = blocks_to_read(seq_len, BLOCK_SIZE)
-
-        # --- kernels.cu:473-476: online softmax state ---------------------------------
-        current_max = float32(-math.inf)
-        acc = float32(0.0)
-        d = float32(0.0)                           # denominator
-
-        # --- kernels.cu:478: one logical block at a time ------------------------------
-        for logical_block in range(num_blocks):
-            # --- kernels.cu:480: logical -> physical, via the three-term index ----------
-            physical_block = block_table[block_table_index(slot, layer, logical_block,
-                                                           N_LAYERS, MAX_BLOCKS_PER_SEQ)]
-            # --- kernels.cu:481: the last block may be partly filled --------------------
-            n_tokens = tokens_in_block(seq_len, logical_block, BLOCK_SIZE)
-            # --- kernels.cu:482: one token of the block at a time -----------------------
-            for token in range(n_tokens):
-                # --- kernels.cu:484-485: physical block -> element addresses ------------
-                k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS,
-                                 KV_DIM, HEAD_DIM)
-                v_elem = k_elem + V_OFFSET_ELEMS
-
-                # --- kernels.cu:486-493: one product each, warp shuffle tree ------------
-                qk = float32(0.0)
-                if owns_dim:
-                    qk = q_val * load(kv_cache, k_elem)
-                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
-                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
-                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
-                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 2)
-                qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
-
-                # --- kernels.cu:494-502: each warp's lane 0 publishes its sum ------------
-                if thread_id % WARP_SIZE == 0:
-                    dot_products[thread_id // WARP_SIZE] = qk
-                cuda.syncthreads()
-
-                # --- kernels.cu:503-508: thread 0 adds the warps and scales; all read ----
-                if thread_id == 0:
-                    total = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * float32(scale)
-                    if SCORE_IN_DOT_PRODUCTS:
-                        dot_products[0] = total    # the article's layout: racy (DEPARTURES)
-                    else:
-                        score[0] = total           # the port: the score has its own cell
-                cuda.syncthreads()
-                if SCORE_IN_DOT_PRODUCTS:
-                    dot_product = dot_products[0]
-                else:
-                    dot_product = score[0]
-
-                # --- kernels.cu:509-519: online softmax update ------------------------
-                v = float32(0.0)
-                if owns_dim:
-                    v = load(kv_cache, v_elem)
-                current_max, d, acc = softmax_update(current_max, d, acc, dot_product, v)
+        current_max, d, acc = walk_blocks(kv_cache, block_table, slot, layer, seq_len,
+                                          kv_head, thread_id, owns_dim, q_val,
+                                          float32(scale), dot_products, score)
 
         # --- kernels.cu:522: the output overwrites q ----------------------------------
-        if owns_dim:
-            store(q, q_index, acc / d)
+        write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d)
 
     return paged_attention_kernel
 
 
 def kernel_for(cache, dtype_name: str, parts: KernelParts = ARTICLE_PARTS,
-               score_cell: str = "own", lineinfo: bool = False):
+               lineinfo: bool = False):
     """The kernel for ``cache``'s layout (its ``CacheConfig`` constants), ``parts`` and the
-    build options of ``make_paged_attention_kernel``."""
+    build option of ``make_paged_attention_kernel``."""
     c = cache.config
     return make_paged_attention_kernel(dtype_name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
                                        c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS,
-                                       c.V_OFFSET_ELEMS, parts, score_cell, lineinfo)
+                                       c.V_OFFSET_ELEMS, parts, lineinfo)
 
 
 def launch_decode(kernel, q, cache, block_table, layer: int, seq_lens, active_slots,
@@ -365,14 +440,13 @@ def launch_decode(kernel, q, cache, block_table, layer: int, seq_lens, active_sl
 
 
 def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: float,
-           parts: KernelParts = ARTICLE_PARTS, score_cell: str = "own", lineinfo: bool = False):
+           parts: KernelParts = ARTICLE_PARTS, lineinfo: bool = False):
     """Run the article's kernel on q [B, nH, D] (in place) and return q, for notebooks and
     puzzles: checks q against the cache, builds the kernel and launches it with
     ``launch_decode``, then waits for it (on a GPU).  ``seq_lens`` / ``active_slots`` may be
     lists or tensors; every tensor must live where this process's kernels run (the CPU in the
     simulator, the GPU otherwise).  ``parts`` replaces steps of the kernel (see
-    ``KernelParts``); ``score_cell`` and ``lineinfo`` are the build options of
-    ``make_paged_attention_kernel``."""
+    ``KernelParts``); ``lineinfo`` is the build option of ``make_paged_attention_kernel``."""
     import torch
 
     from paged_tutorial.backends.numba_cuda.device.dtypes import ops_for
@@ -385,7 +459,7 @@ def decode(q, cache, block_table, layer: int, seq_lens, active_slots, scale: flo
         raise ValueError(f"attention.decode: q must be [B, n_q_heads, {c.head_dim}] with n_q_heads "
                          f"a multiple of the cache's {c.num_kv_heads} kv heads, got "
                          f"{tuple(q.shape)}")
-    kernel = kernel_for(cache, ops_for(q.dtype).name, parts, score_cell, lineinfo)
+    kernel = kernel_for(cache, ops_for(q.dtype).name, parts, lineinfo)
     dev = q.device
     lens = torch.as_tensor(seq_lens).to(device=dev, dtype=torch.int32).contiguous()
     slots = torch.as_tensor(active_slots).to(device=dev, dtype=torch.int32).contiguous()

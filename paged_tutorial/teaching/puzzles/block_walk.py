@@ -1,0 +1,200 @@
+"""Puzzle ``03.walk_blocks``: the decode kernel's loop over the sequence's logical blocks,
+written by the reader as the device code every thread runs (``kernels.cu:470-485`` and the
+loops around the score and the softmax): how many blocks, the block-table lookup with the
+article's three-term index, the partly filled last block, this thread's K and V elements, and
+the calls of ``token_score`` and ``softmax_update`` for every token.
+
+The grader compiles her ``walk_blocks`` into the article's kernel (``KernelParts``) and runs it
+on a poisoned cache (every element and table entry the article's kernel does not read is NaN
+or points at a NaN block): two slots whose batch rows are in the other order (row 0 is cache
+slot 1), two layers (layer 1 is read), two kv heads, one sequence with a
+partly filled last block and one of exactly one full block.  Besides the output, the
+simulator's access logs must show, for every thread block, the article's table entries and,
+for every thread, each of its K and V elements of the sequence read exactly once and nothing
+else; a wrong answer is told which block, thread, entry or token went wrong.
+
+After every graded run the figure shows which thread read which element of the cache
+(``viz.addresses.plot_thread_reads``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong
+from paged_tutorial.teaching.puzzles.kernel_addresses import element_name, entry_name
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, divergence_message,
+                                                            prepare, run_body)
+
+CASE = KernelCase("two slots in swapped rows, two layers, two kv heads, a partly filled last block",
+                  rows=((1, 20), (0, 16)), num_kv_heads=2, n_q_heads=2, num_layers=2, layer=1,
+                  max_slots=2, max_seq_len=32, num_blocks=12, seed=30)
+
+
+def _block_name(prep, row: int, h: int) -> str:
+    slot, n = prep.case.rows[row]
+    return say(en=f"thread block (row {row} = slot {slot}, q head {h}; seq_len {n})",
+               ko=f"스레드 블록 (행 {row} = 슬롯 {slot}, q 헤드 {h}; seq_len {n})")
+
+
+def check_table_reads(prep, logs) -> None:
+    """Every thread block reads the article's table entries, in order, and no other."""
+    c = prep.case.config
+    reads = logs["block_table"]
+    for (row, h), trace in prep.traces.items():
+        got = []
+        for r in reads.records:
+            if r.block == (row, h) and r.op == "R" and r.index not in got:
+                got.append(r.index)
+        want = trace.table_index.tolist()
+        if got == want:
+            continue
+        who = _block_name(prep, row, h)
+        if len(got) != len(want) and set(got[:len(want)]) <= set(want):
+            raise Wrong(say(
+                en=f"{who} read {len(got)} block-table entries, but its {trace.seq_len} tokens "
+                   f"fill {len(want)} logical block(s) of BLOCK_SIZE {c.BLOCK_SIZE}: check how "
+                   "many blocks the loop visits",
+                ko=f"{who} 가 block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
+                   f"BLOCK_SIZE {c.BLOCK_SIZE} 의 논리 블록 {len(want)}개를 채웁니다: 루프가 도는 "
+                   "블록 수를 확인하세요"))
+        lb = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
+                                                                               len(want)))
+        wrong = got[lb] if lb < len(got) else None
+        raise Wrong(say(
+            en=f"{who}, logical block {lb}: it read "
+               + (f"block_table[{wrong}] ({entry_name(c, wrong)})" if wrong is not None
+                  else "no entry")
+               + f"; the article's {entry_name(c, want[lb])}",
+            ko=f"{who}, 논리 블록 {lb}: "
+               + (f"block_table[{wrong}] ({entry_name(c, wrong)}) 를 읽었습니다"
+                  if wrong is not None else "항목을 읽지 않았습니다")
+               + f"; 아티클의 인덱스는 {entry_name(c, want[lb])}"))
+
+
+def check_cache_reads(prep, logs) -> None:
+    """Every thread reads each K and V element of its dimension of the sequence once, and
+    nothing else."""
+    c = prep.case.config
+    reads = logs["kv_cache"]
+    for (row, h), trace in prep.traces.items():
+        who = _block_name(prep, row, h)
+        by_thread = reads.by_thread((row, h), "R")
+        for d in range(c.head_dim):
+            want = {int(e): (t, half) for half, index in (("K", trace.k_index), ("V",
+                                                                                 trace.v_index))
+                    for t, e in enumerate(index[:, d].tolist())}
+            counts = Counter(by_thread.get(d, np.zeros(0, dtype=np.int64)).tolist())
+            stray = next((e for e in counts if e not in want), None)
+            if stray is not None:
+                raise Wrong(say(
+                    en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
+                       "which is not its element of any token of this sequence",
+                    ko=f"{who}: 스레드 {d} 가 원소 {stray} ({element_name(c, stray)}) 를 "
+                       "읽었는데, 이 시퀀스의 어떤 토큰의 원소도 아닙니다"))
+            for e, (t, half) in sorted(want.items(), key=lambda item: item[1]):
+                n = counts.get(e, 0)
+                if n != 1:
+                    lb, row_in = int(trace.logical_block[t]), int(trace.token_in_block[t])
+                    raise Wrong(say(
+                        en=f"{who}: thread {d} read the {half} element of token {t} (logical "
+                           f"block {lb}, row {row_in}; element {e}) {n} times, not once",
+                        ko=f"{who}: 스레드 {d} 가 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
+                           f"{e}) 의 {half} 원소를 한 번이 아니라 {n}번 읽었습니다"))
+
+
+def _figure(prep, logs, row: int = 0, h: int = 0):
+    if not logs:
+        return None
+    slot, n = prep.case.rows[row]
+    reads = logs["kv_cache"].by_thread((row, h), "R")
+
+    def draw():
+        from paged_tutorial.teaching.viz.addresses import plot_thread_reads
+
+        return plot_thread_reads(prep.case.config, reads,
+                                 title=f"thread block (row {row} = slot {slot}, q head {h}), "
+                                       f"seq_len {n}: which thread read which element")
+    return draw
+
+
+def grade(fn) -> tuple:
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    prep = prepare(CASE)
+    result = run_body(prep, attention.ARTICLE_PARTS.replace(walk_blocks=fn))
+    figure = _figure(prep, result.logs)
+    raised = result.error is not None and "sim_shim" not in result.error
+    divergence = result.shared.divergence() if result.shared is not None else None
+    if divergence is not None and not raised:
+        raise Wrong(divergence_message(divergence) + say(
+            en=" (every thread of a block must visit the same tokens: the loop bounds may "
+               "depend on the sequence, not on thread_id)",
+            ko=" (블록의 모든 스레드가 같은 토큰을 돌아야 합니다: 루프 범위는 시퀀스에 따라 "
+               "정해지고 thread_id 에 따라 달라지면 안 됩니다)"), figure)
+    if result.error is not None:
+        raise Wrong(say(en=f"the kernel failed with your walk_blocks: {result.error}",
+                        ko=f"여러분의 walk_blocks 로 커널이 실패했습니다: {result.error}"), figure)
+    if result.logs:
+        check_table_reads(prep, result.logs)
+        check_cache_reads(prep, result.logs)
+    if result.bad:
+        row, h = result.bad[0]
+        raise Wrong(bad_summary(prep, result) + say(
+            en=".  The reads were the article's: what happens to each token's score and V?",
+            ko=".  읽기는 아티클과 같습니다: 각 토큰의 점수와 V 는 어떻게 쓰였나요?"),
+            _figure(prep, result.logs, row, h))
+    return say(en="both rows, both heads: the article's table entries, every K and V "
+                  "element of each thread read exactly once, and the torch oracle's output",
+               ko="두 행, 두 헤드 모두: 아티클의 block table 항목, 각 스레드의 K·V 원소를 "
+                  "정확히 한 번씩 읽었고, 출력이 torch 오라클과 같습니다"), figure
+
+
+DOCSTRING = Text(
+    en="Every thread of the block runs this: walk the sequence's logical blocks, look each\n"
+       "one up in block_table (a flat [slots][N_LAYERS][MAX_BLOCKS_PER_SEQ] array), and for\n"
+       "every token that block holds (only seq_len tokens in all) load this thread's K\n"
+       "element, get the score with token_score(q_val, k, thread_id, scale, dot_products,\n"
+       "score), load the V element and fold both in with\n"
+       "softmax_update(current_max, d, acc, score, v).  Return (current_max, d, acc),\n"
+       "starting from (-inf, 0, 0).\n\n"
+       "Available by name: BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, BLOCK_ELEMS, KV_DIM,\n"
+       "HEAD_DIM, V_OFFSET_ELEMS (addresses in elements, not bytes), load(kv_cache, i),\n"
+       "token_score, softmax_update, float32, math.  A thread with owns_dim False holds no\n"
+       "dimension: it reads nothing and uses 0.0, but still calls token_score.",
+    ko="블록의 모든 스레드가 실행합니다: 시퀀스의 논리 블록을 차례로 돌며 block_table (평평한\n"
+       "[slots][N_LAYERS][MAX_BLOCKS_PER_SEQ] 배열)에서 물리 블록을 찾고, 그 블록이 담은\n"
+       "토큰마다 (모두 합쳐 seq_len 개) 이 스레드의 K 원소를 읽어\n"
+       "token_score(q_val, k, thread_id, scale, dot_products, score) 로 점수를 얻고, V 원소를\n"
+       "읽어 softmax_update(current_max, d, acc, score, v) 로 누적합니다.\n"
+       "(-inf, 0, 0) 에서 시작해 (current_max, d, acc) 를 돌려주세요.\n\n"
+       "이름만으로 쓸 수 있는 것: BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, BLOCK_ELEMS, KV_DIM,\n"
+       "HEAD_DIM, V_OFFSET_ELEMS (주소는 바이트가 아니라 원소 단위), load(kv_cache, i),\n"
+       "token_score, softmax_update, float32, math.  owns_dim 이 False 인 스레드는 맡은 차원이\n"
+       "없습니다: 아무것도 읽지 않고 0.0 을 쓰지만 token_score 는 호출합니다.")
+
+HINT = Text(
+    en="Two nested loops: logical blocks, then the tokens of one block; the last block may hold "
+       "fewer than BLOCK_SIZE.  The table is indexed by the cache slot (slot), not the batch "
+       "row; the K element of a token sits in its physical block's row, kv head and dimension, "
+       "and V is V_OFFSET_ELEMS further.",
+    ko="두 겹의 루프: 논리 블록, 그리고 한 블록의 토큰; 마지막 블록은 BLOCK_SIZE 보다 적게 담을 수 "
+       "있습니다.  block table 은 배치 행이 아니라 캐시 슬롯(slot)으로 인덱스합니다; 토큰의 K 원소는 "
+       "물리 블록의 그 행, kv 헤드, 차원에 있고 V 는 V_OFFSET_ELEMS 뒤에 있습니다.")
+
+PUZZLES = (
+    Puzzle(
+        "03.walk_blocks", Text(en="the loop over logical blocks: table lookup, partial last "
+                                  "block, K and V addresses",
+                               ko="논리 블록을 도는 루프: block table 조회, 덜 찬 마지막 블록, "
+                                  "K·V 주소"),
+        "def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, "
+        "owns_dim, q_val, scale, dot_products, score):",
+        DOCSTRING, HINT,
+        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU), "
+        "two slots, two layers, two kv heads",
+        "kernels.cu:470-485", grade),
+)
