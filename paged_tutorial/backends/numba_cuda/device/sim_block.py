@@ -248,10 +248,11 @@ class LockstepBlock:
             where = "; ".join(f"threads {_ranges(ids)} at {describe_site(site)}"
                               for site, ids in sorted(sites.items(), key=lambda s: min(s[1])))
             self._fail(BarrierDivergence(
-                f"block {self._block_label()}: the threads wait at different syncthreads "
-                f"calls ({where}): a barrier inside a branch that not every thread of the block "
-                "takes (on a GPU the block hangs or runs on with a broken barrier).  Every "
-                "thread that has not returned must reach the same syncthreads"))
+                f"sim_shim: block {self._block_label()}: the threads wait at different "
+                f"syncthreads calls ({where}): a barrier inside a branch that not every thread "
+                "of the block takes (on a GPU the block hangs or runs on with a broken "
+                "barrier).  Every thread that has not returned must reach the same "
+                "syncthreads"))
             return
         self.barrier_rounds += 1
         waiting, self.at_barrier = self.at_barrier, []
@@ -291,10 +292,10 @@ class LockstepBlock:
                               for (op, site), ids in sorted(sites.items(),
                                                             key=lambda s: min(s[1])))
             self._fail(BarrierDivergence(
-                f"block {self._block_label()}, warp {warp}: the lanes wait at different "
-                f"warp-level calls ({where}): every live lane of a warp must execute the same "
-                "shuffles, in the same order (a shuffle inside a branch that only some lanes "
-                "take is undefined on hardware)"))
+                f"sim_shim: block {self._block_label()}, warp {warp}: the lanes wait at "
+                f"different warp-level calls ({where}): every live lane of a warp must execute "
+                "the same shuffles, in the same order (a shuffle inside a branch that only some "
+                "lanes take is undefined on hardware)"))
             return
         by_lane = {t.lane: t for t in waiting}
         size = min(WARP_SIZE, len(self.threads) - warp * WARP_SIZE)
@@ -348,10 +349,10 @@ class LockstepBlock:
             f"threads {_ranges(ids)} at {'syncthreads' if op == 'barrier' else op} "
             f"{describe_site(site)}"
             for (op, site), ids in sorted(groups.items(), key=lambda g: min(g[1])))
-        return (f"block {self._block_label()} cannot go on: {where}.  A warp-level call "
-                "waits for every live lane of its warp and syncthreads for every live thread "
-                "of the block; here each waits for threads that wait elsewhere (on a GPU the "
-                "kernel hangs)")
+        return (f"sim_shim: block {self._block_label()} cannot go on: {where}.  A warp-level "
+                "call waits for every live lane of its warp and syncthreads for every live "
+                "thread of the block; here each waits for threads that wait elsewhere (on a GPU "
+                "the kernel hangs)")
 
 
 class _ExitedLane:

@@ -31,10 +31,10 @@ hardware).  ``syncwarp`` is the same wait without values.
 
 Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
 ``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full);
-``shfl_down``: lane i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
-lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i reads lane i ^ (m & 31);
-``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end of a partial last warp do
-not exist; reading from one returns the reader's own value.
+``shfl_down``: lane i reads lane i+delta, and keeps its own value when i+delta >= 32;
+``shfl_up``: lane i reads lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i
+reads lane i ^ (m & 31); ``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end
+of a partial last warp do not exist; reading from one returns the reader's own value.
 
 Speed: see ``sim_block.py`` (one thread runs at a time; each wait is one hand-over per
 thread) and ``benchmarks/sim_speed.py``.  ``fast_thread_switching()`` lowers
