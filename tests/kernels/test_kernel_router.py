@@ -11,6 +11,7 @@ from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.config import CacheConfig
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.kernel_router import KernelRouter
+from paged_tutorial.teaching.oracles import kernel_device
 
 N_KV, PER_KV, D = 3, 2, 32
 LENS, SLOTS = [21, 5], [1, 0]
@@ -20,16 +21,18 @@ LENS, SLOTS = [21, 5], [1, 0]
 def case():
     config = CacheConfig(num_layers=2, num_kv_heads=N_KV, head_dim=D, dtype="float32",
                          kv_cache_bytes=12 * 2 * 16 * N_KV * D * 4, max_slots=2, max_seq_len=48)
-    cache = PagedKVCache(config, torch.device("cpu"))
+    dev = kernel_device()                    # the CPU in the simulator, else the GPU
+    cache = PagedKVCache(config, dev)
     cache.free_blocks = [7, 2, 9, 0, 11, 4, 1, 8, 3, 10, 5, 6]
     for slot, n in zip(SLOTS, LENS):
         cache.ensure_capacity(slot, n)
     g = torch.Generator().manual_seed(0)
-    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g))
-    q = torch.randn(len(LENS), N_KV * PER_KV, D, generator=g)
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g).to(dev))
+    q = torch.randn(len(LENS), N_KV * PER_KV, D, generator=g).to(dev)
     table = cache.device_block_table()
-    lens, slots = torch.tensor(LENS, dtype=torch.int32), torch.tensor(SLOTS, dtype=torch.int32)
-    reference = TorchBackend().decode_attention(q.clone(), cache, table, 1, lens, slots, 0.2)
+    lens = torch.tensor(LENS, dtype=torch.int32, device=dev)
+    slots = torch.tensor(SLOTS, dtype=torch.int32, device=dev)
+    reference = TorchBackend(dev).decode_attention(q.clone(), cache, table, 1, lens, slots, 0.2)
     return cache, q, table, lens, slots, reference
 
 
@@ -67,7 +70,7 @@ def test_router_sends_only_the_chosen_calls_to_the_kernel(case):
             return q
 
     marked = Marked()
-    router = KernelRouter(marked, "torch", layers=[1], kv_groups=[2])
+    router = KernelRouter(marked, TorchBackend(cache.device), layers=[1], kv_groups=[2])
     out = router.decode_attention(q.clone(), cache, table, 0, lens, slots, 0.2)
     assert marked.groups == [] and not router.routed            # layer 0 is not routed
     out = router.decode_attention(q.clone(), cache, table, 1, lens, slots, 0.2)
@@ -77,11 +80,11 @@ def test_router_sends_only_the_chosen_calls_to_the_kernel(case):
     (call,) = router.routed
     assert (call.layer, call.kv_groups, call.seq_lens) == (1, (2,), tuple(LENS))
     assert call.max_abs_diff > 1.0                              # 7 is far from the reference
-    everything = KernelRouter(marked, "torch")
+    everything = KernelRouter(marked, TorchBackend(cache.device))
     out = everything.decode_attention(q.clone(), cache, table, 0, lens, slots, 0.2)
     assert marked.groups[-1] is None and (out == 7.0).all()     # one launch for every head
     with pytest.raises(ValueError, match="kv group"):
-        KernelRouter(marked, "torch", kv_groups=[3]).decode_attention(
+        KernelRouter(marked, TorchBackend(cache.device), kv_groups=[3]).decode_attention(
             q.clone(), cache, table, 0, lens, slots, 0.2)
     with pytest.raises(TypeError, match="decode_attention"):
         KernelRouter(object(), "torch")
