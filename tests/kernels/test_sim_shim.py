@@ -273,7 +273,9 @@ def test_shuffle_in_a_divergent_branch_is_reported():
             v = cuda.shfl_xor_sync(FULL, tid, 1)
         out[tid] = v
 
-    with pytest.raises(sim_block.BarrierDivergence, match="warp 0: the lanes wait at different"):
+    with pytest.raises(sim_block.BarrierDivergence,
+                       match=r"shuffle #1 is shfl_xor_sync at test_sim_shim.py:\d+ .* made its "
+                             r"shuffle #1 with shfl_xor_sync at test_sim_shim.py:\d+"):
         two_sites[1, 32](np.zeros(32, np.int64))
 
 
@@ -285,7 +287,7 @@ def test_deadlock_is_reported_not_hung():
         tid = cuda.threadIdx.x
         v = tid
         if tid < 16:
-            v = cuda.shfl_xor_sync(FULL, v, 1)
+            v = cuda.shfl_xor_sync(FULL, v, 16)
         else:
             cuda.syncthreads()
         out[tid] = v
@@ -293,6 +295,57 @@ def test_deadlock_is_reported_not_hung():
     with pytest.raises(sim_block.SimulatorDeadlock,
                        match=r"threads 0-15 at shfl_xor_sync .*threads 16-31 at syncthreads"):
         stuck[1, 32](np.zeros(32, np.int64))
+
+
+def test_a_shuffle_some_lanes_skip_is_reported_at_the_next_barrier():
+    """Lanes 0-15 shuffle among themselves and return; lanes 16-31, alive, never take part:
+    on hardware the shuffle waits for them and they wait at syncthreads."""
+
+    @cuda.jit
+    def half(out):
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            out[tid] = cuda.shfl_xor_sync(FULL, tid, 1)
+            return
+        cuda.syncthreads()
+        out[tid] = tid
+
+    with pytest.raises(sim_block.BarrierDivergence,
+                       match=r"threads 16-31 made 0 shuffle\(s\); threads 0-15 made 1"):
+        half[1, 32](np.zeros(32, np.int64))
+
+
+def test_a_lane_may_run_ahead_to_values_already_left():
+    """A shuffle waits only for the lane it reads: in the five-step shfl_down tree every lane
+    reads a higher lane, which (threads take turns from the highest id down) has always left
+    its value already, so the tree runs without a single hand-over; the sums are the
+    hardware's."""
+    handovers = []
+
+    class Count(sim_block.LockstepBlock):
+        def _give_turn(self, me):
+            handovers.append(me)
+            return super()._give_turn(me)
+
+    @cuda.jit
+    def tree(values, out):
+        tid = cuda.threadIdx.x
+        v = values[tid]
+        for offset in (16, 8, 4, 2, 1):
+            v += cuda.shfl_down_sync(FULL, v, offset)
+        out[tid] = v
+
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    values = np.arange(64, dtype=np.float64)
+    out = np.zeros(64)
+    sim_kernel.BlockManager = Count
+    try:
+        tree[1, 64](values, out)
+    finally:
+        sim_kernel.BlockManager = sim_block.LockstepBlock
+    assert out[0] == values[:32].sum() and out[32] == values[32:].sum()
+    assert len([t for t in handovers if t is not None]) == 0
 
 
 def test_a_failing_thread_ends_the_launch_and_the_next_launch_runs():

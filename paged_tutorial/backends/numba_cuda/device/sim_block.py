@@ -5,14 +5,22 @@ Why: Numba's simulator starts every CUDA thread of a block as a Python thread, l
 compete for the GIL, and a manager thread polls them in a loop to find the moment when each one
 waits at ``syncthreads``.  Most of a barrier-heavy kernel's time then goes to threads being
 woken only to find they cannot run yet, and to the polling thread itself (measured on the
-2-core machine: about 200 us per thread per barrier, for 64-thread blocks).
+2-core machine, ``benchmarks/sim_speed.py``: about 80 us of CPU per thread per barrier, for a
+64-thread block, and every emulated shuffle was such a barrier).
 
 How: one thread of the block holds the *turn* at any moment.  It runs until it has to wait --
-at a block barrier (``syncthreads``), at a warp exchange (a shuffle, ``syncwarp``), or because
-it returned -- and then hands the turn to the next thread that can run, which was asleep on its
-own lock.  Nothing polls and nothing spins: each hand-over is one lock release, so a barrier of
-n threads costs n hand-overs.  Threads take their turns in thread-id order, so a simulated
-kernel is deterministic.
+at a block barrier (``syncthreads``), at a shuffle whose value is not there yet, at
+``syncwarp``, or because it returned -- and then hands the turn to the next thread that can
+run, which was asleep on its own lock.  Nothing polls and nothing spins: each hand-over is one
+lock release, so a barrier of n threads costs n hand-overs.
+
+Shuffles wait for the one lane they read, not for the warp: every lane leaves the value of each
+of its shuffles in order, and a lane's n-th shuffle takes the n-th value its source lane left,
+waiting only while that lane has not got there.  *Order*: threads take their turns from the
+highest thread id down, so in a ``shfl_down_sync`` tree (the article's reduction: every lane
+reads a higher lane) every value is already there and the five shuffles cost no hand-over at
+all; a butterfly (``shfl_xor_sync``) waits for about half its lanes.  The values are the
+hardware's whatever the order, and a simulated kernel is deterministic.
 
 The waits, and the errors a GPU would turn into a hang or garbage:
 
@@ -20,13 +28,15 @@ The waits, and the errors a GPU would turn into a hang or garbage:
   returned) waits at one.  They must all wait at the *same* ``syncthreads`` (the same line,
   reached through the same calls): threads waiting at different ones mean a barrier inside a
   divergent branch, and the launch raises ``BarrierDivergence`` naming the lines and threads.
-  A thread that has returned no longer counts, as in the stock simulator.
-- **warp exchange** -- released when every live lane of one warp waits at the same exchange;
-  only that warp waits, as on hardware (other warps run on).  Lanes of one warp at different
-  exchanges (a shuffle in a divergent branch) raise ``BarrierDivergence`` too.
-- **deadlock** -- no thread can run and no wait can be released (e.g. some lanes of a warp wait
-  at a shuffle while the others wait at ``syncthreads``): ``SimulatorDeadlock`` says who waits
-  where.
+  The lanes of a warp must also have made the same number of shuffles by then (a lane that
+  shuffled without a lane now at the barrier would wait for it forever on hardware).  A thread
+  that has returned no longer counts, as in the stock simulator.
+- **shuffle** -- a lane's n-th shuffle must be the same call (same line) as its source lane's
+  n-th, else ``BarrierDivergence``; reading a lane that returned before it got there is an
+  error too (undefined on hardware).
+- **syncwarp** -- released when every live lane of the warp waits at the same one.
+- **deadlock** -- no thread can run and no wait can be released (e.g. a lane waits at a shuffle
+  for a lane that waits at ``syncthreads``): ``SimulatorDeadlock`` says who waits where.
 
 ``LockstepBlock.barrier_rounds`` counts the block barriers released so far, and each thread's
 ``barriers_passed`` how many it has passed: a shared-memory access can be placed between two
@@ -121,7 +131,8 @@ class LaneThread(_sim_kernel.BlockThread):
         self.turn.acquire()                          # held: not this thread's turn
         self.warp, self.lane = divmod(self.thread_id, WARP_SIZE)
         self.waits_at = None                         # ("barrier" | op name, call site)
-        self.received = None                         # what the last warp exchange gave it
+        self.received = None                         # what the last syncwarp exchange gave it
+        self.sent: list = []                         # (op, site, value) of each shuffle, in order
         self.exited = False
         self.barriers_passed = 0
 
@@ -170,10 +181,11 @@ class LockstepBlock:
                          key=lambda t: t.thread_id)
         self.threads = threads
         self.n_live = len(threads)
-        self.ready = collections.deque(threads)
+        self.ready = collections.deque(reversed(threads))     # see "Order" in the docstring
         self.at_barrier: list = []
         self.warp_live = collections.Counter(t.warp for t in threads)
         self.warp_waiting: dict = collections.defaultdict(list)
+        self.shuffle_waiters: dict = collections.defaultdict(list)   # source tid -> readers
         self.error: BaseException | None = None
         self.error_tb = None
         self.finished = threading.Event()
@@ -254,19 +266,83 @@ class LockstepBlock:
                 "barrier).  Every thread that has not returned must reach the same "
                 "syncthreads"))
             return
+        if not self._shuffle_counts_agree():
+            return
         self.barrier_rounds += 1
         waiting, self.at_barrier = self.at_barrier, []
-        waiting.sort(key=lambda t: t.thread_id)
+        waiting.sort(key=lambda t: -t.thread_id)
         for t in waiting:
             t.waits_at = None
             t.barriers_passed += 1
         self.ready.extend(waiting)
 
-    # --- warp exchange ------------------------------------------------------------------------
+    # --- shuffles -------------------------------------------------------------------------------
+    def shuffle(self, me, op: str, site, value, source_lane):
+        """``me``'s next shuffle: leave ``value``, return what lane ``source_lane`` left at
+        the same shuffle (``value`` itself when ``source_lane`` is None or past the end of a
+        partial warp), waiting only if that lane has not got there yet."""
+        if self.aborted:
+            raise _Aborted()
+        n = len(me.sent)
+        me.sent.append((op, site, value))
+        readers = self.shuffle_waiters.pop(me.thread_id, None)
+        if readers:                                  # lanes waiting for one of my values
+            self.ready.extend(readers)
+        size = min(WARP_SIZE, len(self.threads) - me.warp * WARP_SIZE)
+        if source_lane is None or source_lane >= size:
+            return value
+        src = self.threads[me.warp * WARP_SIZE + source_lane]
+        while len(src.sent) <= n:
+            if src.exited:
+                raise RuntimeError(
+                    f"sim_shim: thread {me.thread_id} (shuffle #{n + 1}, {op}) reads lane "
+                    f"{source_lane} (thread {src.thread_id}), which returned after "
+                    f"{len(src.sent)} shuffle(s): every live lane of a warp must execute the "
+                    "same shuffles, and reading a lane that has exited is undefined on hardware")
+            me.waits_at = (op, site)
+            self.shuffle_waiters[src.thread_id].append(me)
+            self._give_turn(me)
+            me.waits_at = None
+        src_op, src_site, src_value = src.sent[n]
+        if (src_op, src_site) != (op, site):
+            raise BarrierDivergence(
+                f"sim_shim: thread {me.thread_id}'s shuffle #{n + 1} is {op} at "
+                f"{describe_site(site)}, but lane {source_lane} (thread {src.thread_id}) made "
+                f"its shuffle #{n + 1} with {src_op} at {describe_site(src_site)}: every live "
+                "lane of a warp must execute the same shuffles, in the same order (a shuffle "
+                "inside a branch that only some lanes take)")
+        return src_value
+
+    def _shuffle_counts_agree(self) -> bool:
+        """At a block barrier every lane of a warp has made the same shuffles: a lane that did
+        more (even one that has returned since) shuffled without a lane now at the barrier,
+        which on hardware waits for it (a hang)."""
+        warps = collections.defaultdict(list)
+        for t in self.threads:
+            warps[t.warp].append(t)
+        for warp, lanes in warps.items():
+            here = {len(t.sent) for t in lanes if not t.exited}
+            most = max(len(t.sent) for t in lanes)
+            if len(here) > 1 or (here and most != next(iter(here))):
+                counts = collections.defaultdict(list)
+                for t in lanes:
+                    counts[len(t.sent)].append(t.thread_id)
+                where = "; ".join(f"threads {_ranges(ids)} made {n} shuffle(s)"
+                                  for n, ids in sorted(counts.items()))
+                self._fail(BarrierDivergence(
+                    f"sim_shim: block {self._block_label()}, warp {warp}: at the syncthreads of "
+                    f"{describe_site(self.at_barrier[0].waits_at[1])} the lanes have not made "
+                    f"the same shuffles ({where}): a shuffle inside a branch that only some "
+                    "lanes of the warp take (on hardware the others never reach it and the "
+                    "warp hangs)"))
+                return False
+        return True
+
+    # --- warp exchange (syncwarp) ------------------------------------------------------------
     def warp_exchange(self, me, op: str, site, value, source_lane):
         """Wait for every live lane of ``me``'s warp to reach this exchange; return the value
         that lane ``source_lane`` brought (``value`` itself when ``source_lane`` is None or
-        past the end of a partial warp)."""
+        past the end of a partial warp).  ``syncwarp`` is this with no values."""
         if self.aborted:
             raise _Aborted()
         me.waits_at = (op, site)
@@ -328,6 +404,9 @@ class LockstepBlock:
         waiting = self.warp_waiting.get(me.warp)
         if waiting and len(waiting) == self.warp_live[me.warp]:
             self._release_warp(me.warp)
+        readers = self.shuffle_waiters.pop(me.thread_id, None)
+        if readers:                                  # they find it gone and say so
+            self.ready.extend(readers)
         nxt = self._next_thread()
         if nxt is None:
             self.finished.set()

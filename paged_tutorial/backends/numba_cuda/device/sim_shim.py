@@ -17,17 +17,18 @@ over at each wait, and reports barriers in divergent branches and deadlocks.
    tensors travel as their 16-bit patterns (``t.view(torch.int16)``) and ``dtypes.py`` converts
    bits <-> float32 with the two functions of point 2, the same code on both sides.
 
-How a shuffle is emulated (one warp-level exchange per shuffle)
----------------------------------------------------------------
+How a shuffle is emulated (no barrier: each lane waits only for the lane it reads)
+--------------------------------------------------------------------------------
 On hardware the 32 lanes of a warp exchange registers in one instruction.  Here the block runs
 one thread at a time (``sim_block.LockstepBlock``, which ``install()`` puts in place of the
-simulator's own block runner): a lane that reaches a shuffle leaves its value and the lane it
-wants to read, and hands the turn on; when every live lane of its warp is there, each lane gets
-its source lane's value and the warp runs on.  Only the warp waits, as on hardware: other warps
-do not take part, and a shuffle costs one hand-over per lane, never a block barrier.  Lanes of
-one warp at different shuffles (a shuffle in a branch only some lanes take) are reported
-(``sim_block.BarrierDivergence``), and so is reading a lane that has returned (undefined on
-hardware).  ``syncwarp`` is the same wait without values.
+simulator's own block runner): every lane leaves the value of each shuffle it makes, in order,
+and a lane's n-th shuffle returns the n-th value of its source lane, waiting only until that
+lane has made its n-th shuffle.  Threads take turns from the highest id down, so the article's
+``shfl_down_sync`` tree (each lane reads a higher lane) never waits at all.  Lanes of one warp
+whose n-th shuffles are different calls (a shuffle in a branch only some lanes take) are
+reported (``sim_block.BarrierDivergence``), and so are reading a lane that has returned and
+lanes of a warp that reach a barrier with different numbers of shuffles.  ``syncwarp`` waits
+for the whole warp.
 
 Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
 ``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full);
@@ -36,8 +37,8 @@ Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
 reads lane i ^ (m & 31); ``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end
 of a partial last warp do not exist; reading from one returns the reader's own value.
 
-Speed: see ``sim_block.py`` (one thread runs at a time; each wait is one hand-over per
-thread) and ``benchmarks/sim_speed.py``.  ``fast_thread_switching()`` lowers
+Speed: see ``sim_block.py`` (one thread runs at a time; a barrier is one hand-over per
+thread, a shuffle at most one) and ``benchmarks/sim_speed.py``.  ``fast_thread_switching()`` lowers
 ``sys.setswitchinterval`` while a simulated kernel runs (``runtime/launch.py`` wraps every
 simulated launch in it), so that a woken thread takes the GIL at once, and restores it after.
 """
@@ -115,13 +116,12 @@ def _lane_thread(op: str):
 
 
 def _exchange(op: str, value, source_lane):
-    """Wait for this thread's warp at a shuffle; the value of lane ``source_lane`` (or
-    ``value`` itself when that is None: no valid source lane)."""
+    """This thread's next shuffle: the value lane ``source_lane`` of its warp brings to the
+    same shuffle (or ``value`` itself when that is None: no valid source lane)."""
     from paged_tutorial.backends.numba_cuda.device.sim_block import call_site
 
     thread = _lane_thread(op)
-    return thread._manager.warp_exchange(thread, op, call_site(sys._getframe(1)), value,
-                                         source_lane)
+    return thread._manager.shuffle(thread, op, call_site(sys._getframe(1)), value, source_lane)
 
 
 def shfl_sync(self, mask, value, src_lane):
@@ -153,8 +153,11 @@ def shfl_xor_sync(self, mask, value, lane_mask):
 
 def syncwarp(self, mask=FULL_MASK):
     """Wait for every live lane of this thread's warp (``__syncwarp``, full mask only)."""
+    from paged_tutorial.backends.numba_cuda.device.sim_block import call_site
+
     _check_mask(mask)
-    _exchange("syncwarp", None, None)
+    thread = _lane_thread("syncwarp")
+    thread._manager.warp_exchange(thread, "syncwarp", call_site(sys._getframe(1)), None, None)
 
 
 def _activemask(self):
