@@ -131,7 +131,6 @@ class LaneThread(_sim_kernel.BlockThread):
         self.turn.acquire()                          # held: not this thread's turn
         self.warp, self.lane = divmod(self.thread_id, WARP_SIZE)
         self.waits_at = None                         # ("barrier" | op name, call site)
-        self.received = None                         # what the last syncwarp exchange gave it
         self.sent: list = []                         # (op, site, value) of each shuffle, in order
         self.exited = False
         self.barriers_passed = 0
@@ -338,57 +337,32 @@ class LockstepBlock:
                 return False
         return True
 
-    # --- warp exchange (syncwarp) ------------------------------------------------------------
-    def warp_exchange(self, me, op: str, site, value, source_lane):
-        """Wait for every live lane of ``me``'s warp to reach this exchange; return the value
-        that lane ``source_lane`` brought (``value`` itself when ``source_lane`` is None or
-        past the end of a partial warp).  ``syncwarp`` is this with no values."""
+    # --- warp barrier (syncwarp) -------------------------------------------------------------
+    def warp_barrier(self, me, site) -> None:
+        """Wait for every live lane of ``me``'s warp to reach this ``syncwarp``."""
         if self.aborted:
             raise _Aborted()
-        me.waits_at = (op, site)
-        me.received = (value, source_lane)
+        me.waits_at = ("syncwarp", site)
         waiting = self.warp_waiting[me.warp]
         waiting.append(me)
         if len(waiting) == self.warp_live[me.warp]:
             self._release_warp(me.warp)
         self._give_turn(me)
-        outcome = me.received
-        me.received = None
-        if isinstance(outcome, _ExitedLane):
-            raise RuntimeError(outcome.message)
-        return outcome
 
     def _release_warp(self, warp: int) -> None:
-        waiting = sorted(self.warp_waiting.pop(warp), key=lambda t: t.lane)
+        waiting = sorted(self.warp_waiting.pop(warp), key=lambda t: -t.lane)
         sites = collections.defaultdict(list)
         for t in waiting:
-            sites[t.waits_at].append(t.thread_id)
+            sites[t.waits_at[1]].append(t.thread_id)
         if len(sites) > 1:
-            where = "; ".join(f"threads {_ranges(ids)} at {op} {describe_site(site)}"
-                              for (op, site), ids in sorted(sites.items(),
-                                                            key=lambda s: min(s[1])))
+            where = "; ".join(f"threads {_ranges(ids)} at {describe_site(site)}"
+                              for site, ids in sorted(sites.items(), key=lambda s: min(s[1])))
             self._fail(BarrierDivergence(
                 f"sim_shim: block {self._block_label()}, warp {warp}: the lanes wait at "
-                f"different warp-level calls ({where}): every live lane of a warp must execute "
-                "the same shuffles, in the same order (a shuffle inside a branch that only some "
-                "lanes take is undefined on hardware)"))
+                f"different syncwarp calls ({where}): every live lane of the warp must reach "
+                "the same one"))
             return
-        by_lane = {t.lane: t for t in waiting}
-        size = min(WARP_SIZE, len(self.threads) - warp * WARP_SIZE)
-        brought = {t.lane: t.received[0] for t in waiting}
-        op = waiting[0].waits_at[0]
         for t in waiting:
-            value, src = t.received
-            if src is None or src >= size:
-                t.received = value
-            elif src in by_lane:
-                t.received = brought[src]
-            else:
-                t.received = _ExitedLane(
-                    f"sim_shim: thread {t.thread_id} reads lane {src} (thread "
-                    f"{warp * WARP_SIZE + src}) in {op}, but that lane has returned: every live "
-                    "lane of a warp must execute the same shuffles, and reading a lane that "
-                    "has exited is undefined on hardware")
             t.waits_at = None
         self.ready.extend(waiting)
 
@@ -432,12 +406,3 @@ class LockstepBlock:
                 "call waits for every live lane of its warp and syncthreads for every live "
                 "thread of the block; here each waits for threads that wait elsewhere (on a GPU "
                 "the kernel hangs)")
-
-
-class _ExitedLane:
-    """What a lane receives when its source lane has returned (raised in the reading lane)."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: str):
-        self.message = message

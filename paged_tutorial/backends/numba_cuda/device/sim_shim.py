@@ -157,7 +157,7 @@ def syncwarp(self, mask=FULL_MASK):
 
     _check_mask(mask)
     thread = _lane_thread("syncwarp")
-    thread._manager.warp_exchange(thread, "syncwarp", call_site(sys._getframe(1)), None, None)
+    thread._manager.warp_barrier(thread, call_site(sys._getframe(1)))
 
 
 def _activemask(self):
