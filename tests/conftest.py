@@ -124,3 +124,16 @@ def hf_smollm2(smollm2_path):
     path = Path(smollm2_path)
     return LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                             dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def solved_folder(tmp_path_factory):
+    """Where this test session's remembered puzzle answers go (``exercises/solved.py``)."""
+    return tmp_path_factory.mktemp("solved")
+
+
+@pytest.fixture(autouse=True)
+def _solved_answers_kept_apart(solved_folder, monkeypatch):
+    """Puzzle answers a test gets right are remembered in the session's folder, never in the
+    user's own."""
+    monkeypatch.setenv("PAGED_TUTORIAL_SOLVED", str(solved_folder))

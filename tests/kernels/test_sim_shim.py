@@ -6,12 +6,16 @@ src(i) is not a lane of the warp.
 """
 
 import sys
+import threading
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from paged_tutorial.backends.numba_cuda.device import sim_shim
+
+if sim_shim.SIMULATING:
+    from paged_tutorial.backends.numba_cuda.device import sim_block
 
 pytestmark = pytest.mark.skipif(not sim_shim.SIMULATING,
                                 reason="shim tests need NUMBA_ENABLE_CUDASIM=1")
@@ -200,3 +204,188 @@ def test_shared_array_is_shared_under_fast_switching():
         with sim_shim.fast_thread_switching():
             _shared_neighbour_kernel[blocks, 64](out)
         assert (out == expected).all()
+
+
+# --- the lockstep block runner (sim_block.py): warp-level waits, divergence, deadlock --------
+
+def test_warps_shuffle_independently():
+    """Only a warp waits at a shuffle, as on hardware: warp 0 shuffles three times, warp 1 once,
+    and both then meet at one syncthreads."""
+
+    @cuda.jit
+    def uneven(out):
+        tid = cuda.threadIdx.x
+        v = tid
+        if tid < 32:
+            v = cuda.shfl_xor_sync(FULL, v, 1)
+            v = cuda.shfl_xor_sync(FULL, v, 2)
+            v = cuda.shfl_xor_sync(FULL, v, 4)
+        else:
+            v = cuda.shfl_down_sync(FULL, v, 8)
+        cuda.syncthreads()
+        out[tid] = v
+
+    out = np.zeros(64, np.int64)
+    uneven[1, 64](out)
+    lanes = np.arange(32)
+    np.testing.assert_array_equal(out[:32], lanes ^ 7)
+    np.testing.assert_array_equal(out[32:], 32 + np.where(lanes + 8 < 32, lanes + 8, lanes))
+
+
+def test_syncwarp_orders_a_warp():
+    @cuda.jit
+    def neighbours(out):
+        buf = cuda.shared.array(32, np.int64)
+        lane = cuda.threadIdx.x
+        buf[lane] = 10 * lane
+        cuda.syncwarp(FULL)
+        out[lane] = buf[(lane + 1) % 32]
+
+    out = np.zeros(32, np.int64)
+    neighbours[1, 32](out)
+    np.testing.assert_array_equal(out, 10 * ((np.arange(32) + 1) % 32))
+
+
+def test_barrier_in_a_divergent_branch_is_reported():
+    """Warp 0 waits at a barrier inside its branch, warp 1 at the one after it: on a GPU the
+    block hangs or runs on with a broken barrier; here the launch says which lines."""
+
+    @cuda.jit
+    def divergent(out):
+        tid = cuda.threadIdx.x
+        if tid < 32:
+            cuda.syncthreads()
+        cuda.syncthreads()
+        out[tid] = 1
+
+    with pytest.raises(sim_block.BarrierDivergence,
+                       match=r"threads 0-31 at test_sim_shim.py:\d+ .*threads 32-63"):
+        divergent[1, 64](np.zeros(64, np.int64))
+
+
+def test_shuffle_in_a_divergent_branch_is_reported():
+    @cuda.jit
+    def two_sites(out):
+        tid = cuda.threadIdx.x
+        if tid % 2 == 0:
+            v = cuda.shfl_xor_sync(FULL, tid, 2)
+        else:
+            v = cuda.shfl_xor_sync(FULL, tid, 1)
+        out[tid] = v
+
+    with pytest.raises(sim_block.BarrierDivergence,
+                       match=r"shuffle #1 is shfl_xor_sync at test_sim_shim.py:\d+ .* made its "
+                             r"shuffle #1 with shfl_xor_sync at test_sim_shim.py:\d+"):
+        two_sites[1, 32](np.zeros(32, np.int64))
+
+
+def test_deadlock_is_reported_not_hung():
+    """Lanes 0-15 wait at a shuffle for lanes 16-31, which wait at syncthreads for them."""
+
+    @cuda.jit
+    def stuck(out):
+        tid = cuda.threadIdx.x
+        v = tid
+        if tid < 16:
+            v = cuda.shfl_xor_sync(FULL, v, 16)
+        else:
+            cuda.syncthreads()
+        out[tid] = v
+
+    with pytest.raises(sim_block.SimulatorDeadlock,
+                       match=r"threads 0-15 at shfl_xor_sync .*threads 16-31 at syncthreads"):
+        stuck[1, 32](np.zeros(32, np.int64))
+
+
+def test_a_shuffle_some_lanes_skip_is_reported_at_the_next_barrier():
+    """Lanes 0-15 shuffle among themselves and return; lanes 16-31, alive, never take part:
+    on hardware the shuffle waits for them and they wait at syncthreads."""
+
+    @cuda.jit
+    def half(out):
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            out[tid] = cuda.shfl_xor_sync(FULL, tid, 1)
+            return
+        cuda.syncthreads()
+        out[tid] = tid
+
+    with pytest.raises(sim_block.BarrierDivergence,
+                       match=r"threads 16-31 made 0 shuffle\(s\); threads 0-15 made 1"):
+        half[1, 32](np.zeros(32, np.int64))
+
+
+def test_a_lane_may_run_ahead_to_values_already_left():
+    """A shuffle waits only for the lane it reads: in the five-step shfl_down tree every lane
+    reads a higher lane, which (threads take turns from the highest id down) has always left
+    its value already, so the tree runs without a single hand-over; the sums are the
+    hardware's."""
+    handovers = []
+
+    class Count(sim_block.LockstepBlock):
+        def _give_turn(self, me):
+            handovers.append(me)
+            return super()._give_turn(me)
+
+    @cuda.jit
+    def tree(values, out):
+        tid = cuda.threadIdx.x
+        v = values[tid]
+        for offset in (16, 8, 4, 2, 1):
+            v += cuda.shfl_down_sync(FULL, v, offset)
+        out[tid] = v
+
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    values = np.arange(64, dtype=np.float64)
+    out = np.zeros(64)
+    sim_kernel.BlockManager = Count
+    try:
+        tree[1, 64](values, out)
+    finally:
+        sim_kernel.BlockManager = sim_block.LockstepBlock
+    assert out[0] == values[:32].sum() and out[32] == values[32:].sum()
+    assert len([t for t in handovers if t is not None]) == 0
+
+
+def test_a_failing_thread_ends_the_launch_and_the_next_launch_runs():
+    @cuda.jit
+    def fails(out):
+        tid = cuda.threadIdx.x
+        cuda.syncthreads()
+        if tid == 5:
+            out[1000] = 1                      # out of range
+        cuda.syncthreads()
+        out[tid] = 1
+
+    before = threading.active_count()
+    with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\]"):
+        fails[1, 64](np.zeros(64, np.int64))
+    assert threading.active_count() <= before + 1      # the block's threads have left
+    out = np.zeros((1, 64), np.float32)
+    _shared_neighbour_kernel[1, 64](out)
+    assert (out[0] == (np.arange(64) + 1) % 64).all()
+
+
+def test_barrier_rounds_are_counted_per_thread():
+    @cuda.jit
+    def rounds(out):
+        for _ in range(3):
+            cuda.syncthreads()
+        out[cuda.threadIdx.x] = 1
+
+    seen = []
+
+    class Watch(sim_block.LockstepBlock):
+        def run(self, grid_point, *args):
+            super().run(grid_point, *args)
+            seen.append((self.barrier_rounds, {t.barriers_passed for t in self.threads}))
+
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    sim_kernel.BlockManager = Watch
+    try:
+        rounds[2, 40](np.zeros(40, np.int64))
+    finally:
+        sim_kernel.BlockManager = sim_block.LockstepBlock
+    assert seen == [(3, {3}), (3, {3})]

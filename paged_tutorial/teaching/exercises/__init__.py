@@ -6,13 +6,16 @@
     pt.exercises.reveal("05.q_index")            # the worked solution (a value or a function)
     print(pt.exercises.puzzle("03.k_index").describe())   # a puzzle's signature and hint
     pt.exercises.set_language("ko")              # prompts, hints and verdicts in Korean
+    kernel = pt.exercises.your_kernel()          # the kernel built from the puzzles you solved
 
 *Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
 and answers are compared without coercion (``answers.py``: a float or a string for an integer
 is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
 lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a
 function that the grader runs inside the article's kernel or a real engine.  Worked solutions live in
-``solutions.py``, never in the notebooks, and no grader imports them.
+``solutions.py``, never in the notebooks, and no grader imports them.  A puzzle answer that
+``check`` finds right is remembered (``solved.py``), and ``your_kernel()``
+(``your_kernel.py``) assembles the decode-attention kernel from the remembered ones.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language
+from paged_tutorial.teaching.exercises.your_kernel import UnsolvedParts, YourKernel, your_kernel
 from paged_tutorial.teaching.verdict import Verdict
 
 
@@ -30,5 +34,5 @@ def puzzle(name: str):
     return find(name)
 
 
-__all__ = ["Verdict", "check", "expected_answer", "get", "grade", "names", "puzzle",
-           "reveal", "set_language"]
+__all__ = ["UnsolvedParts", "Verdict", "YourKernel", "check", "expected_answer", "get", "grade",
+           "names", "puzzle", "reveal", "set_language", "your_kernel"]

@@ -17,6 +17,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -126,8 +127,11 @@ def check(name: str, answer, draw: bool | None = None) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
     one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
     run (what went wrong, or what the right answer did) is drawn too (by default only inside a
-    notebook; ``draw`` forces it on or off)."""
+    notebook; ``draw`` forces it on or off).  A puzzle's function that is right is remembered
+    (``solved.py``): the closing kernel notebook assembles the learner's kernel from them."""
     verdict = grade(name, answer)
+    if verdict.ok and not isinstance(get(name), Exercise):
+        solved.remember(name, answer)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
     if verdict.figure is not None and (_in_notebook() if draw is None else draw):
         figure = verdict.figure()

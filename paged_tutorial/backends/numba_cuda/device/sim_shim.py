@@ -3,7 +3,9 @@
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs every CUDA thread of a block as a Python thread
 and swaps the ``cuda`` global of a kernel for a fake module while it runs.  That fake module has
 shared memory, ``syncthreads`` and atomics, but it lacks three things our kernels use (and
-its shared-array allocation needs a lock, see ``_shared_array``):
+its shared-array allocation needs a lock, see ``_shared_array``).  ``install()`` also replaces
+the way it runs a block: ``sim_block.LockstepBlock`` runs one thread at a time, hands the turn
+over at each wait, and reports barriers in divergent branches and deadlocks.
 
 1. **warp shuffles** (``cuda.shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
    ``shfl_xor_sync``).  ``install()`` adds them to the fake module's class, under the real
@@ -15,36 +17,30 @@ its shared-array allocation needs a lock, see ``_shared_array``):
    tensors travel as their 16-bit patterns (``t.view(torch.int16)``) and ``dtypes.py`` converts
    bits <-> float32 with the two functions of point 2, the same code on both sides.
 
-How a shuffle is emulated (one barrier per shuffle)
----------------------------------------------------
-On hardware the 32 lanes of a warp exchange registers in one instruction.  Here each lane
-writes its value into a per-block scratch list, waits at the simulator's block barrier
-(``syncthreads``) and reads its source lane's slot.  Two scratch lists are used in turn
-(double buffering): shuffle n+2 reuses shuffle n's list only after every thread has passed
-shuffle n+1's barrier, i.e. after every read of shuffle n.  So one emulated shuffle costs one
-barrier round, not two.  (A per-warp lock barrier was measured too: 2-3x slower than the
-simulator's own barrier, because each wake-up goes through the GIL while the simulator's
-polling thread spins.)
-
-The price: the barrier is block-wide, so **every live thread of the block must execute the same
-sequence of shuffles** (block-uniform control flow around shuffles).  Hardware only requires the
-32 lanes of one warp to agree.  All kernels of this package follow the stricter rule.  Threads
-that have already returned are fine (the simulator's barrier ignores finished threads); reading
-from such a lane, which is undefined on hardware, raises an error here, and so does any lane
-whose shuffle count differs from the reader's.
+How a shuffle is emulated (no barrier: each lane waits only for the lane it reads)
+--------------------------------------------------------------------------------
+On hardware the 32 lanes of a warp exchange registers in one instruction.  Here the block runs
+one thread at a time (``sim_block.LockstepBlock``, which ``install()`` puts in place of the
+simulator's own block runner): every lane leaves the value of each shuffle it makes, in order,
+and a lane's n-th shuffle returns the n-th value of its source lane, waiting only until that
+lane has made its n-th shuffle.  Threads take turns from the highest id down, so the article's
+``shfl_down_sync`` tree (each lane reads a higher lane) never waits at all.  Lanes of one warp
+whose n-th shuffles are different calls (a shuffle in a branch only some lanes take) are
+reported (``sim_block.BarrierDivergence``), and so are reading a lane that has returned and
+lanes of a warp that reach a barrier with different numbers of shuffles.  ``syncwarp`` waits
+for the whole warp.
 
 Hardware semantics reproduced (PTX ``shfl.sync`` with width 32; tested in
 ``tests/kernels/test_sim_shim.py``): all 32 lanes take part (``mask`` must be full);
-``shfl_down``: lane i reads lane i+delta, and keeps its own value when i+delta >= 32; ``shfl_up``: lane i reads
-lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i reads lane i ^ (m & 31);
-``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end of a partial last warp do
-not exist; reading from one returns the reader's own value.
+``shfl_down``: lane i reads lane i+delta, and keeps its own value when i+delta >= 32;
+``shfl_up``: lane i reads lane i-delta, keeps its own when i-delta < 0; ``shfl_xor``: lane i
+reads lane i ^ (m & 31); ``shfl_sync``: lane i reads lane ``src & 31``.  Lanes past the end
+of a partial last warp do not exist; reading from one returns the reader's own value.
 
-Speed: a barrier round costs milliseconds of thread switching.  ``fast_thread_switching()``
-lowers ``sys.setswitchinterval`` to 1e-5 s while a simulated kernel runs (the launcher in
-``runtime/launch.py`` wraps every simulated launch in it), which makes barrier-heavy kernels
-about 10x faster (measured on a 2-core machine: 110 s -> 10 s for 8 blocks of 64 threads over
-40 tokens), and restores the interval afterwards.
+Speed: see ``sim_block.py`` (one thread runs at a time; a barrier is one hand-over per
+thread, a shuffle at most one) and ``benchmarks/sim_speed.py``.  ``fast_thread_switching()`` lowers
+``sys.setswitchinterval`` while a simulated kernel runs (``runtime/launch.py`` wraps every
+simulated launch in it), so that a woken thread takes the GIL at once, and restores it after.
 """
 
 from __future__ import annotations
@@ -63,9 +59,6 @@ SIMULATING: bool = bool(getattr(cuda, "config", None) and cuda.config.ENABLE_CUD
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
-
-_SCRATCH_ATTR = "_paged_tutorial_shfl"
-_COUNT_ATTR = "_paged_tutorial_shfl_count"
 
 
 # --- libdevice stand-in ------------------------------------------------------------------
@@ -103,30 +96,7 @@ else:                                          # pragma: no cover - GPU only
         cuda.threadfence()
 
 
-# --- warp shuffles -----------------------------------------------------------------------
-
-class _BlockScratch:
-    """Per-block exchange area: two value lists and two shuffle-count lists (double buffer)."""
-
-    __slots__ = ("values", "counts", "n_threads")
-
-    def __init__(self, n_threads: int):
-        self.n_threads = n_threads
-        self.values = ([None] * n_threads, [None] * n_threads)
-        self.counts = ([0] * n_threads, [0] * n_threads)
-
-
-def _block_scratch(thread) -> _BlockScratch:
-    manager = thread._manager                  # the simulator's BlockManager: one per block
-    scratch = manager.__dict__.get(_SCRATCH_ATTR)
-    if scratch is None:
-        n = 1
-        for extent in manager._block_dim:
-            n *= extent
-        # dict.setdefault is atomic under the GIL: every thread gets the same object.
-        scratch = manager.__dict__.setdefault(_SCRATCH_ATTR, _BlockScratch(n))
-    return scratch
-
+# --- warp shuffles ---------------------------------------------------------------------
 
 def _check_mask(mask) -> None:
     if (int(mask) & FULL_MASK) != FULL_MASK:
@@ -135,60 +105,59 @@ def _check_mask(mask) -> None:
             f"{int(mask) & FULL_MASK:#010x}")
 
 
-def _exchange(value, src_lane_of):
-    """Publish ``value``, wait for the block, return the value of lane ``src_lane_of(lane)``
-    of this thread's warp (or ``value`` itself when that is None: no valid source lane)."""
+def _lane_thread(op: str):
+    from paged_tutorial.backends.numba_cuda.device.sim_block import LaneThread
+
     thread = threading.current_thread()
-    scratch = _block_scratch(thread)
-    count = getattr(thread, _COUNT_ATTR, 0) + 1
-    setattr(thread, _COUNT_ATTR, count)
-    buf = count & 1                            # double buffering: alternate the two lists
-    tid = thread.thread_id
-    scratch.values[buf][tid] = value
-    scratch.counts[buf][tid] = count
-    thread.syncthreads()                       # the one barrier of this shuffle
-    lane = tid % WARP_SIZE
-    src = src_lane_of(lane)
-    if src is None:
-        return value
-    src_tid = tid - lane + src
-    if src_tid >= scratch.n_threads:           # lane past the end of a partial warp
-        return value
-    if scratch.counts[buf][src_tid] != count:
-        raise RuntimeError(
-            f"sim_shim: thread {tid} (shuffle #{count}) reads lane {src} (thread {src_tid}), "
-            f"which is at shuffle #{scratch.counts[buf][src_tid]}: every live thread of the "
-            "block must execute the same shuffles (block-uniform control flow) in the "
-            "simulator, and a lane that has exited cannot be read (undefined on hardware)")
-    return scratch.values[buf][src_tid]
+    if not isinstance(thread, LaneThread):
+        raise RuntimeError(f"sim_shim: cuda.{op} called outside a simulated kernel (or the "
+                           "simulator's block runner is not sim_block.LockstepBlock)")
+    return thread
+
+
+def _exchange(op: str, value, source_lane):
+    """This thread's next shuffle: the value lane ``source_lane`` of its warp brings to the
+    same shuffle (or ``value`` itself when that is None: no valid source lane)."""
+    from paged_tutorial.backends.numba_cuda.device.sim_block import call_site
+
+    thread = _lane_thread(op)
+    return thread._manager.shuffle(thread, op, call_site(sys._getframe(1)), value, source_lane)
 
 
 def shfl_sync(self, mask, value, src_lane):
     """Value of lane ``src_lane & 31`` (PTX shfl.sync.idx, width 32)."""
     _check_mask(mask)
-    src = int(src_lane) & 31
-    return _exchange(value, lambda lane: src)
+    return _exchange("shfl_sync", value, int(src_lane) & 31)
 
 
 def shfl_up_sync(self, mask, value, delta):
     """Value of lane ``lane - delta``; a lane with no such source keeps its own value."""
     _check_mask(mask)
-    delta = int(delta)
-    return _exchange(value, lambda lane: lane - delta if lane - delta >= 0 else None)
+    src = threading.current_thread().thread_id % WARP_SIZE - int(delta)
+    return _exchange("shfl_up_sync", value, src if src >= 0 else None)
 
 
 def shfl_down_sync(self, mask, value, delta):
     """Value of lane ``lane + delta``; a lane whose source is >= 32 keeps its own value."""
     _check_mask(mask)
-    delta = int(delta)
-    return _exchange(value, lambda lane: lane + delta if lane + delta < WARP_SIZE else None)
+    src = threading.current_thread().thread_id % WARP_SIZE + int(delta)
+    return _exchange("shfl_down_sync", value, src if src < WARP_SIZE else None)
 
 
 def shfl_xor_sync(self, mask, value, lane_mask):
     """Value of lane ``lane ^ (lane_mask & 31)`` (butterfly)."""
     _check_mask(mask)
-    m = int(lane_mask) & 31
-    return _exchange(value, lambda lane: lane ^ m)
+    lane = threading.current_thread().thread_id % WARP_SIZE
+    return _exchange("shfl_xor_sync", value, lane ^ (int(lane_mask) & 31))
+
+
+def syncwarp(self, mask=FULL_MASK):
+    """Wait for every live lane of this thread's warp (``__syncwarp``, full mask only)."""
+    from paged_tutorial.backends.numba_cuda.device.sim_block import call_site
+
+    _check_mask(mask)
+    thread = _lane_thread("syncwarp")
+    thread._manager.warp_barrier(thread, call_site(sys._getframe(1)))
 
 
 def _activemask(self):
@@ -242,8 +211,8 @@ SHARED_OBSERVERS: list = []
 
 def _observed_syncthreads(self):
     """The fake module's ``syncthreads``, telling the active observer which line of which
-    function called it before waiting.  The shuffles' own barriers (``_exchange``) go to the
-    thread directly and are not reported: on hardware a shuffle orders no shared memory."""
+    function called it before waiting.  The shuffles' warp-level waits (``_exchange``) are not
+    reported: on hardware a shuffle orders no shared memory."""
     if SHARED_OBSERVERS:
         SHARED_OBSERVERS[-1].barrier(sys._getframe(1))
     threading.current_thread().syncthreads()
@@ -289,26 +258,29 @@ def _counted_cuda_swap(fn, fake_cuda_module):
 
 
 def install() -> None:
-    """Add the shuffles to the simulator's fake ``cuda`` module, make its shared-array
-    allocation thread-safe, let ``SHARED_OBSERVERS`` see shared arrays and barriers, and on
-    numba-cuda 0.20 make its module swap thread-safe too (idempotent; simulator only)."""
+    """Add the shuffles and ``syncwarp`` to the simulator's fake ``cuda`` module, run its
+    blocks with ``sim_block.LockstepBlock``, make its shared-array allocation thread-safe, let
+    ``SHARED_OBSERVERS`` see shared arrays and barriers, and on numba-cuda 0.20 make its module
+    swap thread-safe too (idempotent; simulator only)."""
     global _INSTALLED, _ORIGINAL_SHARED_ARRAY
     if not SIMULATING or _INSTALLED:
         return
     from numba.cuda.simulator import kernelapi
 
+    from numba.cuda.simulator import kernel
+    from paged_tutorial.backends.numba_cuda.device.sim_block import LockstepBlock
+
     fake = kernelapi.FakeCUDAModule
     for name, fn in (("shfl_sync", shfl_sync), ("shfl_up_sync", shfl_up_sync),
                      ("shfl_down_sync", shfl_down_sync), ("shfl_xor_sync", shfl_xor_sync),
-                     ("activemask", _activemask)):
+                     ("syncwarp", syncwarp), ("activemask", _activemask)):
         if not hasattr(fake, name):
             setattr(fake, name, fn)
+    kernel.BlockManager = LockstepBlock
     _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
     kernelapi.FakeCUDAShared.array = _shared_array
     fake.syncthreads = _observed_syncthreads
     if not hasattr(kernelapi, "_swap_refcount"):     # numba-cuda without the counted swap
-        from numba.cuda.simulator import kernel
-
         kernel.swapped_cuda_module = _counted_cuda_swap
     _INSTALLED = True
 

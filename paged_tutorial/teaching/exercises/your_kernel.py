@@ -1,0 +1,189 @@
+"""Your kernel: the article's decode-attention kernel built from the puzzle answers you got right.
+
+    kernel = pt.exercises.your_kernel()          # every part yours, or UnsolvedParts says which
+    print(kernel.describe())                     # each part, its puzzle, whose code it is
+    kernel.decode_attention(q, cache, table, layer, seq_lens, slots, scale)   # in place, as
+                                                 # the stock kernel: same factory, same launch
+
+The kernel's body is four parts of ``attention.KernelParts``, each the answer of one puzzle
+(``BODY_PUZZLES``): ``walk_blocks`` (notebook 03), ``token_score`` (04), ``softmax_update`` and
+``write_output`` (05).  ``check`` remembers an answer whose verdict is correct (``solved.py``),
+in any notebook; ``your_kernel()`` puts the remembered answers in their places and refuses,
+naming the puzzles and their notebooks, while any body part is missing.  The article's body
+calls smaller steps; two of them are puzzles too (``STEP_PUZZLES``: the table index, the K
+address), and a body of hers that calls them gets her versions when she solved them, the
+article's otherwise.  ``your_kernel(use_solutions=True)`` takes every part from the worked
+solutions (the article's code, as ``solutions.reveal`` shows it: what the tests run), and
+``your_kernel(fill_unsolved=True)`` takes hers where she has one and the worked solution for
+the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
+she did not.
+
+To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from paged_tutorial.teaching.exercises import solved
+from paged_tutorial.teaching.language import say
+
+#: the kernel's body: part (a field of ``attention.KernelParts``) -> the puzzle that writes it
+BODY_PUZZLES = {
+    "walk_blocks": "03.walk_blocks",
+    "token_score": "04.token_score",
+    "softmax_update": "05.softmax_update",
+    "write_output": "05.write_output",
+}
+#: steps the article's body calls that are puzzles too: hers when solved, else the article's
+STEP_PUZZLES = {
+    "block_table_index": "02.table_index",
+    "k_index": "03.k_index",
+}
+YOURS, WORKED = "yours", "worked solution"
+
+
+class UnsolvedParts(RuntimeError):
+    """``your_kernel()`` while some of its parts are not solved yet; ``missing`` lists their
+    puzzles."""
+
+    def __init__(self, missing: list[str]):
+        self.missing = missing
+        lines = "\n".join(say(en=f"  {name}  (notebook {name[:2]})",
+                              ko=f"  {name}  (노트북 {name[:2]})") for name in missing)
+        n, total = len(missing), len(BODY_PUZZLES)
+        super().__init__(say(
+            en=f"your kernel is not complete: {n} of the {total} parts of its body are not "
+               f"solved yet:\n{lines}\nSolve them with pt.exercises.check(name, your_function) "
+               "in their notebooks (a right answer is remembered), or build the kernel with "
+               "your_kernel(fill_unsolved=True) to use the worked solutions for these parts",
+            ko=f"아직 커널이 완성되지 않았습니다: 본문의 {total}개 부분 가운데 {n}개를 아직 풀지 "
+               f"않았습니다:\n{lines}\n각 노트북에서 pt.exercises.check(name, your_function) 로 "
+               "풀어 보세요 (맞힌 답은 기억됩니다). 또는 your_kernel(fill_unsolved=True) 로 이 "
+               "부분들에 풀이 예시를 넣어 커널을 만들 수 있습니다"))
+
+
+@dataclass(frozen=True)
+class YourKernel:
+    """The decode-attention kernel of ``attention.py`` built with ``parts`` (a
+    ``KernelParts``); ``origins`` says, per part, whether it is hers or a worked solution."""
+
+    parts: object
+    origins: tuple                       # ((part, puzzle, YOURS | WORKED), ...)
+
+    @property
+    def worked_parts(self) -> list[str]:
+        """The body puzzles whose worked solution stands in for her answer."""
+        return [puzzle for part, puzzle, origin in self.origins
+                if origin == WORKED and part in BODY_PUZZLES]
+
+    @property
+    def all_yours(self) -> bool:
+        """Is every part of the body hers?"""
+        return not self.worked_parts
+
+    @property
+    def label(self) -> str:
+        """Whose kernel this is, in a few words (used in front of its output)."""
+        if self.all_yours:
+            return say(en="your kernel", ko="여러분의 커널")
+        if len(self.worked_parts) == len(BODY_PUZZLES):
+            return say(en="the worked solutions' kernel", ko="풀이 예시로 만든 커널")
+        parts = ", ".join(self.worked_parts)
+        return say(en=f"your kernel with worked solutions for {parts}",
+                   ko=f"여러분의 커널 ({parts} 는 풀이 예시)")
+
+    def describe(self) -> str:
+        """One line per part: body or step, its name, its puzzle, whose code it is."""
+        width = max(len(part) for part, _, _ in self.origins)
+        whose = {YOURS: say(en=YOURS, ko="여러분의 답"), WORKED: say(en=WORKED, ko="풀이 예시")}
+        rows = [f"  {'body' if part in BODY_PUZZLES else 'step'}  {part:<{width}}  "
+                f"{puzzle:<18}  {whose[origin]}" for part, puzzle, origin in self.origins]
+        return f"{self.label}:\n" + "\n".join(rows)
+
+    def kernel_for(self, cache, dtype_name: str):
+        """The compiled kernel for ``cache``'s layout (``attention.kernel_for``, these parts)."""
+        from paged_tutorial.backends.numba_cuda.kernels import attention
+
+        return attention.kernel_for(cache, dtype_name, self.parts)
+
+    def decode_attention(self, q, cache, block_table, layer: int, seq_lens, active_slots,
+                         scale: float, kv_group: int | None = None):
+        """Decode attention over the paged cache, written over q [B, nH, D] as the stock
+        kernel writes it (``attention.launch_decode``); returns q.  ``block_table``,
+        ``seq_lens`` and ``active_slots`` are int32 tensors where the kernel runs.
+
+        ``kv_group=g``: only the query heads that share kv head g (one launch of
+        ``q_per_kv`` thread blocks per row instead of every head's): the kernel is handed q
+        and the cache from that group's first element on, so that its kv head 0 is head g."""
+        import torch
+
+        from paged_tutorial.backends.numba_cuda.device.dtypes import ops_for
+        from paged_tutorial.backends.numba_cuda.kernels import attention
+        from paged_tutorial.backends.numba_cuda.runtime import launch
+
+        c = cache.config
+        if q.dim() != 3 or q.shape[2] != c.head_dim or q.shape[1] % c.num_kv_heads:
+            raise ValueError(f"YourKernel.decode_attention: q must be [B, n_q_heads, "
+                             f"{c.head_dim}] with n_q_heads a multiple of the cache's "
+                             f"{c.num_kv_heads} kv heads, got {tuple(q.shape)}")
+        if q.dtype != cache.buffer.dtype:
+            raise TypeError(f"YourKernel.decode_attention: q is {q.dtype}, the cache holds "
+                            f"{cache.buffer.dtype}")
+        kernel = self.kernel_for(cache, ops_for(q.dtype).name)
+        table, lens, slots = (t.to(device=q.device, dtype=torch.int32).contiguous()
+                              for t in (block_table, torch.as_tensor(seq_lens),
+                                        torch.as_tensor(active_slots)))
+        if kv_group is None:
+            return attention.launch_decode(kernel, q, cache, table, layer, lens, slots, scale)
+        per_kv = q.shape[1] // c.num_kv_heads
+        if not 0 <= kv_group < c.num_kv_heads:
+            raise ValueError(f"YourKernel.decode_attention: kv_group {kv_group} outside "
+                             f"[0, {c.num_kv_heads})")
+        if q.shape[0] == 0:
+            return q
+        heads = q[:, kv_group * per_kv:(kv_group + 1) * per_kv, :]
+        qa, q_rs = launch.rows(heads, "q")
+        group_buffer = cache.buffer.reshape(-1)[kv_group * c.head_dim:]
+        launch.launch(kernel, (q.shape[0], per_kv), attention.block_threads(c.head_dim),
+                      int(layer), qa, q_rs, launch.flat(group_buffer, "cache.buffer"),
+                      launch.flat(table), launch.flat(lens), launch.flat(slots), per_kv,
+                      float(scale))
+        return q
+
+
+def part_status() -> list[tuple[str, str, bool]]:
+    """(part, puzzle, solved?) for the body's parts and then the steps that are puzzles."""
+    return [(part, puzzle, solved.solved(puzzle) is not None)
+            for part, puzzle in {**BODY_PUZZLES, **STEP_PUZZLES}.items()]
+
+
+def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> YourKernel:
+    """The decode-attention kernel with its body taken from your right answers (see the module
+    docstring); ``UnsolvedParts`` while some are missing.  ``use_solutions=True``: every part
+    from the worked solutions; ``fill_unsolved=True``: yours where solved, the worked solution
+    elsewhere."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    if use_solutions and fill_unsolved:
+        raise ValueError("your_kernel: use_solutions=True already takes every part from the "
+                         "worked solutions; fill_unsolved only applies to your own parts")
+    puzzles = {**BODY_PUZZLES, **STEP_PUZZLES}
+    unknown = sorted(set(puzzles) - set(attention.PART_NAMES))
+    if unknown:
+        raise RuntimeError(f"your_kernel: the kernel has no part(s) {unknown}; its parts are "
+                           f"{', '.join(attention.PART_NAMES)}")
+    chosen, origins = {}, []
+    for part, puzzle in puzzles.items():
+        fn = None if use_solutions else solved.solved(puzzle)
+        origin = YOURS
+        if fn is None:                # the worked solution of a kernel part is the article's
+            fn, origin = getattr(attention.ARTICLE_PARTS, part), WORKED
+        chosen[part] = fn
+        origins.append((part, puzzle, origin))
+    unsolved = [puzzle for part, puzzle, origin in origins
+                if origin == WORKED and part in BODY_PUZZLES]
+    if unsolved and not (use_solutions or fill_unsolved):
+        raise UnsolvedParts(unsolved)
+    return YourKernel(attention.ARTICLE_PARTS.replace(**chosen), tuple(origins))

@@ -1,0 +1,173 @@
+"""``pt.exercises.your_kernel()``: the kernel assembled from remembered puzzle answers, serving a
+tiny model through ``KernelRouter`` (every layer, every head, in the simulator on a CPU).
+
+The model is random with its matrices scaled up (std 0.2 instead of 0.02) so that attention is
+sharp and the next token depends on it: with HF's small init every wrong kernel below still
+produced the stock tokens."""
+
+# flake8: noqa: F821  (the kernel parts name what attention.compile_parts binds)
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import paged_tutorial as pt
+import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.teaching.exercises import solved
+from paged_tutorial.teaching.exercises.your_kernel import BODY_PUZZLES, STEP_PUZZLES
+from paged_tutorial.teaching.kernel_router import KernelRouter
+
+PROMPT = [list(range(3, 21))]            # 18 tokens: two blocks of the cache
+NEW_TOKENS = 4
+
+
+@pytest.fixture
+def nothing_solved():
+    solved.clear()
+    yield
+    solved.clear()
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+    config = pt.ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=32)
+    model = pt.random_model(config, seed=1)
+    for w in model.weights.values():
+        if w.dim() == 2:
+            w.mul_(10.0)
+    return model
+
+
+def generate(model, backend):
+    engine = pt.Engine(model, backend=backend, max_slots=1, max_seq_len=64)
+    return engine.generate(PROMPT, max_new_tokens=NEW_TOKENS, temperature=0.0)[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def stock_tokens(sharp_model):
+    return generate(sharp_model, "torch")
+
+
+# --- wrong parts, as a learner would write them ----------------------------------------------
+
+def token_score_skips_offset_2(q_val, k, thread_id, scale, dot_products, score):
+    qk = q_val * k
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 8)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 4)
+    qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, 1)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        score[0] = combine_warps(dot_products, HEAD_DIM, WARP_SIZE) * scale
+    cuda.syncthreads()
+    return score[0]
+
+
+def softmax_update_without_rescale(current_max, d, acc, score, v):
+    new_max = max(current_max, score)
+    exp_score = math.exp(score - new_max)
+    return new_max, d + exp_score, acc + exp_score * v
+
+
+def walk_blocks_one_block_short(kv_cache, block_table, slot, layer, seq_len, kv_head,
+                                thread_id, owns_dim, q_val, scale, dot_products, score):
+    current_max = float32(-math.inf)
+    acc = float32(0.0)
+    d = float32(0.0)
+    for logical_block in range(blocks_to_read(seq_len, BLOCK_SIZE) - 1):
+        physical_block = block_table[block_table_index(slot, layer, logical_block, N_LAYERS,
+                                                       MAX_BLOCKS_PER_SEQ)]
+        for token in range(tokens_in_block(seq_len, logical_block, BLOCK_SIZE)):
+            k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM,
+                             HEAD_DIM)
+            k = float32(0.0)
+            if owns_dim:
+                k = load(kv_cache, k_elem)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = float32(0.0)
+            if owns_dim:
+                v = load(kv_cache, k_elem + V_OFFSET_ELEMS)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+WRONG = {
+    "04.token_score": token_score_skips_offset_2,
+    "05.softmax_update": softmax_update_without_rescale,
+    "03.walk_blocks": walk_blocks_one_block_short,
+}
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+def test_refuses_while_parts_are_unsolved_and_names_them(nothing_solved):
+    with pytest.raises(ex.UnsolvedParts) as refused:
+        ex.your_kernel()
+    assert refused.value.missing == list(BODY_PUZZLES.values())
+    for puzzle in BODY_PUZZLES.values():
+        assert f"{puzzle}  (notebook {puzzle[:2]})" in str(refused.value)
+    solved.remember("05.softmax_update", softmax_update_without_rescale)
+    with pytest.raises(ex.UnsolvedParts) as refused:
+        ex.your_kernel()
+    assert "05.softmax_update" not in refused.value.missing
+
+
+def test_labels_say_whose_parts_run(nothing_solved):
+    assert ex.your_kernel(use_solutions=True).label == "the worked solutions' kernel"
+    assert ex.your_kernel(fill_unsolved=True).label == "the worked solutions' kernel"
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    solved.remember("04.token_score", token_score_skips_offset_2)
+    assert ex.your_kernel(fill_unsolved=True).label == (
+        "your kernel with worked solutions for 03.walk_blocks, 05.softmax_update, "
+        "05.write_output")
+
+    for part, puzzle in BODY_PUZZLES.items():
+        solved.remember(puzzle, getattr(attention.ARTICLE_PARTS, part))
+    mine = ex.your_kernel()
+    assert mine.label == "your kernel" and mine.all_yours
+    assert all(origin == "yours" for part, _, origin in mine.origins if part in BODY_PUZZLES)
+    assert all(origin == "worked solution" for part, _, origin in mine.origins
+               if part in STEP_PUZZLES)
+    assert ex.your_kernel(use_solutions=True).label == "the worked solutions' kernel"
+
+
+def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
+    """check() remembers a right puzzle answer; a new process (here: the memory forgotten)
+    rebuilds it from the source written to the store folder."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    assert ex.check("05.softmax_update", attention.softmax_update) is True
+    assert solved.names() == ["05.softmax_update"]
+    solved._REMEMBERED.clear()
+    rebuilt = solved.solved("05.softmax_update")
+    assert rebuilt is not attention.softmax_update
+    assert rebuilt(0.0, 1.0, 2.0, 1.0, 3.0) == attention.softmax_update(0.0, 1.0, 2.0, 1.0, 3.0)
+    assert ex.check("05.softmax_update", softmax_update_without_rescale) is False
+    assert ex.your_kernel(fill_unsolved=True).origins[2] == ("softmax_update",
+                                                            "05.softmax_update", "yours")
+
+
+def test_worked_solutions_generate_the_stock_tokens(sharp_model, stock_tokens):
+    router = KernelRouter(ex.your_kernel(use_solutions=True), "torch")
+    assert generate(sharp_model, router) == stock_tokens
+    layers = sharp_model.config.num_hidden_layers
+    assert len(router.routed) == layers * (NEW_TOKENS - 1)           # every decode step
+    assert {c.layer for c in router.routed} == set(range(layers))
+    assert max(c.max_abs_diff for c in router.routed) < 1e-4
+
+
+@pytest.mark.parametrize("puzzle", sorted(WRONG))
+def test_one_wrong_part_changes_the_tokens(sharp_model, stock_tokens, puzzle):
+    part = next(p for p, name in BODY_PUZZLES.items() if name == puzzle)
+    good = ex.your_kernel(use_solutions=True)
+    wrong = ex.YourKernel(good.parts.replace(**{part: WRONG[puzzle]}), good.origins)
+    router = KernelRouter(wrong, "torch")
+    assert generate(sharp_model, router) != stock_tokens
+    assert max(c.max_abs_diff for c in router.routed) > 0.1
