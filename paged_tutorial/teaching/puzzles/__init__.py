@@ -13,7 +13,8 @@ Modules, one per part of the article: ``block_layout`` (01: a K/V element's byte
 ``block_table`` (02: logical -> physical through the table, in the engine's write path),
 ``kernel_addresses`` (02-03: the table index, the block loop, the K address, in the kernel),
 ``warp_combine`` (04: adding the warps' partial sums for any head_dim), ``online_softmax`` (05:
-the (m, d, acc) update), ``free_list`` (06: when prefill and decode pop, what release pushes),
+the (m, d, acc) update), ``allocator`` (06: the reader's block allocator, pops, release and
+preemption), ``table_sync`` (06: only the changed entries of the table reach the device),
 ``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
 Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
 a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,
@@ -22,8 +23,9 @@ against a stock one).
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.puzzles import (block_layout, block_table, free_list, kernel_addresses, online_softmax,
-               prefix_sharing, warp_combine)
+from paged_tutorial.teaching.puzzles import (allocator, block_layout, block_table,
+                                             kernel_addresses, online_softmax, prefix_sharing,
+                                             table_sync, warp_combine)
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
@@ -32,7 +34,8 @@ PUZZLES: tuple[Puzzle, ...] = (
     *kernel_addresses.PUZZLES,
     *warp_combine.PUZZLES,
     *online_softmax.PUZZLES,
-    *free_list.PUZZLES,
+    *allocator.PUZZLES,
+    *table_sync.PUZZLES,
     *prefix_sharing.PUZZLES,
 )
 
