@@ -76,8 +76,10 @@ EXERCISES = (
                "serves only 2 slots, so most of its 2 GiB waits unused",
             ko=f"{e}: 블록 65536개 / (논리 블록 128개 x 레이어 16개); 글의 엔진은 슬롯 2개만 "
                "쓰므로 2 GiB 의 대부분이 쓰이지 않고 기다립니다"),
-        hint=Text(en="NUM_BLOCKS / (MAX_BLOCKS_PER_SEQ x N_LAYERS)",
-                  ko="NUM_BLOCKS / (MAX_BLOCKS_PER_SEQ x N_LAYERS)"),
+        hint=Text(en="how many physical blocks does one full sequence take, over all its layers? "
+                     "And how many blocks does the cache have?",
+                  ko="꽉 찬 시퀀스 하나가 모든 레이어에 걸쳐 물리 블록을 몇 개 차지할까요? 그리고 "
+                     "캐시에는 블록이 몇 개 있을까요?"),
         mistakes=(Mistake(lambda: 512, Text(
             en="a full sequence needs 128 blocks in every one of the 16 layers",
             ko="꽉 찬 시퀀스는 16개 레이어 각각에 블록 128개가 필요합니다")),)),

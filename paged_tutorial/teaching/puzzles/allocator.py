@@ -346,7 +346,8 @@ class AllocatorPuzzle(Puzzle):
 
     def stub(self) -> str:
         doc = f'    """{str(self.docstring).strip()}\n    """'
-        return (f"{self.signature}\n{doc}\n\n"
+        return ("from paged_tutorial.cache import CacheFullError\n\n\n"
+                f"{self.signature}\n{doc}\n\n"
                 "    def ensure_capacity(self, slot, new_len):\n"
                 f'        """{ENSURE_DOC}\n        """\n        ...   # your code\n\n'
                 "    def release(self, slot):\n"
