@@ -192,3 +192,13 @@ def test_puzzle_lookup():
     with pytest.raises(KeyError, match="puzzles:"):
         puzzle("03.nothing")
     assert all(p.parameters for p in PUZZLES)
+
+
+@pytest.mark.slow
+def test_can_share_tells_tokens_only_from_tokens_and_parent():
+    tokens_only = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f.tokens == t)
+    both = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p)
+    assert tokens_only.status == both.status == "wrong"
+    assert tokens_only.message != both.message
+    assert "not the parent" in tokens_only.message
+    assert "none would be left to compute" in both.message
