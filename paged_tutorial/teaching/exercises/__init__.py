@@ -24,8 +24,7 @@ function that the grader runs inside the article's kernel or a real engine.  Wor
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.exercises.notebook_grading import grade_notebook
-from paged_tutorial.teaching.exercises.progress import progress
+from paged_tutorial.teaching.exercises.notebook_grading import grade_notebook, progress
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language

@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = args.language or getattr(args, "grade_language", None)
 
-    from paged_tutorial.teaching.exercises.notebook_grading import run_notebook
-    from paged_tutorial.teaching.exercises.progress import progress
+    from paged_tutorial.teaching.exercises.notebook_grading import progress, run_notebook
 
     if args.command == "progress":
         if chosen:

@@ -1,5 +1,6 @@
 """Grade a reader's own notebook: run its code cells as she left them, in order, in a fresh
-namespace, and collect the verdict of every ``check(...)`` they call.
+namespace, and collect the verdict of every ``check(...)`` they call; and ``progress()``, the
+same table for every chapter from the verdicts kept (``progress.py``).
 
     pt.exercises.grade_notebook("notebooks/06_block_lifetime.ipynb")
     python -m paged_tutorial.teaching.exercises grade notebooks/06_block_lifetime.ipynb
@@ -21,7 +22,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paged_tutorial.teaching.exercises.progress import collecting, table
+from paged_tutorial.teaching.exercises.progress import collecting, known, table
+from paged_tutorial.teaching.exercises.registry import names as all_names
 from paged_tutorial.teaching.language import language, say, set_language
 
 
@@ -70,8 +72,6 @@ def _chapter(path: Path) -> str:
 
 def run_notebook(path: str | os.PathLike) -> NotebookGrade:
     """Run the notebook's code cells in a fresh namespace and collect its verdicts."""
-    from paged_tutorial.teaching.exercises.registry import names as all_names
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(say(en=f"no notebook at {path}: pass the path of an .ipynb file",
@@ -114,3 +114,20 @@ def grade_notebook(path: str | os.PathLike) -> bool:
     result = run_notebook(path)
     print(result.summary())
     return result.all_solved
+
+
+def progress(prefix: str = "") -> dict[str, str]:
+    """Print, chapter by chapter, every exercise and puzzle with its newest verdict (from this
+    process and the record file); returns {name: "correct" | "wrong" | "unsolved" | "not
+    tried"}.  ``prefix="06."`` shows one chapter."""
+    verdicts = known()
+    chosen = all_names(prefix)
+    chapters = sorted({n.split(".")[0] for n in chosen})
+    for chapter in chapters:
+        mine = [n for n in chosen if n.startswith(chapter + ".")]
+        done = sum(1 for n in mine if verdicts.get(n, {}).get("status") == "correct")
+        print(say(en=f"chapter {chapter}: {done} of {len(mine)} solved",
+                  ko=f"{chapter}장: {len(mine)}개 중 {done}개 풀었음"))
+        print(table(mine, verdicts))
+        print()
+    return {n: verdicts[n]["status"] if n in verdicts else "not tried" for n in chosen}

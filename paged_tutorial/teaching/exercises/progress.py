@@ -1,6 +1,7 @@
 """Which exercises and puzzles the reader has solved: every verdict ``check`` prints is kept
-here, in this process and in a small record file, so that ``progress()`` can show every
-chapter's table from any notebook (each notebook runs in its own kernel).
+here, in this process and in a small record file, so that ``progress()``
+(``notebook_grading.py``) can show every chapter's table from any notebook (each notebook runs
+in its own kernel).
 
 The record file is JSON, ``{name: {"status": ..., "line": first line of the verdict}}``, the
 newest verdict of each name.  It lives in the user's cache folder
@@ -96,22 +97,3 @@ def table(names: list[str], verdicts: dict[str, dict]) -> str:
         status = str(STATUS[entry["status"] if entry else None])
         rows.append(f"{name:<{width}}  {status:<10}  {entry['line'] if entry else ''}")
     return "\n".join(rows)
-
-
-def progress(prefix: str = "") -> dict[str, str]:
-    """Print, chapter by chapter, every exercise and puzzle with its newest verdict (from this
-    process and the record file); returns {name: "correct" | "wrong" | "unsolved" | "not
-    tried"}.  ``prefix="06."`` shows one chapter."""
-    from paged_tutorial.teaching.exercises.registry import names as all_names
-
-    verdicts = known()
-    chosen = all_names(prefix)
-    chapters = sorted({n.split(".")[0] for n in chosen})
-    for chapter in chapters:
-        mine = [n for n in chosen if n.startswith(chapter + ".")]
-        done = sum(1 for n in mine if verdicts.get(n, {}).get("status") == "correct")
-        print(say(en=f"chapter {chapter}: {done} of {len(mine)} solved",
-                  ko=f"{chapter}장: {len(mine)}개 중 {done}개 풀었음"))
-        print(table(mine, verdicts))
-        print()
-    return {n: verdicts[n]["status"] if n in verdicts else "not tried" for n in chosen}

@@ -29,7 +29,8 @@ from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, ru
 
 #: a prefill that fills blocks, decodes across 16 and 32, a release, and a request that reuses
 REQUESTS = ((tuple(range(3, 19)), 20), (tuple(range(20, 25)), 14), (tuple(range(30, 50)), 3))
-ENGINE = dict(max_slots=2, max_seq_len=128)          # a table of 2 x 2 x 8 = 32 entries
+#: a table of 2 x 2 x 8 = 32 entries; no CUDA graphs on a GPU: the sync runs before every step
+ENGINE = dict(max_slots=2, max_seq_len=128, cuda_graphs=False)
 NAMES = ["host_table", "device_table", "changed"]
 
 
