@@ -38,6 +38,10 @@ def test_every_stored_text_has_both_languages():
         for text in (item.title, item.docstring, item.hint, item.runs_in):
             assert isinstance(text, Text), (name, text)
             assert korean(text.ko) and not korean(text.en), (name, text)
+    from paged_tutorial.teaching.puzzles import allocator
+
+    for text in (allocator.ENSURE_DOC, allocator.RELEASE_DOC):
+        assert korean(text.ko) and not korean(text.en)
     for mark in registry.MARKS.values():
         assert korean(mark.ko) and not korean(mark.en)
     with pytest.raises(ValueError, match="missing"):

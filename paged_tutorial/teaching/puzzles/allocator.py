@@ -371,13 +371,21 @@ class AllocatorPuzzle(Puzzle):
         return None
 
 
-ENSURE_DOC = ("Give `slot` a physical block in every layer for each logical block that\n"
-              "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
-              "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
-              "        CacheFullError, changing nothing.")
-RELEASE_DOC = ("Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
-               "        logical block by logical block), reset its entries to -1; return the\n"
-               "        pushed blocks in order.")
+ENSURE_DOC = Text(
+    en="Give `slot` a physical block in every layer for each logical block that\n"
+       "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
+       "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
+       "        CacheFullError, changing nothing.",
+    ko="위치 0..new_len-1 에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
+       "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
+       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError 를 냅니다.")
+RELEASE_DOC = Text(
+    en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
+       "        logical block by logical block), reset its entries to -1; return the\n"
+       "        pushed blocks in order.",
+    ko="`slot` 이 가진 모든 블록을 self.free_blocks 에 (레이어 바깥, 논리 블록 안쪽\n"
+       "        순서로) 밀어 넣고 그 항목을 -1 로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
+       "        돌려줍니다.")
 
 PUZZLES = (
     AllocatorPuzzle(
