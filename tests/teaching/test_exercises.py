@@ -5,6 +5,7 @@ wrong, a bool is not an integer, real numbers count to 4 significant digits)."""
 from __future__ import annotations
 
 import ast
+import re
 import math
 import subprocess
 import sys
@@ -163,3 +164,10 @@ def test_no_grader_imports_the_solutions():
                 if any("solutions" in n for n in names):
                     offenders.append(path.name)
     assert not offenders
+
+
+def test_flat_index_hint_does_not_give_the_formula_away():
+    verdict = ex.grade("02.flat_index", 7)
+    assert verdict.status == "wrong"
+    assert "MAX_BLOCKS_PER_SEQ + layer" not in verdict.message
+    assert not re.search(r"slot\s*\*\s*N_LAYERS", verdict.message), verdict.message

@@ -16,10 +16,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+import paged_tutorial as pt  # noqa: E402
 import paged_tutorial.teaching.exercises as ex  # noqa: E402
 from paged_tutorial.teaching.puzzles import PUZZLES, puzzle  # noqa: E402
-from paged_tutorial.teaching.puzzles.free_list import article_release_order  # noqa: E402
 from helpers.kernel_bodies import WRONG_BODIES  # noqa: E402
+from helpers.wrong_allocators import WRONG as WRONG_ALLOCATORS  # noqa: E402
 
 
 def _softmax(rescale_acc=True, rescale_d=True, inverted=False, keep_first_max=False):
@@ -77,24 +78,17 @@ WRONG = {
         "no running max: exp(score) summed as it is (notebook 05's example)":
             lambda m, d, acc, s, v: (m, d + math.exp(s), acc + math.exp(s) * v),
     },
-    "06.prefill_pops": {
-        "floor division": lambda n, BS: n // BS,
-        "off-by-one ceiling": lambda n, BS: n // BS + 1,
-        "a block per token": lambda n, BS: n,
-    },
-    "06.decode_pops": {
-        "pops one token early": lambda p, BS: p % BS == BS - 1,
-        "pops after the block is full": lambda p, BS: (p + 1) % BS == 0,
-        "never pops": lambda p, BS: False,
-        "returns an int, not a bool": lambda p, BS: int(p % BS == 0),
-    },
-    "06.release_order": {
-        "blocks pushed in reverse order": lambda t, s: article_release_order(t, s)[::-1],
-        "logical block by logical block, then layer": lambda t, s: [
-            int(t[s, layer, lb]) for lb in range(t.shape[2]) for layer in range(t.shape[1])
-            if t[s, layer, lb] >= 0],
-        "layer 0 only (the other layers leak)": lambda t, s: [int(b) for b in t[s, 0] if b >= 0],
-        "-1 entries pushed too": lambda t, s: [int(b) for b in t[s].ravel()],
+    "06.allocator": WRONG_ALLOCATORS,
+    "06.table_sync": {
+        "copies nothing after a change": lambda host, device, changed: None,
+        "copies only the first changed entry":
+            lambda host, device, changed: changed and device.__setitem__(changed[0],
+                                                                         host[changed[0]]),
+        "copies the whole table (the article's cost)":
+            lambda host, device, changed: device.__setitem__(slice(None), host),
+        "copies the changed entries' whole rows": lambda host, device, changed: [
+            device.__setitem__(slice(i - i % 8, i - i % 8 + 8), host[i - i % 8:i - i % 8 + 8])
+            for i in changed],
     },
     "09.can_share": {
         "trusts the key (no token check)":
@@ -148,14 +142,16 @@ def test_wrong_answer_fails(name, what):
 @pytest.mark.parametrize("name", NAMES)
 def test_stub_is_not_solved_and_signature_is_checked(name):
     p = puzzle(name)
-    namespace = {}
+    namespace = {"pt": pt}
     exec(p.stub(), namespace)                       # the cell a notebook starts with
     stub = namespace[p.function_name]
     verdict = ex.grade(name, stub)
     assert verdict.status == "unsolved", verdict.message
     assert ex.grade(name, ...).status == "unsolved"
     assert ex.grade(name, 42).status == "wrong"
-    assert "argument" in ex.grade(name, lambda x: x).message
+    refused = ex.grade(name, lambda x: x)
+    assert refused.status == "wrong"
+    assert ("argument" if p.signature.startswith("def") else "AllocatorBase") in refused.message
     text = p.describe()
     assert p.signature in text and str(p.hint) in text and p.article in text
 
@@ -218,3 +214,13 @@ def test_a_stuck_kernel_is_stopped_and_reported_not_hung():
     result = kernel_harness.run_body(prep, attention.ARTICLE_PARTS.replace(token_score=spins),
                                      timeout=3)
     assert result.error is not None and "still running after 3 s" in result.error
+
+
+@pytest.mark.slow
+def test_can_share_tells_tokens_only_from_tokens_and_parent():
+    tokens_only = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f.tokens == t)
+    both = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p)
+    assert tokens_only.status == both.status == "wrong"
+    assert tokens_only.message != both.message
+    assert "not the parent" in tokens_only.message
+    assert "none would be left to compute" in both.message

@@ -19,9 +19,15 @@ from typing import Any, Callable
 
 from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
+from paged_tutorial.teaching.exercises.progress import record
+from paged_tutorial.teaching.exercises.solution_code import Solution
+from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
-MARKS = {"correct": "✔ correct", "wrong": "✘ not yet", "unsolved": "✘ not solved yet"}
+#: the first word of every verdict line, by status
+MARKS = {"correct": Text(en="✔ correct", ko="✔ 정답"),
+         "wrong": Text(en="✘ not yet", ko="✘ 아직 아닙니다"),
+         "unsolved": Text(en="✘ not solved yet", ko="✘ 아직 풀지 않았습니다")}
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class Mistake:
     ``says`` tells the reader what it means."""
 
     value: Callable[[], Any]
-    says: str
+    says: Text
 
 
 _EXPECTED: dict = {}
@@ -39,11 +45,12 @@ _EXPECTED: dict = {}
 @dataclass(frozen=True)
 class Exercise:
     name: str                                    # "NN.short_name", NN = the notebook
-    question: str
+    question: Text
     kind: Kind
     expected: Callable[[], Any]                  # the right answer, computed from the package
-    explain: Callable[[Any], str]                # said when right (gets the expected value)
-    hint: str                                    # said when wrong and no known mistake matches
+    explain: Callable[[Any], str]                # said when right (gets the expected value;
+    #                                              built with ``say`` in both languages)
+    hint: Text                                   # said when wrong and no known mistake matches
     mistakes: tuple[Mistake, ...] = field(default=())
 
     def right_answer(self):
@@ -53,11 +60,14 @@ class Exercise:
         return _EXPECTED[self.name]
 
     def grade(self, answer) -> Verdict:
+        what = self.kind.what
         if unsolved(answer):
-            return Verdict("unsolved", f"replace ... with your answer ({self.kind.what})")
+            return Verdict("unsolved", say(en=f"replace ... with your answer ({what})",
+                                           ko=f"... 을 답으로 바꾸세요 ({what})"))
         problem = self.kind.type_problem(answer)
         if problem:
-            return Verdict("wrong", f"{problem}.  Expected {self.kind.what}.")
+            return Verdict("wrong", say(en=f"{problem}.  Expected {what}.",
+                                        ko=f"{problem}.  답은 {what} 입니다."))
         expected = self.right_answer()
         if self.kind.equal(answer, expected):
             return Verdict("correct", str(self.explain(expected)))
@@ -66,7 +76,8 @@ class Exercise:
             if self.kind.type_problem(wrong) is None and self.kind.equal(answer, wrong):
                 return Verdict("wrong", str(mistake.says))
         parts = self.kind.wrong_parts(answer, expected)
-        where = f"{', '.join(parts)} wrong; " if parts else ""
+        where = say(en=f"{', '.join(parts)} wrong; ", ko=f"{', '.join(parts)} 이(가) 틀렸습니다; ") \
+            if parts else ""
         return Verdict("wrong", f"{where}{self.hint}")
 
 
@@ -105,13 +116,15 @@ def get(name: str):
     items = _load()
     if name not in items:
         known = ", ".join(sorted(items))
-        raise KeyError(f"no exercise or puzzle named {name!r}; known: {known}")
+        raise KeyError(say(en=f"no exercise or puzzle named {name!r}; known: {known}",
+                           ko=f"{name!r} 라는 연습문제나 퍼즐은 없습니다; 있는 것: {known}"))
     return items[name]
 
 
 def grade(name: str, answer) -> Verdict:
-    """Grade ``answer`` without printing anything."""
-    return get(name).grade(answer)
+    """Grade ``answer`` without printing anything.  A worked solution from ``reveal`` is
+    graded as the code it shows."""
+    return get(name).grade(answer.code if isinstance(answer, Solution) else answer)
 
 
 def _in_notebook() -> bool:
@@ -132,6 +145,7 @@ def check(name: str, answer, draw: bool | None = None) -> bool:
     verdict = grade(name, answer)
     if verdict.ok and not isinstance(get(name), Exercise):
         solved.remember(name, answer)
+    record(name, verdict)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
     if verdict.figure is not None and (_in_notebook() if draw is None else draw):
         figure = verdict.figure()
@@ -149,5 +163,5 @@ def expected_answer(name: str):
     tests, which compare it with the worked solution); puzzles have none."""
     item = get(name)
     if not isinstance(item, Exercise):
-        raise TypeError(f"{name} is a puzzle: its answer is a function, see reveal({name!r})")
+        raise TypeError(f"{name} is a puzzle: its answer is code, see reveal({name!r})")
     return as_plain(item.right_answer())

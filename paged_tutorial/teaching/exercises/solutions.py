@@ -2,11 +2,11 @@
 
 An exercise's solution is the arithmetic a reader would do by hand, from the article's numbers:
 the checker computes the right answer independently, from the package, and the tests check
-that the two agree.  A puzzle's solution is a function with the puzzle's signature; where the
-package's own code *is* the answer (the kernel's parts in ``attention.py``, the sharing rule
-in ``prefix_cache.py``, the article's free-list rules the free-list grader runs), the solution
-is that code, named in ``PACKAGE_CODE`` and imported only when revealed: importing this module
-imports no kernel, and no grader imports this module.
+that the two agree.  A puzzle's solution is a function with the puzzle's signature (a class,
+for ``06.allocator``); where the package's own code *is* the answer (the kernel's parts in
+``attention.py``, the sharing rule in ``prefix_cache.py``), the solution is that code, named
+in ``PACKAGE_CODE`` and imported only when revealed: importing this module imports no kernel,
+and no grader imports this module.  ``reveal`` shows a puzzle's solution as its source code.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from __future__ import annotations
 import importlib
 import math
 
+from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+
+from paged_tutorial.cache.block_allocator import CacheFullError
 from paged_tutorial.teaching.exercises.registry import get
+from paged_tutorial.teaching.exercises.solution_code import Solution
 
 # --- the article's numbers -------------------------------------------------------------
 N_LAYERS, KV_DIM, BF16, BLOCK_SIZE = 16, 8 * 64, 2, 16
@@ -90,13 +94,46 @@ def locate(block_table, slot, layer, position, BLOCK_SIZE):
     return int(block_table[slot, layer, logical_block]), row
 
 
+class ArticleAllocator(AllocatorBase):
+    """06.allocator: the article's block manager (main.cpp:266-272, 859-865, 1018-1029)."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        self.check_length(slot, new_len)
+        needed = [(layer, logical) for layer in range(c.num_layers)
+                  for logical in range(c.blocks_for_tokens(new_len))
+                  if self.table.entries[slot, layer, logical] == -1]   # rules 1 and 2
+        if len(needed) > len(self.free_blocks):
+            raise CacheFullError(f"slot {slot} needs {len(needed)} blocks, "
+                                 f"{len(self.free_blocks)} free")
+        for layer, logical in needed:
+            self.table.assign(slot, layer, logical, self.free_blocks.pop())
+
+    def release(self, slot):
+        pushed = []
+        for layer in range(self.config.num_layers):
+            for logical in range(self.config.MAX_BLOCKS_PER_SEQ):
+                if self.table.entries[slot, layer, logical] != -1:
+                    block = self.table.unassign(slot, layer, logical)
+                    self.free_blocks.append(block)
+                    pushed.append(block)
+        return pushed
+
+
+def sync_table(host_table, device_table, changed):
+    """06.table_sync: send only the entries that changed since the last sync."""
+    for i in changed:
+        device_table[i] = host_table[i]
+
+
 PUZZLE_SOLUTIONS = {
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
+    "06.allocator": ArticleAllocator,
+    "06.table_sync": sync_table,
 }
 
 _KERNEL = "paged_tutorial.backends.numba_cuda.kernels.attention"
-_FREE_LIST = "paged_tutorial.teaching.puzzles.free_list"
 #: puzzles whose answer is the package's own code: (module, function)
 PACKAGE_CODE = {
     "02.table_index": (_KERNEL, "block_table_index"),
@@ -105,9 +142,6 @@ PACKAGE_CODE = {
     "04.token_score": (_KERNEL, "token_score"),
     "05.softmax_update": (_KERNEL, "softmax_update"),
     "05.write_output": (_KERNEL, "write_output"),
-    "06.prefill_pops": (_FREE_LIST, "article_prefill_pops"),
-    "06.decode_pops": (_FREE_LIST, "article_decode_pops"),
-    "06.release_order": (_FREE_LIST, "article_release_order"),
     "09.can_share": ("paged_tutorial.cache.prefix_cache", "may_share"),
 }
 
@@ -117,8 +151,9 @@ def solved() -> list[str]:
     return sorted({**EXERCISE_SOLUTIONS, **PUZZLE_SOLUTIONS, **PACKAGE_CODE})
 
 
-def reveal(name: str):
-    """The worked solution of ``name``: a value for an exercise, a function for a puzzle."""
+def solution_of(name: str):
+    """The worked solution itself: a value for an exercise, the function or class for a
+    puzzle (what tests and ``check`` take)."""
     get(name)                                    # a KeyError naming the known ones, if unknown
     if name in PACKAGE_CODE:
         module, function = PACKAGE_CODE[name]
@@ -126,3 +161,13 @@ def reveal(name: str):
     if name in EXERCISE_SOLUTIONS:
         return EXERCISE_SOLUTIONS[name]
     return PUZZLE_SOLUTIONS[name]
+
+
+def reveal(name: str):
+    """The worked solution of ``name``: an exercise's value as it is; a puzzle's function or
+    class as a ``Solution``, which shows its source code (highlighted in a notebook) and is
+    passed to ``check`` or called like the code itself."""
+    code = solution_of(name)
+    if name in EXERCISE_SOLUTIONS:
+        return code
+    return Solution(name, code)

@@ -14,8 +14,9 @@ Modules, one per part of the article: ``block_layout`` (01: a K/V element's byte
 ``kernel_addresses`` (02-03: the table index and the K address, in the kernel), the kernel's
 body parts written as device code: ``block_walk`` (03: the loop over blocks), ``score_handoff``
 (04: one token's score, shuffle tree to race-free hand-off), ``output_store`` (05: the in-place
-store); ``online_softmax`` (05: the (m, d, acc) update), ``free_list`` (06: when prefill and
-decode pop, what release pushes),
+store); ``online_softmax`` (05: the (m, d, acc) update), ``allocator`` (06: the reader's block
+allocator, pops, release and preemption), ``table_sync`` (06: only the changed entries of the
+table reach the device),
 ``prefix_sharing`` (09, beyond the article: when a request may use a cached block).
 Shared machinery: ``base`` (the Puzzle record, host calls), ``kernel_harness`` (the kernel with
 a replaced part, against the oracles), ``engine_harness`` (a tiny engine with a replaced piece,
@@ -24,10 +25,9 @@ against a stock one).
 
 from __future__ import annotations
 
-from paged_tutorial.teaching.puzzles import (block_layout, block_table, block_walk, free_list,
-                                            kernel_addresses,
-                                            online_softmax, output_store, prefix_sharing,
-                                            score_handoff)
+from paged_tutorial.teaching.puzzles import (allocator, block_layout, block_table, block_walk,
+                                             kernel_addresses, online_softmax, output_store,
+                                             prefix_sharing, score_handoff, table_sync)
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 PUZZLES: tuple[Puzzle, ...] = (
@@ -38,7 +38,8 @@ PUZZLES: tuple[Puzzle, ...] = (
     *score_handoff.PUZZLES,
     *online_softmax.PUZZLES,
     *output_store.PUZZLES,
-    *free_list.PUZZLES,
+    *allocator.PUZZLES,
+    *table_sync.PUZZLES,
     *prefix_sharing.PUZZLES,
 )
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.backends.torch_ref import TorchBackend
+from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -30,7 +31,8 @@ def article_offset(c, token, head, dim, is_value) -> int:
 
 
 def element_label(which: int, token: int, head: int, dim: int) -> str:
-    return f"{'KV'[which]} of token {token}, kv head {head}, dim {dim}"
+    return say(en=f"{'KV'[which]} of token {token}, kv head {head}, dim {dim}",
+               ko=f"토큰 {token}, kv head {head}, 차원 {dim} 의 {'KV'[which]}")
 
 
 def offsets_of(fn, c) -> np.ndarray:
@@ -43,12 +45,16 @@ def offsets_of(fn, c) -> np.ndarray:
                 for d in range(c.head_dim):
                     args = (t, h, d, bool(which), c.BLOCK_SIZE, c.KV_DIM, c.head_dim, c.ITEMSIZE)
                     call = ", ".join(f"{n}={a}" for n, a in zip(NAMES, args))
-                    off = need_int(host_call(fn, args, NAMES), "the offset",
-                                   f"kv_byte_offset({call})")
+                    off = need_int(host_call(fn, args, NAMES),
+                                   say(en="the offset", ko="오프셋"), f"kv_byte_offset({call})")
                     if not 0 <= off <= c.BLOCK_BYTES - c.ITEMSIZE:
-                        raise Wrong(f"{element_label(which, t, h, d)} lands at byte {off}, outside "
-                                    f"its {c.BLOCK_BYTES}-byte block (BLOCK_BYTES): it would "
-                                    "overwrite another block", figure=None)
+                        label = element_label(which, t, h, d)
+                        raise Wrong(say(
+                            en=f"{label} lands at byte {off}, outside its {c.BLOCK_BYTES}-byte "
+                               "block (BLOCK_BYTES): it would overwrite another block",
+                            ko=f"{label} 가 바이트 {off} 에 놓여 {c.BLOCK_BYTES} 바이트짜리 "
+                               "블록(BLOCK_BYTES) 밖으로 나갑니다: 다른 블록을 덮어씁니다"),
+                            figure=None)
                     out[which, t, h, d] = off
     return out
 
@@ -81,18 +87,22 @@ def explain(offsets: np.ndarray, c) -> str:
         off = int(offsets[which, t, h, d])
         for b in range(off, off + c.ITEMSIZE):
             if b in owner:
-                other = owner[b]
-                return (f"{element_label(which, t, h, d)} (byte {off}) and "
-                        f"{element_label(*other)} overlap: each element takes "
-                        f"{c.ITEMSIZE} bytes, so one of them is lost")
+                here, other = element_label(which, t, h, d), element_label(*owner[b])
+                return say(en=f"{here} (byte {off}) and {other} overlap: each element takes "
+                              f"{c.ITEMSIZE} bytes, so one of them is lost",
+                           ko=f"{here} (바이트 {off}) 와 {other} 가 겹칩니다: 원소마다 "
+                              f"{c.ITEMSIZE} 바이트를 차지하므로 하나를 잃습니다")
             owner[b] = (which, t, h, d)
     for which, t, h, d in np.ndindex(offsets.shape):
         want = article_offset(c, t, h, d, which)
         if offsets[which, t, h, d] != want:
-            return (f"{element_label(which, t, h, d)} is written at byte "
-                    f"{int(offsets[which, t, h, d])} of its block, but the decode kernel reads it "
-                    f"at byte {want}")
-    return "the offsets match the article's layout"
+            label, got = element_label(which, t, h, d), int(offsets[which, t, h, d])
+            return say(en=f"{label} is written at byte {got} of its block, but the decode kernel "
+                          f"reads it at byte {want}",
+                       ko=f"{label} 를 블록의 바이트 {got} 에 썼는데, 디코드 커널은 바이트 {want} "
+                          "에서 읽습니다")
+    return say(en="the offsets match the article's layout",
+               ko="오프셋이 글의 배치와 같습니다")
 
 
 ENGINE = dict(device="cpu", max_slots=1, max_seq_len=32)
@@ -121,26 +131,43 @@ def grade(fn) -> str:
             for which, t, h, d in np.ndindex(offsets.shape):
                 expected[which, t, h, d] = article_offset(config, t, h, d, which)
             return plot_block_layout(config, offsets, expected)
-        raise Wrong(f"the engine's {step.kind} step {step.index} differs from a stock engine's "
-                    f"(its logits read NaN or misplaced values): {explain(offsets, config)}",
+        why = explain(offsets, config)
+        raise Wrong(say(en=f"the engine's {step.kind} step {step.index} differs from a stock "
+                           f"engine's (its logits read NaN or misplaced values): {why}",
+                        ko=f"엔진의 {step.kind} 스텝 {step.index} 가 표준 엔진과 다릅니다 "
+                           f"(logits 가 NaN 이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
                     figure=draw)
-    return (f"a 20-token prompt and 3 decode steps through your layout (bf16, "
-            f"{config.num_kv_heads} KV heads x {config.head_dim}): logits bit-identical to a "
-            "stock engine's")
+    heads = f"{config.num_kv_heads} KV heads x {config.head_dim}"
+    return say(en=f"a 20-token prompt and 3 decode steps through your layout (bf16, {heads}): "
+                  "logits bit-identical to a stock engine's",
+               ko=f"20 토큰 프롬프트와 디코드 3 스텝을 직접 쓴 배치로 (bf16, {heads}): logits 가 "
+                  "표준 엔진과 비트 단위로 같습니다")
 
 
 PUZZLES = (
     Puzzle(
-        "01.kv_offset", "a K/V element's byte offset inside its block",
+        "01.kv_offset", Text(en="a K/V element's byte offset inside its block",
+                             ko="블록 안에서 K/V 원소 하나의 바이트 오프셋"),
         "def kv_byte_offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM, "
         "ITEMSIZE):",
-        "Return the byte offset, from the start of its physical block, of one element: dimension\n"
-        "`dim` of kv head `kv_head`'s K vector (is_value False) or V vector (is_value True) for\n"
-        "row `token_in_block` of the block.  A block holds BLOCK_SIZE rows of K, then the same\n"
-        "rows of V; a row holds the KV_DIM = n_kv_heads x HEAD_DIM elements of one token, head\n"
-        "after head; an element takes ITEMSIZE bytes (2 for bf16).",
-        "Where does V start?  Count the bytes of all the K rows before it (that is the "
-        "article's V_OFFSET).",
-        "a real Engine (torch backend, bf16, 2 KV heads): your offsets place K and V, the "
-        "decode attention reads them", "main.cpp:866-872 (and kernels.cu:484-485)", grade),
+        Text(en="Return the byte offset, from the start of its physical block, of one element:\n"
+                "dimension `dim` of kv head `kv_head`'s K vector (is_value False) or V vector\n"
+                "(is_value True) for row `token_in_block` of the block.  A block holds\n"
+                "BLOCK_SIZE rows of K, then the same rows of V; a row holds the KV_DIM =\n"
+                "n_kv_heads x HEAD_DIM elements of one token, head after head; an element takes\n"
+                "ITEMSIZE bytes (2 for bf16).",
+             ko="물리 블록 시작에서 센, 원소 하나의 바이트 오프셋을 돌려줍니다: 블록의 행\n"
+                "`token_in_block` 에서 kv head `kv_head` 의 K 벡터 (is_value False) 또는 V 벡터\n"
+                "(is_value True) 의 차원 `dim`.  블록에는 K 의 BLOCK_SIZE 행이 먼저, 그 뒤에 같은\n"
+                "수의 V 행이 있습니다; 한 행은 토큰 하나의 KV_DIM = n_kv_heads x HEAD_DIM 원소를\n"
+                "head 순서로 담고, 원소 하나는 ITEMSIZE 바이트입니다 (bf16 은 2)."),
+        Text(en="Where does V start?  Count the bytes of all the K rows before it (that is the "
+                "article's V_OFFSET).",
+             ko="V 는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
+                "V_OFFSET 입니다)."),
+        Text(en="a real Engine (torch backend, bf16, 2 KV heads): your offsets place K and V, "
+                "the decode attention reads them",
+             ko="실제 Engine (torch 백엔드, bf16, KV head 2개): 직접 쓴 오프셋으로 K 와 V 를 "
+                "놓고, 디코드 어텐션이 읽습니다"),
+        "main.cpp:866-872 (and kernels.cu:484-485)", grade),
 )

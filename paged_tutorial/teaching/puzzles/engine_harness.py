@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import ModelConfig
+from paged_tutorial.teaching.language import say
 
 #: the tiny Llama of the engine puzzles: 2 KV heads, so a head's slice of a K row matters
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -57,7 +58,8 @@ class StepState:
 
 
 def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
-        against: list | None = None, compare_blocks: bool = False, max_steps: int = 200):
+        against: list | None = None, compare_blocks: bool = False, max_steps: int = 200,
+        after_step=None):
     """Serve ``requests`` [(prompt ids, max_new_tokens)] greedily to the end; returns one
     ``StepState`` per step.  ``shuffle_seed`` permutes the free list first (so physical blocks
     differ from logical ones); ``poison`` fills the cache with NaN first (a read of anything
@@ -66,7 +68,8 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
     With ``against`` (a stock run's states) the run stops at the first step that differs and
     returns ``(states, (position, what))`` (``what``: kind, logits, table, free, length), or
     ``(states, None)``; a ``Wrong`` raised by the reader's code during a step is re-raised with
-    the step named."""
+    the step named.  ``after_step(state)`` is called after every step (e.g. to check the
+    cache's invariants)."""
     from paged_tutorial.teaching.puzzles.base import Wrong
 
     cache = engine.cache
@@ -86,11 +89,14 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
         except Wrong as wrong:
             if against is None or i >= len(against):
                 raise
-            raise Wrong(f"during step {against[i].index} ({against[i].kind}): {wrong.message}",
-                        wrong.figure) from None
+            step, kind = against[i].index, against[i].kind
+            raise Wrong(say(en=f"during step {step} ({kind}): {wrong.message}",
+                            ko=f"스텝 {step} ({kind}) 중: {wrong.message}"), wrong.figure) from None
         states.append(StepState(report.index, report.kind, dict(report.new_tokens),
                                 list(report.finished), report.logits,
                                 engine.cache.block_table.copy(), list(engine.cache.free_blocks)))
+        if after_step is not None:
+            after_step(states[-1])
         if against is not None:
             diff = first_difference(states[i:], against[i:i + 1], compare_blocks)
             if diff is not None:

@@ -6,12 +6,16 @@ request may point its table entry at what the key found.  The grader runs real e
 ``PrefixCachingKVCache`` asks the reader's rule (``share_rule``), next to stock engines, on
 scenarios chosen to cross each edge of the rule:
 
-- *the same system prompt*: ordinary sharing, and a prompt of exactly two blocks (its last
-  block must be computed: the first generated token comes from the last token's logits);
+- *the hash ignores the chain*: a hash of a block's own tokens only, so "X Y" finds the Y that
+  was computed after V;
 - *every key collides*: a hash under which every block has the same key, so a key finds a block
   that holds other tokens;
-- *the hash ignores the chain*: a hash of a block's own tokens only, so "X Y" finds the Y that
-  was computed after V.
+- *the same system prompt*: ordinary sharing, and a prompt of exactly two blocks (its last
+  block must be computed: the first generated token comes from the last token's logits).
+
+In that order, a rule that compares the tokens but not the parent fails on the first scenario
+and one that compares both but shares the last token's block fails on the third, each with its
+own message.
 
 Each call of the reader's rule is compared with the engine's own rule on the same arguments;
 the run goes on with the reader's decision (so a wrong share shows up in the tokens) unless it
@@ -28,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
+from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call
 from paged_tutorial.teaching.puzzles.engine_harness import tiny_model
 
@@ -52,13 +57,19 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("the same system prompt", chain_hash,
-             (SYSTEM + _ids(5, 5), SYSTEM + _ids(6, 9), SYSTEM, SYSTEM[:BLOCK] + _ids(7, 20))),
-    Scenario("every key collides", lambda parent, tokens: 0,
-             (X + Y + [1, 2, 3], V + _ids(8, 20), X + Y + [4, 5])),
     Scenario("the hash ignores the chain", lambda parent, tokens: chain_hash(None, tokens),
              (V + Y + [1], X + Y + [2], X + Y + [3])),
+    Scenario("every key collides", lambda parent, tokens: 0,
+             (X + Y + [1, 2, 3], V + _ids(8, 20), X + Y + [4, 5])),
+    Scenario("the same system prompt", chain_hash,
+             (SYSTEM + _ids(5, 5), SYSTEM + _ids(6, 9), SYSTEM, SYSTEM[:BLOCK] + _ids(7, 20))),
 )
+#: the scenarios' names as the verdicts say them
+SCENARIO_NAMES = {"the hash ignores the chain": Text(en="the hash ignores the chain",
+                                                     ko="체인을 무시하는 해시"),
+                  "every key collides": Text(en="every key collides", ko="모든 키가 충돌"),
+                  "the same system prompt": Text(en="the same system prompt",
+                                                 ko="같은 시스템 프롬프트")}
 
 
 NUM_BLOCKS = 64                      # room for every scenario's blocks: nothing is evicted
@@ -116,35 +127,56 @@ class ReaderRule:
         args = (found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
         mine = host_call(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
-            raise Wrong(f"can_share returned {mine!r}; it must return True or False")
+            raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
+                            ko=f"can_share 가 {mine!r} 를 돌려줬습니다; True 나 False 를 돌려줘야 "
+                               "합니다"))
         mine = bool(mine)
         engine = may_share(*args)
         if mine != engine and self.first_disagreement is None:
             self.first_disagreement = Call(self.request, args, mine, engine)
         if mine and (logical_block + 1) * BLOCK_SIZE >= n_tokens:
-            raise Wrong(
-                f"[{self.scenario.name}] request r{self.request} has {n_tokens} tokens and your "
-                f"rule shares its logical block {logical_block} (tokens {logical_block * BLOCK_SIZE}"
-                f"..{(logical_block + 1) * BLOCK_SIZE - 1}): every token would come from the "
-                "cache and none would be left to compute, but the first generated token comes "
-                "from the logits of the last token computed.")
+            name, r = SCENARIO_NAMES[self.scenario.name], self.request
+            first, last = logical_block * BLOCK_SIZE, (logical_block + 1) * BLOCK_SIZE - 1
+            raise Wrong(say(
+                en=f"[{name}] request r{r} has {n_tokens} tokens and your rule shares its "
+                   f"logical block {logical_block} (tokens {first}..{last}): every token would "
+                   "come from the cache and none would be left to compute, but the first "
+                   "generated token comes from the logits of the last token computed.",
+                ko=f"[{name}] 요청 r{r} 은 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
+                   f"{logical_block} (토큰 {first}..{last}) 을 공유합니다: 모든 토큰이 캐시에서 "
+                   "와서 계산할 토큰이 하나도 남지 않지만, 첫 생성 토큰은 마지막으로 계산한 "
+                   "토큰의 logits 에서 나옵니다."))
         return mine
 
 
 def _describe(call: Call, scenario: Scenario) -> str:
     found, tokens, previous, lb, n_tokens, bs = call.args
-    where = f"[{scenario.name}] request r{call.request}, logical block {lb}"
+    name = SCENARIO_NAMES[scenario.name]
+    where = say(en=f"[{name}] request r{call.request}, logical block {lb}",
+                ko=f"[{name}] 요청 r{call.request}, 논리 블록 {lb}")
     if call.mine:
         if found.tokens != tokens:
-            return (f"{where}: your rule shared a cached block that holds other tokens "
-                    f"({list(found.tokens[:4])}... where the request has {list(tokens[:4])}...). "
-                    "Equal keys do not prove equal contents: a key is a hash")
-        return (f"{where}: your rule shared a cached block with the request's own tokens, but "
-                "computed after a different block (found.parent is not previous): K/V depend on "
-                "every earlier token, so these are another prompt's K/V")
-    return (f"{where}: your rule refused a cached block with the same tokens, computed after "
-            "the same block (found.parent is previous), leaving one token or more to compute; "
-            "the request computed tokens it could have shared")
+            theirs, own = list(found.tokens[:4]), list(tokens[:4])
+            return say(en=f"{where}: your rule shared a cached block that holds other tokens "
+                          f"({theirs}... where the request has {own}...). Equal keys do not "
+                          "prove equal contents: a key is a hash",
+                       ko=f"{where}: 규칙이 다른 토큰을 담은 캐시 블록을 공유했습니다 "
+                          f"(요청은 {own}... 인데 블록은 {theirs}...). 키가 같다고 내용이 같은 "
+                          "것은 아닙니다: 키는 해시입니다")
+        return say(en=f"{where}: your rule compared the tokens but not the parent: it shared a "
+                      "cached block with the request's own tokens, computed after a different "
+                      "block (found.parent is not previous).  K/V depend on every earlier token, "
+                      "so these are another prompt's K/V",
+                   ko=f"{where}: 규칙이 토큰만 비교하고 부모는 비교하지 않았습니다: 요청과 같은 "
+                      "토큰이지만 다른 블록 뒤에서 계산된 캐시 블록을 공유했습니다 (found.parent "
+                      "가 previous 가 아님).  K/V 는 앞의 모든 토큰에 달려 있으므로 이것은 다른 "
+                      "프롬프트의 K/V 입니다")
+    return say(en=f"{where}: your rule refused a cached block with the same tokens, computed "
+                  "after the same block (found.parent is previous), leaving one token or more to "
+                  "compute; the request computed tokens it could have shared",
+               ko=f"{where}: 규칙이 같은 토큰을 같은 블록 뒤에서 계산한 캐시 블록을 (found.parent "
+                  "가 previous) 거절했습니다. 계산할 토큰이 하나 이상 남는데도요; 요청은 공유할 수 "
+                  "있던 토큰을 다시 계산했습니다")
 
 
 def grade(fn) -> str:
@@ -155,34 +187,57 @@ def grade(fn) -> str:
         if rule.first_disagreement is not None:
             call = rule.first_disagreement
             r = call.request
-            effect = (f"  Result: r{r} found {mine[r][0]} prompt tokens in the cache (the "
-                      f"engine: {stock[r][0]})")
+            effect = say(en=f"  Result: r{r} found {mine[r][0]} prompt tokens in the cache (the "
+                            f"engine: {stock[r][0]})",
+                         ko=f"  결과: r{r} 가 캐시에서 프롬프트 토큰 {mine[r][0]}개를 찾았습니다 "
+                            f"(엔진: {stock[r][0]})")
             if mine[r][1] != stock[r][1]:
-                effect += (f" and generated {mine[r][1]} instead of {stock[r][1]}")
+                effect += say(en=f" and generated {mine[r][1]} instead of {stock[r][1]}",
+                              ko=f", 그리고 {stock[r][1]} 대신 {mine[r][1]} 를 생성했습니다")
             raise Wrong(_describe(call, scenario) + "." + effect + ".")
         if mine != list(stock):                 # cannot happen without a disagreement
-            raise Wrong(f"[{scenario.name}] the run differs from the engine's: {mine} vs "
-                        f"{list(stock)}")
-    return ("3 scenarios (a shared system prompt with a prompt of exactly two blocks, colliding "
-            "keys, a hash that ignores the chain): every decision equals the engine's, and so "
-            "do every request's cached tokens and generated tokens")
+            raise Wrong(say(en=f"[{SCENARIO_NAMES[scenario.name]}] the run differs from the "
+                               f"engine's: {mine} vs {list(stock)}",
+                            ko=f"[{SCENARIO_NAMES[scenario.name]}] 실행이 엔진과 다릅니다: "
+                               f"{mine} 대 {list(stock)}"))
+    return say(en="3 scenarios (a hash that ignores the chain, colliding keys, a shared system "
+                  "prompt with a prompt of exactly two blocks): every decision equals the "
+                  "engine's, and so do every request's cached tokens and generated tokens",
+               ko="시나리오 3개 (체인을 무시하는 해시, 충돌하는 키, 정확히 두 블록짜리 프롬프트를 "
+                  "포함한 공유 시스템 프롬프트): 모든 결정이 엔진과 같고, 모든 요청의 캐시된 토큰과 "
+                  "생성 토큰도 같습니다")
 
 
 PUZZLES = (
     Puzzle(
-        "09.can_share", "may a request use the cached block its hash key found?",
+        "09.can_share", Text(en="may a request use the cached block its hash key found?",
+                             ko="요청이 해시 키로 찾은 캐시 블록을 써도 될까?"),
         "def can_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):",
-        "The prefix cache found `found` under the hash key of the request's logical block\n"
-        "`logical_block`, a full block of its prompt.  found.tokens: the token ids (a tuple)\n"
-        "whose K/V the cached block holds; found.parent: the cached block it was computed\n"
-        "after (None for a first block).  tokens: the request's own ids in this block (a\n"
-        "tuple); previous: the cached block the request already shares for the block before\n"
-        "(None for block 0); n_tokens: how many tokens the request has.  Return True if the\n"
-        "request may point its table entries at found's blocks instead of computing them.",
-        "A key is a hash of the block's tokens and of the key before it: which contents could "
-        "share it?  K/V depend on every earlier token.  And the first generated token comes "
-        "from the logits of the last token computed: can every token come from the cache?",
-        "real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache asks your "
-        "rule, next to stock engines, under three hash functions",
+        Text(en="The prefix cache found `found` under the hash key of the request's logical\n"
+                "block `logical_block`, a full block of its prompt.  found.tokens: the token ids\n"
+                "(a tuple) whose K/V the cached block holds; found.parent: the cached block it\n"
+                "was computed after (None for a first block).  tokens: the request's own ids in\n"
+                "this block (a tuple); previous: the cached block the request already shares for\n"
+                "the block before (None for block 0); n_tokens: how many tokens the request has.\n"
+                "Return True if the request may point its table entries at found's blocks\n"
+                "instead of computing them.",
+             ko="prefix cache 가 요청의 논리 블록 `logical_block` (프롬프트의 꽉 찬 블록) 의\n"
+                "해시 키로 `found` 를 찾았습니다.  found.tokens: 캐시 블록이 K/V 를 담은 토큰\n"
+                "번호들 (튜플); found.parent: 그 블록이 뒤따라 계산된 캐시 블록 (첫 블록이면\n"
+                "None).  tokens: 이 블록에 있는 요청 자신의 토큰 번호들 (튜플); previous: 요청이\n"
+                "바로 앞 블록으로 이미 공유하는 캐시 블록 (블록 0 이면 None); n_tokens: 요청의\n"
+                "토큰 수.  요청이 계산하는 대신 표의 항목을 found 의 블록으로 가리켜도 되면\n"
+                "True 를 돌려줍니다."),
+        Text(en="A key is a hash of the block's tokens and of the key before it: which contents "
+                "could share it?  K/V depend on every earlier token.  And the first generated "
+                "token comes from the logits of the last token computed: can every token come "
+                "from the cache?",
+             ko="키는 블록의 토큰과 앞 키의 해시입니다: 어떤 내용이 같은 키를 가질 수 있을까요?  "
+                "K/V 는 앞의 모든 토큰에 달려 있습니다.  그리고 첫 생성 토큰은 마지막으로 계산한 "
+                "토큰의 logits 에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
+        Text(en="real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache "
+                "asks your rule, next to stock engines, under three hash functions",
+             ko="PrefixCachingKVCache 가 직접 쓴 규칙에 묻는 실제 Engine 들 (torch 백엔드, 슬롯 "
+                "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로"),
         "prefix_cache.may_share, beyond the article", grade),
 )

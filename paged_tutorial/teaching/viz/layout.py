@@ -181,9 +181,9 @@ def draw_table_row(block_table, slot: int, layer: int, num_blocks: int, *,
     mine = [(lb, int(row[lb])) for lb in range(n_logical) if row[lb] >= 0]
     owned_elsewhere[[b for _, b in mine]] = False
 
-    fig, ax = plt.subplots(figsize=(9.0, 3.4), dpi=FIG_DPI)
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.32, 1.1)
+    fig, ax = plt.subplots(figsize=(9.0, 3.6), dpi=FIG_DPI)
+    ax.set_xlim(-0.07, 1.07)
+    ax.set_ylim(-0.42, 1.1)
     ax.axis("off")
     box_w = min(0.09, 0.9 / n_logical)
     x0 = 0.5 - n_logical * box_w / 2
@@ -199,36 +199,43 @@ def draw_table_row(block_table, slot: int, layer: int, num_blocks: int, *,
                 fontsize=8, fontweight="bold", color="white" if entry >= 0 else "dimgray")
     ax.text(x0 - 0.01, 0.88, f"block_table[{slot}, {layer}, :]", ha="right", va="center",
             fontsize=8, family="monospace")
-    # the pool: one thin cell per physical block
+    # the pool: one thin cell per physical block, its two ends numbered at its sides
     strip = np.ones((1, num_blocks, 3))
     strip[0, owned_elsewhere] = (0.75, 0.75, 0.75)
     for lb, b in mine:
         strip[0, b] = colors(lb % 10)[:3]
     ax.imshow(strip, extent=(0.0, 1.0, 0.0, 0.12), aspect="auto", interpolation="nearest")
     ax.add_patch(Rectangle((0.0, 0.0), 1.0, 0.12, fill=False, edgecolor="dimgray", lw=0.8))
-    ax.text(0.0, -0.05, "0", ha="center", va="top", fontsize=7)
-    ax.text(1.0, -0.05, str(num_blocks - 1), ha="center", va="top", fontsize=7)
-    ax.text(0.5, -0.04, f"the pool: physical blocks 0 .. {num_blocks - 1} of the cache buffer",
+    ax.text(-0.01, 0.06, "0", ha="right", va="center", fontsize=7)
+    ax.text(1.01, 0.06, str(num_blocks - 1), ha="left", va="center", fontsize=7)
+    ax.text(0.5, -0.17, f"the pool: physical blocks 0 .. {num_blocks - 1} of the cache buffer",
             ha="center", va="top", fontsize=8)
     width = max(1.0 / num_blocks, 0.004)          # this row's blocks stay visible in a big pool
-    label_at, level = [], {}
-    for lb, b in sorted(mine, key=lambda m: m[1]):    # stagger labels that would overlap
-        x_pool = (b + 0.5) / num_blocks
-        near = [lv for x, lv in label_at if abs(x - x_pool) < 0.035]
-        level[lb] = min(set(range(4)) - set(near)) if len(near) < 4 else 0
-        label_at.append((x_pool, level[lb]))
+    # each block's number beneath the pool, spread apart so that none overlaps another, with a
+    # leader line up to the block it names
+    placed = sorted(mine, key=lambda m: m[1])
+    gap = 0.055
+    spots = []
+    for _, b in placed:
+        x = (b + 0.5) / num_blocks
+        spots.append(max(x, spots[-1] + gap) if spots else x)
+    for i in range(len(spots) - 1, -1, -1):       # pull back what ran past the right end
+        limit = 1.0 if i == len(spots) - 1 else spots[i + 1] - gap
+        spots[i] = min(spots[i], limit)
+    label_x = {lb: x for (lb, _), x in zip(placed, spots)}
     for lb, b in mine:
         x_pool = (b + 0.5) / num_blocks
         ax.add_patch(Rectangle((x_pool - width / 2, 0.0), width, 0.12, color=colors(lb % 10)))
         ax.add_patch(FancyArrowPatch((x0 + (lb + 0.46) * box_w, 0.78), (x_pool, 0.125),
                                      arrowstyle="-|>", mutation_scale=10, lw=1.1,
                                      color=colors(lb % 10)))
-        ax.text(x_pool + 0.004, 0.14 + 0.07 * level[lb], str(b), ha="left", va="bottom",
-                fontsize=7, color=colors(lb % 10), fontweight="bold")
+        ax.plot([x_pool, label_x[lb]], [0.0, -0.05], color=colors(lb % 10), lw=0.7)
+        ax.text(label_x[lb], -0.055, str(b), ha="center", va="top", fontsize=7,
+                color=colors(lb % 10), fontweight="bold")
     handles = [Patch(facecolor=colors(0), label="this row's blocks (colour = logical block)"),
                Patch(facecolor=(0.75, 0.75, 0.75), label="owned by another (slot, layer)"),
                Patch(facecolor="white", edgecolor="dimgray", label="free")]
-    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, -0.12), ncol=3,
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, -0.08), ncol=3,
               fontsize=7, frameon=False)
     ax.set_title(title or f"slot {slot}, layer {layer}: logical blocks -> physical blocks",
                  fontsize=10)

@@ -89,6 +89,27 @@ def test_table_row_draws_one_arrow_per_assigned_entry():
     plt.close(fig)
 
 
+def test_table_row_labels_never_overlap():
+    """Blocks close together in a big pool (the notebook's case), and blocks at the pool's
+    right end: every text of the figure keeps clear of every other."""
+    import matplotlib.pyplot as plt
+
+    for row in ([2799, 1937, 3260, 2743, 2595], [7679, 7678, 7677, 7676, 7675],
+                [0, 1, 2, 3, 4]):
+        table = np.full((2, 1, 8), -1)
+        table[1, 0, :5] = row
+        table[0, 0, :2] = [5000, 6000]
+        fig = layout.draw_table_row(table, slot=1, layer=0, num_blocks=7680)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in fig.axes[0].texts
+                 if t.get_text()]
+        for i, (a, box_a) in enumerate(boxes):
+            for b, box_b in boxes[i + 1:]:
+                assert not box_a.overlaps(box_b), (row, a, b)
+        plt.close(fig)
+
+
 def test_memory_use_figure():
     import matplotlib.pyplot as plt
 

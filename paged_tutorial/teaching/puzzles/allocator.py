@@ -1,0 +1,422 @@
+"""Puzzle ``06.allocator``: the reader writes the article's block manager -- the core of a
+``BlockAllocator`` (``cache/block_allocator.py``) -- and a real scheduler serves a request
+stream through a cache too small for it with her allocator.
+
+She subclasses ``AllocatorBase`` (the article's accounting: ``free_blocks`` starts as
+0..NUM_BLOCKS-1, the invariants, what the scheduler may ask before it allocates) and writes its
+two methods that move blocks: ``ensure_capacity`` (pop from the end of ``free_blocks`` for every
+entry a prefill or a decode step needs, ``main.cpp:266-272`` and ``859-865``; raise
+``CacheFullError`` and change nothing when too few are free, which the scheduler turns into a
+preemption) and ``release`` (push a finished slot's blocks back layer by layer, logical block
+by logical block, ``main.cpp:1018-1029``).
+
+The grader builds the engine's cache with a subclass of her class that checks every call as
+it returns (``Checked``), runs the requests next to a stock engine (the article's
+``FreeListAllocator``), compares tokens, block table and free list after every step, checks the
+invariants after every step, and finally compares every request's tokens with its solo run.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from paged_tutorial.cache.block_allocator import CacheFullError, FreeListAllocator
+from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, is_stub, short
+from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
+from paged_tutorial.teaching.verdict import Verdict, unsolved
+
+#: (prompt, max_new_tokens): r0 and r1 run together and outgrow the cache, r2 waits for blocks
+REQUESTS = ((tuple(range(3, 8)), 30),          # 5 tokens, grows to 34: 3 logical blocks
+            (tuple(range(20, 36)), 22),        # 16 tokens (one full block), grows to 37
+            (tuple(range(40, 60)), 6))         # 20 tokens: waits, then reuses freed blocks
+NUM_BLOCKS = 8                                 # 4 logical blocks of 2 layers: too few for all
+ENGINE = dict(device="cpu", max_slots=2, max_seq_len=48)
+DTYPE = "float32"                              # recomputing a preempted request is exact
+
+
+class AllocatorBase(FreeListAllocator):
+    """The article's allocator with the two methods that move blocks left to write:
+    ``ensure_capacity(slot, new_len)`` and ``release(slot)``.  What it gives them:
+    ``self.free_blocks`` (the stack, a list), ``self.table`` (``assign(slot, layer, logical,
+    block)``, ``unassign(slot, layer, logical)`` -> the block it held, ``entries``: the NumPy
+    table [slot, layer, logical block], -1 = none), ``self.config`` (``num_layers``,
+    ``BLOCK_SIZE``, ``MAX_BLOCKS_PER_SEQ``, ``blocks_for_tokens(n)``).  The scheduler asks
+    ``can_grow`` / ``can_allocate_prompt`` (the accounting here) before admitting."""
+
+    def ensure_capacity(self, slot: int, new_len: int) -> None:
+        raise NotImplementedError("write ensure_capacity")
+
+    def release(self, slot: int) -> list[int]:
+        raise NotImplementedError("write release")
+
+
+def _wrong_rule(slot, new_len, before, after, c) -> str | None:
+    """What an ``ensure_capacity`` that returned did wrong to the table, or None."""
+    n_logical = c.blocks_for_tokens(new_len)
+    overwritten = np.argwhere((before[slot] >= 0) & (after[slot] != before[slot]))
+    if overwritten.size:
+        layer, lb = (int(x) for x in overwritten[0])
+        return say(en=f"ensure_capacity(slot={slot}, new_len={new_len}) overwrote "
+                      f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} "
+                      f"with {int(after[slot, layer, lb])}: that block is lost (pop only "
+                      "where the entry is -1)",
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 "
+                      f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} 을 "
+                      f"{int(after[slot, layer, lb])} 로 덮어썼습니다: 그 블록은 잃어버립니다 "
+                      "(항목이 -1 일 때만 꺼내세요)")
+    beyond = np.argwhere(after[slot, :, n_logical:] >= 0)
+    if beyond.size:
+        layer, lb = int(beyond[0][0]), int(beyond[0][1]) + n_logical
+        return say(en=f"ensure_capacity(slot={slot}, new_len={new_len}) gave logical block {lb} "
+                      f"(layer {layer}) a block, but positions < {new_len} need only "
+                      f"{n_logical} logical blocks: a decode step pops only when its token is "
+                      "the first row of a new block (rule 2)",
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 논리 블록 {lb} "
+                      f"(레이어 {layer}) 에 블록을 줬지만, {new_len} 보다 작은 위치에는 논리 블록 "
+                      f"{n_logical}개면 충분합니다: 디코드는 쓰는 토큰이 새 블록의 첫 행일 때만 "
+                      "꺼냅니다 (규칙 2)")
+    missing = np.argwhere(after[slot, :, :n_logical] < 0)
+    if missing.size:
+        layer, lb = (int(x) for x in missing[0])
+        return say(en=f"after ensure_capacity(slot={slot}, new_len={new_len}), "
+                      f"block_table[{slot}, {layer}, {lb}] is still -1, yet positions up to "
+                      f"{new_len - 1} are written: every layer's logical blocks below "
+                      f"blocks_for_tokens({new_len}) = {n_logical} need a block (a prefill pops "
+                      "for each -1 entry, rule 1; a decode step for a token that starts a "
+                      "block, rule 2)",
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 뒤에도 "
+                      f"block_table[{slot}, {layer}, {lb}] 가 -1 인데, 위치 {new_len - 1} 까지 "
+                      f"씁니다: 모든 레이어의 논리 블록 0..{n_logical - 1} 에 블록이 있어야 "
+                      "합니다 (프리필은 -1 항목마다 꺼내고(규칙 1), 디코드는 토큰이 블록을 "
+                      "시작할 때 꺼냅니다(규칙 2))")
+    return None
+
+
+def checked(cls):
+    """``cls`` with every ``ensure_capacity`` and ``release`` checked as it returns (or
+    raises); a wrong one raises ``Wrong`` naming the call.  ``events`` keeps (kind, block)."""
+
+    class Checked(cls):
+        life: list = []                         # (kind, block) of every pop and push
+
+        def ensure_capacity(self, slot, new_len):
+            c = self.config
+            before, free = self.table.entries.copy(), list(self.free_blocks)
+            need = int(((before[slot, :, :c.blocks_for_tokens(new_len)]) < 0).sum())
+            call = f"ensure_capacity(slot={slot}, new_len={new_len})"
+            try:
+                super().ensure_capacity(slot, new_len)
+            except CacheFullError:
+                if not np.array_equal(self.table.entries, before) or self.free_blocks != free:
+                    raise Wrong(say(
+                        en=f"{call} raised CacheFullError after changing the table or "
+                           "free_blocks: the scheduler preempts and retries, so the failed call "
+                           "must change nothing (count first, then pop)",
+                        ko=f"{call} 가 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
+                           "냈습니다: 스케줄러는 선점하고 다시 부르므로, 실패한 호출은 아무것도 "
+                           "바꾸지 않아야 합니다 (먼저 세고 나서 꺼내세요)")) from None
+                if need <= len(free):
+                    raise Wrong(say(
+                        en=f"{call} raised CacheFullError with {len(free)} blocks free and "
+                           f"{need} needed",
+                        ko=f"{call} 가 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
+                           "CacheFullError 를 냈습니다")) from None
+                raise
+            except (Wrong, Unsolved):
+                raise
+            except NotImplementedError:
+                raise Unsolved(say(en="write ensure_capacity and release",
+                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+            except IndexError as exc:
+                if len(free) < need:
+                    raise Wrong(say(
+                        en=f"{call} needs {need} blocks with {len(free)} free and popped from an "
+                           f"empty free_blocks ({exc}): your allocator never preempts.  When "
+                           "too few blocks are free, raise CacheFullError before popping; the "
+                           "scheduler then preempts a request and frees its blocks",
+                        ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
+                           f"free_blocks 에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
+                           "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError 를 내세요; "
+                           "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
+                raise Wrong(say(en=f"{call} raised IndexError: {exc}",
+                                ko=f"{call} 에서 IndexError 발생: {exc}")) from None
+            except Exception as exc:
+                raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
+                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+            after = self.table.entries
+            problem = _wrong_rule(slot, new_len, before, after, c)
+            if problem is None:
+                self.life.extend(("pop", int(b)) for b in after[(before < 0) & (after >= 0)])
+                return
+            if need > len(free):
+                problem = say(
+                    en=f"{call} needs {need} blocks, only {len(free)} are free, and it returned "
+                       "without them: your allocator never preempts.  Raise CacheFullError "
+                       "(changing nothing); the scheduler then preempts a request",
+                    ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
+                       "그냥 돌아왔습니다: 이 할당기는 선점을 일으키지 못합니다.  (아무것도 "
+                       "바꾸지 말고) CacheFullError 를 내세요; 그러면 스케줄러가 요청 하나를 "
+                       "선점합니다")
+            raise Wrong(problem)
+
+        def release(self, slot):
+            before, free = self.table.entries.copy(), list(self.free_blocks)
+            call = f"release(slot={slot})"
+            try:
+                returned = super().release(slot)
+            except (Wrong, Unsolved):
+                raise
+            except NotImplementedError:
+                raise Unsolved(say(en="write ensure_capacity and release",
+                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+            except Exception as exc:
+                raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
+                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+            walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
+            if self.free_blocks[:len(free)] != free:
+                raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
+                                   "pushes onto the end of free_blocks",
+                                ko=f"{call} 가 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
+                                   "free_blocks 끝에 밀어 넣기만 합니다"))
+            pushed = [int(b) for b in self.free_blocks[len(free):]]
+            twice = sorted({b for b in pushed if pushed.count(b) > 1 or b in free})
+            if twice:
+                raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
+                                   "(a double free): the next two pops would hand the same block "
+                                   "to two owners",
+                                ko=f"{call} 가 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
+                                   "넣었습니다 (이중 반납): 다음 두 번의 pop 이 같은 블록을 두 "
+                                   "주인에게 줍니다"))
+            if -1 in pushed:
+                raise Wrong(say(en=f"{call} pushed -1: that entry is unassigned, not a block",
+                                ko=f"{call} 가 -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
+                                   "항목입니다"))
+            lost = sorted(set(walk) - set(pushed))
+            if lost or (self.table.entries[slot] >= 0).any():
+                raise Wrong(say(en=f"{call}: slot {slot} owned {len(walk)} blocks, "
+                                   f"{len(pushed)} were pushed back" +
+                                   (f"; never pushed: {lost[:6]} (they leak)" if lost else "") +
+                                   ("; entries of the slot are still set (reset them to -1: "
+                                    "use table.unassign)" if (self.table.entries[slot] >= 0).any()
+                                    else ""),
+                                ko=f"{call}: 슬롯 {slot} 은 블록 {len(walk)}개를 가졌는데 "
+                                   f"{len(pushed)}개만 돌려줬습니다" +
+                                   (f"; 돌려주지 않은 블록 {lost[:6]} (새어 나갑니다)" if lost else
+                                    "") +
+                                   ("; 슬롯의 항목이 아직 남아 있습니다 (table.unassign 으로 -1 로 "
+                                    "되돌리세요)" if (self.table.entries[slot] >= 0).any()
+                                    else "")))
+            if pushed != walk:
+                first = next(i for i, (a, b) in enumerate(zip(pushed, walk)) if a != b)
+                raise Wrong(say(en=f"{call} pushed {short(pushed)}; the article's loop (layer "
+                                   f"by layer, logical block by logical block) pushes "
+                                   f"{short(walk)}: they part at push {first}, so the next "
+                                   "request pops other blocks than in the article's engine",
+                                ko=f"{call} 가 {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
+                                   f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)} 입니다: "
+                                   f"{first}번째 push 부터 달라서, 다음 요청이 글의 엔진과 다른 "
+                                   "블록을 꺼냅니다"))
+            if returned is None or [int(b) for b in returned] != pushed:
+                raise Wrong(say(en=f"{call} returned {short(returned)}; it must return the list "
+                                   "of blocks it pushed, in order (the contract of release)",
+                                ko=f"{call} 가 {short(returned)} 를 돌려줬습니다; 밀어 넣은 블록의 "
+                                   "리스트를 그 순서대로 돌려줘야 합니다 (release 의 약속)"))
+            self.life.extend(("push", b) for b in pushed)
+            return returned
+
+    return Checked
+
+
+def _engine(allocator_class=None):
+    from paged_tutorial.config import CacheConfig
+
+    model = tiny_model(dtype=DTYPE)
+    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype).BLOCK_BYTES
+    factory = None
+    if allocator_class is not None:
+        def factory(config, device):
+            return PagedKVCache(config, device, allocator=allocator_class)
+    return engine_with_cache(model, factory, backend="torch",
+                             **{**ENGINE, "kv_cache_bytes": NUM_BLOCKS * block_bytes})
+
+
+@lru_cache(maxsize=1)
+def stock_run():
+    engine = _engine()
+    states = run(engine, REQUESTS)
+    return states, [engine.result(i).token_ids for i in range(len(REQUESTS))]
+
+
+@lru_cache(maxsize=1)
+def solo_tokens() -> tuple:
+    """Each request served alone, with room to spare: the tokens every run must give."""
+    from paged_tutorial.engine.llm_engine import Engine
+
+    out = []
+    for prompt, max_new in REQUESTS:
+        engine = Engine(tiny_model(dtype=DTYPE), backend="torch", device="cpu", max_slots=1,
+                        max_seq_len=ENGINE["max_seq_len"])
+        out.append(engine.generate([list(prompt)], max_new_tokens=max_new, temperature=0.0,
+                                   seed=0)[0].token_ids)
+    return tuple(out)
+
+
+def grade(cls) -> str:
+    stock, stock_tokens = stock_run()
+    solo = solo_tokens()
+    Checked = checked(cls)
+    engine = _engine(lambda config, table, events: Checked(config, table, events))
+    life = engine.cache.allocator.life = []
+
+    def after_step(state):
+        engine.cache.check_invariants()
+    try:
+        mine, diff = run(engine, REQUESTS, against=stock, compare_blocks=True,
+                         after_step=after_step)
+    except AssertionError as exc:
+        raise Wrong(say(en=f"the cache's invariants broke: {exc}",
+                        ko=f"캐시의 불변식이 깨졌습니다: {exc}")) from None
+    except ValueError as exc:          # the engine's check of a -1 entry before a write
+        raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
+                        ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
+    if diff is not None:
+        i, what = diff
+        raise Wrong(_describe_difference(mine, stock, i, what))
+    tokens = [engine.result(i).token_ids for i in range(len(REQUESTS))]
+    for r, (got, alone) in enumerate(zip(tokens, solo)):
+        if got != alone:
+            raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
+                            ko=f"r{r} 가 {short(got)} 를 생성했는데, 혼자 돌면 {short(alone)} "
+                               "입니다"))
+    preempted = sum(engine.result(i).num_preemptions for i in range(len(REQUESTS)))
+    popped = sum(1 for kind, _ in life if kind == "pop")
+    pushes = len(life) - popped
+    return say(en=f"{len(REQUESTS)} requests through 2 slots and {NUM_BLOCKS} blocks with your "
+                  f"allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
+                  f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
+                  "every step, the invariants held, and every request's tokens equal its solo "
+                  "run",
+               ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
+                  f"처리했습니다: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
+                  f"{pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
+                  "모든 요청의 토큰이 혼자 돌 때와 같습니다")
+
+
+def _describe_difference(mine, stock, i, what) -> str:
+    if what == "length":
+        return say(en=f"the run took {len(mine)} steps or more; the article's engine took "
+                      f"{len(stock)}",
+                   ko=f"실행이 {len(mine)} 스텝 이상 걸렸습니다; 글의 엔진은 {len(stock)} "
+                      "스텝입니다")
+    m, s = mine[i], stock[i]
+    step = f"step {m.index} ({m.kind})"
+    if what == "table":
+        slot, layer, lb = (int(x) for x in np.argwhere(m.block_table != s.block_table)[0])
+        return say(en=f"after {step}, block_table[{slot}, {layer}, {lb}] is "
+                      f"{int(m.block_table[slot, layer, lb])}; in the article's engine it is "
+                      f"{int(s.block_table[slot, layer, lb])} (pops take the last block of "
+                      "free_blocks, layer by layer, logical block by logical block)",
+                   ko=f"스텝 {m.index} ({m.kind}) 뒤 block_table[{slot}, {layer}, {lb}] 가 "
+                      f"{int(m.block_table[slot, layer, lb])} 인데, 글의 엔진에서는 "
+                      f"{int(s.block_table[slot, layer, lb])} 입니다 (pop 은 free_blocks 의 맨 "
+                      "끝 블록을, 레이어 순서, 논리 블록 순서로 꺼냅니다)")
+    if what == "free":
+        return say(en=f"after {step}, free_blocks ends with {m.free_blocks[-6:]}; in the "
+                      f"article's engine it ends with {s.free_blocks[-6:]}",
+                   ko=f"스텝 {m.index} ({m.kind}) 뒤 free_blocks 의 끝이 {m.free_blocks[-6:]} "
+                      f"인데, 글의 엔진에서는 {s.free_blocks[-6:]} 입니다")
+    return say(en=f"{step} differs from the article's engine ({what})",
+               ko=f"스텝 {m.index} ({m.kind}) 가 글의 엔진과 다릅니다 ({what})")
+
+
+class AllocatorPuzzle(Puzzle):
+    """A puzzle whose answer is a class: a subclass of ``AllocatorBase``."""
+
+    @property
+    def function_name(self) -> str:
+        return self.signature.split("(")[0].replace("class", "").strip()
+
+    @property
+    def parameters(self) -> list[str]:
+        return ["ensure_capacity", "release"]
+
+    def stub(self) -> str:
+        doc = f'    """{str(self.docstring).strip()}\n    """'
+        return ("from paged_tutorial.cache import CacheFullError\n\n\n"
+                f"{self.signature}\n{doc}\n\n"
+                "    def ensure_capacity(self, slot, new_len):\n"
+                f'        """{ENSURE_DOC}\n        """\n        ...   # your code\n\n'
+                "    def release(self, slot):\n"
+                f'        """{RELEASE_DOC}\n        """\n        ...   # your code\n')
+
+    def check_answer(self, answer) -> Verdict | None:
+        if not (isinstance(answer, type) and issubclass(answer, AllocatorBase)):
+            return Verdict("wrong", say(
+                en=f"the answer is a class that subclasses pt.exercises.AllocatorBase (got "
+                   f"{short(answer)}): write `class {self.function_name}"
+                   "(pt.exercises.AllocatorBase):` with its ensure_capacity and release",
+                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({short(answer)} 를 "
+                   f"받았습니다): ensure_capacity 와 release 를 가진 `class "
+                   f"{self.function_name}(pt.exercises.AllocatorBase):` 를 쓰세요"))
+        missing = [m for m in self.parameters if getattr(answer, m) is getattr(AllocatorBase, m)
+                   or is_stub(getattr(answer, m))]
+        if missing:
+            return Verdict("unsolved", say(
+                en=f"write {' and '.join(missing)} (the stub's body is still ...)",
+                ko=f"{', '.join(missing)} 의 본문을 작성하세요 (아직 ... 입니다)"))
+        return None
+
+
+ENSURE_DOC = Text(
+    en="Give `slot` a physical block in every layer for each logical block that\n"
+       "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
+       "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
+       "        CacheFullError, changing nothing.",
+    ko="위치 0..new_len-1 에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
+       "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
+       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError 를 냅니다.")
+RELEASE_DOC = Text(
+    en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
+       "        logical block by logical block), reset its entries to -1; return the\n"
+       "        pushed blocks in order.",
+    ko="`slot` 이 가진 모든 블록을 self.free_blocks 에 (레이어 바깥, 논리 블록 안쪽\n"
+       "        순서로) 밀어 넣고 그 항목을 -1 로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
+       "        돌려줍니다.")
+
+PUZZLES = (
+    AllocatorPuzzle(
+        "06.allocator",
+        Text(en="your block allocator: pop, release, and what happens when the cache is full",
+             ko="직접 만드는 블록 할당기: 꺼내기, 반납, 그리고 캐시가 가득 찼을 때"),
+        "class MyAllocator(pt.exercises.AllocatorBase):",
+        Text(en="The block manager of the article's engine.  self.free_blocks is the stack of free\n"
+                "    physical blocks; self.table.assign(slot, layer, logical, block) and\n"
+                "    self.table.unassign(slot, layer, logical) edit the block table\n"
+                "    (self.table.entries, -1 = none); self.config has num_layers, BLOCK_SIZE,\n"
+                "    MAX_BLOCKS_PER_SEQ and blocks_for_tokens(n).  CacheFullError comes from\n"
+                "    paged_tutorial.cache.",
+             ko="글의 엔진의 블록 관리자.  self.free_blocks 는 빈 물리 블록의 스택;\n"
+                "    self.table.assign(slot, layer, logical, block) 과\n"
+                "    self.table.unassign(slot, layer, logical) 이 block table 을 고칩니다\n"
+                "    (self.table.entries, -1 = 없음); self.config 에 num_layers, BLOCK_SIZE,\n"
+                "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n) 이 있습니다.  CacheFullError 는\n"
+                "    paged_tutorial.cache 에 있습니다."),
+        Text(en="Rule 1 (prefill): a -1 entry below the prompt's last logical block gets a block. "
+                "Rule 2 (decode): the token written at position p needs a new block only when p % "
+                "BLOCK_SIZE == 0.  Count what you need before you pop; release walks the slot's "
+                "table in the article's loop order.",
+             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1 인 항목마다 블록 하나. "
+                "규칙 2 (디코드): 위치 p 에 쓰는 토큰은 p % BLOCK_SIZE == 0 일 때만 새 블록이 "
+                "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
+                "슬롯의 표를 훑습니다."),
+        Text(en="a real Engine (torch backend, 2 slots, 2 layers, 8 blocks: too few for its 3 "
+                "requests, so it preempts) whose cache allocates with your class, next to a "
+                "stock engine",
+             ko="직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine (torch 백엔드, 슬롯 2개, "
+                "레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 일어납니다), 표준 엔진과 나란히"),
+        "main.cpp:266-272, 859-865, 1018-1029", grade),
+)

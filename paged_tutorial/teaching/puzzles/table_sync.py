@@ -1,0 +1,219 @@
+"""Puzzle ``06.table_sync``: the article's fourth limit, written by the reader.  The article's
+engine copies the whole block table host -> device before every decode layer
+(``main.cpp:876``, TODO at ``:551``); this engine sends only the entries that changed, once per
+step (``cache/block_table.py``'s ``device_table``).  The reader writes that sync:
+``sync_table(host_table, device_table, changed)`` copies the entries listed in ``changed``
+(flat indices whose host value changed since the last sync) from the host table into the device
+table.
+
+The grader runs a real decode (torch backend on the CPU; any backend and device can be given)
+whose cache keeps a device table of its own -- a separate tensor even on the CPU, where the
+stock cache shares memory -- and brings it up to date with the reader's function before every
+step (``SyncedByReader``).  After every sync the device table must equal the host table; the
+tokens must equal a stock engine's.  The verdict reports the entries copied per step against
+the article's whole-table copies.  A sync that copies the whole table gives the right tokens
+but is the article's cost, not the fix: it is refused with that count.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, host_call, is_stub, short
+from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
+
+#: a prefill that fills blocks, decodes across 16 and 32, a release, and a request that reuses
+REQUESTS = ((tuple(range(3, 19)), 20), (tuple(range(20, 25)), 14), (tuple(range(30, 50)), 3))
+#: a table of 2 x 2 x 8 = 32 entries; no CUDA graphs on a GPU: the sync runs before every step
+ENGINE = dict(max_slots=2, max_seq_len=128, cuda_graphs=False)
+NAMES = ["host_table", "device_table", "changed"]
+
+
+class DeviceTable:
+    """The device copy of the block table, flat, as the reader's function sees it: index it
+    like an array to read or write entries (``device_table[i] = v``, ``device_table[idx] =
+    values``); every entry written is counted."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor.view(-1)
+        self.writes = 0
+
+    def __len__(self) -> int:
+        return self.tensor.numel()
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    @staticmethod
+    def _index(key):
+        if isinstance(key, torch.Tensor):
+            key = key.cpu().numpy()
+        if isinstance(key, (list, tuple)) or isinstance(key, np.ndarray):
+            key = np.asarray(key)
+            return torch.from_numpy(key.astype(bool if key.dtype == bool else np.int64))
+        return key
+
+    def __getitem__(self, key):
+        value = self.tensor[self._index(key)].cpu()
+        return value.numpy() if value.dim() else int(value)
+
+    def __setitem__(self, key, value):
+        index = self._index(key)
+        self.writes += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
+                                                else index].size)
+        if isinstance(value, torch.Tensor):
+            value = value.cpu().numpy()
+        self.tensor[index] = torch.as_tensor(np.asarray(value).astype(np.int32)).to(
+            self.tensor.device)
+
+    def __repr__(self) -> str:
+        return f"DeviceTable({len(self)} entries on {self.tensor.device})"
+
+
+class SyncedByReader(PagedKVCache):
+    """A ``PagedKVCache`` whose device block table is a tensor of its own, brought up to date
+    by the reader's ``sync_table`` before every step; ``syncs`` keeps (entries changed,
+    entries written) of each."""
+
+    def __init__(self, config, device, sync):
+        super().__init__(config, device)
+        self.sync = sync
+        self.device_copy = torch.full(self.block_table.shape, -1, dtype=torch.int32,
+                                      device=self.device)
+        self.last_synced = self.block_table.reshape(-1).copy()
+        self.syncs: list[tuple[int, int]] = []
+
+    def device_block_table(self) -> torch.Tensor:
+        host = self.block_table.reshape(-1)
+        changed = np.flatnonzero(host != self.last_synced)
+        self.last_synced = host.copy()
+        device = DeviceTable(self.device_copy)
+        host_call(self.sync, (host.copy(), device, [int(i) for i in changed]), NAMES,
+                  allow_none=True)
+        self.syncs.append((len(changed), device.writes))
+        stale = np.flatnonzero(self.device_copy.view(-1).cpu().numpy() != host)
+        if stale.size:
+            i = int(stale[0])
+            where = tuple(int(x) for x in np.unravel_index(i, self.block_table.shape))
+            skipped = [int(j) for j in changed if j in set(stale.tolist())]
+            raise Wrong(say(
+                en=f"after sync {len(self.syncs)} ({len(changed)} entries changed, you wrote "
+                   f"{device.writes}), device entry {i} = block_table{list(where)} holds "
+                   f"{int(self.device_copy.view(-1)[i])} while the host table holds "
+                   f"{int(host[i])}; {len(stale)} entries are stale"
+                   + (f", changed but not copied: {short(skipped)}" if skipped else "")
+                   + ".  The kernels would follow the stale entry into another request's block",
+                ko=f"{len(self.syncs)}번째 동기화 뒤 (바뀐 항목 {len(changed)}개, 쓴 항목 "
+                   f"{device.writes}개), 디바이스 항목 {i} = block_table{list(where)} 가 "
+                   f"{int(self.device_copy.view(-1)[i])} 인데 호스트 표는 {int(host[i])} 입니다; "
+                   f"낡은 항목 {len(stale)}개"
+                   + (f", 바뀌었는데 복사하지 않은 항목: {short(skipped)}" if skipped else "")
+                   + ".  커널은 낡은 항목을 따라 다른 요청의 블록을 읽게 됩니다"))
+        return self.device_copy
+
+
+@lru_cache(maxsize=4)
+def stock_tokens(backend: str = "torch", device: str = "cpu") -> tuple:
+    engine = engine_with_cache(tiny_model(), backend=backend, device=device, **ENGINE)
+    run(engine, REQUESTS)
+    return tuple(tuple(engine.result(i).token_ids) for i in range(len(REQUESTS)))
+
+
+def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
+    """Grade ``fn`` on ``backend`` (``"numba"`` with ``device="cuda"`` on a GPU)."""
+    if is_stub(fn):
+        raise Unsolved(say(en="sync_table is still the stub: write its body",
+                           ko="sync_table 이 아직 빈 함수입니다: 본문을 작성하세요"))
+    stock = stock_tokens(backend, device)
+    caches = []
+
+    def factory(config, dev):
+        caches.append(SyncedByReader(config, dev, fn))
+        return caches[-1]
+    engine = engine_with_cache(tiny_model(), factory, backend=backend, device=device, **ENGINE)
+    try:
+        run(engine, REQUESTS)
+    except ValueError as exc:          # the backend's check of an entry it follows
+        raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
+                        ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
+    cache = caches[0]
+    syncs = cache.syncs
+    changed = sum(c for c, _ in syncs)
+    written = sum(w for _, w in syncs)
+    tokens = tuple(tuple(engine.result(i).token_ids) for i in range(len(REQUESTS)))
+    if tokens != stock:
+        r = next(i for i, (a, b) in enumerate(zip(tokens, stock)) if a != b)
+        raise Wrong(say(en=f"r{r} generated {short(list(tokens[r]))}; the stock engine "
+                           f"{short(list(stock[r]))}",
+                        ko=f"r{r} 가 {short(list(tokens[r]))} 를 생성했는데 표준 엔진은 "
+                           f"{short(list(stock[r]))} 입니다"))
+    entries = cache.config.block_table_entries
+    layers = cache.config.num_layers
+    whole = sum(1 for _, w in syncs if w >= entries)
+    article = len(syncs) * entries * layers
+    per_step = ", ".join(str(w) for _, w in syncs if w)
+    if whole:
+        raise Wrong(say(
+            en=f"the tokens are right, but {whole} of {len(syncs)} syncs copied the whole table "
+               f"({entries} entries): {written} entries in all where {changed} changed.  That is "
+               "the article's cost (main.cpp:876 copies all of it, in every decode layer); copy "
+               "only the entries in `changed`",
+            ko=f"토큰은 맞지만, 동기화 {len(syncs)}번 중 {whole}번이 표 전체({entries}칸)를 "
+               f"복사했습니다: 바뀐 것은 {changed}칸인데 모두 {written}칸.  그것이 글의 비용입니다 "
+               "(main.cpp:876 은 디코드 레이어마다 표 전체를 복사합니다); `changed` 에 든 항목만 "
+               "복사하세요"))
+    if written > changed:
+        raise Wrong(say(
+            en=f"the tokens are right, but you wrote {written} entries where {changed} changed: "
+               "copy only the entries in `changed`",
+            ko=f"토큰은 맞지만, 바뀐 것은 {changed}칸인데 {written}칸을 썼습니다: `changed` 에 "
+               "든 항목만 복사하세요"))
+    return say(
+        en=f"{len(REQUESTS)} requests, {len(syncs)} steps, tokens equal to the stock engine's; "
+           f"your sync copied {written} entries in all ({per_step} in the steps that changed "
+           f"anything, 0 in the other {sum(1 for _, w in syncs if not w)}); copying the whole "
+           f"table before each layer's attention, as the article does, sends {entries} entries "
+           f"x {layers} layers per step, {article:,} in all",
+        ko=f"요청 {len(REQUESTS)}개, {len(syncs)} 스텝, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
+           f"동기화는 모두 {written}칸을 복사했습니다 (무언가 바뀐 스텝에서 {per_step}, 나머지 "
+           f"{sum(1 for _, w in syncs if not w)} 스텝에서는 0); 글처럼 레이어마다 어텐션 전에 표 "
+           f"전체를 복사하면 스텝마다 {entries}칸 x {layers} 레이어, 모두 {article:,}칸입니다")
+
+
+def grade(fn) -> str:
+    return grade_on(fn)
+
+
+PUZZLES = (
+    Puzzle(
+        "06.table_sync",
+        Text(en="send only the changed entries of the block table to the device",
+             ko="block table 에서 바뀐 항목만 디바이스로 보내기"),
+        "def sync_table(host_table, device_table, changed):",
+        Text(en="Bring the device copy of the block table up to date before a step.\n"
+                "host_table: the host table, flat (a NumPy int32 array, the truth);\n"
+                "device_table: the device copy, flat (index it like an array to write);\n"
+                "changed: the flat indices whose host value changed since the last sync.\n"
+                "Return nothing.",
+             ko="스텝 전에 block table 의 디바이스 사본을 최신으로 만듭니다.\n"
+                "host_table: 평평한 호스트 표 (NumPy int32 배열, 기준);\n"
+                "device_table: 평평한 디바이스 사본 (배열처럼 인덱싱해 씁니다);\n"
+                "changed: 지난 동기화 뒤 호스트 값이 바뀐 평평한 인덱스들.\n"
+                "아무것도 돌려주지 않습니다."),
+        Text(en="An entry changes only when a block is popped or pushed; every other entry of the "
+                "device copy is already right.",
+             ko="항목은 블록을 꺼내거나 반납할 때만 바뀝니다; 디바이스 사본의 나머지 항목은 이미 "
+                "맞습니다."),
+        Text(en="a real Engine (torch backend, 2 slots, 2 layers) whose device block table is "
+                "its own tensor, updated by your function before every step, next to a stock "
+                "engine",
+             ko="디바이스 block table 을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
+                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개), 표준 엔진과 나란히"),
+        "main.cpp:552, 876, 1030 (TODO at 551)", grade),
+)
