@@ -11,7 +11,7 @@ These are *demo* kernels, not engine kernels (the engine's decode kernel is
   publish into two shared floats), kept to show why it needs head_dim 64.
 
 Figures: ``plot_lane_diagram`` (lanes x shuffle steps), ``plot_warp_coverage`` (which head
-dimensions a cross-warp combine counted: the puzzle ``04.combine_warps`` draws it).
+dimensions a cross-warp combine counted, e.g. the article's two cells at head_dim 80).
 matplotlib is imported inside the plotting functions only.
 """
 
