@@ -75,18 +75,54 @@ def decode_attention_rows(q, k, v, seq_lens, scale):
     return torch.matmul(probs, v.transpose(1, 2)).reshape(b, n_heads, d)
 
 
+def prefill_query_layout(inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each new token of a prefill sits in a padded [S, max_query_len] grid, and what it
+    may see, all built on the device from ``inputs`` (no host round trip): (seq [T], the
+    sequence of each packed row; row [T], its index among that sequence's new tokens;
+    visible [S, max_query_len, max_seq_len] bool, key j visible from grid cell (s, r) when
+    j <= context_lens[s] + r and j < seq_lens[s]).  Grid cells past a sequence's new tokens
+    see its keys up to its length: finite values that nobody reads."""
+    device = inputs.cu_seqlens.device
+    n_tokens = inputs.token_ids.shape[0]
+    packed = torch.arange(n_tokens, dtype=inputs.cu_seqlens.dtype, device=device)
+    seq = torch.searchsorted(inputs.cu_seqlens[1:], packed, right=True)
+    row = (packed - inputs.cu_seqlens[seq]).long()
+    query_pos = inputs.context_lens.long()[:, None] + torch.arange(
+        inputs.max_query_len, device=device)                                  # [S, Q]
+    last = torch.minimum(query_pos, inputs.seq_lens.long()[:, None] - 1)     # [S, Q]
+    keys = torch.arange(inputs.max_seq_len, device=device)
+    visible = keys[None, None, :] <= last[:, :, None]                         # [S, Q, L]
+    return seq, row, visible
+
+
 def prefill_attention_from_cache(q, cache, block_table, layer: int, inputs, scale):
-    """``Backend.prefill_attention_from_cache`` with torch ops: the K/V of every sequence
-    (context and new tokens, already written) gathered through the block table at once, then
-    causal attention of each sequence's new queries.  The loop over sequences slices by the
-    host copies of ``cu_seqlens`` and the context lengths: nothing is read back from the
-    device."""
+    """``Backend.prefill_attention_from_cache`` with torch ops, every sequence at once: the K/V
+    of each sequence (context and new tokens, already written) gathered through the block
+    table, the new queries scattered into a padded [S, max_query_len] grid, one masked
+    attention over the grid (each query sees its sequence's keys up to its own position),
+    and the real rows gathered back.  A fixed number of ops whatever the number of
+    sequences; the index tensors are built once per step (``prefill_query_layout``)."""
+    seq, row, visible = inputs.derived("paged_reads.prefill_query_layout",
+                                       lambda: prefill_query_layout(inputs))
     k_all, v_all = gather_kv_rows(cache, block_table, inputs.seq_slots, layer,
-                                  inputs.max_seq_len)
-    out = torch.empty_like(q)
-    bounds = inputs.cu_seqlens_host
-    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        total = inputs.context_lens_host[i] + (end - start)
-        out[start:end] = attention(q[start:end], k_all[i, :total], v_all[i, :total], scale,
-                                   causal=True)
-    return out
+                                  inputs.max_seq_len)                   # [S, L, nKV, D]
+    n_seqs, n_queries = inputs.num_seqs, inputs.max_query_len
+    n_heads, d = q.shape[1], q.shape[2]
+    n_kv = k_all.shape[2]
+    group = n_heads // n_kv
+    grid = q.new_zeros(n_seqs, n_queries, n_heads, d)
+    grid[seq, row] = q
+    # the query heads of a KV group stacked as rows, so each K/V head is used once:
+    # [S, nKV, group * Q, D] against k [S, nKV, L, D]
+    qg = grid.view(n_seqs, n_queries, n_kv, group, d).permute(0, 2, 3, 1, 4).reshape(
+        n_seqs, n_kv, group * n_queries, d)
+    k = k_all.transpose(1, 2)
+    v = v_all.masked_fill(~visible[:, -1, :, None, None], 0).transpose(1, 2)  # unseen: no NaN
+    scores = torch.matmul(qg, k.transpose(2, 3)) * scale
+    scores = scores.view(n_seqs, n_kv, group, n_queries, -1).masked_fill(
+        ~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(
+        n_seqs, n_kv, group * n_queries, -1)
+    out = torch.matmul(probs, v).view(n_seqs, n_kv, group, n_queries, d)
+    out = out.permute(0, 3, 1, 2, 4).reshape(n_seqs, n_queries, n_heads, d)
+    return out[seq, row]
