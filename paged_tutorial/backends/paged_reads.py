@@ -18,11 +18,14 @@ def cache_view(cache) -> torch.Tensor:
 
 def _read_blocks(cache, phys: torch.Tensor, n_tokens: int):
     """K, V of the blocks ``phys`` [S, nb] (physical ids), each row's blocks in logical order:
-    two [S, n_tokens, nKV, D] tensors."""
+    two [S, n_tokens, nKV, D] tensors, each read by one gather (K and V apart, so each comes
+    out contiguous)."""
     c = cache.config
-    kv = cache_view(cache)[phys]                          # [S, nb, 2, BLOCK_SIZE, KV_DIM]
+    view = cache_view(cache)
     shape = (phys.shape[0], phys.shape[1] * c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
-    return kv[:, :, 0].reshape(shape)[:, :n_tokens], kv[:, :, 1].reshape(shape)[:, :n_tokens]
+    k = view[:, 0][phys].view(shape)                    # [S, nb, BLOCK_SIZE, KV_DIM] -> tokens
+    v = view[:, 1][phys].view(shape)
+    return k[:, :n_tokens], v[:, :n_tokens]
 
 
 def gather_kv_rows(cache, block_table: torch.Tensor, seq_slots: torch.Tensor, layer: int,
@@ -31,7 +34,7 @@ def gather_kv_rows(cache, block_table: torch.Tensor, seq_slots: torch.Tensor, la
     table: two [S, n_tokens, nKV, D] tensors.  Positions past a sequence's own length hold
     whatever their block holds (an unassigned entry, -1, reads block 0): mask them."""
     n_blocks = cache.config.blocks_for_tokens(n_tokens)
-    phys = block_table[seq_slots.long(), layer, :n_blocks].long().clamp(min=0)   # [S, nb]
+    phys = block_table[seq_slots.long(), layer, :n_blocks].clamp(min=0).long()   # [S, nb]
     return _read_blocks(cache, phys, n_tokens)
 
 
@@ -66,11 +69,11 @@ def decode_attention_rows(q, k, v, seq_lens, scale):
     head is used once.  Returns [B, nH, D]."""
     b, n_heads, d = q.shape
     n_kv = k.shape[2]
-    visible = torch.arange(k.shape[1], device=q.device) < seq_lens.long()[:, None]  # [B, L]
-    v = v.masked_fill(~visible[:, :, None, None], 0)        # unseen rows: no NaN * 0
+    unseen = torch.arange(k.shape[1], device=q.device) >= seq_lens[:, None]   # [B, L]
+    v = v.masked_fill(unseen[:, :, None, None], 0)          # unseen rows: no NaN * 0
     qg = q.reshape(b, n_kv, n_heads // n_kv, d)                      # [B, nKV, group, D]
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale          # [B, nKV, group, L]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    scores = scores.masked_fill(unseen[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.matmul(probs, v.transpose(1, 2)).reshape(b, n_heads, d)
 

@@ -270,12 +270,16 @@ def test_gemv_at_the_shape(nb, shape):
 
 def test_engine_tokens_numba_equal_torch_float32(shape):
     """Two layers of random float32 weights at the shape: greedy tokens of the numba engine
-    (CUDA graphs) equal those of the torch backend on the same GPU."""
+    equal those of the torch backend on the same GPU, with its decode steps replayed as CUDA
+    graphs (the default there) and without."""
     model = pt.random_model(shape.model_config(), dtype="float32", seed=0, device="cuda")
     prompts = [[(7 * i + 3 * j) % 4000 + 1 for j in range(n)] for i, n in enumerate((5, 40, 17))]
     params = pt.SamplingParams(max_new_tokens=12, ignore_eos=True)
     results = {}
-    for backend in ("numba", "torch"):
-        engine = pt.Engine(model, backend=backend, max_slots=3, max_seq_len=128)
-        results[backend] = [r.token_ids for r in engine.generate(prompts, params, chat=False)]
-    assert results["numba"] == results["torch"]
+    for name, kw in {"numba": dict(backend="numba"), "torch": dict(backend="torch"),
+                     "torch eager": dict(backend="torch", cuda_graphs=False)}.items():
+        engine = pt.Engine(model, max_slots=3, max_seq_len=128, **kw)
+        results[name] = [r.token_ids for r in engine.generate(prompts, params, chat=False)]
+        graphs = engine.model_runner.graphs
+        assert (graphs is not None and graphs.replays > 0) == (name != "torch eager"), name
+    assert results["numba"] == results["torch"] == results["torch eager"]

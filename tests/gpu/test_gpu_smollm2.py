@@ -1,8 +1,9 @@
 """The embedded SmolLM2-135M (real weights) on a GPU against HF ``transformers`` on the same
 GGUF, on the same GPU (marker ``gpu``; skipped without a GPU or without the model package).
 
-- float32: the numba backend's greedy tokens equal HF float32's, for chat prompts of several
-  lengths served together, 32 tokens each (or up to HF's end of sequence);
+- float32: the numba backend's greedy tokens (and the torch backend's) equal HF float32's, for
+  chat prompts of several lengths served together, 32 tokens each (or up to HF's end of
+  sequence);
 - bfloat16: there is no token-for-token answer (HF's own bf16 run differs from its float32
   run on near-ties), so the first-step logits are judged against the spread that HF's bf16
   shows against HF float32 on the same prompts, measured here side by side.
@@ -85,9 +86,12 @@ def first_step_logits(engine, prompt_ids) -> list[torch.Tensor]:
     return [prefill.logits[row[r.request_id]].to("cuda") for r in results]
 
 
-def test_numba_float32_greedy_tokens_equal_hf_float32(hf32, prompt_ids):
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_float32_greedy_tokens_equal_hf_float32(hf32, prompt_ids, backend):
+    """The numba backend, and the torch backend that ``auto`` falls back to, both with their
+    decode steps replayed as CUDA graphs."""
     model = pt.load_model("smollm2-135m", dtype="float32", device="cuda")
-    engine = pt.Engine(model, backend="numba", max_slots=len(PROMPTS), max_seq_len=256)
+    engine = pt.Engine(model, backend=backend, max_slots=len(PROMPTS), max_seq_len=256)
     results = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=NEW_TOKENS),
                               chat=False)
     assert engine.model_runner.graphs is not None and engine.model_runner.graphs.replays > 0
