@@ -76,14 +76,18 @@ def hf_last_logits(hf, ids: list[int]) -> torch.Tensor:
 
 
 def first_step_logits(engine, prompt_ids) -> list[torch.Tensor]:
-    """Each prompt's logits at its last prompt token, from one batched prefill."""
+    """Each prompt's logits at its last prompt token, from the engine's prefill step(s)."""
     engine.record_logits = True
-    reports = []
+    first = {}
+
+    def keep(report):
+        if report.kind == "prefill":
+            for i, rid in enumerate(report.request_ids):
+                first.setdefault(rid, report.logits[i])
+
     results = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=1), chat=False,
-                              on_step=reports.append)
-    prefill = next(r for r in reports if r.kind == "prefill")
-    row = {rid: i for i, rid in enumerate(prefill.request_ids)}
-    return [prefill.logits[row[r.request_id]].to("cuda") for r in results]
+                              on_step=keep)
+    return [first[r.request_id].to("cuda") for r in results]
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
