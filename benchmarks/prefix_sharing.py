@@ -16,7 +16,9 @@ For each engine (prefix caching off / on) and each wave the script records:
 - ``ttft_s``: each request's time to first token (submission -> first token), and the wave's
   wall time;
 - ``num_cached_tokens``: per request, prompt tokens served from shared blocks;
-- whether the greedy tokens equal those of the engine without prefix caching.
+- whether the greedy tokens equal those of the engine without prefix caching; on the GPU also
+  in float32 (``same_tokens_float32``: the same weights and requests, one run of each wave),
+  where they must be equal, while the timed run is in bfloat16.
 
 Before measuring, each engine serves unrelated prompts once (kernel compilation, CUDA graph
 capture).  Both waves run ``--repeats`` times, the prefix cache emptied (``evict_unused``)
@@ -181,6 +183,30 @@ def measure(model, backend: str, prompts, warmup_prompts, max_new: int, max_seq_
             "block_size": engine.cache.BLOCK_SIZE, "repeats": repeats, "waves": waves}
 
 
+def float32_tokens_check(model, prompts, max_new: int, max_seq_len: int) -> dict:
+    """The same requests on the same weights in float32, prefix caching off and on, cold and
+    warm waves: the greedy tokens must be equal (in bfloat16 the cached-prefix path rounds at
+    other places than the full prefill, and near-ties can go either way)."""
+    from paged_tutorial.loading.models import Model
+
+    fp32 = Model(model.config, {k: v.to(device="cuda", dtype=torch.float32)
+                                for k, v in model.weights.items()}, None, "float32",
+                 source=f"{model.source}, in float32")
+    params = pt.SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    tokens = {}
+    for caching in (False, True):
+        engine = pt.Engine(fp32, backend="numba", max_slots=len(prompts), max_seq_len=max_seq_len,
+                           prefix_caching=caching)
+        tokens[caching] = [[r.token_ids for r in engine.generate(prompts, params)]
+                           for _wave in ("cold", "warm")]
+    out = {"dtype": "float32", "same_tokens_cold": tokens[False][0] == tokens[True][0],
+           "same_tokens_warm": tokens[False][1] == tokens[True][1]}
+    del fp32
+    torch.cuda.empty_cache()
+    print("float32 tokens, prefix caching off vs on:", out, flush=True)
+    return out
+
+
 def summarize(off: dict, on: dict) -> dict:
     out = {}
     for wave in ("cold", "warm"):
@@ -253,6 +279,11 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     off = measure(model, backend, prompts, warmup, max_new, max_seq_len, False, sync, repeats)
     on = measure(model, backend, prompts, warmup, max_new, max_seq_len, True, sync, repeats)
+    summary = summarize(off, on)
+    if args.gpu:
+        check = float32_tokens_check(model, prompts, max_new, max_seq_len)
+        for wave in ("cold", "warm"):
+            summary[wave]["same_tokens_float32"] = check[f"same_tokens_{wave}"]
     data = {
         "benchmark": "prefix_sharing",
         "date": dt.date.today().isoformat(),
@@ -263,7 +294,7 @@ def main(argv=None) -> int:
         "requests": n, "max_new_tokens": max_new,
         "prompt_tokens": [len(p) for p in prompts], "shared_prefix_tokens": shared,
         "off": on_off_without_tokens(off), "on": on_off_without_tokens(on),
-        "summary": summarize(off, on),
+        "summary": summary,
     }
     out = Path(args.out) if args.out else RESULTS
     path = out if out.suffix == ".json" else \
@@ -275,8 +306,11 @@ def main(argv=None) -> int:
         print(f"{wave}: prefill tokens {s['prefill_tokens_off']} -> {s['prefill_tokens_on']} "
               f"({s['prefill_tokens_ratio']}x fewer), peak blocks used "
               f"{s['peak_blocks_used_off']} -> {s['peak_blocks_used_on']}, mean TTFT "
-              f"{s['ttft_mean_s_off'] * 1e3:.1f} -> {s['ttft_mean_s_on'] * 1e3:.1f} ms, "
-              f"same tokens: {s['same_tokens']}")
+              f"{s['ttft_mean_s_off'] * 1e3:.1f} -> {s['ttft_mean_s_on'] * 1e3:.1f} ms "
+              f"(on/off {s['ttft_mean_s_on'] / s['ttft_mean_s_off']:.2f}x), "
+              f"same tokens: {s['same_tokens']}"
+              + (f" ({model.dtype}), in float32: {s['same_tokens_float32']}"
+                 if "same_tokens_float32" in s else ""))
     return 0
 
 

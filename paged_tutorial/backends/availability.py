@@ -3,7 +3,8 @@
 ``numba_gpu_problem()`` says why the ``numba`` backend cannot start on this machine's GPU (no GPU
 torch can see, the process already simulating, numba-cuda or its CUDA bindings missing, a driver
 too old for the installed ``cuda-bindings``, no NVVM to compile with), or None when it can: it
-compiles and runs one small kernel to find out.  ``backend="auto"`` uses it to fall back to the
+compiles and runs one small kernel to find out; ``numba_fix_for(problem)`` says what to do
+about it.  ``backend="auto"`` uses it to fall back to the
 torch backend; the command line uses ``check_backend`` to refuse a backend before loading a
 model.
 """
@@ -20,6 +21,14 @@ from paged_tutorial.backends.numba_env import SIM_ENV, numba_cuda_imported, numb
 FIX_HINT = ("install numba-cuda's CUDA toolkit for your driver: `pip install -e \".[cu12]\"` "
             "in the repository for a CUDA 12.x driver, \".[cu13]\" for 13.x (`nvidia-smi` "
             "prints it); docs/troubleshooting.md, 'Common problems'")
+
+
+def numba_fix_for(problem: str) -> str:
+    """How to get the numba backend working, for the problem ``numba_gpu_problem`` named."""
+    if SIM_ENV in problem or "simulator" in problem:
+        return (f"start a new Python process with {SIM_ENV} unset (Numba chooses between its "
+                "simulator and the GPU once per process, when numba.cuda is first imported)")
+    return FIX_HINT
 
 
 def _first_line(exc: BaseException) -> str:
@@ -86,7 +95,7 @@ def check_backend(name: str) -> None:
         problem = numba_gpu_problem()
         if problem is not None:
             raise RuntimeError(f"backend 'numba' cannot run here: {problem}.  {alternatives}; "
-                               f"to fix numba on this GPU, {FIX_HINT}")
+                               f"to fix numba on this GPU, {numba_fix_for(problem)}")
     elif name == "numba-sim":
         if numba_cuda_imported() and not numba_cuda_simulating():
             raise RuntimeError(

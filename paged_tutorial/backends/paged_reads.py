@@ -18,11 +18,14 @@ def cache_view(cache) -> torch.Tensor:
 
 def _read_blocks(cache, phys: torch.Tensor, n_tokens: int):
     """K, V of the blocks ``phys`` [S, nb] (physical ids), each row's blocks in logical order:
-    two [S, n_tokens, nKV, D] tensors."""
+    two [S, n_tokens, nKV, D] tensors, each read by one gather (K and V apart, so each comes
+    out contiguous)."""
     c = cache.config
-    kv = cache_view(cache)[phys]                          # [S, nb, 2, BLOCK_SIZE, KV_DIM]
+    view = cache_view(cache)
     shape = (phys.shape[0], phys.shape[1] * c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
-    return kv[:, :, 0].reshape(shape)[:, :n_tokens], kv[:, :, 1].reshape(shape)[:, :n_tokens]
+    k = view[:, 0][phys].view(shape)                    # [S, nb, BLOCK_SIZE, KV_DIM] -> tokens
+    v = view[:, 1][phys].view(shape)
+    return k[:, :n_tokens], v[:, :n_tokens]
 
 
 def gather_kv_rows(cache, block_table: torch.Tensor, seq_slots: torch.Tensor, layer: int,
@@ -31,7 +34,7 @@ def gather_kv_rows(cache, block_table: torch.Tensor, seq_slots: torch.Tensor, la
     table: two [S, n_tokens, nKV, D] tensors.  Positions past a sequence's own length hold
     whatever their block holds (an unassigned entry, -1, reads block 0): mask them."""
     n_blocks = cache.config.blocks_for_tokens(n_tokens)
-    phys = block_table[seq_slots.long(), layer, :n_blocks].long().clamp(min=0)   # [S, nb]
+    phys = block_table[seq_slots.long(), layer, :n_blocks].clamp(min=0).long()   # [S, nb]
     return _read_blocks(cache, phys, n_tokens)
 
 
@@ -66,27 +69,63 @@ def decode_attention_rows(q, k, v, seq_lens, scale):
     head is used once.  Returns [B, nH, D]."""
     b, n_heads, d = q.shape
     n_kv = k.shape[2]
-    visible = torch.arange(k.shape[1], device=q.device) < seq_lens.long()[:, None]  # [B, L]
-    v = v.masked_fill(~visible[:, :, None, None], 0)        # unseen rows: no NaN * 0
+    unseen = torch.arange(k.shape[1], device=q.device) >= seq_lens[:, None]   # [B, L]
+    v = v.masked_fill(unseen[:, :, None, None], 0)          # unseen rows: no NaN * 0
     qg = q.reshape(b, n_kv, n_heads // n_kv, d)                      # [B, nKV, group, D]
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale          # [B, nKV, group, L]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    scores = scores.masked_fill(unseen[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.matmul(probs, v.transpose(1, 2)).reshape(b, n_heads, d)
 
 
+def prefill_query_layout(inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each new token of a prefill sits in a padded [S, max_query_len] grid, and what it
+    may see, all built on the device from ``inputs`` (no host round trip): (seq [T], the
+    sequence of each packed row; row [T], its index among that sequence's new tokens;
+    visible [S, max_query_len, max_seq_len] bool, key j visible from grid cell (s, r) when
+    j <= context_lens[s] + r and j < seq_lens[s]).  Grid cells past a sequence's new tokens
+    see its keys up to its length: finite values that nobody reads."""
+    device = inputs.cu_seqlens.device
+    n_tokens = inputs.token_ids.shape[0]
+    packed = torch.arange(n_tokens, dtype=inputs.cu_seqlens.dtype, device=device)
+    seq = torch.searchsorted(inputs.cu_seqlens[1:], packed, right=True)
+    row = (packed - inputs.cu_seqlens[seq]).long()
+    query_pos = inputs.context_lens.long()[:, None] + torch.arange(
+        inputs.max_query_len, device=device)                                  # [S, Q]
+    last = torch.minimum(query_pos, inputs.seq_lens.long()[:, None] - 1)     # [S, Q]
+    keys = torch.arange(inputs.max_seq_len, device=device)
+    visible = keys[None, None, :] <= last[:, :, None]                         # [S, Q, L]
+    return seq, row, visible
+
+
 def prefill_attention_from_cache(q, cache, block_table, layer: int, inputs, scale):
-    """``Backend.prefill_attention_from_cache`` with torch ops: the K/V of every sequence
-    (context and new tokens, already written) gathered through the block table at once, then
-    causal attention of each sequence's new queries.  The loop over sequences slices by the
-    host copies of ``cu_seqlens`` and the context lengths: nothing is read back from the
-    device."""
+    """``Backend.prefill_attention_from_cache`` with torch ops, every sequence at once: the K/V
+    of each sequence (context and new tokens, already written) gathered through the block
+    table, the new queries scattered into a padded [S, max_query_len] grid, one masked
+    attention over the grid (each query sees its sequence's keys up to its own position),
+    and the real rows gathered back.  A fixed number of ops whatever the number of
+    sequences; the index tensors are built once per step (``prefill_query_layout``)."""
+    seq, row, visible = inputs.derived("paged_reads.prefill_query_layout",
+                                       lambda: prefill_query_layout(inputs))
     k_all, v_all = gather_kv_rows(cache, block_table, inputs.seq_slots, layer,
-                                  inputs.max_seq_len)
-    out = torch.empty_like(q)
-    bounds = inputs.cu_seqlens_host
-    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        total = inputs.context_lens_host[i] + (end - start)
-        out[start:end] = attention(q[start:end], k_all[i, :total], v_all[i, :total], scale,
-                                   causal=True)
-    return out
+                                  inputs.max_seq_len)                   # [S, L, nKV, D]
+    n_seqs, n_queries = inputs.num_seqs, inputs.max_query_len
+    n_heads, d = q.shape[1], q.shape[2]
+    n_kv = k_all.shape[2]
+    group = n_heads // n_kv
+    grid = q.new_zeros(n_seqs, n_queries, n_heads, d)
+    grid[seq, row] = q
+    # the query heads of a KV group stacked as rows, so each K/V head is used once:
+    # [S, nKV, group * Q, D] against k [S, nKV, L, D]
+    qg = grid.view(n_seqs, n_queries, n_kv, group, d).permute(0, 2, 3, 1, 4).reshape(
+        n_seqs, n_kv, group * n_queries, d)
+    k = k_all.transpose(1, 2)
+    v = v_all.masked_fill(~visible[:, -1, :, None, None], 0).transpose(1, 2)  # unseen: no NaN
+    scores = torch.matmul(qg, k.transpose(2, 3)) * scale
+    scores = scores.view(n_seqs, n_kv, group, n_queries, -1).masked_fill(
+        ~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(
+        n_seqs, n_kv, group * n_queries, -1)
+    out = torch.matmul(probs, v).view(n_seqs, n_kv, group, n_queries, d)
+    out = out.permute(0, 3, 1, 2, 4).reshape(n_seqs, n_queries, n_heads, d)
+    return out[seq, row]

@@ -3,8 +3,12 @@
 Each op mirrors what HF ``transformers``' Llama does (same casts, same order), so the whole
 engine on this backend reproduces HF's tokens.  The paged cache is read and written through
 the block table exactly as the kernels do, only with torch indexing instead of threads
-(``paged_reads.py``): on a GPU the table, the slots and the lengths stay on the device, and a
-decode layer is a fixed number of torch ops whatever the batch.
+(``paged_reads.py``): on a GPU the table, the slots and the lengths stay on the device, a
+decode layer is a fixed number of torch ops whatever the batch, and sampling reads nothing back
+(``batched_sampling.py``), so the engine captures the torch backend's decode steps in CUDA
+graphs there as it does the numba backend's.  Each GPU op is a kernel launch, so the layer's
+ops are few: q and k rotated together, k and v written by one scatter, K and V read by one
+gather each.
 
 ``check_inputs`` (default: on the CPU only) checks every block-table entry an op will follow
 before it follows one (``check_block_entries``), reading the tensors in place; on a GPU that
@@ -17,10 +21,37 @@ import torch
 import torch.nn.functional as F
 
 from paged_tutorial.backends.base import Backend
+from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.backends.paged_reads import (attention, cache_view, decode_attention_rows,
                                                  gather_kv, gather_kv_rows)
 from paged_tutorial.cache.block_table import check_block_entries
 from paged_tutorial.model.sampling import sample_reference
+
+
+def rope_factors(positions, cos, sin, dtype):
+    """cos and sin of each token's position, [T, 1, D/2] in the activations' dtype (cast
+    before use, as HF does)."""
+    pos = positions.long()
+    return cos[pos].to(dtype)[:, None, :], sin[pos].to(dtype)[:, None, :]
+
+
+def rotate_half_pairs(x, c, s) -> None:
+    """RoPE in place on x [T, heads, D] (HF's rotate-half pairing: dims i and i + D/2):
+    both halves computed from the old values, then written back in one copy."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+
+
+def write_rows(cache, kv, block_table, layer: int, slots, positions) -> None:
+    """Scatter kv [T, 2 (K, V), KV_DIM] into the paged cache: token i to physical block
+    block_table[slots[i], layer, positions[i] // BLOCK_SIZE], row positions[i] % BLOCK_SIZE.
+    Device index ops only: the table and the positions stay where they are."""
+    view = cache_view(cache)
+    bs = cache.config.BLOCK_SIZE
+    pos = positions.long()
+    phys = block_table[slots.long(), layer, pos // bs]
+    view[phys.long(), :, pos % bs] = kv.to(view.dtype)
 
 
 class TorchBackend(Backend):
@@ -45,14 +76,9 @@ class TorchBackend(Backend):
         return self.rms_norm(residual, weight, eps)
 
     def rope(self, q, k, positions, cos, sin):
-        pos = positions.long()
-        c = cos[pos].to(q.dtype)[:, None, :]          # [T, 1, D/2], cast like HF does
-        s = sin[pos].to(q.dtype)[:, None, :]
-        for x in (q, k):
-            half = x.shape[-1] // 2
-            x1, x2 = x[..., :half].clone(), x[..., half:].clone()
-            x[..., :half] = x1 * c - x2 * s
-            x[..., half:] = x2 * c + x1 * s
+        c, s = rope_factors(positions, cos, sin, q.dtype)
+        rotate_half_pairs(q, c, s)
+        rotate_half_pairs(k, c, s)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
@@ -69,15 +95,34 @@ class TorchBackend(Backend):
             check_block_entries(cache, table, slot, layer, n, where)
 
     def write_kv(self, cache, k, v, block_table, layer, slots, positions):
-        view = cache_view(cache)
-        bs = cache.config.BLOCK_SIZE
-        pos = positions.long()
         if self.check_inputs:
-            self._check_entries(cache, block_table, layer, slots, pos + 1, "write_kv")
-        phys = block_table[slots.long(), layer, pos // bs].long()
-        row = pos % bs
-        view[phys, 0, row] = k.reshape(k.shape[0], -1).to(view.dtype)
-        view[phys, 1, row] = v.reshape(v.shape[0], -1).to(view.dtype)
+            self._check_entries(cache, block_table, layer, slots, positions.long() + 1,
+                                "write_kv")
+        t = k.shape[0]
+        write_rows(cache, torch.stack((k.reshape(t, -1), v.reshape(t, -1)), dim=1),
+                   block_table, layer, slots, positions)
+
+    def qkv_rope_write_kv(self, x, qkv_weight, n_q_heads, positions, cos, sin, cache,
+                          block_table, layer, slots):
+        """``Backend.qkv_rope_write_kv`` in fewer torch ops (what decides the speed of this
+        backend on a GPU, where each op is a kernel launch): q and k are adjacent in the
+        projection, so they are rotated as one [T, nH + nKV, D] view, and the rotated k and
+        v, adjacent too, are written into the cache by one scatter."""
+        qkv = self.linear(x, qkv_weight)
+        c = cache.config
+        t, d = qkv.shape[0], c.head_dim
+        q_dim = n_q_heads * d
+        if self.check_inputs:
+            self._check_entries(cache, block_table, layer, slots, positions.long() + 1,
+                                "qkv_rope_write_kv")
+        qk = qkv[:, :q_dim + c.KV_DIM].view(t, n_q_heads + c.num_kv_heads, d)
+        rotate_half_pairs(qk, *rope_factors(positions, cos, sin, qkv.dtype))
+        write_rows(cache, qkv[:, q_dim:].view(t, 2, c.KV_DIM), block_table, layer, slots,
+                   positions)
+        q = qkv[:, :q_dim].view(t, n_q_heads, d)
+        k = qkv[:, q_dim:q_dim + c.KV_DIM].view(t, c.num_kv_heads, d)
+        v = qkv[:, q_dim + c.KV_DIM:].view(t, c.num_kv_heads, d)
+        return q, k, v
 
     def gather_kv(self, cache, block_table, slot: int, layer: int, seq_len: int):
         """K, V of one (slot, layer) as contiguous [seq_len, nKV, D] tensors (a dense copy the
@@ -118,4 +163,8 @@ class TorchBackend(Backend):
 
     # --- sampling ----------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, uniforms):
-        return sample_reference(logits, temperature, top_p, uniforms)
+        # on the CPU the rule row by row; elsewhere every row at once, with no host reads
+        # (the same tokens: tests/backends/test_batched_sampling.py)
+        if logits.device.type == "cpu":
+            return sample_reference(logits, temperature, top_p, uniforms)
+        return sample_batched(logits, temperature, top_p, uniforms)

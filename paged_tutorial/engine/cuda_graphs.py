@@ -20,9 +20,9 @@ What a graph needs, and how this module provides it:
   slot and position), so they write the very K/V values row 0 writes and read only what row 0
   reads: no other sequence's cache is touched.  Their outputs are ignored.
 - **No host work inside the graph.**  Numba launches go to ``cuda.external_stream`` of torch's
-  current stream, so they are captured with the GEMMs; the numba backend's host-side input
-  checks (``check_inputs``) are off on the GPU, and nothing in the decode path reads device
-  values on the host.
+  current stream, so they are captured with the GEMMs; the backends' host-side input checks
+  (``check_inputs``) are off on the GPU, and nothing in the decode path reads device values on
+  the host (the torch backend samples every row at once, ``backends/batched_sampling.py``).
 - **Capture lazily.**  A bucket's graph is captured the first time a step needs it, after one
   eager warm-up run of the same step on a side stream (it compiles the kernels and sets up
   cuBLAS; its cache writes are the ones the replay repeats).  All graphs share one memory
@@ -36,6 +36,8 @@ import torch
 
 from paged_tutorial.model.step_inputs import StepInputs
 
+#: backends whose decode step reads nothing back to the host, so a graph can capture it
+GRAPH_BACKENDS = ("numba", "torch")
 ROWS_INT = ("token_ids", "positions", "slots", "seq_lens")
 ROWS_FLOAT = ("temperature", "top_p", "uniforms")
 
@@ -52,13 +54,13 @@ class DecodeGraphs:
 
     def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
         backend = llama.backend
-        if backend.device.type != "cuda" or getattr(backend, "name", "") != "numba":
-            raise ValueError(f"CUDA graphs are captured for the numba backend on a GPU only, "
-                             f"got {backend.describe()}: pass cuda_graphs=False")
+        if backend.device.type != "cuda" or getattr(backend, "name", "") not in GRAPH_BACKENDS:
+            raise ValueError(f"CUDA graphs are captured for the numba and torch backends on a "
+                             f"GPU only, got {backend.describe()}: pass cuda_graphs=False")
         if getattr(backend, "check_inputs", False):
-            raise ValueError("CUDA graphs cannot capture the numba backend's host-side input "
-                             "checks (check_inputs / debug=True): turn them off, or pass "
-                             "cuda_graphs=False")
+            raise ValueError(f"CUDA graphs cannot capture the {backend.name} backend's "
+                             "host-side input checks (check_inputs / debug=True): turn them "
+                             "off, or pass cuda_graphs=False")
         self.llama, self.cache, self.backend = llama, cache, backend
         self.max_batch = max_batch
         self.buckets = sorted(buckets) if buckets else default_buckets(max_batch)

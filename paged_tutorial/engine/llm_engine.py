@@ -45,6 +45,7 @@ from paged_tutorial.backends import make_backend
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.engine.cuda_graphs import GRAPH_BACKENDS
 from paged_tutorial.engine.model_runner import ModelRunner
 from paged_tutorial.loading.models import Model
 from paged_tutorial.cache.prefix_cache import PrefixCache, PrefixCachingKVCache
@@ -241,10 +242,12 @@ class Engine:
         self.prefix_caching = isinstance(self.cache.allocator, PrefixCache)
         self.scheduler = Scheduler(self.cache.allocator, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
-        # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba GPU backend
+        # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba backend and
+        # on the torch backend on a GPU
         if cuda_graphs is None:
-            cuda_graphs = self.backend.name == "numba" and not getattr(
-                self.backend, "check_inputs", False)
+            cuda_graphs = (self.backend.name in GRAPH_BACKENDS
+                           and self.backend.device.type == "cuda"
+                           and not getattr(self.backend, "check_inputs", False))
         self.model_runner = ModelRunner(self.model, self.backend, self.cache, max_slots,
                                         max_seq_len, cuda_graphs=bool(cuda_graphs))
         self.max_slots, self.max_seq_len = max_slots, max_seq_len

@@ -51,6 +51,17 @@ def test_auto_falls_back_to_torch_on_the_gpu_when_numba_cannot_start(fake_gpu, m
     assert "driver is too old" in message and "torch backend" in message and "cu12" in message
 
 
+def test_the_fallback_warning_names_the_fix_for_its_problem(fake_gpu, monkeypatch):
+    monkeypatch.setattr(backends, "numba_gpu_problem",
+                        lambda: "NUMBA_ENABLE_CUDASIM=1 is set, which selects Numba's CUDA "
+                                "simulator")
+    with pytest.warns(RuntimeWarning) as record:
+        make_backend("auto")
+    message = str(record[0].message)
+    assert "\n" not in message and "NUMBA_ENABLE_CUDASIM unset" in message
+    assert "cu12" not in message                 # no toolkit to install for this one
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this process must be simulating")
 def test_a_simulating_process_reports_it_as_the_reason(fake_gpu):
     import paged_tutorial.backends.numba_cuda  # noqa: F401  (numba.cuda imported: simulator)

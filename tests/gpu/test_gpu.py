@@ -5,10 +5,9 @@ full size (scattered blocks, 32 q / 8 KV heads, contexts of ~2000 tokens, a 1282
 vocabulary), runs on torch's stream through the fast launch path, and can be captured in a
 CUDA graph.  Timings live in ``benchmarks/``.
 
-Tolerances: elementwise ops are compared with ``ulps``: max |a - b| / (rtol |b| + rtol / 10)
-with rtol the storage dtype's relative step (bf16 1e-2, fp16 2e-3, fp32 1e-5), which must stay
-<= 1 (one or two roundings apart).  Attention and matrix products are compared by
-||a - b|| / ||b|| against float32 references.
+Tolerances (``helpers/gpu_checks.py``): elementwise ops within one or two roundings
+(``ulps`` <= 1), attention and matrix products by ||a - b|| / ||b|| against float32
+references.  ``test_gpu_shapes.py`` runs the same ops at head_dim 128 and at 9 / 3 heads.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import math
 import pytest
 import torch
 
+from helpers.gpu_checks import DTYPES, rel_err, rn, same_bits, ulps, within_one_rounding
 from paged_tutorial.backends.numba_cuda import SIMULATING, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels import gemv, prefill_sdpa, sampling
@@ -31,29 +31,11 @@ from paged_tutorial.model.sampling import sample_reference
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-RTOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 CTX = [1024, 977, 513, 2000, 31, 1500, 700, 1100]       # 8 slots, lengths ending mid-block
 M = llama_3_2_1b_config()
 H, NH, NKV, D, INTER, V = (M.hidden_size, M.n_heads, M.n_kv_heads, M.head_dim,
                            M.intermediate_size, M.vocab_size)
 SCALE = 1.0 / math.sqrt(D)
-
-
-def ulps(a, b) -> float:
-    rtol = RTOL[a.dtype]
-    a, b = a.float(), b.float()
-    return float(((a - b).abs() / (rtol * b.abs() + rtol / 10)).max())
-
-
-def rel_err(a, b) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm())
-
-
-def same_bits(a, b) -> bool:
-    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.view(bits), b.view(bits))
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +51,6 @@ def nb():
 @pytest.fixture(scope="module")
 def ref(dev):
     return TorchBackend(dev)
-
-
-def rn(g, dt, *shape, scale=1.0):
-    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dt)
 
 
 def qkv_views(x):
@@ -304,13 +282,6 @@ def test_cuda_graph_captures_numba_launches(nb, ref):
         torch.cuda.synchronize()
         assert rel_err(static_q, decode_oracle(ref, qd, cache, bt, 2, lens, slots)) < 5e-3
         assert rel_err(out, ref.rms_norm(x, wn, 1e-5).float() @ w.float().T) < 4e-3
-
-
-def within_one_rounding(a, b) -> bool:
-    """Bit-equal, or the differing elements within one rounding (ulps <= 1)."""
-    bits = torch.int16 if a.element_size() == 2 else torch.int32
-    differ = a.view(bits) != b.view(bits)
-    return not bool(differ.any()) or ulps(a[differ], b[differ]) <= 1
 
 
 @pytest.mark.parametrize("n_tokens", [1, 4])
