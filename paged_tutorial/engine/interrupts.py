@@ -99,8 +99,10 @@ class SignalDeferral:
     # --- installing ----------------------------------------------------------------------------
     def _install(self) -> None:
         """Swap in the deferring handler (called with ``_depth`` > 0, so a signal arriving
-        for an already swapped one is recorded).  Every install re-checks the handlers, so
-        one installed by the program since is wrapped too."""
+        for an already swapped one is recorded); a nested section finds it in place."""
+        if self._installs:
+            self._installs += 1
+            return
         try:
             for signum in DEFERRED_SIGNALS:
                 current = signal.getsignal(signum)
@@ -108,8 +110,7 @@ class SignalDeferral:
                     self._saved[signum] = current
                     signal.signal(signum, self._handle)
         except BaseException:            # a handler not yet swapped ran: undo, re-raise
-            if not self._installs:
-                self._restore()
+            self._restore()
             raise
         self._installs += 1
 

@@ -182,8 +182,8 @@ class TokenStream:
                 raise
 
     def close(self) -> None:
-        """Cancel the request if it has not finished; keep the result.  The engine forgets
-        the request either way."""
+        """Cancel the request if it has not finished; keep the result (the engine forgets the
+        request)."""
         if self.result is None:
             if not self._request.finished:
                 self._engine._cancel(self._request, forget=True)
@@ -453,16 +453,15 @@ class Engine:
         self._cancel(self._request(request_id), forget=False)
 
     def _cancel(self, request: Request, forget: bool) -> None:
-        """Cancel (and with ``forget`` drop) a request; mid-step, from a cache listener or a
-        stream garbage-collected while this thread holds the engine, at the next step."""
+        """Cancel a request.  Mid-step (a cache listener, or a stream garbage-collected while
+        this thread holds the engine) the cancel waits for the next step, and ``forget``
+        makes that step drop the request too (no stream is left to take its result)."""
         if self._owner == threading.get_ident() and not self._dispatching:
             self._deferred_cancels[request.request_id] = \
                 forget or self._deferred_cancels.get(request.request_id, False)
             return
         with self._state_lock("cancel"):
             self.scheduler.finish(request, "cancelled")
-            if forget:
-                self._requests.pop(request.request_id, None)
 
     def _cancel_all(self, requests: list[Request]) -> None:
         """Cancel those of ``requests`` the engine still runs, in one critical section."""
