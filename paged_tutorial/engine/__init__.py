@@ -3,7 +3,8 @@
 ``llm_engine`` (``Engine``: add requests, step, stream, generate), ``request`` (one sequence's
 state), ``sampling_params`` (``SamplingParams``, validated when made), ``scheduler`` (which
 requests run this step, admission, preemption, commit and rollback), ``model_runner`` (a step's
-inputs, the forward pass, sampling), ``cuda_graphs`` (captured decode steps)."""
+inputs, the forward pass, sampling), ``cuda_graphs`` (captured decode steps), ``interrupts``
+(Ctrl-C deferred through the bookkeeping), ``devices`` (which devices an Engine can use)."""
 
 from paged_tutorial.engine.llm_engine import Engine, GenerationResult, StepReport, TokenStream
 from paged_tutorial.engine.sampling_params import SamplingParams

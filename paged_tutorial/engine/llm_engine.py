@@ -14,10 +14,23 @@ What the engine guarantees, whatever happens mid-run:
   runs (a callback, Ctrl-C, the model), the requests that call submitted are cancelled, their
   blocks go back to ``free_blocks``, and the exception is re-raised.  Closing or abandoning a
   stream cancels its request.  No other request's tokens change.
+- **Ctrl-C at any instant.**  The bookkeeping between model runs (admission, preemption,
+  commit, rollback, cancel, release) runs as critical sections (``interrupts.py``): a signal
+  arriving in one is handled as soon as it ends, so an interrupt never leaves a slot half
+  released; the forward pass and the callbacks stay interruptible at once.
 - **Callbacks run after the step is committed.**  An exception in a request's ``on_token``
-  cancels that request and is re-raised by the call that submitted it (in its own thread).
-  Calling ``step``/``generate``/``stream`` from inside a callback raises a RuntimeError;
-  ``cancel`` and ``add_request`` are allowed there.
+  (``KeyboardInterrupt`` included) cancels that request and is re-raised by the call that
+  submitted it, in its own thread, whichever thread ran the step.  Calling
+  ``step``/``generate``/``stream`` from inside a callback (``on_token``, ``on_step``) raises a
+  RuntimeError; ``cancel`` and ``add_request`` are allowed there.
+- **Validated at the edge.**  Every argument of ``add_request``/``generate``/``stream`` is
+  checked before anything is queued.  A request that still cannot go on for a reason of its
+  own (``RequestError``: its random stream or its detokenizer fails) is finished with
+  ``finish_reason "error"`` and the others are served.
+- **Bounded memory.**  The engine keeps a request until its result is taken: ``generate`` and
+  streams take theirs; with ``add_request``, ``pop_result(request_id)`` returns a finished
+  request's result and forgets it (``result`` only reads).  A stream dropped unfinished is
+  cancelled and forgotten.
 - **Prefix caching** (``prefix_caching=True``, ``prefix_cache.py``): requests whose prompts
   begin with the same full blocks share those blocks' K/V instead of computing them again,
   and the blocks stay cached after their last user finishes; ``GenerationResult.
@@ -46,11 +59,14 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.cuda_graphs import GRAPH_BACKENDS
+from paged_tutorial.engine.devices import check_device
+from paged_tutorial.engine.interrupts import SIGNALS, from_signal
 from paged_tutorial.engine.model_runner import ModelRunner
 from paged_tutorial.loading.models import Model
 from paged_tutorial.cache.prefix_cache import PrefixCache, PrefixCachingKVCache
-from paged_tutorial.engine.request import Request
-from paged_tutorial.engine.sampling_params import SamplingParams, draw_seed, is_integer
+from paged_tutorial.engine.request import Request, RequestError
+from paged_tutorial.engine.sampling_params import SamplingParams, check_sample_key, draw_seed, \
+    is_integer
 from paged_tutorial.engine.scheduler import Scheduler
 
 
@@ -60,13 +76,15 @@ class GenerationResult:
     prompt_token_ids: list[int]
     token_ids: list[int]                 # generated ids only (an EOS that ended it included)
     text: str                            # exactly the concatenation of the streamed pieces
-    finish_reason: str                   # eos | length | max_seq_len | prompt_too_long | cancelled
+    finish_reason: str                   # eos | length | max_seq_len | prompt_too_long |
+    #                                      cancelled | error (see ``error``)
     num_preemptions: int = 0
     seed: int | None = None
     time_to_first_token_s: float | None = None
     total_time_s: float | None = None
     decode_tokens_per_s: float | None = None
     num_cached_tokens: int = 0           # prompt tokens served from shared prefix blocks
+    error: str | None = None             # what went wrong, when finish_reason is "error"
 
 
 @dataclass
@@ -100,6 +118,11 @@ def _positive_int(name: str, value) -> int:
     if not is_integer(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _check_chat(chat) -> None:
+    if not isinstance(chat, bool):
+        raise TypeError(f"chat must be True or False, got {chat!r}")
 
 
 def _check_on_token(on_token) -> None:
@@ -160,10 +183,11 @@ class TokenStream:
                 raise
 
     def close(self) -> None:
-        """Cancel the request if it has not finished; keep the result."""
+        """Cancel the request if it has not finished; keep the result (the engine forgets the
+        request)."""
         if self.result is None:
             if not self._request.finished:
-                self._engine.cancel(self._request.request_id)
+                self._engine._cancel(self._request, forget=True)
             if self._request.finished:
                 self._end()
 
@@ -216,6 +240,7 @@ class Engine:
             kv_cache_bytes = _positive_int("kv_cache_bytes", kv_cache_bytes)
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        check_device(device)
         self.config = model.config
         self.tokenizer = model.tokenizer
         self.backend = make_backend(backend, device, debug)
@@ -256,9 +281,11 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()        # one step at a time
-        self._owner: int | None = None       # thread running a step, while it does
-        self._dispatching = False            # that thread is running callbacks
-        self._deferred_cancels: set[int] = set()
+        self._owner: int | None = None       # thread holding the lock, while it does
+        self._dispatching = False            # that thread is running on_token callbacks
+        self._in_callback = threading.local()  # .depth > 0: this thread is in an on_step
+        #: request id -> forget it too; cancels asked for mid-step, applied at the next one
+        self._deferred_cancels: dict[int, bool] = {}
 
     # --- description -----------------------------------------------------------------------
     @property
@@ -281,25 +308,33 @@ class Engine:
 
     # --- locking ---------------------------------------------------------------------------
     def _refuse_reentry(self, what: str) -> None:
-        if self._owner == threading.get_ident():
+        if self._owner == threading.get_ident() or getattr(self._in_callback, "depth", 0):
             raise RuntimeError(
-                f"engine.{what}() was called from inside a callback (on_token, or a cache "
-                "listener) while this engine is running a step on the same thread.  Collect "
+                f"engine.{what}() was called from inside a callback (on_token, on_step, or a "
+                "cache listener) while this engine is running on the same thread.  Collect "
                 "what you need in the callback and call it after generate()/the step returns; "
                 "cancel() and add_request() are allowed inside callbacks")
 
     @contextmanager
     def _state_lock(self, what: str):
-        """Hold the engine's state for a change: take the lock, or -- on the thread running
-        a step, while it runs callbacks -- go ahead (the step has committed)."""
-        if self._owner == threading.get_ident():
+        """Hold the engine's state for a change, as a critical section: take the lock, or --
+        on the thread running a step, while it runs callbacks -- go ahead (the step has
+        committed)."""
+        me = threading.get_ident()
+        if self._owner == me:
             if not self._dispatching:
                 raise RuntimeError(f"engine.{what}() cannot be called from a cache listener: "
                                    "listeners observe, they must not change the engine")
-            yield
+            with SIGNALS.critical():
+                yield
             return
         with self._lock:
-            yield
+            try:
+                self._owner = me
+                with SIGNALS.critical():
+                    yield
+            finally:
+                self._owner = None
 
     # --- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True) -> list[int]:
@@ -405,8 +440,8 @@ class Engine:
         params = self._params(params, dict(max_new_tokens=max_new_tokens,
                                            temperature=temperature, top_p=top_p, seed=seed))
         params = params.with_seed()
-        if sample_key is not None and not is_integer(sample_key):
-            raise TypeError(f"sample_key must be an integer, got {sample_key!r}")
+        check_sample_key(sample_key)
+        _check_chat(chat)
         _check_on_token(on_token)
         ids = self.encode_prompt(prompt, chat=chat)
         self._check_fits(ids, params)
@@ -418,18 +453,25 @@ class Engine:
     def cancel(self, request_id: int) -> None:
         """Stop a request now (between steps, if another thread is running one); a running
         request gives its blocks back at once.  Cancelling a finished request does nothing."""
-        request = self._request(request_id)
+        self._cancel(self._request(request_id), forget=False)
+
+    def _cancel(self, request: Request, forget: bool) -> None:
+        """Cancel a request.  Mid-step (a cache listener, or a stream garbage-collected while
+        this thread holds the engine) the cancel waits for the next step, and ``forget``
+        makes that step drop the request too (no stream is left to take its result)."""
         if self._owner == threading.get_ident() and not self._dispatching:
-            # a cache listener or a garbage-collected stream, mid-step: at the next step
-            self._deferred_cancels.add(request_id)
+            self._deferred_cancels[request.request_id] = \
+                forget or self._deferred_cancels.get(request.request_id, False)
             return
         with self._state_lock("cancel"):
             self.scheduler.finish(request, "cancelled")
 
     def _cancel_all(self, requests: list[Request]) -> None:
-        for request in requests:
-            if not request.finished:
-                self.cancel(request.request_id)
+        """Cancel those of ``requests`` the engine still runs, in one critical section."""
+        with self._state_lock("cancel"):
+            for request in requests:
+                if not request.finished and self._requests.get(request.request_id) is request:
+                    self.scheduler.finish(request, "cancelled")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -453,52 +495,78 @@ class Engine:
         """Admit what fits and prefill it; otherwise decode every running request."""
         self._refuse_reentry("step")
         with self._lock:
-            self._owner = threading.get_ident()
             try:
+                self._owner = threading.get_ident()
                 return self._step()
             finally:
                 self._owner = None
                 self._dispatching = False
 
     def _step(self) -> StepReport:
+        """One step, as one critical section (``interrupts.py``) opened for the model run (an
+        interrupt there rolls the batch back) and for the callbacks, after the commit."""
         t0 = time.perf_counter()
-        for request_id in sorted(self._deferred_cancels):
-            self.scheduler.finish(self._requests[request_id], "cancelled")
-        self._deferred_cancels.clear()
-        try:
-            batch = self.scheduler.schedule()
-        except BaseException:                # a cache listener raised: undo the admissions
-            self.scheduler.abort_schedule()
-            raise
         token_ids: list[int] = []
-        if batch is None:
-            report = StepReport(self.step_count, "idle", [], [], 0)
-        else:
-            report = StepReport(self.step_count, batch.kind,
-                                [r.request_id for r in batch.requests],
-                                [r.slot for r in batch.requests], batch.num_tokens,
-                                preempted=[r.request_id for r in batch.preempted])
-            if batch.requests:
-                self.backend.begin_step(self.step_count)
+        with SIGNALS.critical():
+            self._apply_deferred_cancels()
+            try:
+                batch = self.scheduler.schedule()
+            except BaseException:            # a cache listener raised: undo the admissions
+                self.scheduler.abort_schedule()
+                raise
+            if batch is None:
+                report = StepReport(self.step_count, "idle", [], [], 0)
+            else:
+                report = StepReport(self.step_count, batch.kind,
+                                    [r.request_id for r in batch.requests],
+                                    [r.slot for r in batch.requests], batch.num_tokens,
+                                    preempted=[r.request_id for r in batch.preempted])
+            if batch is not None and batch.requests:
                 try:
-                    token_ids, logits = self.model_runner.run(batch)
+                    with SIGNALS.open():
+                        self.backend.begin_step(self.step_count)
+                        token_ids, logits = self.model_runner.run(batch)
+                except RequestError as failure:     # one request's own fault: drop it alone
+                    with SIGNALS.critical():
+                        self.scheduler.rollback(batch, count=False)
+                        self._fail(failure.request, str(failure))
+                    report.finished = [failure.request.request_id]
                 except BaseException:
-                    self.scheduler.rollback(batch)
+                    with SIGNALS.critical():
+                        self.scheduler.rollback(batch)
                     raise
-                finished = self.scheduler.postprocess(batch, token_ids)
-                self._detokenize(batch.requests, token_ids)
-                report.finished = [r.request_id for r in finished]
-                report.new_tokens = {r.request_id: t for r, t in zip(batch.requests, token_ids)}
-                if self.record_logits:
-                    report.logits = logits.detach().float().cpu()
-        self.step_count += 1
-        self.scheduler.release_retired()     # last: a raising cache listener finds all done
-        report.num_free_blocks = self.cache.num_free
-        report.num_evictable_blocks = self.cache.num_evictable_blocks
-        report.seconds = time.perf_counter() - t0
-        if token_ids:
-            self._dispatch(batch.requests, token_ids)
+                else:
+                    self.scheduler.postprocess(batch, token_ids)
+                    self._detokenize(batch.requests, token_ids)
+                    report.finished = [r.request_id for r in batch.requests if r.finished]
+                    report.new_tokens = {r.request_id: t
+                                         for r, t in zip(batch.requests, token_ids)}
+                    if self.record_logits:
+                        report.logits = logits.detach().float().cpu()
+            self.step_count += 1
+            self.scheduler.release_retired()   # last: a raising cache listener finds all done
+            report.num_free_blocks = self.cache.num_free
+            report.num_evictable_blocks = self.cache.num_evictable_blocks
+            report.seconds = time.perf_counter() - t0
+            if token_ids:
+                with SIGNALS.open():
+                    self._dispatch(batch.requests, token_ids)
         return report
+
+    def _apply_deferred_cancels(self) -> None:
+        pending, self._deferred_cancels = self._deferred_cancels, {}
+        for request_id, forget in sorted(pending.items()):
+            request = self._requests.get(request_id)
+            if request is not None:
+                self.scheduler.finish(request, "cancelled")
+                if forget:
+                    self._requests.pop(request_id, None)
+
+    def _fail(self, request: Request, message: str) -> None:
+        """Finish one request with finish_reason "error" (the others go on)."""
+        if not request.finished:
+            request.error = message
+            self.scheduler.finish(request, "error")
 
     def _detokenize(self, requests: list[Request], token_ids: list[int]) -> None:
         """Append each new token's text piece; a finished request's last piece also carries
@@ -508,17 +576,23 @@ class Engine:
             if request.detokenizer is None:
                 request.text_pieces.append("")
                 continue
-            piece = request.detokenizer.step(int(token))
-            if request.finished:
-                emitted = request.text + piece
-                full = self.tokenizer.decode(request.output_ids)
-                if full.startswith(emitted):
-                    piece += full[len(emitted):]
+            try:
+                piece = request.detokenizer.step(int(token))
+                if request.finished:
+                    emitted = request.text + piece
+                    full = self.tokenizer.decode(request.output_ids)
+                    if full.startswith(emitted):
+                        piece += full[len(emitted):]
+            except Exception as exc:             # noqa: BLE001 - this request's own fault
+                request.text_pieces.append("")
+                self._fail(request, str(RequestError(request, exc)))
+                continue
             request.text_pieces.append(piece)
 
     def _dispatch(self, requests: list[Request], token_ids: list[int]) -> None:
         """Run on_token callbacks after the step has committed.  A callback's exception
-        cancels its request and is kept for the call that submitted it to re-raise."""
+        (KeyboardInterrupt included: it was raised by that caller's code) cancels its
+        request and is kept for the call that submitted it to re-raise, in its own thread."""
         self._dispatching = True
         try:
             for request, token in zip(requests, token_ids):
@@ -526,9 +600,12 @@ class Engine:
                     continue
                 try:
                     request.on_token(request.request_id, int(token), request.text_pieces[-1])
-                except Exception as exc:          # noqa: BLE001 - handed to the caller
+                except BaseException as exc:      # noqa: BLE001 - handed to the caller
+                    if from_signal(exc):              # Ctrl-C: the stepping thread's
+                        raise
                     request.callback_error = exc
-                    self.scheduler.finish(request, "cancelled")
+                    with SIGNALS.critical():
+                        self.scheduler.finish(request, "cancelled")
         finally:
             self._dispatching = False
 
@@ -541,8 +618,28 @@ class Engine:
         return request
 
     def _forget(self, requests: list[Request]) -> None:
-        for request in requests:
-            self._requests.pop(request.request_id, None)
+        with SIGNALS.critical():
+            for request in requests:
+                self._requests.pop(request.request_id, None)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the engine holds: waiting, running, or finished with their result not
+        taken yet (``pop_result``)."""
+        return len(self._requests)
+
+    def pop_result(self, request_id: int) -> GenerationResult:
+        """The result of a finished request, which the engine then forgets (its id is no
+        longer known).  A long-lived engine fed by ``add_request`` calls this for each request
+        once it has finished, so that memory stays bounded; ``generate`` and streams do it
+        themselves."""
+        request = self._request(request_id)
+        if not request.finished:
+            raise ValueError(f"request {request_id} is still {request.status.value}: step the "
+                             "engine until it finishes, or cancel() it, before pop_result()")
+        result = self.result(request_id)
+        self._forget([request])
+        return result
 
     def result(self, request_id: int) -> GenerationResult:
         """The result of a request so far (finish_reason "running" while it runs)."""
@@ -559,31 +656,36 @@ class Engine:
             time_to_first_token_s=(r.first_token_time - r.arrival_time)
             if r.first_token_time else None,
             total_time_s=(r.finish_time - r.arrival_time) if r.finish_time else None,
-            decode_tokens_per_s=decode_tps, num_cached_tokens=r.num_cached_tokens or 0)
+            decode_tokens_per_s=decode_tps, num_cached_tokens=r.num_cached_tokens or 0,
+            error=r.error)
 
     def run_until_done(self, on_step: Callable[[StepReport], None] | None = None) -> None:
         """Step until no request is waiting or running."""
         while self.scheduler.has_work():
             report = self.step()
             if on_step is not None:
-                on_step(report)
+                self._call_on_step(on_step, report)
+
+    def _call_on_step(self, on_step, report: StepReport) -> None:
+        """``on_step(report)``, with re-entry into the engine refused while it runs."""
+        self._in_callback.depth = getattr(self._in_callback, "depth", 0) + 1
+        try:
+            on_step(report)
+        finally:
+            self._in_callback.depth -= 1
 
     def _run(self, requests: list[Request], on_step) -> None:
-        """Step until ``requests`` are all finished (other requests advance with them); on
-        any exception, cancel them and re-raise."""
-        try:
-            while True:
-                for request in requests:
-                    if request.callback_error is not None:
-                        raise request.callback_error
-                if all(r.finished for r in requests):
-                    return
-                report = self.step()
-                if on_step is not None:
-                    on_step(report)
-        except BaseException:
-            self._cancel_all(requests)
-            raise
+        """Step until ``requests`` are all finished (other requests advance with them); an
+        on_token exception of theirs is re-raised here."""
+        while True:
+            for request in requests:
+                if request.callback_error is not None:
+                    raise request.callback_error
+            if all(r.finished for r in requests):
+                return
+            report = self.step()
+            if on_step is not None:
+                self._call_on_step(on_step, report)
 
     def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams]
                  | None = None, *, max_new_tokens: int | None = None,
@@ -599,6 +701,7 @@ class Engine:
         text_piece)`` is called as each token is produced, i the prompt's index;
         ``on_step(report)`` after each step.  Results come back in prompt order."""
         self._refuse_reentry("generate")
+        _check_chat(chat)
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or (
                 prompts and is_integer(prompts[0])):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
@@ -627,14 +730,22 @@ class Engine:
             if on_token is not None:
                 callback = (lambda i: lambda _rid, tok, piece: on_token(i, tok, piece))(i)
             requests.append(self._new_request(ids, p, sample_key=i, on_token=callback))
-        with self._state_lock("generate"):
-            for request in requests:
-                self._queue(request)
-        try:
-            self._run(requests, on_step)
-            return [self.result(r.request_id) for r in requests]
-        finally:
-            self._forget(requests)
+        # One critical section for the whole call (entered before anything is queued, so an
+        # interrupt while it swaps the handlers finds nothing to undo), open while it steps:
+        # the cleanup below then runs in nested sections, which cannot be cut at their start.
+        with SIGNALS.critical():
+            try:
+                with self._state_lock("generate"):
+                    for request in requests:
+                        self._queue(request)
+                with SIGNALS.open():
+                    self._run(requests, on_step)
+                return [self.result(r.request_id) for r in requests]
+            except BaseException:
+                self._cancel_all(requests)
+                raise
+            finally:
+                self._forget(requests)
 
     def stream(self, prompt, params: SamplingParams | None = None, *,
                max_new_tokens: int | None = None, temperature: float | None = None,

@@ -22,7 +22,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.llama import Llama
 from paged_tutorial.loading.models import Model
-from paged_tutorial.engine.request import Request
+from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.model.sampling import request_uniform
 from paged_tutorial.model.step_inputs import StepInputPacker, StepInputs
 from paged_tutorial.engine.scheduler import ScheduledBatch
@@ -49,8 +49,18 @@ class ModelRunner:
         temperature 0 and never use their uniform, so it is not drawn for them."""
         temperature = [r.params.effective_temperature for r in requests]
         return (temperature, [r.params.top_p for r in requests],
-                [request_uniform(r.params.seed, r.sample_key, len(r.output_ids)) if t > 0
-                 else 0.0 for r, t in zip(requests, temperature)])
+                [ModelRunner.uniform(r) if t > 0 else 0.0
+                 for r, t in zip(requests, temperature)])
+
+    @staticmethod
+    def uniform(request: Request) -> float:
+        """The request's uniform for its next token; a RequestError names the request if its
+        stream cannot be drawn (its seed or sample_key was changed after validation)."""
+        try:
+            return request_uniform(request.params.seed, request.sample_key,
+                                   len(request.output_ids))
+        except Exception as exc:
+            raise RequestError(request, exc) from exc
 
     def prefill_inputs(self, requests: list[Request]) -> StepInputs:
         """The tokens of each request whose K/V are not computed yet (a recomputed, preempted,

@@ -28,7 +28,17 @@ class Status(enum.Enum):
 
 
 #: every finish_reason a result can carry ("running" while it is not finished)
-FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled")
+FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled", "error")
+
+
+class RequestError(Exception):
+    """One request cannot go on for a reason of its own (its random stream cannot be drawn, its
+    tokens cannot be detokenized): the engine finishes that request with ``finish_reason
+    "error"`` (the message in ``GenerationResult.error``) and serves the others."""
+
+    def __init__(self, request: "Request", cause: BaseException):
+        super().__init__(f"request {request.request_id}: {type(cause).__name__}: {cause}")
+        self.request = request
 
 
 @dataclass(eq=False)
@@ -55,6 +65,7 @@ class Request:
     detokenizer: object | None = None    # incremental detokenizer, None without a tokenizer
     text_pieces: list[str] = field(default_factory=list)
     callback_error: BaseException | None = None   # raised by on_token; re-raised by its caller
+    error: str | None = None             # why it finished with finish_reason "error"
 
     # --- read-only views -----------------------------------------------------------------
     @property

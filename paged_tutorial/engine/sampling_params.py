@@ -13,6 +13,9 @@ that names the argument, the value and the accepted range:
   [0, 2**64); the random stream of a request is keyed by (seed, request key, token index).
 - ``ignore_eos``: keep generating past end-of-sequence tokens (benchmarks use it to decode a
   fixed number of tokens).
+
+``check_sample_key`` does the same for ``Engine.add_request``'s ``sample_key`` (an integer in
+[0, 2**64), like a seed: the two key the request's random stream together).
 """
 
 from __future__ import annotations
@@ -36,6 +39,26 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def finite_float(value) -> float | None:
+    """``value`` as a finite float, or None if it is not a real number or not finite (an int
+    too large for a float included)."""
+    if not is_real(value):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_sample_key(sample_key) -> None:
+    """``sample_key``: None (the request's id is used) or an integer in [0, 2**64)."""
+    if sample_key is not None and (not is_integer(sample_key)
+                                   or not 0 <= sample_key < SEED_LIMIT):
+        raise ValueError(f"sample_key must be None or an integer in [0, 2**64), got "
+                         f"{sample_key!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
@@ -48,12 +71,11 @@ class SamplingParams:
         if not is_integer(self.max_new_tokens) or self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got "
                              f"{self.max_new_tokens!r}")
-        if not is_real(self.temperature) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        temperature, top_p = finite_float(self.temperature), finite_float(self.top_p)
+        if temperature is None or temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy) and finite, got "
                              f"{self.temperature!r}")
-        if not is_real(self.top_p) or not math.isfinite(self.top_p) \
-                or not 0.0 < self.top_p <= 1.0:
+        if top_p is None or not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not is_integer(self.seed)
                                       or not 0 <= self.seed < SEED_LIMIT):
@@ -62,8 +84,8 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         # store plain Python numbers (numpy scalars would leak into results)
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
-        object.__setattr__(self, "temperature", float(self.temperature))
-        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", top_p)
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
 

@@ -188,15 +188,17 @@ class Scheduler:
             return "max_seq_len"
         return None
 
-    def rollback(self, batch: ScheduledBatch) -> None:
+    def rollback(self, batch: ScheduledBatch, count: bool = True) -> None:
         """A step failed before ``postprocess``: preempt every request of the batch (in reverse,
         so that they wait at the head of the queue in their original order).  What the model
         wrote into their blocks is discarded with the blocks (prefix blocks registered for this
-        step are forgotten first: their K/V may be incomplete); nothing was appended."""
+        step are forgotten first: their K/V may be incomplete); nothing was appended.
+        ``count``: whether each request counts it as a preemption (not when the step was
+        abandoned because one request of it failed on its own)."""
         try:
             self.blocks.discard_uncommitted()
         finally:
-            self._undo(batch.requests, count=True)
+            self._undo(batch.requests, count=count)
 
     # --- preemption and retirement ---------------------------------------------------------
     def preempt(self, request: Request, count: bool = True) -> None:

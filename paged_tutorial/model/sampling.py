@@ -29,13 +29,6 @@ def request_uniform(seed: int, request_id: int, token_index: int) -> float:
     return float(np.random.default_rng([seed, request_id, token_index]).random())
 
 
-def validate_sampling(temperature: float, top_p: float) -> None:
-    if not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
-    if not np.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-
-
 def sample_reference(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                      uniforms: torch.Tensor) -> torch.Tensor:
     """The rule above in plain torch (float32 math); logits [B, V] -> int64 [B]."""
