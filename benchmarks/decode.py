@@ -469,7 +469,7 @@ def main(argv=None):
     from paged_tutorial.backends.numba_cuda.kernels import gemv
     from paged_tutorial.backends.numba_cuda.runtime import launch
     data["fast_kernel"] = {"num_warps": attention_fast.NUM_WARPS,
-                           "resident_blocks_per_sm": attention_fast.RESIDENT_BLOCKS_PER_SM,
+                           "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
                            **dataclasses.asdict(attention_fast.CHOSEN_SHAPE)}
     data["gemv_max_rows"] = gemv.MAX_ROWS
     data["launch_mode"] = launch.LAUNCH_MODE

@@ -2,8 +2,9 @@
 the real kernels when a GPU is visible).  ``benchmarks/attention.py`` and ``decode.py`` repeat
 these checks at full size on the GPU before timing anything.
 
-- ``attention_fast``: the fast decode kernel's shape variants against a float32 oracle, with one
-  and several splits, sequence lengths that end mid-block and empty splits.
+- ``attention_fast``: the fast decode kernel (GQA-shared K/V reads, 8-byte loads, a warp per
+  logical block, split-KV merged by the last block) against a float32 oracle, with one and
+  several splits, sequence lengths that end mid-block and empty splits.
 - ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``.
 - the 16-byte bf16 kernels (norms, SwiGLU, embedding): bit for bit against the scalar ones
   (``NumbaBackend(vector=False)``); the GEMV against float32 products; the greedy sampler
@@ -24,8 +25,9 @@ from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.config import CacheConfig
 from paged_tutorial.engine.cuda_graphs import default_buckets
-from helpers.paged_caches import assign, float32_twin, make_cache, rel_err
+from paged_tutorial.cache.paged_cache import PagedKVCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,6 +39,45 @@ def nb():
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
+
+
+def make_cache(g, dtype, *, n_kv, head_dim, block_size=16, num_layers=2, max_slots=4,
+               max_seq_len=64, num_blocks=40, device="cpu"):
+    """A cache full of random values, blocks handed out in random order."""
+    itemsize = 4 if dtype == "float32" else 2
+    cfg = CacheConfig(num_layers=num_layers, num_kv_heads=n_kv, head_dim=head_dim, dtype=dtype,
+                      kv_cache_bytes=num_blocks * 2 * block_size * n_kv * head_dim * itemsize,
+                      max_slots=max_slots, max_seq_len=max_seq_len, block_size=block_size)
+    cache = PagedKVCache(cfg, device=device)
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g).to(cache.buffer.dtype))
+    return cache
+
+
+def assign(g, cache, lens):
+    c = cache.config
+    for slot, n in lens.items():
+        for layer in range(c.num_layers):
+            for logical in range(c.blocks_for_tokens(n)):
+                pick = int(torch.randint(len(cache.free_blocks), (1,), generator=g))
+                cache.block_table[slot, layer, logical] = cache.free_blocks.pop(pick)
+                cache.mark_table_changed(slot, layer, logical)
+    cache.check_invariants()
+
+
+def float32_twin(cache):
+    c = cache.config
+    twin = PagedKVCache(CacheConfig(
+        num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        dtype="float32", kv_cache_bytes=c.NUM_BLOCKS * c.BLOCK_ELEMS * 4, max_slots=c.max_slots,
+        max_seq_len=c.max_seq_len, block_size=c.BLOCK_SIZE))
+    twin.buffer.copy_(cache.buffer.cpu().float())
+    twin.block_table[...] = cache.block_table
+    return twin
+
+
+def rel_err(a, b):
+    a, b = a.detach().cpu().float(), b.detach().cpu().float()
+    return float((a - b).norm() / b.norm())
 
 
 FAST_CASES = [
@@ -82,11 +123,9 @@ def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens,
 VARIANTS = [
     pytest.param(attention_fast.KernelShape(wide=False), id="8-byte-loads"),
     pytest.param(attention_fast.KernelShape(max_lanes=16, wide=False, update_passes=1,
-                                            load_passes=1, prefetch=False), id="g16-u1-l1"),
-    pytest.param(attention_fast.KernelShape(update_passes=1, load_passes=1, prefetch=False),
-                 id="wide-u1-l1"),
-    pytest.param(attention_fast.KernelShape(prefetch=False), id="whole-block-no-prefetch"),
-    pytest.param(attention_fast.KernelShape(update_passes=2), id="prefetch-u2"),
+                                            load_passes=1), id="g16-u1-l1"),
+    pytest.param(attention_fast.KernelShape(update_passes=1, load_passes=1), id="wide-u1-l1"),
+    pytest.param(attention_fast.KernelShape(update_passes=0, load_passes=0), id="whole-block"),
 ]
 
 
@@ -117,7 +156,7 @@ def test_fast_kernel_is_the_backend_default(nb):
         NumbaBackend(attention="nope")
     assert attention_fast.lanes_per_token(64) == 8 and attention_fast.lanes_per_token(80) == 4
     assert not attention_fast.supports(18)
-    assert attention_fast.launch_plan(64, 8, 128)[1] >= 1
+    assert attention_fast.choose_splits(64, 8, 128, 4) >= 1
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -11,12 +11,6 @@ and says what it does not, never a table cell of ``nan``.
 - ``attention_rows`` / ``plot_attention``: the attention kernels alone, as a share of the copy
   bandwidth;
 - ``load_width_comparison``: the same fast kernel with 8-byte and with 16-byte loads;
-- ``attention_ladder`` / ``plot_attention_ladder``: the attention kernel, one change at a time
-  (from the sweep of ``benchmarks/attention.py --sweep``), against Triton, SDPA and the floor;
-- ``attention_verdicts``: per (batch, context), whether the fast kernel is at least as fast as
-  each peer;
-- ``bandwidth_share``: the decode step's share of the bandwidth floor, per batch size, next to
-  the megakernel's (``MEGAKERNEL_SHARE``);
 - ``profile_rows`` / ``plot_profile``: where one decode step's GPU time goes, kernel by kernel.
 
 matplotlib is imported inside the plotting functions only.
@@ -29,8 +23,7 @@ from dataclasses import dataclass
 
 __all__ = ["Rung", "LADDER", "REFERENCES", "decode_ladder", "plot_decode_ladder",
            "attention_rows", "plot_attention", "KERNELS", "load_width_comparison",
-           "ATTENTION_LADDER", "attention_ladder", "plot_attention_ladder", "attention_verdicts",
-           "MEGAKERNEL_SHARE", "bandwidth_share", "profile_rows", "plot_profile"]
+           "profile_rows", "plot_profile"]
 
 FIG_DPI = 80
 
@@ -67,19 +60,6 @@ REFERENCES = (
     ("hf_static_ms_per_step", "HF transformers, static cache (compiled)"),
     ("floor_ms_per_step", "floor: every weight read once at copy speed"),
 )
-
-
-#: the bandwidth share of Hazy Research's low-latency megakernel for Llama-3.2-1B at batch 1
-#: ("Look Ma, No Bubbles", 2025): the floor's time is 78 % of its step time, on an H100
-MEGAKERNEL_SHARE = 0.78
-MEGAKERNEL_LABEL = "megakernel's share of the floor (78 %, batch 1, H100)"
-
-
-def bandwidth_share(decode: dict) -> dict:
-    """{batch: floor time / the engine's step time} (1.0 would run at the bandwidth floor)."""
-    return {r["batch"]: r["floor_ms_per_step"] / r["engine_ms_per_step"]
-            for r in decode.get("rows", [])
-            if r.get("floor_ms_per_step") and r.get("engine_ms_per_step")}
 
 
 def decode_ladder(decode: dict) -> list[dict]:
@@ -122,9 +102,6 @@ def plot_decode_ladder(decode: dict):
             if row.get(key) is not None:
                 ax.axvline(row[key], color="0.3", ls=ls, lw=1)
                 refs.append(f"{row[key]:.2f}")
-        if batch == 1 and row.get("floor_ms_per_step"):
-            ax.axvline(row["floor_ms_per_step"] / MEGAKERNEL_SHARE, color="tab:red", ls=":",
-                       lw=1)
         ax.set_xscale("log")
         ax.set_xlabel("milliseconds per decode step (log scale)", fontsize=8)
         ax.set_title(f"batch {batch}", fontsize=9)
@@ -140,9 +117,6 @@ def plot_decode_ladder(decode: dict):
     handles = [plt.Line2D([], [], color="0.3", ls=ls, lw=1, label=label)
                for (key, label), ls in zip(REFERENCES, styles)
                if any(r.get(key) is not None for r in decode.get("rows", []))]
-    if any(r["batch"] == 1 and r.get("floor_ms_per_step") for r in decode.get("rows", [])):
-        handles.append(plt.Line2D([], [], color="tab:red", ls=":", lw=1,
-                                  label=MEGAKERNEL_LABEL))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     model = decode.get("model", "")
     fig.suptitle(f"one decode step of {model}, one change at a time ({decode.get('gpu', '')})",
@@ -220,109 +194,6 @@ def load_width_comparison(attn: dict, batch: int = 64, context: int = 2048) -> d
         return None
     return {"8-byte loads": best["8-byte loads"], "16-byte loads": best["16-byte loads"],
             "floor_us": row["floor_us"]}
-
-
-@dataclass(frozen=True)
-class AttentionRung:
-    variant: str             # the sweep's variant name (``fast <variant> w<warps> s<splits>``)
-    label: str               # what runs, in plain words
-    change: str              # what this rung changes from the one before
-
-
-#: the fast kernel, one change at a time: the variants ``benchmarks/attention.py --sweep`` times
-ATTENTION_LADDER = (
-    AttentionRung("wide-g8u2l2", "GQA group shares each read, 16-byte loads",
-                  "one block per (sequence, KV head), a warp per 16-token block, half a block "
-                  "loaded at a time and used before the next load"),
-    AttentionRung("wide-whole-block-u2", "a whole block loaded at once",
-                  "all 16 tokens' K and V requested before the first is used"),
-    AttentionRung("wide-prefetch-u2-free", "the next block prefetched",
-                  "the warp's next block arrives in a second set of registers while it computes "
-                  "this one"),
-    AttentionRung("wide-prefetch-u2-r168", "registers capped: three blocks per SM (the default)",
-                  "fewer registers per thread, so more warps, each with a block in flight"),
-)
-
-
-def attention_ladder(attn: dict, batch: int, context: int) -> list[dict]:
-    """The rungs timed at (batch, context): {'rung', 'us', 'pct'} each, the fastest timed
-    warps count with the automatic split choice; the article's kernel first when timed there,
-    and the run's default fast kernel last when the sweep did not time it (a file without
-    ``--sweep`` has only those two)."""
-    row = next((r for r in attn.get("rows", []) if (r["batch"], r["context"]) == (batch, context)),
-               None)
-    if row is None:
-        return []
-    out = []
-    us_all = row.get("us", {})
-    if us_all.get("article"):
-        out.append({"rung": AttentionRung("article", "the article's kernel",
-                                          "one block per (sequence, query head), 2-byte loads, "
-                                          "two barriers per token"),
-                    "us": us_all["article"]})
-    for rung in ATTENTION_LADDER:
-        times = [us for name, us in us_all.items()
-                 if us and name.startswith(f"fast {rung.variant} w") and name.endswith(" sauto")]
-        if times:
-            out.append({"rung": rung, "us": min(times)})
-    if us_all.get("fast") and not any(e["rung"] == ATTENTION_LADDER[-1] for e in out):
-        out.append({"rung": AttentionRung("fast", "the fast kernel as this run launched it",
-                                          "the package's defaults at the time of the run"),
-                    "us": us_all["fast"]})
-    for entry in out:
-        entry["pct"] = 100 * row["floor_us"] / entry["us"]
-    return out
-
-
-def plot_attention_ladder(attn: dict, cases=((1, 1024), (64, 2048))):
-    """The attention ladder as horizontal bars (% of the copy bandwidth), one panel per case,
-    with Triton, SDPA and the floor (100 %) as reference lines."""
-    import matplotlib.pyplot as plt
-
-    cases = [c for c in cases if attention_ladder(attn, *c)]
-    fig, axes = plt.subplots(1, max(len(cases), 1), figsize=(5.2 * max(len(cases), 1), 3.2),
-                             dpi=FIG_DPI, squeeze=False)
-    refs = (("triton", "Triton kernel", "--"), ("sdpa", "torch SDPA, contiguous K/V", "-."))
-    for ax, (batch, context) in zip(axes[0], cases):
-        ladder = attention_ladder(attn, batch, context)
-        row = next(r for r in attn["rows"] if (r["batch"], r["context"]) == (batch, context))
-        for i, entry in enumerate(ladder):
-            ax.barh(i, entry["pct"], color=plt.get_cmap("tab10")(i), height=0.6)
-            ax.text(entry["pct"] + 1, i, f"{entry['us']:.1f} us", va="center", fontsize=7)
-        for key, label, ls in refs:
-            if row.get("us", {}).get(key):
-                ax.axvline(100 * row["floor_us"] / row["us"][key], color="0.3", ls=ls, lw=1,
-                           label=label)
-        ax.axvline(100, color="0.3", ls=":", lw=1, label="floor: the K/V bytes at copy speed")
-        ax.set_yticks(range(len(ladder)))
-        ax.set_yticklabels([e["rung"].label for e in ladder], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 115)
-        ax.set_xlabel("% of copy bandwidth (higher is faster)", fontsize=8)
-        ax.set_title(f"batch {batch}, {context} tokens", fontsize=9)
-        ax.legend(fontsize=6, loc="lower right", frameon=False)
-    if not cases:
-        axes[0][0].text(0.5, 0.5, "no attention timings in this file",
-                        ha="center", va="center", transform=axes[0][0].transAxes)
-        axes[0][0].set_axis_off()
-    fig.suptitle(f"the fast attention kernel, one change at a time ({attn.get('gpu', '')})",
-                 fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def attention_verdicts(attn: dict) -> list[dict]:
-    """Per (batch, context): the fast kernel's time and, for each peer timed there (Triton,
-    SDPA), its time and whether the fast kernel is at least as fast."""
-    out = []
-    for r in attention_rows(attn):
-        if "fast" not in r["us"]:
-            continue
-        peers = {k: {"us": r["us"][k], "fast_at_least_as_fast": r["us"]["fast"] <= r["us"][k]}
-                 for k in ("triton", "sdpa") if k in r["us"]}
-        out.append({"batch": r["batch"], "context": r["context"], "fast_us": r["us"]["fast"],
-                    "fast_pct": r["pct"]["fast"], "peers": peers})
-    return out
 
 
 def profile_rows(profile: dict, step: str, top: int = 8) -> list[dict]:

@@ -18,27 +18,21 @@ This kernel
    at batch 64 / context 2048 against 8-byte loads, whatever the other knobs.  (float16 /
    float32 caches and head dims not a multiple of 8 take a 4-element path.)
 3. **gives each warp whole blocks of tokens, with its own online softmax and no barrier**: a
-   warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration; ``LANES_PER_TOKEN``
-   lanes share a token (``TOKENS_PER_PASS`` tokens per pass) and sum their partial dot
-   products with butterfly shuffles, and the warp updates its running max / denominator /
-   accumulator (flash-attention's recurrence) every ``PASSES_PER_UPDATE`` passes (twice
-   per block).  Warps meet once, at the end,
-   in shared memory.
-4. **keeps the next block in flight while computing this one**: the whole next block's K and
-   V words are loaded into a second set of registers before the current block's arithmetic
-   (double buffering), and the block-table entry one block further ahead, so the memory
-   system never waits for the arithmetic.  ``KernelShape`` holds these choices (and the
-   older ones that ``benchmarks/attention.py --sweep`` still times: part of a block per load,
-   several softmax updates per block, no prefetch).
-5. **splits long sequences across blocks (flash-decoding)** when the batch is too small to fill
+   warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration, its block-table entry
+   read one iteration ahead; ``LANES_PER_TOKEN`` lanes share a token (``TOKENS_PER_PASS``
+   tokens per pass) and sum their partial dot products with butterfly shuffles.
+   ``PASSES_PER_LOAD`` passes of K and V are loaded at once (all in flight before the first
+   use), and every ``PASSES_PER_UPDATE`` passes the warp updates its running max /
+   denominator / accumulator (flash-attention's recurrence); ``KernelShape`` holds the
+   choices behind these numbers.  Warps meet once, at the end, in shared memory.
+4. **splits long sequences across blocks (flash-decoding)** when the batch is too small to fill
    the GPU: split ``s`` of ``n_splits`` takes an equal share of the sequence's logical blocks
    (computed on the device from ``seq_lens``, so a CUDA graph captured once serves every
    length); each split writes an unnormalised partial output with its max and denominator,
    and the *last split block to finish* (an atomic ticket per (sequence, KV head)) merges
    them: no second kernel launch.
 
-Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * num_warps``; the launch policy
-below picks both numbers from the batch, the cache shape and the SM count.  Partials
+Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``.  Partials
 ``part_acc`` [B, nH, n_splits, D] and ``part_ml`` [B, nH, n_splits, 2] (float32) and the
 ``tickets`` int32 [B * n_kv_heads] (zero before the launch; the merging block resets its entry
 to zero, so the buffer stays ready for the next launch or graph replay), all three
@@ -59,25 +53,18 @@ import math
 import torch
 from numba import cuda, float32, int32, int64
 
-from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS,
                                                                   load_u32x4_nc, unpack2)
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
-                                                                overlapping, persistent_buffer,
-                                                                rows, words)
+                                                                persistent_buffer, rows, words)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
 NARROW_LOAD_ELEMS = 4        # head dims per load on the 8-byte path (an int64 word of bf16)
 NEG_INF = float32(-math.inf)
-#: registers per lane for one block's K words, at most, for the prefetch (see KernelShape)
-MAX_PREFETCH_WORDS = 16
-#: splits at most (one lane per split in the merge); and split partials loaded at once there
-MAX_SPLITS = 32
-MERGE_CHUNK = 8
 #: the name of the kernel's ticket counters in ``launch.persistent_buffer``
 TICKETS = "attention.tickets"
 
@@ -99,36 +86,21 @@ def lanes_per_token(head_dim: int, max_lanes: int = 8,
 
 @dataclasses.dataclass(frozen=True)
 class KernelShape:
-    """How the kernel spreads a logical block over a warp and overlaps loads with arithmetic.
-    The defaults are the package's choice; ``benchmarks/attention.py --sweep`` times them
-    against the other shapes.
+    """How the kernel spreads a logical block over a warp.  The defaults are the package's
+    choice, made by ``benchmarks/attention.py --sweep`` on an H200
+    (attention-2026-11-30.json: variant "wide-g8u2l2"); the benchmark builds the other shapes
+    it times.
 
     - ``wide``: 16-byte loads (bf16 caches whose head_dim is a multiple of 8), else 8-byte;
     - ``max_lanes``: at most this many lanes share one token's row;
     - ``load_passes``: passes (``32 // lanes`` tokens each) whose K and V are loaded at once
       (0: the whole block);
-    - ``update_passes``: passes per online-softmax update (0: all loaded passes; with the
-      prefetch, 4 passes per update make the pass loop too long for the compiler to unroll,
-      and the scores land in local memory, so the default is 2);
-    - ``prefetch``: load the warp's next block while computing this one (double-buffered
-      registers); needs ``load_passes=0``;
-    - ``max_registers``: the cap given to ptxas (0: its own choice).  Left alone, ptxas gives
-      the prefetching kernel about 216 registers per thread at head_dim 64 / GQA 4, so two
-      4-warp blocks share an SM; at 168 three fit (``RESIDENT_BLOCKS_PER_SM``), for 32
-      bytes of spills (``ptxas -v``, sm_90).  Only the prefetching kernel is capped."""
+    - ``update_passes``: passes per online-softmax update (0: all loaded passes)."""
 
     wide: bool = True
     max_lanes: int = 8
-    load_passes: int = 0
+    load_passes: int = 2
     update_passes: int = 2
-    prefetch: bool = True
-    max_registers: int = 168
-
-    def __post_init__(self):
-        if self.prefetch and self.load_passes != 0:
-            raise ValueError(f"KernelShape: prefetch loads whole blocks, so it needs "
-                             f"load_passes=0 (got {self.load_passes}); pass prefetch=False "
-                             "to load part of a block at a time")
 
 
 #: the shape the package launches
@@ -240,13 +212,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
     UPDATES_PER_LOAD = PASSES_PER_LOAD // PASSES_PER_UPDATE
     # registers per lane holding one load's K (and as many holding its V)
     WORDS_PER_LANE = PASSES_PER_LOAD * LOADS_PER_ROW * WORDS_PER_LOAD
-    # registers per lane holding one softmax update's K (and as many its V)
-    WORDS_PER_UPDATE = PASSES_PER_UPDATE * LOADS_PER_ROW * WORDS_PER_LOAD
     WORD_TYPE = int32 if WIDE else int64
-    # the next block's K/V loaded while this one is computed (whole blocks: one load each)
-    # (up to MAX_PREFETCH_WORDS words per lane for one block's K: head_dim 64 in bf16; a
-    # larger row would push the registers past what keeps warps resident)
-    PREFETCH = shape.prefetch and LOADS_PER_BLOCK == 1 and WORDS_PER_LANE <= MAX_PREFETCH_WORDS
     if WIDE:                                      # 16-byte loads: four int32, two bf16 each
         word, unpack, MASKED = _word_bf16, unpack2_bf16_kv, 0
     elif dtype_name == "bfloat16":                # 8-byte words, four bf16 each
@@ -298,17 +264,9 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     kw[w0] = MASKED
                     vw[w0] = MASKED
 
-    # the register cap, for the prefetching kernel it was chosen for (the simulator's jit
-    # takes none)
-    caps = {"max_registers": shape.max_registers} \
-        if shape.max_registers and PREFETCH and not SIMULATING else {}
-
-    @cached_kernel(fastmath=True, **caps)
-    @overlapping
+    @cached_kernel(fastmath=True)
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):
-        wait_for_previous_grid()                  # q and the new K/V are the last kernel's
-        allow_next_grid()
         b = cuda.blockIdx.x                       # row of q / seq_lens (compact index)
         kv_head = cuda.blockIdx.y
         split = cuda.blockIdx.z
@@ -324,8 +282,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         sm_l = cuda.shared.array((NUM_WARPS, GQA_GROUP), float32)
         sm_acc = cuda.shared.array((NUM_WARPS, GQA_GROUP, HEAD_DIM), float32)
         sm_last = cuda.shared.array(1, int32)
-        sm_pm = cuda.shared.array((GQA_GROUP, MAX_SPLITS), float32)   # split maxima, weights
-        sm_pl = cuda.shared.array((GQA_GROUP, MAX_SPLITS), float32)   # split denominators
 
         seq_len = seq_lens[b]
         slot = active_slots[b]
@@ -353,40 +309,20 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     acc[h, c * ELEMS_PER_LOAD + j] = float32(0.0)
 
         # Each warp walks its logical blocks lb_start + warp, + NUM_WARPS, ...  Memory is the
-        # bottleneck, so loads are issued as early as possible.  With PREFETCH (the package's
-        # shape) the whole next block's K and V are loaded into a second set of registers
-        # before the current block is computed, so a warp always has one block (4 KB at head
-        # dim 64, bf16) in flight while it does arithmetic; its table entry is read one
-        # iteration earlier still.  Without it, PASSES_PER_LOAD passes are loaded at once
-        # and used before the next load.
+        # bottleneck, so loads are issued as early as possible: the block-table entry one
+        # iteration ahead, and PASSES_PER_LOAD passes of K and V words at once.
         n_iters = (lb_end - lb_start + NUM_WARPS - 1) // NUM_WARPS   # block-uniform
-        kc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # raw K / V words being used
+        kc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # raw K / V words of one load
         vc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)
-        kn = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # ... and arriving (PREFETCH)
-        vn = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)
         phys_next = table_entry(block_table, table_base, lb_start + warp, lb_end)
-        if PREFETCH:
-            load_block(kv, kn, vn, phys_next, lb_start + warp, lb_end, seq_len, kv_head,
-                       token_in_pass, row_part, 0)
-            phys_next = table_entry(block_table, table_base, lb_start + warp + NUM_WARPS,
-                                    lb_end)
         for it in range(n_iters):
             lb = lb_start + it * NUM_WARPS + warp
             block_ok = lb < lb_end
-            phys = phys_next                      # PREFETCH: block lb + NUM_WARPS's
-            if PREFETCH:
-                for i in range(WORDS_PER_LANE):           # block lb's words (in registers)
-                    kc[i] = kn[i]
-                    vc[i] = vn[i]
-                load_block(kv, kn, vn, phys, lb + NUM_WARPS, lb_end, seq_len, kv_head,
-                           token_in_pass, row_part, 0)
-                phys_next = table_entry(block_table, table_base, lb + 2 * NUM_WARPS, lb_end)
-            else:
-                phys_next = table_entry(block_table, table_base, lb + NUM_WARPS, lb_end)
+            phys = phys_next
+            phys_next = table_entry(block_table, table_base, lb + NUM_WARPS, lb_end)
             for load_index in range(LOADS_PER_BLOCK):
-                if not PREFETCH:
-                    load_block(kv, kc, vc, phys, lb, lb_end, seq_len, kv_head, token_in_pass,
-                               row_part, load_index)
+                load_block(kv, kc, vc, phys, lb, lb_end, seq_len, kv_head, token_in_pass,
+                           row_part, load_index)
                 for update in range(UPDATES_PER_LOAD):    # PASSES_PER_UPDATE passes each
                     # --- scores of this lane's tokens (one per pass) ------------------
                     for u in range(PASSES_PER_UPDATE):
@@ -399,7 +335,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                             s[u, h] = float32(0.0)
                         for c in range(LOADS_PER_ROW):
                             for w in range(WORDS_PER_LOAD):
-                                kx = unpack(kv, kc[(u * LOADS_PER_ROW + c)
+                                kx = unpack(kv, kc[(pl * LOADS_PER_ROW + c)
                                                    * WORDS_PER_LOAD + w])
                                 for x in range(ELEMS_PER_WORD):
                                     d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
@@ -438,20 +374,15 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                             l[h] += e
                     # --- accumulate p * V for this lane's tokens and dims ----------------
                     for u in range(PASSES_PER_UPDATE):
+                        pl = update * PASSES_PER_UPDATE + u
                         for c in range(LOADS_PER_ROW):
                             for w in range(WORDS_PER_LOAD):
-                                vx = unpack(kv, vc[(u * LOADS_PER_ROW + c)
+                                vx = unpack(kv, vc[(pl * LOADS_PER_ROW + c)
                                                    * WORDS_PER_LOAD + w])
                                 for x in range(ELEMS_PER_WORD):
                                     d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
                                     for h in range(GQA_GROUP):   # p = 0 where masked
                                         acc[h, d] += s[u, h] * vx[x]
-                    # the next update's words move to the front of kc / vc: every index
-                    # above is then a compile-time constant, which keeps both arrays in
-                    # registers (a loop index in them would put them in local memory)
-                    for i in range(WORDS_PER_LANE - WORDS_PER_UPDATE):
-                        kc[i] = kc[i + WORDS_PER_UPDATE]
-                        vc[i] = vc[i + WORDS_PER_UPDATE]
 
         # --- the warp's tokens were spread over lane groups: sum the groups ---------------
         off = LANES_PER_TOKEN
@@ -512,56 +443,27 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         if sm_last[0] == 0:
             return
         threadfence()
-        # Latency, not bandwidth, is the cost here (a few KB, read back from L2), so no
-        # thread walks the splits one dependent load at a time.  1. every (head, split)'s max
-        # and denominator, one load per thread, into shared memory;
-        row_base = (b * n_q_heads + kv_head * GQA_GROUP) * n_splits
-        for idx in range(tid, GQA_GROUP * n_splits, THREADS):
-            h = idx // n_splits
-            sp = idx - h * n_splits
-            sm_pm[h, sp] = part_ml[(row_base + idx) * 2]
-            sm_pl[h, sp] = part_ml[(row_base + idx) * 2 + 1]
-        cuda.syncthreads()
-        # 2. a warp per head turns them into weights exp(m_s - m) / l, lane s for split s;
-        for h0 in range(0, GQA_GROUP, NUM_WARPS):          # block-uniform (shuffles)
-            h = h0 + warp
-            ms = NEG_INF
-            ls = float32(0.0)
-            if h < GQA_GROUP and lane < n_splits:
-                ms = sm_pm[h, lane]
-                ls = sm_pl[h, lane]
-            mm = ms
-            off = 1
-            while off < WARP_SIZE:
-                mm = max(mm, cuda.shfl_xor_sync(FULL_MASK, mm, off))
-                off *= 2
-            f = float32(0.0)
-            if ms > NEG_INF:
-                f = math.exp(ms - mm)
-            ll = f * ls
-            off = 1
-            while off < WARP_SIZE:
-                ll += cuda.shfl_xor_sync(FULL_MASK, ll, off)
-                off *= 2
-            if h < GQA_GROUP and lane < n_splits:
-                sm_pm[h, lane] = f / ll if ll > float32(0.0) else float32(0.0)
-        cuda.syncthreads()
-        # 3. each output sums its splits' partials, MERGE_CHUNK loads issued before any use.
         for idx in range(tid, OUT_ELEMS, THREADS):
             h = idx // HEAD_DIM
             d = idx - h * HEAD_DIM
-            row0 = row_base + h * n_splits
+            head = kv_head * GQA_GROUP + h
+            row0 = (b * n_q_heads + head) * n_splits
+            mm = NEG_INF
+            for sp in range(n_splits):
+                mm = max(mm, part_ml[(row0 + sp) * 2])
+            ll = float32(0.0)
             oo = float32(0.0)
-            for sp0 in range(0, n_splits, MERGE_CHUNK):
-                vals = cuda.local.array(MERGE_CHUNK, float32)
-                for j in range(MERGE_CHUNK):
-                    vals[j] = float32(0.0)
-                    if sp0 + j < n_splits:
-                        vals[j] = part_acc[(row0 + sp0 + j) * HEAD_DIM + d]
-                for j in range(MERGE_CHUNK):
-                    if sp0 + j < n_splits:
-                        oo += sm_pm[h, sp0 + j] * vals[j]
-            store(q, b * q_row_stride + (kv_head * GQA_GROUP + h) * HEAD_DIM + d, oo)
+            if mm > NEG_INF:
+                for sp in range(n_splits):
+                    ms = part_ml[(row0 + sp) * 2]
+                    if ms > NEG_INF:
+                        f = math.exp(ms - mm)
+                        ll += f * part_ml[(row0 + sp) * 2 + 1]
+                        oo += f * part_acc[(row0 + sp) * HEAD_DIM + d]
+            res = float32(0.0)
+            if ll > float32(0.0):
+                res = oo / ll
+            store(q, b * q_row_stride + head * HEAD_DIM + d, res)
         if tid == 0:
             tickets[b * cuda.gridDim.y + kv_head] = 0
 
@@ -569,58 +471,40 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
 
 
 # --- launch policy ------------------------------------------------------------------------
-#
-# A decode step's attention is a pure stream of K/V bytes, so the launch must keep enough of
-# them in flight to cover the memory latency: every warp has one 16-token block (4 KB at
-# head_dim 64, bf16) arriving while it computes another, and the grid is sized to be resident
-# in one wave.  Resident blocks per SM are set by registers: about 170 per thread (two
-# blocks' K/V words, the group's queries and accumulators), so three 4-warp blocks (twelve
-# warps) share an SM.  A grid of more blocks than that runs in two waves, the second mostly
-# empty; so when the (sequence, KV head) pairs alone would overflow a wave of 4-warp blocks,
-# blocks get 2 warps (six per SM).  Sequences are split (flash-decoding) while the pairs
-# leave the wave part empty, down to one logical block per warp.
 
-#: 4-warp thread blocks resident on one SM at once (register-bound; see above)
-RESIDENT_BLOCKS_PER_SM = 3
-#: warps per block on a GPU, unless the batch fills a wave with fewer (``launch_plan``)
-NUM_WARPS = 4
-#: SMs assumed when no GPU is visible (an H200 has 132)
-DEFAULT_SM_COUNT = 132
+#: aim for this many thread blocks per launch before splitting sequences.  Measured on an H200
+#: (132 SMs; attention-2026-11-30.json sweep): batch 64 x 8 KV heads is best unsplit, batch 8
+#: with 4 splits, batch 1 with 32: about 256 blocks in each case.
+TARGET_BLOCKS = 256
+MAX_SPLITS = 32
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int | None = None) -> int:
-    """Streaming multiprocessors of the GPU (``DEFAULT_SM_COUNT`` without one)."""
-    if SIMULATING or not torch.cuda.is_available():
-        return DEFAULT_SM_COUNT
-    index = torch.cuda.current_device() if device_index is None else device_index
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warps: int,
+                  target_blocks: int = TARGET_BLOCKS, max_splits: int = MAX_SPLITS) -> int:
+    """Splits per sequence: enough thread blocks to fill the GPU, each split keeping at least
+    one logical block per warp of the longest possible sequence.  Depends only on the batch
+    size and the cache shape (not on the current lengths), so a CUDA graph can fix it."""
+    if SIMULATING:
+        return 2 if max_blocks_per_seq > 1 else 1     # exercise the split path, cheaply
+    want = -(-target_blocks // max(1, batch * n_kv_heads))
+    cap = max(1, max_blocks_per_seq // num_warps)
+    return max(1, min(want, cap, max_splits))
 
 
-def launch_plan(batch: int, n_kv_heads: int, max_blocks_per_seq: int,
-                sms: int = DEFAULT_SM_COUNT, warps: int | None = None,
-                max_splits: int = MAX_SPLITS) -> tuple[int, int]:
-    """(warps per block, splits per sequence) for a launch on a GPU of ``sms`` SMs.
-
-    Warps (unless given): ``NUM_WARPS`` (4), or 2 when batch x KV heads blocks of 4 warps
-    would not fit in one wave.  Splits: as many as one wave of resident blocks holds, each
-    split keeping at least one logical block per warp of the longest possible sequence.
-    Depends only on the batch size and the cache shape (not on the current lengths), so a
-    CUDA graph can fix it."""
-    pairs = max(1, batch * n_kv_heads)
-    if warps is None:
-        warps = NUM_WARPS
-        if pairs > sms * RESIDENT_BLOCKS_PER_SM:
-            warps = min(warps, 2)
-    wave = sms * RESIDENT_BLOCKS_PER_SM * 4 // warps        # resident blocks of `warps`
-    splits = max(1, min(wave // pairs, max_blocks_per_seq // warps, max_splits))
-    return warps, splits
+#: warps per thread block (the simulator runs one: every thread is a Python thread)
+NUM_WARPS = 1 if SIMULATING else 8
+#: ... and from this many (sequence, KV head) blocks on, 4 warps per block: measured on an
+#: H200 (attention-2026-11-30.json and kernels-*.json "attention_short"): 8 warps win at
+#: batch 1 (6.4 against 8.4 us at context 160), 4 warps from batch 8 x 8 KV heads on
+#: (16.9 against 18.2 us at batch 8, context 1024; 14.9 against 20.2 at batch 64, context 160)
+FEW_WARPS_FROM_BLOCKS = 64
 
 
-def simulator_plan(max_blocks_per_seq: int) -> tuple[int, int]:
-    """The simulator's plan: one warp (every thread is a Python thread) and two splits where
-    there is more than one block, to exercise the merge cheaply."""
-    return 1, (2 if max_blocks_per_seq > 1 else 1)
+def num_warps_for(batch: int, n_kv_heads: int) -> int:
+    """Warps per block for a launch: depends only on the batch (a CUDA graph fixes it)."""
+    if SIMULATING or batch * n_kv_heads < FEW_WARPS_FROM_BLOCKS:
+        return NUM_WARPS
+    return min(NUM_WARPS, 4)
 
 
 def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, scale,
@@ -633,22 +517,14 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
-    if SIMULATING:
-        plan_warps, plan_splits = simulator_plan(c.MAX_BLOCKS_PER_SEQ)
-    else:
-        plan_warps, plan_splits = launch_plan(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ,
-                                              sm_count(q.device.index), num_warps)
-    nw = num_warps or plan_warps
+    nw = num_warps_for(n_seqs, n_kv) if num_warps is None else num_warps
     shape = CHOSEN_SHAPE if shape is None else shape
     kernel = make_fast_decode_kernel(c.dtype, head_dim, n_q_heads // n_kv, c.BLOCK_SIZE,
                                      c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
                                      c.BLOCK_ELEMS, c.V_OFFSET_ELEMS, nw, shape)
     if n_seqs == 0:
         return q
-    splits = n_splits or plan_splits
-    if not 1 <= splits <= MAX_SPLITS:
-        raise ValueError(f"decode_attention_fast: n_splits must be 1..{MAX_SPLITS} (the merge "
-                         f"gives each split one lane of a warp), got {splits}")
+    splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
     n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
     # scratch for the split partials: kept for the process (no allocation per call; every
     # launch on the stream finishes before the next one reuses it); the tickets start at zero

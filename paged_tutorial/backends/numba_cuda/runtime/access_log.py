@@ -97,10 +97,6 @@ class AccessLog:
         """Element indices written, in order (repeats kept)."""
         return np.array([r.index for r in self.records if r.op == "W"], dtype=np.int64)
 
-    def read_counts(self) -> np.ndarray:
-        """How many times each element was read: one count per element of the array."""
-        return np.bincount(self.reads(), minlength=len(self.array))
-
     def by_block(self, op: str | None = None) -> dict:
         """{(block x, block y): sorted unique indices} for reads ("R"), writes ("W") or both."""
         out: dict = {}
