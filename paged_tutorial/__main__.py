@@ -375,7 +375,7 @@ class AnswerOutput:
         if self.failure is not None:
             raise self.failure
         try:
-            if self.stream.closed:
+            if getattr(self.stream, "closed", False):    # a stand-in stdout may not say
                 raise BrokenPipeError
             return call(*args)
         except BrokenPipeError:

@@ -107,7 +107,13 @@ class TorchBackend(Backend):
         """``Backend.qkv_rope_write_kv`` in fewer torch ops (what decides the speed of this
         backend on a GPU, where each op is a kernel launch): q and k are adjacent in the
         projection, so they are rotated as one [T, nH + nKV, D] view, and the rotated k and
-        v, adjacent too, are written into the cache by one scatter."""
+        v, adjacent too, are written into the cache by one scatter.  A subclass that replaces
+        ``rope``, ``write_kv`` or ``rope_write_kv`` (a puzzle's writer, a recorder) gets the
+        generic path, which calls them."""
+        if any(getattr(type(self), op) is not getattr(TorchBackend, op)
+               for op in ("rope", "write_kv", "rope_write_kv")):
+            return super().qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin,
+                                             cache, block_table, layer, slots)
         qkv = self.linear(x, qkv_weight)
         c = cache.config
         t, d = qkv.shape[0], c.head_dim

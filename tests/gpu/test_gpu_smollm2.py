@@ -106,7 +106,8 @@ def test_float32_greedy_tokens_equal_hf_float32(hf32, prompt_ids, backend):
         assert res.token_ids == want[:len(res.token_ids)], prompt
         assert len(res.token_ids) == NEW_TOKENS or res.finish_reason == "eos", prompt
         compared += len(res.token_ids)
-    assert compared >= 5 * NEW_TOKENS
+    # every prompt compared to its own stop (EOS or NEW_TOKENS): at least 5 answers, none trivial
+    assert len(results) >= 5 and compared >= 8 * len(results)
     assert results[0].text.startswith("The capital of France is Paris")
 
 
