@@ -359,10 +359,13 @@ def simulated_time_limit(seconds: float):
     def stop():
         if done.wait(seconds):
             return
+        from numba.cuda.simulator.kernel import BlockThread   # the simulator's CUDA threads
+
         for t in threading.enumerate():
             # the threads still running (not those waiting at a barrier: the simulator ends
-            # them itself once the launch fails)
-            if type(t).__name__ == "BlockThread" and t.is_alive() and \
+            # them itself once the launch fails); one that waits for its turn raises when
+            # it gets it, and the failed launch ends it
+            if isinstance(t, BlockThread) and t.is_alive() and \
                     not getattr(t, "syncthreads_blocked", False):
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
                                                            ctypes.py_object(KernelTimeout))
