@@ -441,8 +441,11 @@ def main(argv=None) -> int:
     except UsageError as exc:
         _error(f"error: {exc}")
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)       # a second Ctrl-C: no traceback
-        _error("\nerror: interrupted (Ctrl-C)")
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C: no traceback
+        try:
+            _error("\nerror: interrupted (Ctrl-C)")
+        finally:                         # an in-process caller (a test, a notebook) keeps its Ctrl-C
+            signal.signal(signal.SIGINT, previous)
         return EXIT_INTERRUPTED
     except OutputClosed:
         _stdout_to_devnull()
@@ -454,4 +457,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == EXIT_INTERRUPTED:       # the process is ending: a second Ctrl-C changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
