@@ -128,6 +128,38 @@ def test_body_parts_call_each_other_by_part_name_without_imports():
     assert not torch.allclose(out, ref, atol=1e-3)
 
 
+def _doubled_score(x):                  # a reader's own helper, at the notebook's top level
+    return 2 * x
+
+
+def test_helpers_a_part_calls_become_device_functions():
+    """A part may call plain functions of the reader's own, through a global name or a closure:
+    each is compiled as a device function with the same bindings (on a GPU a kernel cannot call
+    Python; the simulator would have hidden that), and the kernel uses them."""
+    cache, q, ref, n = setup()
+    offset = lambda: 0                                                  # noqa: E731
+
+    def combine_twice(dot_products, HEAD_DIM, WARP_SIZE):
+        total = float32(0.0)                                                  # noqa: F821
+        for w in range(NUM_WARPS):                                            # noqa: F821
+            total += dot_products[w + offset()]
+        return _doubled_score(total)
+
+    parts = attention.ARTICLE_PARTS.replace(combine_warps=combine_twice)
+    compiled = attention.compile_parts(parts, {name: 1 for name in attention.BUILD_NAMES})
+    device_type = type(compiled["walk_blocks"])
+    py_func = compiled["combine_warps"].py_func
+    assert isinstance(py_func.__globals__["_doubled_score"], device_type)
+    assert [type(c.cell_contents) for c in py_func.__closure__] == [device_type]
+    assert _doubled_score(1) == 2 and not isinstance(_doubled_score, device_type)
+
+    out = run(cache, q, n, parts)
+    scaled = TorchBackend().decode_attention(
+        q.clone(), clone_cache(cache, "cpu"), torch.from_numpy(cache.block_table), 0,
+        torch.tensor([n]), torch.tensor([0]), 0.5)
+    torch.testing.assert_close(out, scaled, rtol=1e-5, atol=1e-5)
+
+
 def test_build_options_are_checked():
     with pytest.raises(TypeError, match="lineinfo"):
         attention.make_paged_attention_kernel("float32", 32, 16, 1, 2, 32, 1024, 512,

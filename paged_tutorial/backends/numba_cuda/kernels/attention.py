@@ -331,26 +331,68 @@ def compile_parts(parts: KernelParts, constants: dict) -> dict:
     """Every part of ``parts`` as a device function, by part name.  Each is compiled from a
     copy of the function whose globals are its own module's (or notebook's) plus
     ``constants`` (the ``BUILD_NAMES``) and every other compiled part, so the parts call
-    each other by their part names whatever the functions themselves are called."""
+    each other by their part names whatever the functions themselves are called.
+
+    A plain Python function that a part calls (a helper the reader wrote beside it, through
+    a global name or a closure) is compiled the same way, as a device function: the
+    simulator would run it as Python anyway, and on a GPU a kernel cannot call Python."""
     missing = sorted(set(BUILD_NAMES) - set(constants))
     if missing:
         raise ValueError(f"compile_parts: constants lack {', '.join(missing)}")
     bound = dict(constants)
-    namespaces = []
+    namespaces: list[dict] = []
+    helpers: dict = {}
     for name in PART_NAMES:
-        fn = getattr(parts, name)
-        namespace = dict(fn.__globals__)
-        copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
-                                  fn.__closure__)
-        copy.__kwdefaults__ = fn.__kwdefaults__
-        copy.__qualname__ = fn.__qualname__
-        copy.__doc__ = fn.__doc__
-        copy.__module__ = fn.__module__
-        namespaces.append(namespace)
-        bound[name] = cuda.jit(device=True)(copy)
+        bound[name] = _as_device_function(getattr(parts, name), bound, namespaces, helpers)
     for namespace in namespaces:            # compiled lazily: bind before the first call
         namespace.update(bound)
     return bound
+
+
+def _as_device_function(fn: types.FunctionType, bound: dict, namespaces: list, helpers: dict):
+    """``fn`` as a device function whose globals get ``bound`` (filled in by the caller
+    before the first call) and whose plain-function globals and closure cells are device
+    functions too, recursively (``helpers`` holds the ones made, so each is made once)."""
+    if fn in helpers:
+        return helpers[fn]
+    namespace = dict(fn.__globals__)
+    cells = None
+    if fn.__closure__ is not None:
+        cells = tuple(types.CellType() for _ in fn.__closure__)
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, cells)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__doc__ = fn.__doc__
+    copy.__module__ = fn.__module__
+    device_fn = cuda.jit(device=True)(copy)
+    helpers[fn] = device_fn                 # before recursing: a helper may call itself
+    namespaces.append(namespace)
+    for name in _global_names(fn.__code__):
+        value = namespace.get(name)
+        if name not in BUILD_NAMES and name not in PART_NAMES and _is_helper(value):
+            namespace[name] = _as_device_function(value, bound, namespaces, helpers)
+    for cell, original in zip(cells or (), fn.__closure__ or ()):
+        try:
+            value = original.cell_contents
+        except ValueError:                  # a free variable not assigned yet
+            continue
+        cell.cell_contents = (_as_device_function(value, bound, namespaces, helpers)
+                              if _is_helper(value) else value)
+    return device_fn
+
+
+def _is_helper(value) -> bool:
+    """A plain Python function (``def`` or ``lambda``), not a compiled one or a builtin."""
+    return isinstance(value, types.FunctionType)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names ``code`` (and any code nested in it) reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 def check_build_options(lineinfo: bool) -> None:
