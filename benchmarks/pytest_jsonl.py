@@ -2,6 +2,9 @@
 (so a run stopped by its time limit still leaves its results).
 
     PYTEST_JSONL=out.jsonl python -m pytest -p pytest_jsonl ...
+
+Under pytest-xdist (``-n N``) the controller receives every worker's reports and is the only
+process that writes.
 """
 
 from __future__ import annotations
@@ -10,10 +13,16 @@ import json
 import os
 
 _PATH = os.environ.get("PYTEST_JSONL")
+_WRITES = True
+
+
+def pytest_configure(config):
+    global _WRITES
+    _WRITES = not hasattr(config, "workerinput")      # an xdist worker: the controller writes
 
 
 def pytest_runtest_logreport(report):
-    if not _PATH:
+    if not _PATH or not _WRITES:
         return
     if report.when != "call" and report.outcome == "passed":
         return                                   # setup/teardown passing: nothing to say
