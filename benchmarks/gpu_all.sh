@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU result of the project, in parts that each fit one device call (10 min):
 #
-#     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook (<= 9.5 min)
+#     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over 8
+#                                           # pytest-xdist processes (<= 9.5 min)
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
 #     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
 #                                           # torch backend's decode (<= 7 min)
@@ -26,7 +27,8 @@
 # Everything goes to $OUT (the device tool's result folder) or, without it, benchmarks/results;
 # gpu_all.log keeps the whole output.  Each step has its own time limit, so one slow step
 # cannot take the others' results with it.  Wheels in .whl (../shared/device/README.md:
-# numpy 2.3.5 for numba-cuda, nbval + ipykernel for the notebooks) are installed first.
+# numpy 2.3.5 for numba-cuda, nbval + ipykernel for the notebooks, pytest-xdist + execnet for
+# the tests part: ../shared/device/fetch-wheels.sh --notebooks pytest-xdist) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -68,7 +70,7 @@ step() {
 # 7 min 19 s on 2026-12-01; decode.py with HF static ~130 s, attention.py ~45 s, profile ~25 s).
 case "$PART" in
 tests)
-    step tests 580 python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 560
+    step tests 580 python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 560 --workers 8
     ;;
 core)
     step decode 170 python3 benchmarks/decode.py --skip-smollm2 --out "$OUT"
