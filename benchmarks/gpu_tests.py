@@ -93,7 +93,8 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
             "model_present": gguf is not None, "model_file": gguf,
             "finished_within_limit": finished, "pytest_returncode": returncode,
             "seconds": round(seconds, 1), "workers": workers, "counts": counts,
-            "all_ran_tests_pass": counts["failed"] == 0 and counts["errors"] == 0 and finished,
+            "all_ran_tests_pass": (counts["failed"] == 0 and counts["errors"] == 0 and finished
+                                   and returncode == 0 and counts["passed"] > 0),
             "failures": failures,
             "could_not_run_here": {"tests_needing_the_model_file": {
                 "reason": MODEL_REASON, "tests": model_missing},
