@@ -17,6 +17,7 @@ status 141, as a shell reports for a writer that SIGPIPE ended.  No traceback in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import math
 import os
@@ -173,6 +174,20 @@ class StartTiming:
     def __init__(self):
         self.start = time.perf_counter()
         self.load_s = None
+        self.compiles_before = _compile_stats_now()   # a process may have compiled before
+
+    def compiles_since_start(self):
+        """The kernels compiled or loaded since this run started (None: no numba backend)."""
+        now = _compile_stats_now()
+        if now is None:
+            return None
+        before = self.compiles_before
+        if before is None:
+            return now
+        return dataclasses.replace(now, loaded=now.loaded - before.loaded,
+                                   compiled=now.compiled - before.compiled,
+                                   load_seconds=now.load_seconds - before.load_seconds,
+                                   compile_seconds=now.compile_seconds - before.compile_seconds)
 
     def loaded(self) -> None:
         self.load_s = time.perf_counter() - self.start
@@ -230,6 +245,12 @@ def _compile_stats():
     """The numba backend's count of kernels compiled / loaded, if it was imported."""
     module = sys.modules.get("paged_tutorial.backends.numba_cuda.runtime.kernel_cache")
     return module.COMPILE_STATS if module is not None else None
+
+
+def _compile_stats_now():
+    """A copy of ``_compile_stats()`` as it stands (None: the numba backend not imported)."""
+    stats = _compile_stats()
+    return stats.snapshot() if stats is not None else None
 
 
 def _warm_up(engine, err, progress: bool) -> None:
@@ -329,8 +350,8 @@ def run(args, out=None, err=None) -> int:
         else:
             out.write(f"--- [{i}] {args.prompt[i]!r}\n{result.text}\n")
         out.flush()
-        stats = _compile_stats()
-        compiling = (stats.seconds if stats is not None else 0.0) - \
+        stats = timing.compiles_since_start()
+        compiling = (_compile_stats().seconds if stats is not None else 0.0) - \
             compile_at_first_token.get(i, 0.0)
         label = "" if single else f"{i}: "
         print(f"[{label}{len(result.token_ids)} tokens, finish_reason={result.finish_reason}"

@@ -112,6 +112,22 @@ def test_the_loading_line_says_which_dtype_and_why_and_the_timing_is_split(tiny_
                      report), report
 
 
+def test_kernels_compiled_before_the_run_are_not_reported_as_its_own(tiny_gguf, monkeypatch):
+    """In a process that compiled kernels before (a notebook, a test session), the report
+    counts only what this run compiled: here nothing, on the torch backend."""
+    from paged_tutorial.backends.numba_cuda.runtime import kernel_cache
+
+    monkeypatch.setattr(kernel_cache, "COMPILE_STATS",
+                        kernel_cache.CompileStats(loaded=21, compiled=15, compile_seconds=35.0))
+    args = cli.build_parser().parse_args(
+        ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
+         "--max-new-tokens", "4", "--seed", "0"])
+    err = io.StringIO()
+    assert cli.run(args, out=io.StringIO(), err=err) == 0
+    report = err.getvalue().strip().splitlines()[-1]
+    assert "compiled in" not in report and "kernels" not in report, report
+
+
 def test_decode_rate_leaves_out_compile_time():
     from types import SimpleNamespace
 

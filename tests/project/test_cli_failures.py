@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.child_env import child_env
 from helpers.fixtures_loading import tiny_config, write_tiny_gguf
 from paged_tutorial import __main__ as cli
 from paged_tutorial.loading.models import random_model
@@ -36,7 +37,7 @@ def tiny_gguf(tmp_path_factory):
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "PYTHONUTF8": "0"}
+    return child_env(LC_ALL="C.UTF-8", PYTHONUTF8="0")
 
 
 def cli_args(tiny_gguf, *extra) -> list[str]:

@@ -16,6 +16,7 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises.notebook_grading import run_notebook
 from paged_tutorial.teaching.language import language
+from helpers.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,7 @@ def test_unsolved_wrong_and_broken_cells_are_reported(tmp_path, capsys):
 
 
 def test_the_grade_command_exits_0_only_when_all_are_solved(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PAGED_TUTORIAL_PROGRESS": "off"}
+    env = child_env(PAGED_TUTORIAL_PROGRESS="off")
     solved = write_notebook(tmp_path / "00_solved.ipynb", SOLVED_00)
     first = next(iter(SOLVED_00))
     partly = write_notebook(tmp_path / "00_partly.ipynb", {**SOLVED_00, first: "-1"})

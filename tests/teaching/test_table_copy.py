@@ -19,6 +19,7 @@ import torch
 import paged_tutorial as pt
 from paged_tutorial.teaching import table_copy
 from paged_tutorial.backends.torch_ref import TorchBackend
+from helpers.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,7 @@ def test_time_one_copy_on_cpu():
 
 
 def test_benchmark_dry_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run([sys.executable, "benchmarks/table_copy.py", "--dry-run", "--out",
                            str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
