@@ -17,8 +17,6 @@ but is the article's cost, not the fix: it is refused with that count.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 import torch
 
@@ -118,8 +116,9 @@ class SyncedByReader(PagedKVCache):
         return self.device_copy
 
 
-@lru_cache(maxsize=4)
 def stock_tokens(backend: str = "torch", device: str = "cpu") -> tuple:
+    """The stock engine's tokens, run anew for every grading (beside the reader's engine, in
+    the same state of the process: kernels, caches and the model as they are now)."""
     engine = engine_with_cache(tiny_model(), backend=backend, device=device, **ENGINE)
     run(engine, REQUESTS)
     return tuple(tuple(engine.result(i).token_ids) for i in range(len(REQUESTS)))
