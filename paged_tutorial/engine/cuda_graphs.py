@@ -117,7 +117,9 @@ class DecodeGraphs:
             self._forward(bucket)               # warm-up: compiles, sets up cuBLAS
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: only this thread's unsafe calls break the capture; another thread of
+        # the process (a second engine, a notebook's widgets, a test) may use CUDA meanwhile
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits, next_ids = self._forward(bucket)
         if self._pool is None:
             self._pool = graph.pool()
