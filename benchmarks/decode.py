@@ -30,6 +30,10 @@ also the static cache unless ``--skip-hf-static``) are timed at batch 1 and 64, 
 and ms per token.  ``--only-smollm2`` runs this part alone (``decode-smollm2-<date>.json``),
 ``--skip-smollm2`` the rest alone.  Without the model the section says so and the rest runs.  Writes
 ``decode-<date>.json``.
+
+``--quick`` (``quick_run``, also what notebook 08 calls on a reader's GPU): the decode ladder and
+HF eager only, about a minute; writes ``decode-quick-<date>.json``, which the notebooks do not
+take for a committed run.
 """
 
 from __future__ import annotations
@@ -201,6 +205,77 @@ def check_against_hf(model, hf) -> dict:
     assert out["rel_err_vs_hf_teacher_forced"] < max(
         LOGIT_RTOL, 1.5 * out["article_kernel_rel_err_vs_hf"]), out
     return out
+
+
+def time_row(model, batch, variants: dict, bandwidth: float, hf=None,
+             hf_static: bool = True) -> dict:
+    """One row of the JSON: the floors at ``batch`` (``bandwidth`` in bytes/s, the copy speed
+    measured in this run), every variant's ms per step (an error is reported in the row and
+    the other variants still run), and HF's when ``hf`` is given."""
+    cfg = model.config
+    wbytes = weight_bytes(model)
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim * 2
+    mean_ctx = PROMPT_LEN + NEW_TOKENS / 2
+    row = {"batch": batch,
+           "floor_ms_per_step": (wbytes + batch * mean_ctx * kv_per_token) / bandwidth * 1e3,
+           "weight_floor_ms_per_step": wbytes / bandwidth * 1e3}
+    for name, kw in variants.items():
+        try:
+            r = time_engine(model, batch, **kw)
+        except Exception as exc:                      # report, keep the other numbers
+            row[f"{name}_error"] = repr(exc)[:300]
+            continue
+        key = "engine" if name == "engine" else f"engine_{name}"
+        row[f"{key}_ms_per_step"] = r["ms_per_step"]
+        if "gpu_ms_per_step" in r:
+            row[f"{key}_gpu_ms_per_step"] = r["gpu_ms_per_step"]
+        print(f"B={batch} {name}: {r}", flush=True)
+    if hf is not None:
+        row["hf_eager_ms_per_step"] = time_hf(hf, batch, static=False)["ms_per_step"]
+        if hf_static:
+            st = time_hf(hf, batch, static=True)
+            row["hf_static_ms_per_step"] = st["ms_per_step"]
+            row["hf_static_warmup_s"] = st["warmup_s"]
+        row["hf_ms_per_step"] = row.get("hf_static_ms_per_step", row["hf_eager_ms_per_step"])
+    print(f"B={batch}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else
+                                     f"{k}={v}" for k, v in row.items()), flush=True)
+    return row
+
+
+def ladder_variants() -> dict:
+    """The variants of the decode ladder, from launches by the host to the engine: what the
+    quick run times."""
+    return {"fast_no_graphs": dict(cuda_graphs=False), **ladder(), "engine": {}}
+
+
+def quick_run(batches=BATCHES, hf: bool = True, hf_static: bool = False) -> dict:
+    """The decode ladder timed on this GPU in this process, in the schema ``main`` writes:
+    the ceilings, then per batch the floors, the ladder's rungs and (``hf``) HF eager (its
+    compiled static cache, 20-30 s of compiling per batch size, with ``hf_static``).  Leaves
+    out what makes the full run long: the logits check against HF, the article's and
+    Triton's kernels, prefill and SmolLM2.  About a minute on an H200 once the kernels are
+    compiled; ``"quick": True`` in the result says which run it was."""
+    t_start = time.time()
+    data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
+            "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "quick": True,
+            "ceilings": ceilings()}
+    model = random_gpu_model()
+    hf_ref = None
+    if hf:
+        try:
+            hf_ref = hf_model(model)
+        except ImportError as exc:                        # transformers not installed
+            data["hf_error"] = repr(exc)[:300]
+    bw = data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    data["rows"] = [time_row(model, batch, ladder_variants(), bw, hf_ref, hf_static=hf_static)
+                    for batch in batches]
+    from paged_tutorial.backends.numba_cuda.runtime import launch
+    data["launch_mode"] = launch.LAUNCH_MODE
+    data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
+    data["seconds"] = round(time.time() - t_start, 1)
+    del model, hf_ref
+    torch.cuda.empty_cache()
+    return data
 
 
 # --- HF --------------------------------------------------------------------------------------
@@ -392,7 +467,13 @@ def main(argv=None):
                    help="only the embedded SmolLM2 (real weights)")
     p.add_argument("--variant-file", default=None,
                    help="JSON from attention.py --best-out: fast-kernel variant to use")
+    p.add_argument("--quick", action="store_true",
+                   help="only the decode ladder and HF eager (quick_run): decode-quick-<date>.json")
     args = p.parse_args(argv)
+    if args.quick:
+        data = quick_run(hf=not args.skip_hf)
+        write_json(data, "decode-quick", args.out)
+        return 0
     t_start = time.time()
     if args.variant_file and Path(args.variant_file).exists():
         from paged_tutorial.backends.numba_cuda.kernels import attention_fast
@@ -414,13 +495,10 @@ def main(argv=None):
         return 0
     bw = data["ceilings"]["copy_bandwidth_gbs"] * 1e9
     model = random_gpu_model()
-    wbytes = weight_bytes(model)
     hf = None if args.skip_hf else hf_model(model)
     if hf is not None:
         data["correctness"] = check_against_hf(model, hf)
         print("correctness:", data["correctness"], flush=True)
-    cfg = model.config
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim * 2
     rungs = ladder()
     variants = {
         "engine": {},
@@ -432,33 +510,8 @@ def main(argv=None):
     }
     if args.skip_variants:
         variants = {"engine": {}, "fast_no_graphs": dict(cuda_graphs=False), **rungs}
-    data["rows"] = []
-    for batch in BATCHES:
-        mean_ctx = PROMPT_LEN + NEW_TOKENS / 2
-        row = {"batch": batch,
-               "floor_ms_per_step": (wbytes + batch * mean_ctx * kv_per_token) / bw * 1e3,
-               "weight_floor_ms_per_step": wbytes / bw * 1e3}
-        for name, kw in variants.items():
-            try:
-                r = time_engine(model, batch, **kw)
-            except Exception as exc:                      # report, keep the other numbers
-                row[f"{name}_error"] = repr(exc)[:300]
-                continue
-            key = "engine" if name == "engine" else f"engine_{name}"
-            row[f"{key}_ms_per_step"] = r["ms_per_step"]
-            if "gpu_ms_per_step" in r:
-                row[f"{key}_gpu_ms_per_step"] = r["gpu_ms_per_step"]
-            print(f"B={batch} {name}: {r}", flush=True)
-        if hf is not None:
-            row["hf_eager_ms_per_step"] = time_hf(hf, batch, static=False)["ms_per_step"]
-            if not args.skip_hf_static:
-                st = time_hf(hf, batch, static=True)
-                row["hf_static_ms_per_step"] = st["ms_per_step"]
-                row["hf_static_warmup_s"] = st["warmup_s"]
-            row["hf_ms_per_step"] = row.get("hf_static_ms_per_step", row["hf_eager_ms_per_step"])
-        data["rows"].append(row)
-        print(f"B={batch}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else
-                                         f"{k}={v}" for k, v in row.items()), flush=True)
+    data["rows"] = [time_row(model, batch, variants, bw, hf, hf_static=not args.skip_hf_static)
+                    for batch in BATCHES]
     data["prefill"] = time_prefill(model, data["ceilings"]["bf16_matmul_tflops"], hf)
     if not args.skip_variants:
         data["prefill_numba_kernel"] = time_prefill(
