@@ -1,12 +1,15 @@
-"""GGUF tensors dequantized with torch on the device they will live on.
+"""GGUF tensors dequantized on the device they will live on.
 
 A quantized tensor is a fraction of its float32 size (Q4_1: 20 bytes per 32 values, 5/32 of
-float32), so the loader moves the file's bytes to the target device as they are and expands them
-there: on a GPU the host copies and converts 6x fewer bytes, and the arithmetic runs on the GPU.
+float32), so for a GPU the loader moves the file's bytes there as they are and expands them
+with torch on the GPU: the host copies 6x fewer bytes and does none of the arithmetic.  For the
+CPU the NumPy code of ``gguf_file.dequantize`` runs instead: it works in cache-sized chunks on
+one thread, where torch's whole-tensor operations were slower here (and far slower with the
+cores shared: its worker threads wait on each other).
 
-The arithmetic is the one ``gguf_file.dequantize`` (and the ``gguf`` package) does, one float32
-operation at a time (``d * q``, then ``+ m`` for Q4_1; ``(q - 8) * d`` for Q4_0), so the values
-are bit-identical on every device: no fused multiply-add, no other order.
+The torch arithmetic is the one ``gguf_file.dequantize`` (and the ``gguf`` package) does, one
+float32 operation at a time (``d * q``, then ``+ m`` for Q4_1; ``(q - 8) * d`` for Q4_0), so the
+values are bit-identical on every device: no fused multiply-add, no other order.
 
     values = dequantize_on(tensor, torch.device("cuda"))   # float32, shaped tensor.shape
 
@@ -27,23 +30,23 @@ _BLOCKS = {"Q8_0": (34, 2), "Q4_0": (18, 2), "Q4_1": (20, 4)}
 _PLAIN = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def file_bytes(tensor: GGUFTensor, device: torch.device) -> torch.Tensor:
-    """The tensor's bytes in the file (uint8) on ``device``: a view of the file's mapping on the
-    CPU, one host-to-device copy elsewhere."""
-    raw = torch.from_numpy(tensor.data)           # the mapping is copy-on-write: no copy here
-    return raw if device.type == "cpu" else raw.to(device)
-
-
 def dequantize_on(tensor: GGUFTensor, device: torch.device) -> torch.Tensor:
     """``tensor``'s values as float32 on ``device``, shaped ``tensor.shape``."""
     name = tensor.tensor_type.name
-    if name in _PLAIN:
-        values = file_bytes(tensor, device).view(_PLAIN[name]).to(torch.float32)
-    elif name in _BLOCKS:
-        values = _dequantize_blocks(file_bytes(tensor, device), name)
-    else:
+    if device.type == "cpu" or not (name in _PLAIN or name in _BLOCKS):
         values = torch.from_numpy(np.ascontiguousarray(dequantize(tensor))).to(device)
+    else:
+        # the mapping is copy-on-write, so torch takes the bytes without a copy on the host
+        values = dequantize_bytes(torch.from_numpy(tensor.data).to(device), name)
     return values.reshape(tensor.shape)
+
+
+def dequantize_bytes(raw: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor's file bytes (uint8, on any device) as flat float32 values on that device, for
+    the quantizations named in the module docstring."""
+    if name in _PLAIN:
+        return raw.view(_PLAIN[name]).to(torch.float32)
+    return _dequantize_blocks(raw, name)
 
 
 def _dequantize_blocks(raw: torch.Tensor, name: str) -> torch.Tensor:

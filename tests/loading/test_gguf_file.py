@@ -13,7 +13,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from helpers.fixtures_loading import tiny_config, write_tiny_gguf
 from paged_tutorial.loading.gguf_file import GGUFFile, GGUFFormatError
-from paged_tutorial.loading.gguf_torch import dequantize_on
+from paged_tutorial.loading.gguf_torch import dequantize_bytes, dequantize_on
 from paged_tutorial.loading.models import random_model
 
 KINDS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
@@ -39,9 +39,13 @@ def _assert_same_as_gguf(path):
         values = ours.dequantize(t)
         assert values.dtype == np.float32 and values.shape == tensors[t.name].shape, t.name
         assert np.array_equal(values, tensors[t.name]), t.name
-        on_torch = dequantize_on(t, torch.device("cpu"))
-        assert on_torch.dtype == torch.float32 and on_torch.shape == values.shape, t.name
-        assert_same_bits(on_torch.numpy(), tensors[t.name], t.name)
+        on_cpu = dequantize_on(t, torch.device("cpu"))
+        assert on_cpu.dtype == torch.float32 and on_cpu.shape == values.shape, t.name
+        assert_same_bits(on_cpu.numpy(), tensors[t.name], t.name)
+        # the torch arithmetic a GPU runs, run here on the CPU
+        on_torch = dequantize_bytes(torch.from_numpy(t.data), t.tensor_type.name)
+        assert on_torch.dtype == torch.float32, t.name
+        assert_same_bits(on_torch.numpy().reshape(values.shape), tensors[t.name], t.name)
 
 
 def assert_same_bits(values: np.ndarray, expected: np.ndarray, name: str) -> None:
