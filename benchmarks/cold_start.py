@@ -10,9 +10,20 @@ Each process reports the seconds from its start to: ``import torch`` done, the m
 the engine ready (created and warmed up: kernels compiled or loaded from the cache), the
 first token of the answer; and the decode rate (tokens after the first / their time).  For the
 command line (``python -m paged_tutorial PROMPT --backend B``, run through ``runpy`` so that
-the import of torch can be timed) the load / compile figures are its own stderr report's.  The
-goal on the H200: the second process has its first token within 3 s of ``import torch``
+the import of torch can be timed) the load / compile figures are its own stderr report's, and
+the moments its stderr lines start mark the phases between: ``backend_ready_s`` (the
+"loading ..." line: package imports, the backend made and, for numba, test-launched, CUDA
+started), then the load, then ``engine_ready_s`` (the "[backend ...]" line: the engine created,
+its KV cache allocated, warmed up).  Of the kernel seconds, ``kernel_key_s`` went into cache
+keys and ``first_kernel_lookup_s`` is the first lookup (Numba's one-time CUDA target set-up).
+The goal on the H200: the second process has its first token within 3 s of ``import torch``
 finishing (``first_token_after_torch_s``).
+
+The GGUF comparison loads the embedded SmolLM2 in float32 with this package and with
+transformers (``LlamaForCausalLM.from_pretrained(gguf_file=...)``, which dequantizes on the
+host; moved to the GPU after), onto the CPU and, where there is one, the GPU; a loader that
+fails leaves its list empty and its reason under ``gguf_load_s.errors``.  The options the run
+was given are kept under ``options``.
 
 Writes ``cold-start-<date>.json`` (date and device inside) into ``--out`` (default
 ``benchmarks/results``).
@@ -56,7 +67,22 @@ class FirstWrite:                       # when the answer's first piece reaches 
     def isatty(self):
         return False
 
+class LineTimes:                        # when each stderr line starts (the CLI's phase lines)
+    def __init__(self, stream):
+        self.stream, self.times, self.at_line_start = stream, [], True
+    def write(self, text):
+        if self.at_line_start and text:
+            self.times.append([time.perf_counter() - t0, text[:40]])
+        if text:
+            self.at_line_start = text.endswith("\n")
+        return self.stream.write(text)
+    def flush(self):
+        self.stream.flush()
+    def isatty(self):
+        return False
+
 out = sys.stdout = FirstWrite(sys.stdout)
+err = sys.stderr = LineTimes(sys.stderr)
 argv = json.loads(sys.argv[1])
 sys.argv = ["paged_tutorial", *argv]
 code = 0
@@ -64,8 +90,19 @@ try:
     runpy.run_module("paged_tutorial", run_name="__main__")
 except SystemExit as exc:
     code = exc.code or 0
-sys.stdout = out.stream
+sys.stdout, sys.stderr = out.stream, err.stream
+# the CLI prints "loading ..." once its backend is made (and test-launched), "[backend ...]"
+# once the engine is created and warmed up
+starts = {"loading": "backend_ready_s", "[backend": "engine_ready_s"}
+phases = {name: next((t for t, text in err.times if text.startswith(prefix)), None)
+          for prefix, name in starts.items()}
+cache = sys.modules.get("paged_tutorial.backends.numba_cuda.runtime.kernel_cache")
+stats = {} if cache is None else {
+    "kernel_load_s": cache.COMPILE_STATS.load_seconds,
+    "kernel_key_s": cache.COMPILE_STATS.key_seconds,
+    "first_kernel_lookup_s": cache.COMPILE_STATS.first_lookup_seconds}
 print("\nCOLD_START " + json.dumps({"import_torch_s": t_torch, "first_token_s": out.first,
+                                    **phases, **stats,
                                     "total_s": time.perf_counter() - t0, "exit": code}))
 """
 
@@ -97,7 +134,9 @@ print("COLD_START " + json.dumps({
     "dtype": model.dtype, "dtype_reason": model.dtype_reason, "answer": result.text,
     "kernels_compiled": stats.compiled if stats else 0,
     "kernels_from_cache": stats.loaded if stats else 0,
-    "compile_s": stats.seconds if stats else 0.0}))
+    "compile_s": stats.seconds if stats else 0.0,
+    "kernel_key_s": stats.key_seconds if stats else 0.0,
+    "first_kernel_lookup_s": stats.first_lookup_seconds if stats else None}))
 """
 
 GGUF_CHILD = r"""
@@ -106,17 +145,41 @@ import torch
 import paged_tutorial as pt
 from paged_tutorial.loading.models import find_embedded_smollm2
 path = find_embedded_smollm2()
-times = {"ours": [], "hf": []}
-for _ in range(int(sys.argv[1])):
+reps, with_hf = int(sys.argv[1]), sys.argv[2] == "1"
+devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+def timed(load, device):
+    if device != "cpu":
+        torch.cuda.synchronize()
     t = time.perf_counter()
-    pt.load_model("smollm2-135m", "float32")
-    times["ours"].append(time.perf_counter() - t)
-    if sys.argv[2] == "1":
-        from transformers import LlamaForCausalLM
-        t = time.perf_counter()
-        LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        times["hf"].append(time.perf_counter() - t)
-print("COLD_START " + json.dumps(times))
+    model = load(device)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+def ours(device):
+    return pt.load_model("smollm2-135m", "float32", device=device)
+
+def hf(device):              # transformers dequantizes on the host, then the model moves
+    from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                             dtype=torch.float32)
+    return model.to(device)
+
+times = {f"ours_{d}": [] for d in devices}
+times.update({f"hf_{d}": [] for d in devices})
+errors = {}
+if not with_hf:
+    errors["hf"] = "skipped (--skip-hf)"
+for device in devices:
+    for _ in range(reps):
+        times[f"ours_{device}"].append(timed(ours, device))
+        if with_hf and "hf" not in errors:
+            try:
+                times[f"hf_{device}"].append(timed(hf, device))
+            except Exception as exc:            # recorded: the comparison says why it is empty
+                errors["hf"] = f"{type(exc).__name__}: {exc}"[:2000]
+print("COLD_START " + json.dumps({"times": times, "errors": errors}))
 """
 
 CLI_REPORT = re.compile(r"loaded in (?P<load>[0-9.]+) s(, compiled in (?P<compile>[0-9.]+) s "
@@ -201,7 +264,8 @@ def main(argv=None) -> int:
 
     results = {"date": dt.date.today().isoformat(), "device": device, "backend": args.backend,
                "model": args.model, "prompt": args.prompt,
-               "max_new_tokens": args.max_new_tokens, "python": sys.version.split()[0]}
+               "max_new_tokens": args.max_new_tokens, "python": sys.version.split()[0],
+               "options": vars(args)}
     with tempfile.TemporaryDirectory(prefix="cold-start-kernels-") as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONUNBUFFERED": "1"}
         if args.backend == "numba":
@@ -215,13 +279,17 @@ def main(argv=None) -> int:
                   f"{_fmt(second)} s (second)", file=sys.stderr)
     if not args.skip_gguf:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        times, _, _ = _run(GGUF_CHILD, [str(args.gguf_reps), "0" if args.skip_hf else "1"],
-                           env, args.timeout)
+        data, _, _ = _run(GGUF_CHILD, [str(args.gguf_reps), "0" if args.skip_hf else "1"],
+                          env, args.timeout)
         results["gguf_load_s"] = {k: {"each": v, "best": min(v) if v else None}
-                                  for k, v in times.items()}
-        best = {k: v["best"] for k, v in results["gguf_load_s"].items()}
-        print(f"GGUF load: ours {best['ours']:.2f} s, transformers "
-              + ("skipped" if best["hf"] is None else f"{best['hf']:.2f} s"), file=sys.stderr)
+                                  for k, v in data["times"].items()}
+        results["gguf_load_s"]["errors"] = data["errors"]
+        for key, value in results["gguf_load_s"].items():
+            if key.startswith("ours_"):
+                other = results["gguf_load_s"][key.replace("ours_", "hf_")]["best"]
+                print(f"GGUF load to {key[5:]}: ours {value['best']:.2f} s, transformers "
+                      + (f"{other:.2f} s" if other is not None
+                         else data["errors"].get("hf", "?")), file=sys.stderr)
     second = results["cli"]["second_process"].get("first_token_after_torch_s")
     results["target"] = {"second_process_first_token_after_torch_s": second,
                          "goal_s": 3.0, "met": second is not None and second <= 3.0}

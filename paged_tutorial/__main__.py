@@ -276,6 +276,10 @@ def run(args, out=None, err=None) -> int:
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
 
+    if args.backend != "numba-sim":          # the GPU's context is made while numba imports
+        from paged_tutorial.engine.cuda_start import CudaStart
+
+        CudaStart().start()
     backend = choose_backend(args.backend)
     if backend.name == "numba-sim":
         print(SIM_WARNING, file=err)

@@ -36,6 +36,7 @@ STRING, ARRAY = 8, 9
 #: GGUF value type -> struct format of one scalar
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
                    10: "Q", 11: "q", 12: "d"}
+_U64 = struct.Struct("<Q")
 _SCALAR_DTYPES = {k: np.dtype("<" + f) if f != "?" else np.dtype(bool)
                   for k, f in _SCALAR_FORMATS.items()}
 
@@ -73,6 +74,22 @@ class _Cursor:
         self.offset = end
         return text
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary, merges): one tight loop, no per-item
+        method calls."""
+        buffer, offset, size = self.buffer, self.offset, len(self.buffer)
+        unpack, out = _U64.unpack_from, []
+        append = out.append
+        for _ in range(count):
+            n, = unpack(buffer, offset)
+            offset += 8
+            if offset + n > size:
+                raise GGUFFormatError(f"a string of {n} bytes runs past the end of the file")
+            append(str(buffer[offset:offset + n], "utf-8"))
+            offset += n
+        self.offset = offset
+        return out
+
     def value(self, value_type: int):
         if value_type == STRING:
             return self.string()
@@ -86,6 +103,8 @@ class _Cursor:
                 items = np.frombuffer(self.buffer, dtype, count, self.offset).tolist()
                 self.offset = end
                 return items
+            if item_type == STRING:
+                return self.strings(count)
             return [self.value(item_type) for _ in range(count)]
         fmt = _SCALAR_FORMATS.get(value_type)
         if fmt is None:
@@ -107,7 +126,8 @@ class GGUFFile:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         path = Path(path)
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        # copy-on-write: tensors can be handed to torch without a copy; the file never changes
+        mapped = np.memmap(path, dtype=np.uint8, mode="c")
         buffer = memoryview(mapped)
         try:
             if bytes(buffer[:4]) != GGUF_MAGIC:

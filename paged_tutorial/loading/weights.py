@@ -5,8 +5,9 @@ Two on-disk formats are understood:
 * a Hugging Face folder: ``config.json`` + one or more ``*.safetensors`` (sharded ones listed in
   ``model.safetensors.index.json``), optionally ``generation_config.json``;
 * a llama.cpp GGUF file, whose tensors may be quantized (Q4_1, Q8_0, K-quants, ...).  They are
-  read and dequantized by ``gguf_file.py`` (whole tensors at once in NumPy; the ``gguf``
-  package for rare quantizations), renamed to the HF names and, for Q and K, un-permuted:
+  read by ``gguf_file.py`` and dequantized on the target device by ``gguf_torch.py`` (the
+  quantized bytes are copied, then expanded there; the ``gguf`` package on the host for rare
+  quantizations), renamed to the HF names and, for Q and K, un-permuted:
   llama.cpp's converter reorders each head's rows so its RoPE can rotate adjacent pairs, while
   HF (and this engine) rotate the two halves of a head.
 
@@ -33,6 +34,7 @@ from paged_tutorial.config import (ConfigFieldError, ModelConfig, check_dtype, c
                                    check_token_id)
 from paged_tutorial.model.rope import llama3_rope_factors
 from paged_tutorial.loading.gguf_file import GGUFFile
+from paged_tutorial.loading.gguf_torch import dequantize_on
 
 # --- the tensors of a Llama checkpoint -------------------------------------------------------
 
@@ -363,21 +365,15 @@ def read_gguf_metadata(reader: GGUFFile) -> dict[str, Any]:
     return dict(reader.fields)
 
 
-def dequantize_gguf_tensor(tensor) -> np.ndarray:
-    """One GGUF tensor as float32 numpy, in torch's (rows, cols) order."""
+def dequantize_gguf_tensor(tensor, device: torch.device) -> torch.Tensor:
+    """One GGUF tensor as float32 on ``device``, in torch's (rows, cols) order."""
     try:
-        return GGUFFile.dequantize(tensor)
+        return dequantize_on(tensor, device)
     except NotImplementedError as exc:
         raise ValueError(
             f"GGUF tensor {tensor.name!r} uses quantization {tensor.tensor_type.name}, which the "
             f"installed gguf package cannot dequantize ({exc}): upgrade gguf or use another "
             "quantization of the model") from exc
-
-
-def _numpy_to_torch(values: np.ndarray, torch_dtype: torch.dtype) -> torch.Tensor:
-    if not values.flags.writeable:          # a view into the memory-mapped file (F32 tensors)
-        values = values.copy()
-    return torch.from_numpy(values).to(torch_dtype)
 
 
 def _single_value(meta: Mapping[str, Any], key: str, path: Path):
@@ -557,7 +553,8 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
               ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """Config, dequantized weights (HF names and layout, in ``dtype``, on ``device``) and the
     GGUF metadata (which holds the tokenizer: ``tokenizer.ggml.*``, ``tokenizer.chat_template``).
-    Tensors are dequantized one at a time on the CPU and placed on ``device`` before the next."""
+    Tensors are read one at a time: each one's file bytes go to ``device`` as they are and are
+    dequantized there (``gguf_torch.py``), then converted to ``dtype``, before the next."""
     path = Path(path).expanduser()
     torch_dtype = getattr(torch, check_dtype(dtype))
     if not path.is_file():
@@ -567,8 +564,8 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
     reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
     _check_gguf_architecture(meta, path)
-    rope_freqs = next((dequantize_gguf_tensor(t) for t in reader.tensors
-                       if t.name == GGUF_ROPE_FREQS), None)
+    rope_freqs = next((dequantize_gguf_tensor(t, torch.device("cpu")).numpy()
+                       for t in reader.tensors if t.name == GGUF_ROPE_FREQS), None)
     config = config_from_gguf_metadata(meta, {t.name for t in reader.tensors}, rope_freqs, path)
     gguf_tensors = _gguf_tensors_by_hf_name(reader, path)
     # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
@@ -579,16 +576,19 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
     tensors = {}
     try:
         for name, t in gguf_tensors.items():
-            tensors[name] = place_tensor(_gguf_to_hf_tensor(name, t, config), torch_dtype, device)
+            tensors[name] = place_tensor(_gguf_to_hf_tensor(name, t, config, device),
+                                         torch_dtype, device)
             bar.update()
     finally:
         bar.close()
     return config, tensors, meta
 
 
-def _gguf_to_hf_tensor(hf_name: str, tensor, config: ModelConfig) -> torch.Tensor:
-    """Dequantize one tensor and, for Q and K, undo llama.cpp's RoPE row order."""
-    weight = _numpy_to_torch(dequantize_gguf_tensor(tensor), torch.float32)
+def _gguf_to_hf_tensor(hf_name: str, tensor, config: ModelConfig,
+                       device: torch.device) -> torch.Tensor:
+    """Dequantize one tensor on ``device`` (float32) and, for Q and K, undo llama.cpp's RoPE
+    row order."""
+    weight = dequantize_gguf_tensor(tensor, device)
     if hf_name.endswith("self_attn.q_proj.weight"):
         return unpermute_rope_rows(weight, config.num_attention_heads)
     if hf_name.endswith("self_attn.k_proj.weight"):

@@ -35,6 +35,9 @@ engine.warm_up()
 tokens = [r.token_ids for r in engine.generate([[5, 6, 7, 8, 9] * 4, [3, 4]],
                                                max_new_tokens=8, chat=False)]
 print("RESULT " + json.dumps({"compiled": COMPILE_STATS.compiled, "loaded": COMPILE_STATS.loaded,
+                              "load_seconds": COMPILE_STATS.load_seconds,
+                              "key_seconds": COMPILE_STATS.key_seconds,
+                              "first_lookup_seconds": COMPILE_STATS.first_lookup_seconds,
                               "tokens": tokens, "cache_dir": str(cache_dir()),
                               "fast_launch_errors": {str(k): v for k, v in
                                                      launch.FAST_LAUNCH_ERRORS.items()}}))
@@ -61,6 +64,32 @@ def test_the_second_process_compiles_nothing(tmp_path, dtype):
     assert second["tokens"] == first["tokens"]
     assert not second["fast_launch_errors"], second["fast_launch_errors"]
     assert Path(second["cache_dir"]).parent == tmp_path / "paged_tutorial"
+    # the parts of a hit are counted: keys once per kernel, the first lookup's set-up apart
+    assert 0 < second["key_seconds"] < second["load_seconds"], second
+    assert 0 < second["first_lookup_seconds"] <= second["load_seconds"], second
+
+
+def test_a_cache_hit_loads_a_cubin(tmp_path):
+    """What the cache keeps for a kernel is its linked cubin for this GPU, beside the PTX: the
+    second process hands the driver the cubin, not PTX to JIT-compile."""
+    _run(tmp_path, dtype="float32")
+    code = r"""
+import pickle, sys
+from pathlib import Path
+from numba import cuda
+cc = cuda.get_current_device().compute_capability
+found = 0
+for path in Path(sys.argv[1]).rglob("*.nbc"):
+    library = pickle.loads(path.read_bytes())["codelibrary"]   # the kernel's _reduce_states()
+    assert library._cubin_cache.get(cc), (path, list(library._cubin_cache))
+    found += 1
+print("CUBINS", found)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert int(done.stdout.split("CUBINS")[-1]) > 0
 
 
 def test_another_head_dim_compiles_its_own_kernels(tmp_path):

@@ -1,16 +1,19 @@
-"""``loading/gguf_file.py`` against the ``gguf`` package it replaces on the load path: the same
-header values and bit-identical dequantized tensors."""
+"""``loading/gguf_file.py`` and ``loading/gguf_torch.py`` against the ``gguf`` package they replace
+on the load path: the same header values and bit-identical dequantized tensors, from NumPy on the
+host and from torch on the device the weights go to (the CPU here; ``tests/gpu`` on a GPU)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import gguf
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from helpers.fixtures_loading import tiny_config, write_tiny_gguf
 from paged_tutorial.loading.gguf_file import GGUFFile, GGUFFormatError
+from paged_tutorial.loading.gguf_torch import dequantize_bytes, dequantize_on
 from paged_tutorial.loading.models import random_model
 
 KINDS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
@@ -36,6 +39,19 @@ def _assert_same_as_gguf(path):
         values = ours.dequantize(t)
         assert values.dtype == np.float32 and values.shape == tensors[t.name].shape, t.name
         assert np.array_equal(values, tensors[t.name]), t.name
+        on_cpu = dequantize_on(t, torch.device("cpu"))
+        assert on_cpu.dtype == torch.float32 and on_cpu.shape == values.shape, t.name
+        assert_same_bits(on_cpu.numpy(), tensors[t.name], t.name)
+        # the torch arithmetic a GPU runs, run here on the CPU
+        on_torch = dequantize_bytes(torch.from_numpy(t.data), t.tensor_type.name)
+        assert on_torch.dtype == torch.float32, t.name
+        assert_same_bits(on_torch.numpy().reshape(values.shape), tensors[t.name], t.name)
+
+
+def assert_same_bits(values: np.ndarray, expected: np.ndarray, name: str) -> None:
+    """Equal bit for bit (so -0.0 and 0.0 differ, as a fused multiply-add's rounding would)."""
+    assert np.array_equal(np.ascontiguousarray(values).view(np.uint32),
+                          np.ascontiguousarray(expected).view(np.uint32)), name
 
 
 def test_tiny_gguf_reads_as_the_gguf_package_reads_it(tmp_path):

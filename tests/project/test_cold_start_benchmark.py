@@ -32,7 +32,13 @@ def test_cold_start_writes_both_processes_of_cli_and_api(tmp_path):
         for process in ("first_process", "second_process"):
             run = data[kind][process]
             assert run["import_torch_s"] > 0 and run["first_token_after_torch_s"] > 0, run
-    assert data["cli"]["second_process"]["loaded_in_s"] > 0
+    cli = data["cli"]["second_process"]
+    assert cli["loaded_in_s"] > 0
+    # the CLI's phases, from the moments its stderr lines start
+    assert cli["import_torch_s"] < cli["backend_ready_s"] < cli["engine_ready_s"] \
+        < cli["first_token_s"], cli
+    assert cli["engine_ready_s"] - cli["backend_ready_s"] >= cli["loaded_in_s"] - 0.01, cli
+    assert data["options"]["skip_gguf"] is True and data["options"]["max_new_tokens"] == 3
     assert data["api"]["first_process"]["engine_ready_s"] >= \
         data["api"]["first_process"]["loaded_s"]
     assert "met" in data["target"]

@@ -25,6 +25,14 @@ changes:
   backend (``source_digest``): any change to them, in the kernel's file or in a device
   function's, starts a fresh cache.
 
+- **What a hit loads.**  The linked cubin for the GPU's compute capability: numba-cuda binds a
+  kernel (links it into a cubin) before saving it, and the saved code library keeps its cubins
+  by compute capability beside the PTX; a loaded kernel's first launch hands that cubin to the
+  driver, so no process after the first JIT-compiles PTX.  What a hit still costs is reading
+  and unpickling the entry, the key (``kernel_key``, a few milliseconds per kernel, once per
+  process) and, on the first lookup of a process, Numba's set-up of its CUDA target
+  (``COMPILE_STATS.first_lookup_seconds``).
+
 The simulator compiles nothing: there ``cached_kernel`` is plain ``cuda.jit``.
 ``PAGED_TUTORIAL_KERNEL_CACHE=0`` turns the disk cache off (every process compiles again).
 
@@ -206,18 +214,23 @@ def kernel_key(py_func) -> str:
 @dataclass
 class CompileStats:
     """Kernels this process took from the disk cache (``loaded``) or compiled (``compiled``),
-    and the seconds each took in all."""
+    and the seconds each took in all.  Of those seconds: ``key_seconds`` went into computing
+    ``kernel_key`` (once per kernel and process), and ``first_lookup_seconds`` is the first
+    cache lookup of the process, which also pays Numba's one-time set-up of its CUDA target
+    (its typing and lowering registries, the NVRTC library that names the toolkit version)."""
     loaded: int = 0
     compiled: int = 0
     load_seconds: float = 0.0
     compile_seconds: float = 0.0
+    key_seconds: float = 0.0
+    first_lookup_seconds: float | None = None
 
     @property
     def seconds(self) -> float:
         return self.load_seconds + self.compile_seconds
 
     def snapshot(self) -> "CompileStats":
-        return CompileStats(self.loaded, self.compiled, self.load_seconds, self.compile_seconds)
+        return dataclasses.replace(self)
 
 
 COMPILE_STATS = CompileStats()
@@ -348,7 +361,9 @@ if not SIMULATING:                                     # pragma: no cover - GPU 
 
         def _index_key(self, sig, codegen):
             if self._function_key is None:
+                started = time.perf_counter()
                 self._function_key = kernel_key(self._py_func)
+                COMPILE_STATS.key_seconds += time.perf_counter() - started
             key = (sig, codegen.magic_tuple(), numba_cuda.__version__, self._function_key)
             if self._launch_config_key is not None:
                 key += (("launch_config", self._launch_config_key),)
@@ -360,6 +375,8 @@ if not SIMULATING:                                     # pragma: no cover - GPU 
                 kernel = super().load_overload(sig, target_context)
             except Uncacheable:
                 kernel = None
+            if COMPILE_STATS.first_lookup_seconds is None:
+                COMPILE_STATS.first_lookup_seconds = time.perf_counter() - self._started
             if kernel is not None:
                 COMPILE_STATS.loaded += 1
                 COMPILE_STATS.load_seconds += time.perf_counter() - self._started
