@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU result of the project, in parts that each fit one device call (10 min):
 #
-#     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over 8
-#                                           # pytest-xdist processes (<= 9.5 min)
+#     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over
+#                                           # 15 pytest-xdist processes (<= 9.5 min)
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
 #     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
 #                                           # torch backend's decode (<= 7 min)
@@ -70,7 +70,16 @@ step() {
 # 7 min 19 s on 2026-12-01; decode.py with HF static ~130 s, attention.py ~45 s, profile ~25 s).
 case "$PART" in
 tests)
-    step tests 580 python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 560 --workers 8
+    # tests/ and the notebooks side by side: tests handed out one by one (--dist load), a
+    # notebook's cells kept in order in one process (loadscope); then one summary of both
+    python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-suite --timeout 540 \
+        --workers 11 --dist load --only tests > "$OUT/gpu-tests-suite.log" 2>&1 &
+    step notebooks 560 python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-notebooks \
+        --timeout 540 --workers 4 --only notebooks/*.ipynb
+    wait
+    tail -5 "$OUT/gpu-tests-suite.log" | tee -a "$LOG"
+    step merge 30 python3 benchmarks/gpu_tests.py --out "$OUT" --merge \
+        "$OUT"/gpu-tests-suite-*.json "$OUT"/gpu-tests-notebooks-*.json
     ;;
 core)
     step decode 170 python3 benchmarks/decode.py --skip-smollm2 --out "$OUT"

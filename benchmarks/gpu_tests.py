@@ -81,6 +81,9 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
     for r in records:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0.0) + r.get("seconds", 0.0)
     slowest = sorted(per_test.items(), key=lambda kv: -kv[1])[:SLOWEST]
+    per_file: dict[str, float] = {}
+    for node, sec in per_test.items():
+        per_file[node.split("::")[0]] = per_file.get(node.split("::")[0], 0.0) + sec
     try:
         import numba
 
@@ -100,7 +103,41 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
                 "reason": MODEL_REASON, "tests": model_missing},
                 "notebooks": not_run["notebooks"]},
             "skipped": skips,
-            "slowest_tests_s": [{"test": t, "seconds": round(sec, 1)} for t, sec in slowest]}
+            "slowest_tests_s": [{"test": t, "seconds": round(sec, 1)} for t, sec in slowest],
+            "seconds_by_file": {f: round(sec, 1) for f, sec in
+                                sorted(per_file.items(), key=lambda kv: -kv[1])[:SLOWEST]}}
+
+
+def merge(runs: list[dict]) -> dict:
+    """One summary of runs made side by side: counts added, lists joined, the run's seconds
+    the longest of them, every command kept."""
+    first = runs[0]
+    counts = {k: sum(r["counts"][k] for r in runs) for k in first["counts"]}
+    slowest = sorted((t for r in runs for t in r.get("slowest_tests_s", [])),
+                     key=lambda t: -t["seconds"])[:SLOWEST]
+    return {**first, "command": " & ".join(r["command"] for r in runs),
+            "runs_side_by_side": [{"command": r["command"], "workers": r.get("workers", 1),
+                                   "seconds": r["seconds"], "counts": r["counts"],
+                                   "finished_within_limit": r["finished_within_limit"]}
+                                  for r in runs],
+            "model_present": all(r["model_present"] for r in runs),
+            "finished_within_limit": all(r["finished_within_limit"] for r in runs),
+            "pytest_returncode": max((r["pytest_returncode"] for r in runs),
+                                     key=lambda c: (c is None, c or 0)),
+            "seconds": max(r["seconds"] for r in runs), "counts": counts,
+            "all_ran_tests_pass": all(r["all_ran_tests_pass"] for r in runs),
+            "failures": [f for r in runs for f in r["failures"]],
+            "could_not_run_here": {
+                "tests_needing_the_model_file": {
+                    "reason": MODEL_REASON,
+                    "tests": [t for r in runs for t in
+                              r["could_not_run_here"]["tests_needing_the_model_file"]["tests"]]},
+                "notebooks": [n for r in runs for n in r["could_not_run_here"]["notebooks"]]},
+            "skipped": [s for r in runs for s in r["skipped"]],
+            "slowest_tests_s": slowest,
+            "seconds_by_file": dict(sorted(((f, sec) for r in runs
+                                            for f, sec in r.get("seconds_by_file", {}).items()),
+                                           key=lambda kv: -kv[1])[:SLOWEST])}
 
 
 def main(argv=None):
@@ -112,9 +149,22 @@ def main(argv=None):
                         "of what an earlier run could not finish)")
     p.add_argument("--name", default="gpu-tests", help="result file: <name>-<date>.json")
     p.add_argument("--workers", type=int, default=1,
-                   help="pytest-xdist processes (-n N --dist loadscope); 1: no xdist")
+                   help="pytest-xdist processes (-n N); 1: no xdist")
+    p.add_argument("--dist", default="loadscope", choices=("loadscope", "load", "worksteal"),
+                   help="how xdist hands out tests; notebooks need loadscope (their cells in "
+                        "order in one process)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="write one summary from the summaries of runs made side by side "
+                        "(e.g. the tests and the notebooks in parallel) and exit")
     args, extra = p.parse_known_args(argv)
     os.chdir(ROOT)
+    if args.merge:
+        data = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        out = Path(args.out) if args.out else RESULTS
+        path = out / f"{args.name}-{data['date']}.json"
+        path.write_text(json.dumps(data, indent=1))
+        print(f"wrote {path}: {data['counts']}, finished {data['finished_within_limit']}")
+        return 0 if data["all_ran_tests_pass"] else 1
     gguf = model_file()
     have_model = gguf is not None
     print(f"embedded model: {gguf}" if have_model else f"embedded model MISSING: {MODEL_REASON}",
@@ -126,7 +176,7 @@ def main(argv=None):
     paths = ["tests", *run_nb] if args.only is None else args.only
     if args.only is not None:
         not_run["notebooks"] = [n for n in not_run["notebooks"] if n["notebook"] in args.only]
-    parallel = ["-n", str(args.workers), "--dist", "loadscope"] if args.workers > 1 else []
+    parallel = ["-n", str(args.workers), "--dist", args.dist] if args.workers > 1 else []
     pytest_args = ["-q", "-p", "pytest_jsonl", *parallel, *paths, *extra]
     not_run["args"] = pytest_args
     out = Path(args.out) if args.out else RESULTS
