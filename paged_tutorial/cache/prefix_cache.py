@@ -47,6 +47,7 @@ with the article's cache underneath.
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -68,7 +69,7 @@ def chain_hash(parent_key: int | None, tokens: tuple[int, ...]) -> int:
     the first block of a prompt): 64 bits of BLAKE2b over the parent key and the token ids."""
     h = hashlib.blake2b(digest_size=8)
     h.update(ROOT_KEY if parent_key is None else parent_key.to_bytes(8, "little"))
-    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    h.update(struct.pack(f"<{len(tokens)}q", *tokens))      # little-endian int64 ids
     return int.from_bytes(h.digest(), "little")
 
 
@@ -147,7 +148,7 @@ class PrefixCache(FreeListAllocator):
         bs, keys, parent = self.config.BLOCK_SIZE, [], None
         n_blocks = len(token_ids) // bs if n_blocks is None else n_blocks
         for j in range(n_blocks):
-            parent = self.hash_fn(parent, tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs]))
+            parent = self.hash_fn(parent, tuple(token_ids[j * bs:(j + 1) * bs]))
             keys.append(parent)
         return keys
 
@@ -159,8 +160,10 @@ class PrefixCache(FreeListAllocator):
         return request.block_hashes
 
     def _block_tokens(self, request, j: int) -> tuple[int, ...]:
+        """The ids of logical block j of the request's prompt (the engine's prompts hold
+        Python ints already: a slice, no conversion)."""
         bs = self.config.BLOCK_SIZE
-        return tuple(int(t) for t in request.prompt_ids[j * bs:(j + 1) * bs])
+        return tuple(request.prompt_ids[j * bs:(j + 1) * bs])
 
     def _walk(self, request):
         """Follow the prompt's full blocks through the index while ``share_rule`` accepts what
@@ -169,9 +172,9 @@ class PrefixCache(FreeListAllocator):
         matched, previous = [], None
         for j, key in enumerate(self.prompt_keys(request)):
             found = self.by_key.get(key)
-            tokens = self._block_tokens(request, j)
-            if found is None or not self.share_rule(found, tokens, previous, j,
-                                                    request.total_len, self.config.BLOCK_SIZE):
+            if found is None or not self.share_rule(found, self._block_tokens(request, j),
+                                                    previous, j, request.total_len,
+                                                    self.config.BLOCK_SIZE):
                 break
             if found.pending:
                 return matched, True
@@ -219,23 +222,27 @@ class PrefixCache(FreeListAllocator):
         if need > available:
             raise CacheFullError(f"slot {slot} needs {need} blocks, {available} available")
         events = []
-        for record in matched:
-            self._attach(slot, record, events)
+        self._attach(slot, matched, events)
         self._grow(slot, self.config.blocks_for_tokens(new_len), events)
         self._register_prompt_blocks(slot, request, len(matched),
                                      matched[-1] if matched else None, events)
         self.events.emit(events)
         return len(matched) * self.config.BLOCK_SIZE
 
-    def _attach(self, slot: int, record: CachedBlock, events: list) -> None:
-        """Point (slot, every layer, record.logical_block) at the record's blocks."""
-        kind = "reuse" if record.idle else "share"
-        record.ref_count += 1
-        self.lru.pop(record.key, None)
-        for layer, block in enumerate(record.blocks):
-            self.table.assign(slot, layer, record.logical_block, block)
-            events.append((kind, block, slot, layer, record.logical_block, record.ref_count,
-                           record.key))
+    def _attach(self, slot: int, matched: list[CachedBlock], events: list) -> None:
+        """Point (slot, every layer, logical blocks 0 .. len(matched)-1) at the matched
+        records' blocks (one table edit for them all) and count the slot as a user of each."""
+        if not matched:
+            return
+        self.table.assign_columns(slot, 0, np.array([r.blocks for r in matched]).T)
+        listening = self.events.active
+        for record in matched:
+            kind = "reuse" if record.idle else "share"
+            record.ref_count += 1
+            self.lru.pop(record.key, None)
+            if listening:
+                events.extend((kind, block, slot, layer, record.logical_block, record.ref_count,
+                               record.key) for layer, block in enumerate(record.blocks))
 
     def _register_prompt_blocks(self, slot: int, request, first: int,
                                 parent: CachedBlock | None, events: list) -> None:
@@ -246,13 +253,15 @@ class PrefixCache(FreeListAllocator):
         for j in range(first, len(keys)):
             if keys[j] in self.by_key:
                 return
-            blocks = tuple(int(b) for b in self.table.entries[slot, :, j])
-            record = CachedBlock(keys[j], self._block_tokens(request, j), parent, j, blocks)
+            blocks = tuple(self.table.entries[slot, :, j].tolist())
+            tokens = tuple(int(t) for t in self._block_tokens(request, j))
+            record = CachedBlock(keys[j], tokens, parent, j, blocks)
             self.by_key[record.key] = record
             self.pending.append(record)
-            for layer, block in enumerate(blocks):
-                self.by_block[block] = record
-                events.append(("register", block, slot, layer, j, 1, record.key))
+            self.by_block.update(dict.fromkeys(blocks, record))
+            if self.events.active:
+                events.extend(("register", block, slot, layer, j, 1, record.key)
+                              for layer, block in enumerate(blocks))
             parent = record
 
     def _take_block(self, events: list) -> int:
@@ -300,29 +309,44 @@ class PrefixCache(FreeListAllocator):
         freed, events = [], []
         rows = self.table.entries[slot]
         owned = np.flatnonzero((rows >= 0).any(axis=0))
+        listening = self.events.active
         for logical in owned[::-1].tolist():
             record = self.by_block.get(int(rows[0, logical]))
             if record is not None:
                 record.ref_count -= 1
-            for layer in range(self.config.num_layers):
-                if rows[layer, logical] < 0:
+                if record.idle and record.pending:
+                    self._release_pending(slot, logical, record, freed, events)
                     continue
-                block = self.table.unassign(slot, layer, logical)
-                if record is not None and not record.idle:
-                    events.append(("unshare", block, slot, layer, logical, record.ref_count,
-                                   record.key))
-                elif record is not None and not record.pending:
-                    events.append(("cache", block, slot, layer, logical, 0, record.key))
-                else:
-                    if record is not None and layer == 0:   # pending: K/V may be incomplete
-                        self._drop_pending(record, events)
-                    self.free_blocks.append(block)
-                    freed.append(block)
-                    events.append(("push", block, slot, layer, logical, 0, None))
-            if record is not None and record.idle and not record.pending:
+            layers = np.flatnonzero(rows[:, logical] >= 0)
+            blocks = self.table.unassign_column(slot, logical)[layers].tolist()
+            if record is None:
+                kind, count, key = "push", 0, None
+                self.free_blocks.extend(blocks)
+                freed.extend(blocks)
+            elif not record.idle:
+                kind, count, key = "unshare", record.ref_count, record.key
+            else:
+                kind, count, key = "cache", 0, record.key
                 self.lru[record.key] = record        # the newest idle record: evicted last
+            if listening:
+                events.extend((kind, block, slot, layer, logical, count, key)
+                              for layer, block in zip(layers.tolist(), blocks))
         self.events.emit(events)
         return freed
+
+    def _release_pending(self, slot: int, logical: int, record: CachedBlock, freed: list,
+                         events: list) -> None:
+        """``release`` of a column whose record nobody else uses and whose step has not
+        committed (its K/V may be incomplete): the record is forgotten as its first layer's
+        entry is reset, and every block goes back to ``free_blocks``."""
+        rows = self.table.entries[slot]
+        for layer in np.flatnonzero(rows[:, logical] >= 0).tolist():
+            block = self.table.unassign(slot, layer, logical)
+            if layer == 0:
+                self._drop_pending(record, events)
+            self.free_blocks.append(block)
+            freed.append(block)
+            events.append(("push", block, slot, layer, logical, 0, None))
 
     # --- step boundaries -------------------------------------------------------------------
     def commit_step(self) -> None:
