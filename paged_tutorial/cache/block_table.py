@@ -114,7 +114,12 @@ class BlockTable:
             return self._device_entries
         if idx.size:                             # (index, value) pairs in one copy
             pairs = torch.from_numpy(np.stack([idx, self.entries.reshape(-1)[idx]]))
-            pairs = pairs.to(self.device)
+            if self.device.type == "cuda":
+                # pinned: the copy is queued and the host goes on (a copy from pageable
+                # memory would wait for the stream); torch keeps the pinned block until
+                # the copy has read it
+                pairs = pairs.pin_memory()
+            pairs = pairs.to(self.device, non_blocking=True)
             self._device_entries.view(-1)[pairs[0]] = pairs[1].to(torch.int32)
         return self._device_entries
 
