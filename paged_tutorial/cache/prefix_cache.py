@@ -126,6 +126,12 @@ class PrefixCache(FreeListAllocator):
         #: records registered by the step still running (``commit_step`` commits them)
         self.pending: list[CachedBlock] = []
         self.evictions = 0                # records evicted over the cache's life
+        # Admission asks three questions of one request in a row (prefix in flight? room?
+        # allocate), each a walk of its prompt's blocks; a walk depends only on the index
+        # (which records exist, which are pending) and the request's length, so the last
+        # one is kept until either changes (``_index_changed``).
+        self._index_version = 0
+        self._last_walk: tuple | None = None
 
     # --- what is where ---------------------------------------------------------------------
     def idle_records(self) -> list[CachedBlock]:
@@ -165,10 +171,23 @@ class PrefixCache(FreeListAllocator):
         bs = self.config.BLOCK_SIZE
         return tuple(request.prompt_ids[j * bs:(j + 1) * bs])
 
+    def _index_changed(self) -> None:
+        self._index_version += 1
+
     def _walk(self, request):
         """Follow the prompt's full blocks through the index while ``share_rule`` accepts what
         each key finds: (records matched from the start, whether the walk stopped at an
-        accepted record that is still pending)."""
+        accepted record that is still pending).  The same request at the same length and
+        index gets the previous walk back."""
+        state = (self._index_version, request.total_len)
+        last = self._last_walk
+        if last is not None and last[0] is request and last[1] == state:
+            return last[2]
+        result = self._walk_index(request)
+        self._last_walk = (request, state, result)
+        return result
+
+    def _walk_index(self, request):
         matched, previous = [], None
         for j, key in enumerate(self.prompt_keys(request)):
             found = self.by_key.get(key)
@@ -185,7 +204,7 @@ class PrefixCache(FreeListAllocator):
     def match(self, request) -> list[CachedBlock]:
         """The cached records the request would share now, from its first block on
         (read-only)."""
-        return self._walk(request)[0]
+        return list(self._walk(request)[0])
 
     def prefix_in_flight(self, request) -> bool:
         return self._walk(request)[1]
@@ -231,7 +250,8 @@ class PrefixCache(FreeListAllocator):
 
     def _attach(self, slot: int, matched: list[CachedBlock], events: list) -> None:
         """Point (slot, every layer, logical blocks 0 .. len(matched)-1) at the matched
-        records' blocks (one table edit for them all) and count the slot as a user of each."""
+        records' blocks (one table edit for them all: the walk matches from block 0 on, so
+        record i is logical block i) and count the slot as a user of each."""
         if not matched:
             return
         self.table.assign_columns(slot, 0, np.array([r.blocks for r in matched]).T)
@@ -257,6 +277,7 @@ class PrefixCache(FreeListAllocator):
             tokens = tuple(int(t) for t in self._block_tokens(request, j))
             record = CachedBlock(keys[j], tokens, parent, j, blocks)
             self.by_key[record.key] = record
+            self._index_changed()
             self.pending.append(record)
             self.by_block.update(dict.fromkeys(blocks, record))
             if self.events.active:
@@ -293,6 +314,7 @@ class PrefixCache(FreeListAllocator):
 
     def _forget(self, record: CachedBlock) -> None:
         del self.by_key[record.key]
+        self._index_changed()
         for block in record.blocks:
             del self.by_block[block]
         self.lru.pop(record.key, None)
@@ -352,6 +374,7 @@ class PrefixCache(FreeListAllocator):
     def commit_step(self) -> None:
         for record in self.pending:
             record.pending = False
+        self._index_changed()
         self.pending.clear()
 
     def discard_uncommitted(self) -> None:

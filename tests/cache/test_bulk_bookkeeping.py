@@ -103,3 +103,28 @@ def test_no_listener_no_event_tuples(monkeypatch):
     cache.allocator.allocate_prompt(1, Request(1, PROMPT, pt.SamplingParams()))
     cache.release(0)
     assert sum(emitted) == 0, f"{sum(emitted)} event tuples built with nobody listening"
+
+
+def test_admission_walks_a_cached_prompt_once():
+    """``can_allocate_prompt`` and ``allocate_prompt`` ask about the same request with the
+    index unchanged: the second reads the first's walk (each walk calls the share rule once
+    per block)."""
+    from paged_tutorial.cache.prefix_cache import may_share
+    from paged_tutorial.engine.scheduler import Scheduler
+
+    calls = []
+
+    def counting_rule(*args):
+        calls.append(args[3])
+        return may_share(*args)
+
+    cache = PrefixCachingKVCache(CONFIG, share_rule=counting_rule)
+    scheduler = Scheduler(cache.allocator, max_slots=3, max_seq_len=512)
+    scheduler.add(Request(0, PROMPT, pt.SamplingParams()))
+    scheduler.postprocess(scheduler.schedule(), [1])          # computed and committed
+    calls.clear()
+    scheduler.add(Request(1, PROMPT, pt.SamplingParams()))
+    batch = scheduler.schedule()
+    assert batch.requests[0].num_computed_tokens == 20 * BS
+    assert calls == list(range(20)), f"share rule asked for blocks {calls}"
+    cache.check_invariants()
