@@ -3,6 +3,8 @@
     python benchmarks/prefix_sharing.py                 # CPU: embedded SmolLM2, float32, torch
     python benchmarks/prefix_sharing.py --gpu --out /tmp/prefix-sharing-gpu.json
                                                         # GPU: random Llama-3.2-1B bf16, numba
+    python benchmarks/prefix_sharing.py --tiny          # CPU: the GPU run's block geometry
+                                                        # with a tiny model (host bookkeeping)
 
 Each request is the same system prompt followed by its own question; all N are submitted at
 once to an engine with N slots and generate a fixed number of tokens (EOS ignored).  The same
@@ -16,21 +18,32 @@ For each engine (prefix caching off / on) and each wave the script records:
 - ``ttft_s``: each request's time to first token (submission -> first token), and the wave's
   wall time;
 - ``num_cached_tokens``: per request, prompt tokens served from shared blocks;
+- ``prefill_phase_s``: the wave's prefill steps (those that give the first tokens) split into
+  the engine's phases (``StepReport.phase_seconds``, summed over those steps): ``schedule``
+  (admission and block allocation: the host bookkeeping), ``inputs`` (packing, block-table
+  sync), ``forward`` (on a GPU: enqueueing the layers' kernels), ``sample`` (on a GPU: waiting
+  for them and reading the tokens back), ``postprocess`` and ``release``;
 - whether the greedy tokens equal those of the engine without prefix caching; on the GPU also
   in float32 (``same_tokens_float32``: the same weights and requests, one run of each wave),
   where they must be equal, while the timed run is in bfloat16.
 
 Before measuring, each engine serves unrelated prompts once (kernel compilation, CUDA graph
-capture).  Both waves run ``--repeats`` times, the prefix cache emptied (``evict_unused``)
-before each cold wave; token and block counts are the same every time, times are those of the
-fastest repeat (on a shared machine, the one least disturbed), every repeat's kept too.
+capture).  Both waves run once with a cache listener that counts blocks (untimed: a listener
+sees every one of the ~17 000 block-table entries a wave edits), then ``--repeats`` times
+without it, the prefix cache emptied (``evict_unused``) before each cold wave; token and block
+counts are the same every time, times are those of the fastest repeat (on a shared machine,
+the one least disturbed), every repeat's kept too.
 ``load_average_1min`` (before, after) says how busy the machine was.  The GPU mode needs no
-model file: Llama-3.2-1B's shapes with random weights, prompts as token ids.
+model file: Llama-3.2-1B's shapes with random weights, prompts as token ids.  ``--tiny`` keeps
+that mode's block geometry (16 layers, the same requests, prompts and cache layout) with a
+model too small to cost anything (hidden 64, 2 heads, vocabulary 512, float32, torch on the
+CPU): what it measures is the host's work per step, which the GPU run pays too.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -78,6 +91,13 @@ QUESTIONS = [
     "Why recompute a preempted request?",
     "What is time to first token?",
 ]
+
+
+def tiny_1b_geometry_config():
+    """Llama-3.2-1B's layers (so its block table's shape) with every width shrunk."""
+    return dataclasses.replace(pt.llama_3_2_1b_config(), vocab_size=512, hidden_size=64,
+                               intermediate_size=128, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=32)
 
 
 def chat_prompts(model, n: int) -> tuple[list[list[int]], int]:
@@ -128,8 +148,20 @@ class BlockUsage:
             self.peak_cached = max(self.peak_cached, self.cache.num_evictable_blocks)
 
 
-def run_wave(engine, usage: BlockUsage, prompts, params) -> dict:
-    usage.reset()
+def prefill_phases(steps) -> dict:
+    """Seconds per engine phase, summed over the prefill steps."""
+    out = {}
+    for step in steps:
+        if step.kind == "prefill":
+            for name, seconds in step.phase_seconds.items():
+                out[name] = out.get(name, 0.0) + seconds
+    return {name: round(seconds, 5) for name, seconds in out.items()}
+
+
+def run_wave(engine, usage: BlockUsage | None, prompts, params) -> dict:
+    """One wave; ``usage`` (a listener counting blocks) or None for a timed wave."""
+    if usage is not None:
+        usage.reset()
     steps = []
     t0 = time.perf_counter()
     results = engine.generate(prompts, params, on_step=steps.append)
@@ -139,8 +171,9 @@ def run_wave(engine, usage: BlockUsage, prompts, params) -> dict:
         "prefill_tokens": sum(s.num_tokens for s in steps if s.kind == "prefill"),
         "prefill_steps": sum(1 for s in steps if s.kind == "prefill"),
         "steps": len(steps),
-        "peak_blocks_used": usage.peak_used,
-        "peak_blocks_cached": usage.peak_cached,
+        "peak_blocks_used": usage.peak_used if usage is not None else None,
+        "peak_blocks_cached": usage.peak_cached if usage is not None else None,
+        "prefill_phase_s": prefill_phases(steps),
         "num_cached_tokens": [r.num_cached_tokens for r in results],
         "ttft_s": [round(t, 5) for t in ttft],
         "ttft_mean_s": round(float(np.mean(ttft)), 5),
@@ -152,30 +185,38 @@ def run_wave(engine, usage: BlockUsage, prompts, params) -> dict:
 
 def measure(model, backend: str, prompts, warmup_prompts, max_new: int, max_seq_len: int,
             prefix_caching: bool, sync, repeats: int) -> dict:
-    """Both waves ``repeats`` times (the prefix cache emptied before each cold wave); counts
-    come from the first repeat (they are the same every time); times are the fastest repeat's
-    (the least disturbed by other work on the machine), all repeats kept in ``*_all``."""
+    """Both waves once with a block-counting listener (untimed), then ``repeats`` times
+    without it (the prefix cache emptied before each cold wave); counts come from the counted
+    run (they are the same every time); times are the fastest timed repeat's (the least
+    disturbed by other work on the machine), all timed repeats kept in ``*_all``."""
     engine = pt.Engine(model, backend=backend, max_slots=len(prompts), max_seq_len=max_seq_len,
                        prefix_caching=prefix_caching)
     params = pt.SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     engine.generate(warmup_prompts, params)                 # compile, capture, warm the caches
-    usage = BlockUsage(engine.cache)
-    runs = {"cold": [], "warm": []}
-    for _ in range(repeats):
+
+    def both_waves(usage):
         if prefix_caching:
             engine.cache.allocator.evict_unused()
         sync()
+        out = {}
         for wave in ("cold", "warm"):
-            runs[wave].append(run_wave(engine, usage, prompts, params))
+            out[wave] = run_wave(engine, usage, prompts, params)
             sync()
+        return out
+
+    usage = BlockUsage(engine.cache)
+    counted = both_waves(usage)
+    engine.cache.remove_listener(usage.on_event)
+    timed = [both_waves(None) for _ in range(repeats)]
     waves = {}
-    for wave, rs in runs.items():
-        first = dict(rs[0])
+    for wave in ("cold", "warm"):
+        first, rs = dict(counted[wave]), [t[wave] for t in timed]
         best = min(rs, key=lambda r: r["wall_s"])
         for key in ("ttft_mean_s", "ttft_max_s", "wall_s"):
             first[key] = best[key]
             first[key + "_all"] = [r[key] for r in rs]
         first["ttft_s"] = best["ttft_s"]
+        first["prefill_phase_s"] = best["prefill_phase_s"]
         assert all(r["tokens"] == first["tokens"] and r["prefill_tokens"] == first["prefill_tokens"]
                    for r in rs), "a repeat computed different tokens"
         waves[wave] = first
@@ -218,6 +259,7 @@ def summarize(off: dict, on: dict) -> dict:
             "peak_blocks_used_on": b["peak_blocks_used"],
             "ttft_mean_s_off": a["ttft_mean_s"], "ttft_mean_s_on": b["ttft_mean_s"],
             "ttft_mean_speedup": round(a["ttft_mean_s"] / b["ttft_mean_s"], 2),
+            "prefill_phase_s_off": a["prefill_phase_s"], "prefill_phase_s_on": b["prefill_phase_s"],
             "wall_s_off": a["wall_s"], "wall_s_on": b["wall_s"],
             "same_tokens": a["tokens"] == b["tokens"],
         }
@@ -228,14 +270,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true",
                     help="random Llama-3.2-1B weights in bf16 on the GPU (numba backend)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the --gpu run's block geometry (16 layers, 16 requests of 1056 "
+                         "tokens sharing 1024) with a tiny float32 model on the CPU: the "
+                         "host's bookkeeping per step")
     ap.add_argument("--requests", type=int, default=None,
                     help="N (default 8 on the CPU, 16 on the GPU)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="tokens each request generates (default 8 CPU, 32 GPU)")
     ap.add_argument("--system-tokens", type=int, default=1024,
-                    help="--gpu: length of the shared random system prompt")
+                    help="--gpu / --tiny: length of the shared random system prompt")
     ap.add_argument("--question-tokens", type=int, default=32,
-                    help="--gpu: length of each request's own random question")
+                    help="--gpu / --tiny: length of each request's own random question")
     ap.add_argument("--repeats", type=int, default=None,
                     help="run both waves this many times; times of the fastest (default 5 on "
                          "the CPU, 3 on the GPU: there the one-time kernel compilation dominates)")
@@ -244,6 +290,9 @@ def main(argv=None) -> int:
                          "(default benchmarks/results/)")
     args = ap.parse_args(argv)
 
+    if args.gpu and args.tiny:
+        print("error: --gpu and --tiny are two different runs: pick one", file=sys.stderr)
+        return 2
     if args.gpu:
         if not torch.cuda.is_available():
             print("error: --gpu needs a CUDA GPU", file=sys.stderr)
@@ -262,6 +311,22 @@ def main(argv=None) -> int:
 
         def sync():
             torch.cuda.synchronize()
+    elif args.tiny:
+        n = args.requests or 16
+        max_new = args.max_new_tokens or 32
+        config = tiny_1b_geometry_config()
+        model = pt.random_model(config, dtype="float32", seed=0)
+        prompts, shared = random_prompts(config.vocab_size, n, args.system_tokens,
+                                         args.question_tokens)
+        warmup, _ = random_prompts(config.vocab_size, n, args.system_tokens,
+                                   args.question_tokens, seed=1)
+        backend, max_seq_len = "torch", 2048
+        model_name = ("Llama-3.2-1B's 16 layers with hidden 64, 2 / 1 heads of 32, "
+                      "vocabulary 512, random weights (seed 0)")
+        device = platform.processor() or platform.machine()
+
+        def sync():
+            pass
     else:
         n = args.requests or 8
         max_new = args.max_new_tokens or 8
@@ -275,7 +340,7 @@ def main(argv=None) -> int:
         def sync():
             pass
 
-    repeats = args.repeats or (3 if args.gpu else 5)
+    repeats = args.repeats or (3 if args.gpu or args.tiny else 5)
     load_before = os.getloadavg()
     off = measure(model, backend, prompts, warmup, max_new, max_seq_len, False, sync, repeats)
     on = measure(model, backend, prompts, warmup, max_new, max_seq_len, True, sync, repeats)
@@ -287,7 +352,8 @@ def main(argv=None) -> int:
     data = {
         "benchmark": "prefix_sharing",
         "date": dt.date.today().isoformat(),
-        "command": "python benchmarks/prefix_sharing.py" + (" --gpu" if args.gpu else ""),
+        "command": "python benchmarks/prefix_sharing.py" + (" --gpu" if args.gpu else "")
+        + (" --tiny" if args.tiny else ""),
         "device": device, "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
         "load_average_1min": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "model": model_name, "dtype": model.dtype, "backend": backend,
@@ -298,7 +364,8 @@ def main(argv=None) -> int:
     }
     out = Path(args.out) if args.out else RESULTS
     path = out if out.suffix == ".json" else \
-        out / f"prefix-sharing-{'gpu' if args.gpu else 'cpu'}-{data['date']}.json"
+        out / f"prefix-sharing-{'gpu' if args.gpu else 'tiny' if args.tiny else 'cpu'}-" \
+        f"{data['date']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}", file=sys.stderr)
@@ -311,6 +378,10 @@ def main(argv=None) -> int:
               f"same tokens: {s['same_tokens']}"
               + (f" ({model.dtype}), in float32: {s['same_tokens_float32']}"
                  if "same_tokens_float32" in s else ""))
+        for side in ("off", "on"):
+            phases = s[f"prefill_phase_s_{side}"]
+            print(f"  caching {side}, prefill steps (ms): "
+                  + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()))
     return 0
 
 

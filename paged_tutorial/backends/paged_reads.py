@@ -98,15 +98,24 @@ def prefill_query_layout(inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return seq, row, visible
 
 
+def _prefill_query_masks(inputs):
+    """``prefill_query_layout`` and the two masks every layer applies: (seq, row, hidden
+    [S, 1, 1, Q, L], True where a grid cell may not see a key; unseen [S, L, 1, 1], True for
+    keys past a sequence's length)."""
+    seq, row, visible = prefill_query_layout(inputs)
+    return seq, row, ~visible[:, None, None], ~visible[:, -1, :, None, None]
+
+
 def prefill_attention_from_cache(q, cache, block_table, layer: int, inputs, scale):
     """``Backend.prefill_attention_from_cache`` with torch ops, every sequence at once: the K/V
     of each sequence (context and new tokens, already written) gathered through the block
     table, the new queries scattered into a padded [S, max_query_len] grid, one masked
     attention over the grid (each query sees its sequence's keys up to its own position),
     and the real rows gathered back.  A fixed number of ops whatever the number of
-    sequences; the index tensors are built once per step (``prefill_query_layout``)."""
-    seq, row, visible = inputs.derived("paged_reads.prefill_query_layout",
-                                       lambda: prefill_query_layout(inputs))
+    sequences; the index tensors and masks are built once per step (``prefill_query_layout``),
+    so each layer adds only its gathers, two matmuls and the softmax."""
+    seq, row, hidden, unseen = inputs.derived("paged_reads.prefill_query_masks",
+                                              lambda: _prefill_query_masks(inputs))
     k_all, v_all = gather_kv_rows(cache, block_table, inputs.seq_slots, layer,
                                   inputs.max_seq_len)                   # [S, L, nKV, D]
     n_seqs, n_queries = inputs.num_seqs, inputs.max_query_len
@@ -120,10 +129,9 @@ def prefill_attention_from_cache(q, cache, block_table, layer: int, inputs, scal
     qg = grid.view(n_seqs, n_queries, n_kv, group, d).permute(0, 2, 3, 1, 4).reshape(
         n_seqs, n_kv, group * n_queries, d)
     k = k_all.transpose(1, 2)
-    v = v_all.masked_fill(~visible[:, -1, :, None, None], 0).transpose(1, 2)  # unseen: no NaN
+    v = v_all.masked_fill(unseen, 0).transpose(1, 2)      # keys no row sees: no NaN * 0
     scores = torch.matmul(qg, k.transpose(2, 3)) * scale
-    scores = scores.view(n_seqs, n_kv, group, n_queries, -1).masked_fill(
-        ~visible[:, None, None], float("-inf"))
+    scores = scores.view(n_seqs, n_kv, group, n_queries, -1).masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(
         n_seqs, n_kv, group * n_queries, -1)
     out = torch.matmul(probs, v).view(n_seqs, n_kv, group, n_queries, d)

@@ -160,29 +160,42 @@ class FreeListAllocator(BlockAllocator):
 
     def _grow(self, slot: int, n_logical: int, events: list) -> None:
         """Fill the slot's -1 entries below ``n_logical`` (every layer) with blocks taken by
-        ``_take_block`` (the caller has checked that enough are available)."""
-        for layer in range(self.config.num_layers):
-            row = self.table.entries[slot, layer]
-            for logical in np.flatnonzero(row[:n_logical] == -1).tolist():
-                self.table.assign(slot, layer, logical, self._take_block(events))
-                events.append(("pop", int(row[logical]), slot, layer, logical, 1, None))
+        ``_take_block``, layer by layer and in logical order within a layer (the caller has
+        checked that enough are available).  When ``free_blocks`` holds them all, they are
+        taken in one slice, in the order entry-by-entry pops would give."""
+        layers, logicals = np.nonzero(self.table.entries[slot, :, :n_logical] == -1)
+        n = layers.size
+        if n == 0:
+            return
+        if len(self.free_blocks) >= n:
+            blocks = self.free_blocks[-n:][::-1]       # what n pops from the end return
+            del self.free_blocks[-n:]
+            self.table.assign_entries(slot, layers, logicals, blocks)
+            if self.events.active:
+                events.extend(("pop", block, slot, layer, logical, 1, None)
+                              for block, layer, logical
+                              in zip(blocks, layers.tolist(), logicals.tolist()))
+            return
+        for layer, logical in zip(layers.tolist(), logicals.tolist()):
+            block = self._take_block(events)       # may evict (``PrefixCache``)
+            self.table.assign(slot, layer, logical, block)
+            events.append(("pop", block, slot, layer, logical, 1, None))
 
     def _take_block(self, events: list) -> int:
-        """Pop the block for a new entry."""
+        """Pop the block for a new entry when ``free_blocks`` holds fewer than a growth needs
+        (a subclass may then make room: the prefix cache evicts)."""
         return self.free_blocks.pop()
 
     def release(self, slot: int) -> list[int]:
         """Push every block the slot owns back to free_blocks and reset its entries to -1
         (``src/main.cpp:1018-1029``: layer by layer, logical block by logical block)."""
-        freed, events = [], []
-        for layer in range(self.config.num_layers):
-            row = self.table.entries[slot, layer]
-            for logical in np.flatnonzero(row >= 0).tolist():
-                block = self.table.unassign(slot, layer, logical)
-                freed.append(block)
-                self.free_blocks.append(block)
-                events.append(("push", block, slot, layer, logical, 0, None))
-        self.events.emit(events)
+        layers, logicals, blocks = self.table.unassign_slot(slot)
+        freed = blocks.tolist()
+        self.free_blocks.extend(freed)
+        if self.events.active:
+            self.events.emit([("push", block, slot, layer, logical, 0, None)
+                              for block, layer, logical
+                              in zip(freed, layers.tolist(), logicals.tolist())])
         return freed
 
     def commit_step(self) -> None:

@@ -8,6 +8,12 @@ The host copy is the truth.  The kernels read a device copy; instead of copying 
 after every change (the article copies the whole table each decode layer, TODO at
 ``src/main.cpp:551``), the table records which entries changed and ``device_table()`` sends
 only those, once per engine step.
+
+A request of 1056 tokens owns 66 logical blocks in each of 16 layers: 1056 entries.  Admitting
+or releasing a batch of such requests edits tens of thousands of entries, so the table offers
+edits of many entries at once (``assign_entries``, ``assign_columns``, ``unassign_column``,
+``unassign_slot``), each one NumPy operation, and records changes in a boolean array of the
+table's shape rather than entry by entry.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ class BlockTable:
             (config.max_slots, config.num_layers, config.MAX_BLOCKS_PER_SEQ), -1, dtype=np.int32)
         host = torch.from_numpy(self.entries)
         self._device_entries = host.to(device) if device.type != "cpu" else host
-        self._changed: set[int] = set()
+        #: True where an entry changed since the last sync
+        self._changed = np.zeros(self.entries.shape, dtype=bool)
         # Entries changed since the previous sync, summed over syncs: what a separate device
         # copy receives (on a GPU, what is sent; on the CPU the device table shares memory).
         self.entries_synced = 0
@@ -39,40 +46,81 @@ class BlockTable:
         m = self.config.MAX_BLOCKS_PER_SEQ
         return slot * self.config.num_layers * m + layer * m + logical_block
 
-    # --- edits (each records the entry it changed) ----------------------------------------
+    # --- edits (each records the entries it changed) ---------------------------------------
     def assign(self, slot: int, layer: int, logical_block: int, block: int) -> None:
         self.entries[slot, layer, logical_block] = block
-        self._changed.add(self.flat_index(slot, layer, logical_block))
+        self._changed[slot, layer, logical_block] = True
+
+    def assign_entries(self, slot: int, layers: np.ndarray, logical_blocks: np.ndarray,
+                       blocks) -> None:
+        """``entries[slot, layers[i], logical_blocks[i]] = blocks[i]`` for every i, at once."""
+        self.entries[slot, layers, logical_blocks] = blocks
+        self._changed[slot, layers, logical_blocks] = True
+
+    def assign_columns(self, slot: int, first_logical: int, blocks: np.ndarray) -> None:
+        """Point (slot, every layer, logical blocks first_logical ..) at ``blocks``
+        [n_layers, n]: column j holds logical block first_logical + j's block of each layer."""
+        end = first_logical + blocks.shape[1]
+        self.entries[slot, :, first_logical:end] = blocks
+        self._changed[slot, :, first_logical:end] = True
 
     def unassign(self, slot: int, layer: int, logical_block: int) -> int:
         """Reset the entry to -1; returns the block it held."""
         block = int(self.entries[slot, layer, logical_block])
         self.entries[slot, layer, logical_block] = -1
-        self._changed.add(self.flat_index(slot, layer, logical_block))
+        self._changed[slot, layer, logical_block] = True
         return block
+
+    def unassign_column(self, slot: int, logical_block: int) -> np.ndarray:
+        """Reset (slot, every layer, logical_block) to -1; returns the blocks they held, one
+        per layer (-1 where a layer had none)."""
+        blocks = self.entries[slot, :, logical_block].copy()
+        self.entries[slot, :, logical_block] = -1
+        self._changed[slot, :, logical_block] = True
+        return blocks
+
+    def unassign_slot(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reset every assigned entry of the slot to -1; returns (layers, logical blocks,
+        blocks) of those entries, layer by layer and in logical order within a layer."""
+        rows = self.entries[slot]
+        layers, logicals = np.nonzero(rows >= 0)
+        blocks = rows[layers, logicals]
+        rows[layers, logicals] = -1
+        self._changed[slot, layers, logicals] = True
+        return layers, logicals, blocks
 
     def mark_changed(self, slot: int | None = None, layer: int | None = None,
                      logical_block: int | None = None) -> None:
         """Record an entry edited through ``entries`` directly (every entry with no
         argument), so the next ``device_table()`` sends it."""
         if slot is None:
-            self._changed.update(range(self.entries.size))
+            self._changed[...] = True
         else:
-            self._changed.add(self.flat_index(slot, layer, logical_block))
+            self._changed[slot, layer, logical_block] = True
+
+    @property
+    def num_changed(self) -> int:
+        """Entries the next ``device_table()`` will send."""
+        return int(np.count_nonzero(self._changed))
 
     # --- the device copy ----------------------------------------------------------------
     def device_table(self) -> torch.Tensor:
         """The device block table, brought up to date by sending only changed entries."""
-        self.entries_synced += len(self._changed)
-        if self.device.type == "cpu":
-            self._changed.clear()            # shares memory with the host table
+        idx = np.flatnonzero(self._changed.reshape(-1))
+        self.entries_synced += idx.size
+        if idx.size:
+            self._changed[...] = False
+        if self.device.type == "cpu":            # shares memory with the host table
             return self._device_entries
-        if self._changed:
-            idx = np.fromiter(sorted(self._changed), dtype=np.int64)
-            vals = self.entries.reshape(-1)[idx]
-            flat = self._device_entries.view(-1)
-            flat[torch.from_numpy(idx).to(self.device)] = torch.from_numpy(vals).to(self.device)
-            self._changed.clear()
+        if idx.size:                             # (index, value) pairs in one copy
+            pairs = torch.from_numpy(np.stack([idx, self.entries.reshape(-1)[idx]]))
+            if self.device.type == "cuda":
+                # pinned: the copy is queued and the host goes on (a copy from pageable
+                # memory would wait for the stream); torch keeps the pinned block until
+                # the copy has read it
+                pairs = pairs.pin_memory()
+            pairs = pairs.to(self.device, non_blocking=True)
+            self._device_entries.view(-1)[pairs[0]] = pairs[1].to(torch.int32)
         return self._device_entries
 
     # --- reading ----------------------------------------------------------------------------

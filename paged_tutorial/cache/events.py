@@ -68,6 +68,12 @@ class BlockListeners:
     def remove(self, listener) -> None:
         self._listeners.remove(listener)
 
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens: an operation that edits many entries at once builds its
+        event tuples only then (one per entry, as the listeners expect)."""
+        return bool(self._listeners)
+
     def emit(self, events: list[tuple]) -> None:
         """Deliver the events of one completed operation to every listener, in order."""
         if self._listeners and events:

@@ -47,6 +47,7 @@ with the article's cache underneath.
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -68,7 +69,7 @@ def chain_hash(parent_key: int | None, tokens: tuple[int, ...]) -> int:
     the first block of a prompt): 64 bits of BLAKE2b over the parent key and the token ids."""
     h = hashlib.blake2b(digest_size=8)
     h.update(ROOT_KEY if parent_key is None else parent_key.to_bytes(8, "little"))
-    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    h.update(struct.pack(f"<{len(tokens)}q", *tokens))      # little-endian int64 ids
     return int.from_bytes(h.digest(), "little")
 
 
@@ -125,6 +126,12 @@ class PrefixCache(FreeListAllocator):
         #: records registered by the step still running (``commit_step`` commits them)
         self.pending: list[CachedBlock] = []
         self.evictions = 0                # records evicted over the cache's life
+        # Admission asks three questions of one request in a row (prefix in flight? room?
+        # allocate), each a walk of its prompt's blocks; a walk depends only on the index
+        # (which records exist, which are pending) and the request's length, so the last
+        # one is kept until either changes (``_index_changed``).
+        self._index_version = 0
+        self._last_walk: tuple | None = None
 
     # --- what is where ---------------------------------------------------------------------
     def idle_records(self) -> list[CachedBlock]:
@@ -147,7 +154,7 @@ class PrefixCache(FreeListAllocator):
         bs, keys, parent = self.config.BLOCK_SIZE, [], None
         n_blocks = len(token_ids) // bs if n_blocks is None else n_blocks
         for j in range(n_blocks):
-            parent = self.hash_fn(parent, tuple(int(t) for t in token_ids[j * bs:(j + 1) * bs]))
+            parent = self.hash_fn(parent, tuple(token_ids[j * bs:(j + 1) * bs]))
             keys.append(parent)
         return keys
 
@@ -159,19 +166,34 @@ class PrefixCache(FreeListAllocator):
         return request.block_hashes
 
     def _block_tokens(self, request, j: int) -> tuple[int, ...]:
+        """The ids of logical block j of the request's prompt (the engine's prompts hold
+        Python ints already: a slice, no conversion)."""
         bs = self.config.BLOCK_SIZE
-        return tuple(int(t) for t in request.prompt_ids[j * bs:(j + 1) * bs])
+        return tuple(request.prompt_ids[j * bs:(j + 1) * bs])
+
+    def _index_changed(self) -> None:
+        self._index_version += 1
 
     def _walk(self, request):
         """Follow the prompt's full blocks through the index while ``share_rule`` accepts what
         each key finds: (records matched from the start, whether the walk stopped at an
-        accepted record that is still pending)."""
+        accepted record that is still pending).  The same request at the same length and
+        index gets the previous walk back."""
+        state = (self._index_version, request.total_len)
+        last = self._last_walk
+        if last is not None and last[0] is request and last[1] == state:
+            return last[2]
+        result = self._walk_index(request)
+        self._last_walk = (request, state, result)
+        return result
+
+    def _walk_index(self, request):
         matched, previous = [], None
         for j, key in enumerate(self.prompt_keys(request)):
             found = self.by_key.get(key)
-            tokens = self._block_tokens(request, j)
-            if found is None or not self.share_rule(found, tokens, previous, j,
-                                                    request.total_len, self.config.BLOCK_SIZE):
+            if found is None or not self.share_rule(found, self._block_tokens(request, j),
+                                                    previous, j, request.total_len,
+                                                    self.config.BLOCK_SIZE):
                 break
             if found.pending:
                 return matched, True
@@ -182,7 +204,7 @@ class PrefixCache(FreeListAllocator):
     def match(self, request) -> list[CachedBlock]:
         """The cached records the request would share now, from its first block on
         (read-only)."""
-        return self._walk(request)[0]
+        return list(self._walk(request)[0])
 
     def prefix_in_flight(self, request) -> bool:
         return self._walk(request)[1]
@@ -219,23 +241,28 @@ class PrefixCache(FreeListAllocator):
         if need > available:
             raise CacheFullError(f"slot {slot} needs {need} blocks, {available} available")
         events = []
-        for record in matched:
-            self._attach(slot, record, events)
+        self._attach(slot, matched, events)
         self._grow(slot, self.config.blocks_for_tokens(new_len), events)
         self._register_prompt_blocks(slot, request, len(matched),
                                      matched[-1] if matched else None, events)
         self.events.emit(events)
         return len(matched) * self.config.BLOCK_SIZE
 
-    def _attach(self, slot: int, record: CachedBlock, events: list) -> None:
-        """Point (slot, every layer, record.logical_block) at the record's blocks."""
-        kind = "reuse" if record.idle else "share"
-        record.ref_count += 1
-        self.lru.pop(record.key, None)
-        for layer, block in enumerate(record.blocks):
-            self.table.assign(slot, layer, record.logical_block, block)
-            events.append((kind, block, slot, layer, record.logical_block, record.ref_count,
-                           record.key))
+    def _attach(self, slot: int, matched: list[CachedBlock], events: list) -> None:
+        """Point (slot, every layer, logical blocks 0 .. len(matched)-1) at the matched
+        records' blocks (one table edit for them all: the walk matches from block 0 on, so
+        record i is logical block i) and count the slot as a user of each."""
+        if not matched:
+            return
+        self.table.assign_columns(slot, 0, np.array([r.blocks for r in matched]).T)
+        listening = self.events.active
+        for record in matched:
+            kind = "reuse" if record.idle else "share"
+            record.ref_count += 1
+            self.lru.pop(record.key, None)
+            if listening:
+                events.extend((kind, block, slot, layer, record.logical_block, record.ref_count,
+                               record.key) for layer, block in enumerate(record.blocks))
 
     def _register_prompt_blocks(self, slot: int, request, first: int,
                                 parent: CachedBlock | None, events: list) -> None:
@@ -246,13 +273,16 @@ class PrefixCache(FreeListAllocator):
         for j in range(first, len(keys)):
             if keys[j] in self.by_key:
                 return
-            blocks = tuple(int(b) for b in self.table.entries[slot, :, j])
-            record = CachedBlock(keys[j], self._block_tokens(request, j), parent, j, blocks)
+            blocks = tuple(self.table.entries[slot, :, j].tolist())
+            tokens = tuple(int(t) for t in self._block_tokens(request, j))
+            record = CachedBlock(keys[j], tokens, parent, j, blocks)
             self.by_key[record.key] = record
+            self._index_changed()
             self.pending.append(record)
-            for layer, block in enumerate(blocks):
-                self.by_block[block] = record
-                events.append(("register", block, slot, layer, j, 1, record.key))
+            self.by_block.update(dict.fromkeys(blocks, record))
+            if self.events.active:
+                events.extend(("register", block, slot, layer, j, 1, record.key)
+                              for layer, block in enumerate(blocks))
             parent = record
 
     def _take_block(self, events: list) -> int:
@@ -284,6 +314,7 @@ class PrefixCache(FreeListAllocator):
 
     def _forget(self, record: CachedBlock) -> None:
         del self.by_key[record.key]
+        self._index_changed()
         for block in record.blocks:
             del self.by_block[block]
         self.lru.pop(record.key, None)
@@ -300,34 +331,50 @@ class PrefixCache(FreeListAllocator):
         freed, events = [], []
         rows = self.table.entries[slot]
         owned = np.flatnonzero((rows >= 0).any(axis=0))
+        listening = self.events.active
         for logical in owned[::-1].tolist():
             record = self.by_block.get(int(rows[0, logical]))
             if record is not None:
                 record.ref_count -= 1
-            for layer in range(self.config.num_layers):
-                if rows[layer, logical] < 0:
+                if record.idle and record.pending:
+                    self._release_pending(slot, logical, record, freed, events)
                     continue
-                block = self.table.unassign(slot, layer, logical)
-                if record is not None and not record.idle:
-                    events.append(("unshare", block, slot, layer, logical, record.ref_count,
-                                   record.key))
-                elif record is not None and not record.pending:
-                    events.append(("cache", block, slot, layer, logical, 0, record.key))
-                else:
-                    if record is not None and layer == 0:   # pending: K/V may be incomplete
-                        self._drop_pending(record, events)
-                    self.free_blocks.append(block)
-                    freed.append(block)
-                    events.append(("push", block, slot, layer, logical, 0, None))
-            if record is not None and record.idle and not record.pending:
+            layers = np.flatnonzero(rows[:, logical] >= 0)
+            blocks = self.table.unassign_column(slot, logical)[layers].tolist()
+            if record is None:
+                kind, count, key = "push", 0, None
+                self.free_blocks.extend(blocks)
+                freed.extend(blocks)
+            elif not record.idle:
+                kind, count, key = "unshare", record.ref_count, record.key
+            else:
+                kind, count, key = "cache", 0, record.key
                 self.lru[record.key] = record        # the newest idle record: evicted last
+            if listening:
+                events.extend((kind, block, slot, layer, logical, count, key)
+                              for layer, block in zip(layers.tolist(), blocks))
         self.events.emit(events)
         return freed
+
+    def _release_pending(self, slot: int, logical: int, record: CachedBlock, freed: list,
+                         events: list) -> None:
+        """``release`` of a column whose record nobody else uses and whose step has not
+        committed (its K/V may be incomplete): the record is forgotten as its first layer's
+        entry is reset, and every block goes back to ``free_blocks``."""
+        rows = self.table.entries[slot]
+        for layer in np.flatnonzero(rows[:, logical] >= 0).tolist():
+            block = self.table.unassign(slot, layer, logical)
+            if layer == 0:
+                self._drop_pending(record, events)
+            self.free_blocks.append(block)
+            freed.append(block)
+            events.append(("push", block, slot, layer, logical, 0, None))
 
     # --- step boundaries -------------------------------------------------------------------
     def commit_step(self) -> None:
         for record in self.pending:
             record.pending = False
+        self._index_changed()
         self.pending.clear()
 
     def discard_uncommitted(self) -> None:

@@ -101,6 +101,11 @@ class StepReport:
     num_free_blocks: int = 0
     num_evictable_blocks: int = 0           # unused blocks kept for their prefix (prefix caching)
     seconds: float = 0.0
+    #: host seconds per phase of the step: ``schedule`` (admission, preemption, block
+    #: allocation), the model runner's phases (``ModelRunner.phase_seconds``: ``inputs``,
+    #: ``forward``, ``sample``, or ``graph``), ``postprocess`` (tokens appended, the step
+    #: committed, detokenized) and ``release`` (finished requests' blocks given back)
+    phase_seconds: dict = field(default_factory=dict)
     logits: torch.Tensor | None = None   # float32 [rows, vocab], kept when engine.record_logits
 
 
@@ -507,6 +512,7 @@ class Engine:
         interrupt there rolls the batch back) and for the callbacks, after the commit."""
         t0 = time.perf_counter()
         token_ids: list[int] = []
+        phases = {}
         with SIGNALS.critical():
             self._apply_deferred_cancels()
             try:
@@ -514,6 +520,7 @@ class Engine:
             except BaseException:            # a cache listener raised: undo the admissions
                 self.scheduler.abort_schedule()
                 raise
+            phases["schedule"] = time.perf_counter() - t0
             if batch is None:
                 report = StepReport(self.step_count, "idle", [], [], 0)
             else:
@@ -536,17 +543,23 @@ class Engine:
                         self.scheduler.rollback(batch)
                     raise
                 else:
+                    phases.update(self.model_runner.phase_seconds)
+                    t_post = time.perf_counter()
                     self.scheduler.postprocess(batch, token_ids)
                     self._detokenize(batch.requests, token_ids)
+                    phases["postprocess"] = time.perf_counter() - t_post
                     report.finished = [r.request_id for r in batch.requests if r.finished]
                     report.new_tokens = {r.request_id: t
                                          for r, t in zip(batch.requests, token_ids)}
                     if self.record_logits:
                         report.logits = logits.detach().float().cpu()
             self.step_count += 1
+            t_release = time.perf_counter()
             self.scheduler.release_retired()   # last: a raising cache listener finds all done
+            phases["release"] = time.perf_counter() - t_release
             report.num_free_blocks = self.cache.num_free
             report.num_evictable_blocks = self.cache.num_evictable_blocks
+            report.phase_seconds = phases
             report.seconds = time.perf_counter() - t0
             if token_ids:
                 with SIGNALS.open():

@@ -12,9 +12,16 @@ stream, so a request gets the same tokens whatever batch it shares.
 
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
+
+``phase_seconds`` says where the last ``run`` spent its time, on the host's clock: ``inputs``
+(packing the step and syncing the block table), ``forward`` (the layers; on a GPU, the time to
+enqueue their kernels), ``sample`` (sampling and reading the tokens back: on a GPU, this is
+where the host waits for the kernels still running), or ``graph`` for a replayed decode.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -37,6 +44,8 @@ class ModelRunner:
         self.llama = Llama(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
+        #: host seconds of the last ``run``, per phase (see the module docstring)
+        self.phase_seconds: dict[str, float] = {}
         self.graphs = None
         if cuda_graphs:
             from paged_tutorial.engine.cuda_graphs import DecodeGraphs
@@ -85,13 +94,21 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
         """Run the batch; return (one sampled token id per request, float32 logits [B, V])."""
         requests = batch.requests
+        t0 = time.perf_counter()
         if batch.kind == "decode" and self.graphs is not None:
             logits, next_ids = self.graphs.run(*self.decode_rows(requests),
                                                *self.sampling_inputs(requests))
-            return [int(t) for t in next_ids], logits
+            tokens = [int(t) for t in next_ids]
+            self.phase_seconds = {"graph": time.perf_counter() - t0}
+            return tokens, logits
         inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
             self.decode_inputs(requests)
+        t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
+        t2 = time.perf_counter()
         next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
                                        inputs.uniforms).tolist()
-        return [int(t) for t in next_ids], logits
+        tokens = [int(t) for t in next_ids]
+        self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
+                              "sample": time.perf_counter() - t2}
+        return tokens, logits

@@ -49,7 +49,7 @@ def check_hashed_once(allocator_cls) -> None:
 
 def test_two_five_block_prompts_take_ten_hash_calls():
     check_hashed_once(PrefixCache)
-    assert hash_calls_admitting_two_five_block_prompts(RehashingPrefixCache) == 35
+    assert hash_calls_admitting_two_five_block_prompts(RehashingPrefixCache) == 20
 
 
 def test_the_count_catches_a_cache_that_rehashes_at_every_check():

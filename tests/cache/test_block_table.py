@@ -57,3 +57,22 @@ def test_counts_and_owners_come_from_the_entries():
     assert counts.sum() == 3
     assert table.blocks_owned(1) == 2 and table.blocks_owned(1, 2) == 1
     assert table.owner_map()[9] == table.flat_index(1, 2, 1)
+
+
+def test_bulk_edits_change_the_entries_they_name_and_sync_each_once():
+    table = BlockTable(CONFIG, torch.device("cpu"))
+    table.assign_columns(1, 2, np.array([[4, 5], [6, 7], [8, 9]]))     # [layers, columns]
+    assert table.entries[1, :, 2:4].tolist() == [[4, 5], [6, 7], [8, 9]]
+    table.assign_entries(0, np.array([0, 2]), np.array([1, 0]), [11, 12])
+    assert table.entries[0, 0, 1] == 11 and table.entries[0, 2, 0] == 12
+    assert table.num_changed == 8
+    table.device_table()
+    assert table.entries_synced == 8 and table.num_changed == 0
+    assert table.unassign_column(1, 3).tolist() == [5, 7, 9]
+    assert (table.entries[1, :, 3] == -1).all() and table.num_changed == 3
+    layers, logicals, blocks = table.unassign_slot(1)
+    assert (layers.tolist(), logicals.tolist(), blocks.tolist()) == ([0, 1, 2], [2, 2, 2],
+                                                                     [4, 6, 8])
+    assert (table.entries[1] == -1).all()
+    table.device_table()
+    assert table.entries_synced == 8 + 6     # (1, *, 3) changed twice, sent once

@@ -1,0 +1,27 @@
+"""``StepReport.phase_seconds``: where a step's host time went (the prefix-sharing benchmark
+splits its time to first token with it)."""
+
+from __future__ import annotations
+
+import paged_tutorial as pt
+from paged_tutorial.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def test_every_step_reports_its_phases_within_its_time():
+    engine = pt.Engine(pt.random_model(TINY, seed=0), backend="torch", max_slots=2,
+                       max_seq_len=96, prefix_caching=True)
+    steps = []
+    engine.generate([list(range(1, 40)), list(range(1, 45))], max_new_tokens=3,
+                    on_step=steps.append)
+    assert [s.kind for s in steps][:1] == ["prefill"]
+    for step in steps:
+        phases = step.phase_seconds
+        assert set(phases) == {"schedule", "inputs", "forward", "sample", "postprocess",
+                               "release"}, phases
+        assert all(v >= 0 for v in phases.values())
+        assert sum(phases.values()) <= step.seconds
+    assert engine.model_runner.phase_seconds.keys() == {"inputs", "forward", "sample"}
