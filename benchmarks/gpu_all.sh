@@ -2,7 +2,7 @@
 # Every GPU result of the project, in parts that each fit one device call (10 min):
 #
 #     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over
-#                                           # 15 pytest-xdist processes (<= 9.5 min)
+#                                           # 14 pytest-xdist processes (<= 9.5 min)
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
 #     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
 #                                           # torch backend's decode (<= 7 min)
@@ -75,7 +75,7 @@ tests)
     python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-suite --timeout 540 \
         --workers 11 --dist load --only tests > "$OUT/gpu-tests-suite.log" 2>&1 &
     step notebooks 560 python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-notebooks \
-        --timeout 540 --workers 4 --only notebooks/*.ipynb
+        --timeout 540 --workers 3 --only notebooks/*.ipynb
     wait
     tail -5 "$OUT/gpu-tests-suite.log" | tee -a "$LOG"
     step merge 30 python3 benchmarks/gpu_tests.py --out "$OUT" --merge \

@@ -181,7 +181,7 @@ def main(argv=None):
     not_run["args"] = pytest_args
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / "gpu-tests.jsonl.tmp"
+    jsonl = out / f"{args.name}.jsonl.tmp"        # runs side by side keep their own
     jsonl.unlink(missing_ok=True)
     env = {**os.environ, "PYTEST_JSONL": str(jsonl.resolve()),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"),

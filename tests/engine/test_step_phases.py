@@ -12,8 +12,10 @@ TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidd
 
 
 def test_every_step_reports_its_phases_within_its_time():
+    # eager steps: on a GPU a replayed decode graph reports one "graph" phase instead of
+    # inputs / forward / sample (test_a_replayed_step_reports_its_graph below)
     engine = pt.Engine(pt.random_model(TINY, seed=0), backend="torch", max_slots=2,
-                       max_seq_len=96, prefix_caching=True)
+                       max_seq_len=96, prefix_caching=True, cuda_graphs=False)
     steps = []
     engine.generate([list(range(1, 40)), list(range(1, 45))], max_new_tokens=3,
                     on_step=steps.append)
@@ -25,3 +27,21 @@ def test_every_step_reports_its_phases_within_its_time():
         assert all(v >= 0 for v in phases.values())
         assert sum(phases.values()) <= step.seconds
     assert engine.model_runner.phase_seconds.keys() == {"inputs", "forward", "sample"}
+
+
+def test_a_replayed_step_reports_its_graph():
+    """On a GPU, a decode step replayed from a CUDA graph has one phase for the replay."""
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    engine = pt.Engine(pt.random_model(TINY, seed=0, device="cuda"), backend="torch",
+                       max_slots=2, max_seq_len=96)
+    steps = []
+    engine.generate([list(range(1, 40))], max_new_tokens=4, on_step=steps.append)
+    decode = [s for s in steps if s.kind == "decode"]
+    assert decode and engine.model_runner.graphs.replays > 0
+    for step in decode:
+        assert set(step.phase_seconds) == {"schedule", "graph", "postprocess", "release"}
+        assert sum(step.phase_seconds.values()) <= step.seconds

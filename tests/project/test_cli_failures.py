@@ -44,6 +44,13 @@ def cli_args(tiny_gguf, *extra) -> list[str]:
     return ["-m", "paged_tutorial", "abc", "--model", str(tiny_gguf), *FAST, *extra]
 
 
+def sigint_as_a_terminal_gives_it() -> None:
+    """For a child that must take Ctrl-C: SIGINT back to its default action.  A process started
+    with SIGINT ignored keeps it ignored (Python installs no KeyboardInterrupt handler then,
+    rightly), and the workers of a parallel test run (pytest-xdist) ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def no_traceback(stderr: str) -> None:
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
 
@@ -144,7 +151,8 @@ def assert_interrupted(run) -> None:
 def test_ctrl_c_at_a_chosen_moment(tiny_gguf, moment):
     args = cli_args(tiny_gguf, "--max-new-tokens", "8")[2:]        # without "-m paged_tutorial"
     run = subprocess.run([sys.executable, "-c", LAUNCHER, moment, *args],
-                         capture_output=True, text=True, env=env(), timeout=300)
+                         capture_output=True, text=True, env=env(), timeout=300,
+                         preexec_fn=sigint_as_a_terminal_gives_it)
     assert_interrupted(run)
     assert run.stdout == "" if moment in ("import", "load") else True
 
@@ -155,7 +163,8 @@ def test_ctrl_c_from_outside(tiny_gguf, after):
     are loading), its engine line (generation starts) or the first byte of the answer.
     (Before the interpreter has finished starting, no program's handler runs yet.)"""
     proc = subprocess.Popen([sys.executable, *cli_args(tiny_gguf, "--max-new-tokens", "100")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(),
+                            preexec_fn=sigint_as_a_terminal_gives_it)
     if after == "first answer byte":
         proc.stdout.read(1)
     else:
