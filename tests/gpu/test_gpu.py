@@ -192,7 +192,8 @@ def test_decode_attention_at_full_size(ref, kernel, batch):
     got = NumbaBackend(attention=kernel).decode_attention(q.clone(), cache, bt, 3, lens, slots,
                                                           SCALE)
     assert rel_err(got, want) < 5e-3
-    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32)
+    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+                                       zero=True)
     assert int(tickets.abs().sum()) == 0
 
 

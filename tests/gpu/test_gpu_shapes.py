@@ -207,8 +207,10 @@ def test_decode_attention(shape, kernel, batch):
     got = NumbaBackend(attention=kernel).decode_attention(q.clone(), cache, bt, 2, lens, slots,
                                                           s.scale)
     assert rel_err(got, want) < 5e-3
-    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32)
-    assert int(tickets.abs().sum()) == 0
+    if kernel == "fast":            # its split blocks leave their tickets at zero
+        tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+                                           zero=True)
+        assert int(tickets.abs().sum()) == 0
     # the torch oracle's batched decode (the torch backend on the GPU) reads the same
     batched = TorchBackend("cuda").decode_attention(q.clone(), cache, bt, 2, lens, slots,
                                                     s.scale, max_seq_len=max(CTX[:batch]))

@@ -116,7 +116,7 @@ def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens,
     tol = 1e-5 if dt == torch.float32 else (5e-3 if dt == torch.bfloat16 else 1e-3)
     assert rel_err(out, want) < tol
     tickets = launch_module().persistent_buffer(nb.device, attention_fast.TICKETS, 1,
-                                                torch.int32)
+                                                torch.int32, zero=True)
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
 
@@ -317,7 +317,8 @@ def test_greedy_sampling_split_over_blocks(nb):
     assert got.cpu().tolist() == [20, 699, 5, int(logits[3].argmax())]
     assert got.cpu().tolist() == sample_reference(logits, temperature, torch.ones(4),
                                                   torch.zeros(4)).tolist()
-    tickets = launch_module().persistent_buffer(nb.device, "sample.tickets", 4, torch.int32)
+    tickets = launch_module().persistent_buffer(nb.device, "sample.tickets", 4, torch.int32,
+                                                zero=True)
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
 
@@ -340,6 +341,16 @@ def test_launch_glue_rows_words_and_buffers(nb):
     assert launch.persistent_buffer(nb.device, "test.grow", 10, torch.int32) is a
     b = launch.persistent_buffer(nb.device, "test.grow", a.numel() + 1, torch.int32, zero=True)
     assert b.numel() > a.numel() and int(b.abs().sum()) == 0
+    # a buffer another caller made first without zeros (a test looking at the tickets before
+    # any kernel made them) is zeroed for the first caller that needs zeros, and only then:
+    # the kernels' counters must start at zero, and a check of them must still see their state
+    c = launch.persistent_buffer(nb.device, "test.late_zero", 4, torch.int32)
+    c.fill_(7)
+    assert int(launch.persistent_buffer(nb.device, "test.late_zero", 4, torch.int32,
+                                        zero=True).abs().sum()) == 0
+    c.fill_(3)
+    assert int(launch.persistent_buffer(nb.device, "test.late_zero", 4, torch.int32,
+                                        zero=True).sum()) == 3 * c.numel()
 
 
 @pytest.mark.parametrize("n_tokens", [1, 2])

@@ -503,6 +503,10 @@ _persistent: dict = {}
 _retired: list = []
 
 
+#: the persistent buffers that were filled with zeros when made (or since)
+_zeroed: set = set()
+
+
 def persistent_buffer(device, name: str, n: int, dtype=torch.float32,
                       zero: bool = False) -> torch.Tensor:
     """A buffer of at least ``n`` elements, one per (device, name, dtype), kept for the
@@ -521,4 +525,10 @@ def persistent_buffer(device, name: str, n: int, dtype=torch.float32,
         if buf is not None:
             _retired.append(buf)
         buf = _persistent[key] = fresh
+        _zeroed.discard(key)
+        if zero:
+            _zeroed.add(key)
+    elif zero and key not in _zeroed:       # made first by a caller that did not ask for zeros
+        buf.zero_()
+        _zeroed.add(key)
     return buf
