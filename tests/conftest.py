@@ -4,6 +4,7 @@ SmolLM2 model (loaded once per session)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,8 @@ def solved_folder(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _solved_answers_kept_apart(solved_folder, monkeypatch):
-    """Puzzle answers a test gets right are remembered in the session's folder, never in the
-    user's own."""
+    """Puzzle answers a test gets right are remembered in the session's folder, and its
+    verdicts recorded in the session's progress file: never in the user's own."""
     monkeypatch.setenv("PAGED_TUTORIAL_SOLVED", str(solved_folder))
+    if os.environ.get("PAGED_TUTORIAL_PROGRESS", "").lower() != "off":
+        monkeypatch.setenv("PAGED_TUTORIAL_PROGRESS", str(solved_folder / "progress.json"))

@@ -154,6 +154,19 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
                                                             "05.softmax_update", "yours")
 
 
+def test_a_demonstration_checked_with_remember_false_is_not_hers(nothing_solved):
+    """A chapter's demonstration of a classic mistake (which a GPU may grade right by its
+    output alone) is graded and printed, but neither remembered nor recorded."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.exercises.progress import record_file
+
+    before = record_file().read_text() if record_file().is_file() else None
+    assert ex.check("05.softmax_update", attention.softmax_update, remember=False) is True
+    assert solved.names() == [] and ex.your_kernel(fill_unsolved=True).origins[2][2] != "yours"
+    after = record_file().read_text() if record_file().is_file() else None
+    assert after == before
+
+
 def test_worked_solutions_generate_the_stock_tokens(sharp_model, stock_tokens):
     router = KernelRouter(ex.your_kernel(use_solutions=True), "torch")
     assert generate(sharp_model, router) == stock_tokens

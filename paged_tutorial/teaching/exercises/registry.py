@@ -136,16 +136,20 @@ def _in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def check(name: str, answer, draw: bool | None = None) -> bool:
+def check(name: str, answer, draw: bool | None = None, remember: bool = True) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
     one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
     run (what went wrong, or what the right answer did) is drawn too (by default only inside a
     notebook; ``draw`` forces it on or off).  A puzzle's function that is right is remembered
-    (``solved.py``): the closing kernel notebook assembles the learner's kernel from them."""
+    (``solved.py``): the closing kernel notebook assembles the learner's kernel from them.
+    ``remember=False``: an answer that is not the learner's own (a chapter's demonstration of
+    a classic mistake, which a GPU may grade right by its output alone) is neither remembered
+    nor recorded in her progress."""
     verdict = grade(name, answer)
-    if verdict.ok and not isinstance(get(name), Exercise):
+    if remember and verdict.ok and not isinstance(get(name), Exercise):
         solved.remember(name, answer)
-    record(name, verdict)
+    if remember:
+        record(name, verdict)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
     if verdict.figure is not None and (_in_notebook() if draw is None else draw):
         figure = verdict.figure()
