@@ -38,15 +38,18 @@ def decode_table(d: dict) -> str:
            f"{d['new_tokens']} new tokens, greedy; {d['gpu']}, {d['date']}.  ms per decode step "
            "(median), lower is better.", "",
            "| batch | ours (engine, CUDA graphs) | ours, GPU only | ours without graphs | "
-           "HF static cache | HF eager | floor | ours vs HF static |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "HF static cache | HF eager | floor | HF / ours | ours / floor |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        ours, hf = r.get("engine_ms_per_step"), r.get("hf_static_ms_per_step")
+        ours = r.get("engine_ms_per_step")
+        static, eager = r.get("hf_static_ms_per_step"), r.get("hf_eager_ms_per_step")
+        hf, which = (static, "static") if static else (eager, "eager")
+        ratio = f"{fmt(hf / ours, 2)}x ({which})" if ours and hf else "-"
         out.append(f"| {r['batch']} | {fmt(ours)} | {fmt(r.get('engine_gpu_ms_per_step'))} | "
                    f"{fmt(r.get('engine_fast_no_graphs_ms_per_step'))} | "
-                   f"{fmt(hf)} | {fmt(r.get('hf_eager_ms_per_step'), 1)} | "
-                   f"{fmt(r['floor_ms_per_step'])} | "
-                   f"{fmt(hf / ours if ours and hf else None, 2)}x |")
+                   f"{fmt(static)} | {fmt(eager, 1)} | "
+                   f"{fmt(r['floor_ms_per_step'])} | {ratio} | "
+                   f"{fmt(ours / r['floor_ms_per_step'] if ours else None, 2)}x |")
     out += ["", "What each step bought (ms per decode step, whole engine):", "",
             "| batch | article kernel, no graphs | fast kernel, no graphs | article kernel + "
             "CUDA graphs | fast kernel + CUDA graphs (default) | Triton kernel + CUDA graphs |",
