@@ -17,7 +17,6 @@ status 141, as a shell reports for a writer that SIGPIPE ended.  No traceback in
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 import math
 import os
@@ -179,15 +178,9 @@ class StartTiming:
     def compiles_since_start(self):
         """The kernels compiled or loaded since this run started (None: no numba backend)."""
         now = _compile_stats_now()
-        if now is None:
-            return None
-        before = self.compiles_before
-        if before is None:
+        if now is None or self.compiles_before is None:
             return now
-        return dataclasses.replace(now, loaded=now.loaded - before.loaded,
-                                   compiled=now.compiled - before.compiled,
-                                   load_seconds=now.load_seconds - before.load_seconds,
-                                   compile_seconds=now.compile_seconds - before.compile_seconds)
+        return now.since(self.compiles_before)
 
     def loaded(self) -> None:
         self.load_s = time.perf_counter() - self.start

@@ -47,7 +47,7 @@ from typing import Callable, NamedTuple
 from numba import cuda, float32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
-from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
+from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel, global_names
 
 WARP_SIZE = 32
 WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
@@ -367,7 +367,7 @@ def _as_device_function(fn: types.FunctionType, bound: dict, namespaces: list, h
     device_fn = cuda.jit(device=True)(copy)
     helpers[fn] = device_fn                 # before recursing: a helper may call itself
     namespaces.append(namespace)
-    for name in _global_names(fn.__code__):
+    for name in global_names(fn.__code__):
         value = namespace.get(name)
         if name not in BUILD_NAMES and name not in PART_NAMES and _is_helper(value):
             namespace[name] = _as_device_function(value, bound, namespaces, helpers)
@@ -384,15 +384,6 @@ def _as_device_function(fn: types.FunctionType, bound: dict, namespaces: list, h
 def _is_helper(value) -> bool:
     """A plain Python function (``def`` or ``lambda``), not a compiled one or a builtin."""
     return isinstance(value, types.FunctionType)
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    """The global names ``code`` (and any code nested in it) reads."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def check_build_options(lineinfo: bool) -> None:

@@ -141,16 +141,17 @@ def _function_text(fn, seen: set) -> str:
     # the functions and constants it reads from its module, recursively: a notebook's helper
     # that a learner's part calls, or a device function of this package
     glb = fn.__globals__
-    used = ",".join(f"{n}={describe(glb[n], seen)}" for n in _global_names(fn.__code__)
+    used = ",".join(f"{n}={describe(glb[n], seen)}" for n in global_names(fn.__code__)
                     if n in glb and _is_described_global(glb[n]))
     return f"{name}<{_code_text(fn.__code__)}>[{cells}]{{{used}}}"
 
 
-def _global_names(code: types.CodeType) -> list[str]:
+def global_names(code: types.CodeType) -> list[str]:
+    """The global names ``code`` (and any code nested in it) reads, in order, once each."""
     names = dict.fromkeys(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names.update(dict.fromkeys(_global_names(c)))
+            names.update(dict.fromkeys(global_names(c)))
     return list(names)
 
 
@@ -231,6 +232,15 @@ class CompileStats:
 
     def snapshot(self) -> "CompileStats":
         return dataclasses.replace(self)
+
+    def since(self, earlier: "CompileStats") -> "CompileStats":
+        """What was loaded and compiled after ``earlier`` (a snapshot of this process's)."""
+        return CompileStats(self.loaded - earlier.loaded, self.compiled - earlier.compiled,
+                            self.load_seconds - earlier.load_seconds,
+                            self.compile_seconds - earlier.compile_seconds,
+                            self.key_seconds - earlier.key_seconds,
+                            self.first_lookup_seconds if earlier.first_lookup_seconds is None
+                            else None)
 
 
 COMPILE_STATS = CompileStats()
