@@ -3,6 +3,9 @@ splits its time to first token with it)."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 import paged_tutorial as pt
 from paged_tutorial.config import ModelConfig
 
@@ -31,9 +34,6 @@ def test_every_step_reports_its_phases_within_its_time():
 
 def test_a_replayed_step_reports_its_graph():
     """On a GPU, a decode step replayed from a CUDA graph has one phase for the replay."""
-    import pytest
-    import torch
-
     if not torch.cuda.is_available():
         pytest.skip("CUDA graphs need a GPU")
     engine = pt.Engine(pt.random_model(TINY, seed=0, device="cuda"), backend="torch",
