@@ -19,10 +19,19 @@ runs.  Two PTX instructions then order the work:
   scheduled once every block of this one has called it (or exited).  They then run their own
   prologue in the SM slots this kernel's finishing blocks give back.
 
-Correctness rests on one rule, kept by every kernel launched this way: each block calls
-``wait_for_previous_grid()`` before it reads any activation, and before it returns, so that a
-kernel can only complete after its predecessor did (which makes the ordering transitive along
-the chain).  A kernel without the attribute (cuBLAS, torch's own kernels) waits for its
+Correctness rests on two rules, kept by every kernel launched this way:
+
+- each block calls ``wait_for_previous_grid()`` before it reads any activation, and before it
+  returns, so that a kernel can only complete after its predecessor did (which makes the
+  ordering transitive along the chain);
+- activations are read with coherent loads (``vector_io.load_u32x4``, plain array reads),
+  never through the non-coherent read-only path (``load_u32x4_nc``, PTX ``ld.global.nc``):
+  that path promises the data does not change during the kernel's lifetime, which an
+  overlapped kernel's lifetime breaks, and the compiler may hoist such a load above the wait.
+  Measured on an H200 with the activations read through it: 12 processes grading the tiny
+  engine side by side got wrong tokens in 160 of 195 runs, none of 219 with coherent loads
+  (``benchmarks/overlap_race.py``).  ``tests/kernels/test_overlap_loads.py`` keeps
+  ``load_u32x4_nc`` to weights in the modules of overlapping kernels.  A kernel without the attribute (cuBLAS, torch's own kernels) waits for its
 predecessor in full, as usual, and the instructions are no-ops when there is no programmatic
 predecessor.  On a GPU older than compute capability 9.0 the instructions are not emitted at
 all (``supported()``), and in the simulator both functions do nothing: its kernels run one

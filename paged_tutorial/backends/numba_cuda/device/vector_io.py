@@ -5,8 +5,12 @@ Numba alone emits at most 8-byte accesses for array elements.  Two tiny intrinsi
 PTX vector instructions, the way numba-cuda makes its own cache-hint loads (``cuda.ldcs``):
 
 - ``load_u32x4(a, i)`` / ``load_u32x4_nc(a, i)``: four consecutive int32 ``a[i..i+3]``
-  (``ld.global.v4.u32``; ``_nc``: through the read-only cache, for data no thread of the
-  kernel writes);
+  (``ld.global.v4.u32``; ``_nc``: through the non-coherent read-only cache, for data that
+  nothing writes while the kernel runs: weights, or a KV cache read by a kernel launched
+  plainly).  A kernel launched to overlap its predecessor (``grid_dependency.py``) runs while
+  that kernel still writes its output, so it reads that output with ``load_u32x4``: the
+  compiler may move an ``_nc`` load above ``wait_for_previous_grid()``, and the read-only
+  cache may hold what the memory held before;
 - ``store_u32x4(a, i, w0, w1, w2, w3)``: ``st.global.v4.u32``.
 
 ``a`` is an int32 array and ``i % 4 == 0`` with ``a``'s data 16-byte aligned: the backend
@@ -72,8 +76,8 @@ else:                                            # pragma: no cover - GPU only
 
     #: four int32 in one load, kept in program order with the kernel's stores
     load_u32x4 = _make_load("ld.global.v4.u32", True)
-    #: ... through the read-only (non-coherent) cache, free to move: only for data the kernel
-    #: never writes
+    #: ... through the read-only (non-coherent) cache, free to move: only for data that no
+    #: kernel writes during this kernel's lifetime (never an overlapped predecessor's output)
     load_u32x4_nc = _make_load("ld.global.nc.v4.u32", False)
 
     @_intrinsic

@@ -14,7 +14,7 @@ from numba import cuda, float32, int32
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, rnd_bf16
-from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_WORDS, load_u32x4_nc, pack2, store_u32x4, unpack2
+from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_WORDS, load_u32x4, load_u32x4_nc, pack2, store_u32x4, unpack2
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 
@@ -83,8 +83,8 @@ def silu_mul_vec_kernel(gate_up, gu_row_words, out, inter_words, n_chunks):
     for i in range(start, n_chunks, stride):
         t = i // chunks_per_row
         j = (i - t * chunks_per_row) * CHUNK_WORDS
-        g0, g1, g2, g3 = load_u32x4_nc(gate_up, t * gu_row_words + j)
-        u0, u1, u2, u3 = load_u32x4_nc(gate_up, t * gu_row_words + inter_words + j)
+        g0, g1, g2, g3 = load_u32x4(gate_up, t * gu_row_words + j)
+        u0, u1, u2, u3 = load_u32x4(gate_up, t * gu_row_words + inter_words + j)
         gs = (g0, g1, g2, g3)
         us = (u0, u1, u2, u3)
         o = cuda.local.array(CHUNK_WORDS, int32)

@@ -30,7 +30,7 @@ from numba import cuda, float32, int32
 from paged_tutorial.backends.numba_cuda.device.reduce import FULL_MASK, WARP_SIZE
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits, rnd_bf16
-from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4_nc, unpack2
+from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4, load_u32x4_nc, unpack2
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
@@ -141,7 +141,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
                     c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
                     if valid and c < c_hi:
                         for t in range(T):
-                            x0, x1, x2, x3 = load_u32x4_nc(x, t * x_row_words + c * CHUNK_WORDS)
+                            x0, x1, x2, x3 = load_u32x4(x, t * x_row_words + c * CHUNK_WORDS)
                             xs = (x0, x1, x2, x3)
                             s = float32(0.0)
                             for k in range(CHUNK_WORDS):
@@ -240,7 +240,7 @@ def pair_dot(T: int, K: int):
             c = lane + u * WARP_SIZE
             if valid and c < CHUNKS:
                 for t in range(T):
-                    x0, x1, x2, x3 = load_u32x4_nc(x, t * x_row_words + c * CHUNK_WORDS)
+                    x0, x1, x2, x3 = load_u32x4(x, t * x_row_words + c * CHUNK_WORDS)
                     xs = (x0, x1, x2, x3)
                     s0 = float32(0.0)
                     s1 = float32(0.0)

@@ -136,7 +136,7 @@ def rms_norm_vec_kernels(CPT: int):
         for c in range(CPT):
             chunk = tid + c * nt
             if chunk < n_chunks:
-                w0, w1, w2, w3 = load_u32x4_nc(x, row * x_row_words + chunk * CHUNK_WORDS)
+                w0, w1, w2, w3 = load_u32x4(x, row * x_row_words + chunk * CHUNK_WORDS)
                 ws = (w0, w1, w2, w3)
                 for k in range(CHUNK_WORDS):
                     a, b = unpack2(ws[k])
@@ -163,7 +163,7 @@ def rms_norm_vec_kernels(CPT: int):
             if chunk < n_chunks:
                 xi = row * x_row_words + chunk * CHUNK_WORDS
                 ri = row * res_row_words + chunk * CHUNK_WORDS
-                x0, x1, x2, x3 = load_u32x4_nc(x, xi)
+                x0, x1, x2, x3 = load_u32x4(x, xi)
                 r0, r1, r2, r3 = load_u32x4(residual, ri)
                 xs = (x0, x1, x2, x3)
                 rs = (r0, r1, r2, r3)
