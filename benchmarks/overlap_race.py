@@ -24,9 +24,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from common import write_json
 
 
 def worker(seconds: float, backend: str, device: str) -> dict:
@@ -92,10 +91,7 @@ def main(argv=None) -> int:
         import torch
 
         data["gpu"] = torch.cuda.get_device_name(0)
-    folder = Path(args.out) if args.out else RESULTS
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"overlap-race-{data['date']}.json"
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path = write_json(data, "overlap-race", args.out)
     print(f"{data['gradings']} gradings, {data['failed']} with wrong tokens, "
           f"{data['processes_that_did_not_run']} processes did not run; wrote {path}")
     return 1 if data["failed"] or data["processes_that_did_not_run"] else 0
