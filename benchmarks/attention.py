@@ -1,6 +1,7 @@
 """Paged decode attention (and prefill attention) on the GPU, side by side, in one command:
 
-    python benchmarks/attention.py [--out DIR] [--sweep]
+    python benchmarks/attention.py [--out DIR] [--sweep [--variants A,B] [--splits 0,1,4]]
+                                   [--cases 1:1024,64:2048] [--skip-prefill]
 
 Llama-3.2-1B attention shapes (32 query heads, 8 KV heads, head_dim 64, BLOCK_SIZE 16, bf16),
 physical blocks scattered at random.  For each (batch, context):
@@ -15,9 +16,12 @@ Every implementation is first checked against a float32 reference (||out - ref||
 < 1e-2) at every case.  Times: median of CUDA-graph replays (10 launches per graph, each on a
 different layer's cache so that repeated launches do not read from L2).  ``--sweep`` also
 times variants of the fast kernel (``SWEEP``: its ``KernelShape``; warps per block; splits),
-which is how the package's choice (``attention_fast.CHOSEN_SHAPE``) was made.  Prefill: causal attention of 2 x 1024-token prompts: the Numba
-kernel, the GPU default (one variable-length FlashAttention call for the packed batch) and
-torch SDPA once per sequence.  Writes ``attention-<date>.json``.
+which is how the package's choices (``attention_fast.CHOSEN_SHAPE``, ``FEW_WARPS_FROM_BLOCKS``)
+were made; the whole sweep over every case takes more than 5 minutes (each case compiles every
+variant anew), so ``--cases``, ``--variants`` and ``--splits`` narrow it.  Prefill: causal
+attention of 2 x 1024-token prompts: the Numba kernel, the GPU default (one variable-length
+FlashAttention call for the packed batch) and torch SDPA once per sequence.  Writes
+``attention-<date>.json``, after every case.
 """
 
 from __future__ import annotations
@@ -58,8 +62,15 @@ SWEEP = [("wide-g8u1l1", KernelShape(wide=True, max_lanes=8, load_passes=1, upda
          ("wide-g8u2l4", KernelShape(wide=True, max_lanes=8, load_passes=4, update_passes=2)),
          ("narrow-g16u2l4", KernelShape(wide=False, max_lanes=16, load_passes=4,
                                         update_passes=2))]
-SWEEP_SPLITS = (None, 1, 2, 4, 8, 16, 32)
-SWEEP_CASES = CASES
+SWEEP_SPLITS = (None, 1, 2, 4, 8, 16, 32)     # None: the package's own choice
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What ``--sweep`` times beside the defaults: (name, KernelShape) variants, each with 4 and
+    8 warps per block and each split count."""
+    variants: tuple = tuple(SWEEP)
+    splits: tuple = SWEEP_SPLITS
 ROTATE_BYTES = 256 * 2**20            # input sets per timing graph: >= this many bytes in all
 N_INNER = 10
 
@@ -109,7 +120,7 @@ def contiguous_kv(cache, layer, batch, ctx):
     return k, v
 
 
-def decode_impls(cache, sweep: bool):
+def decode_impls(cache, sweep: Sweep | None):
     article = NumbaBackend(attention="article")
     impls = {
         "fast": lambda q, l, sl, sa: attention_fast.decode_attention_fast(
@@ -120,10 +131,10 @@ def decode_impls(cache, sweep: bool):
     if triton_attention.available():
         impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE)
-    if sweep:
-        for vname, shape in SWEEP:
+    if sweep is not None:
+        for vname, shape in sweep.variants:
             for nw in (4, 8):
-                for splits in SWEEP_SPLITS:
+                for splits in sweep.splits:
                     name = f"fast {vname} w{nw} s{splits or 'auto'}"
                     impls[name] = (lambda nw, splits, shape: lambda q, l, sl, sa:
                                    attention_fast.decode_attention_fast(
@@ -146,7 +157,7 @@ def bench_case(batch, ctx, bw_gbs, sweep, g):
     mixed = torch.randint(1, ctx + 1, (batch,), generator=g, device="cuda").to(torch.int32)
     ref_mixed = reference(q0, cache, 0, mixed, slots)
     target = (batch, ctx) in TARGETS
-    for name, fn in decode_impls(cache, sweep and (batch, ctx) in SWEEP_CASES).items():
+    for name, fn in decode_impls(cache, sweep).items():
         if name == "article" and not target:
             continue
         q = q0.clone()
@@ -212,20 +223,20 @@ def bench_prefill(g, matmul_tflops):
     return res
 
 
-def best_variant(rows) -> dict:
+def best_variant(rows, sweep: Sweep) -> dict | None:
     """The (variant, warps) whose automatic split choice has the smallest geometric-mean time
-    over the sweep cases."""
+    over the cases (None when the sweep left the automatic choice out)."""
     scores = {}
     for row in rows:
-        if (row["batch"], row["context"]) not in SWEEP_CASES:
-            continue
         for name, us in row["us"].items():
             if name.startswith("fast ") and name.endswith(" sauto"):
                 key = name[len("fast "):-len(" sauto")]
                 scores.setdefault(key, []).append(math.log(us))
+    if not scores:
+        return None
     key = min(scores, key=lambda k: sum(scores[k]) / len(scores[k]))
     vname, nw = key.rsplit(" w", 1)
-    return {"name": key, "num_warps": int(nw), **dataclasses.asdict(dict(SWEEP)[vname]),
+    return {"name": key, "num_warps": int(nw), **dataclasses.asdict(dict(sweep.variants)[vname]),
             "geomean_us": math.exp(sum(scores[key]) / len(scores[key]))}
 
 
@@ -252,18 +263,23 @@ def main(argv=None):
     p.add_argument("--variants", default=None,
                    help="--sweep only these SWEEP variants, comma-separated names")
     p.add_argument("--splits", default=None,
-                   help="--sweep only these split counts, e.g. 1,4,16 (default SWEEP_SPLITS)")
+                   help="--sweep only these split counts, e.g. 0,1,4,16 (0: the package's "
+                   "choice; default SWEEP_SPLITS)")
     p.add_argument("--skip-prefill", action="store_true")
     args = p.parse_args(argv)
-    global SWEEP, SWEEP_SPLITS
-    if args.variants:
-        known = dict(SWEEP)
-        unknown = [v for v in args.variants.split(",") if v not in known]
-        if unknown:
-            p.error(f"unknown --variants {unknown}; SWEEP has {list(known)}")
-        SWEEP = [(v, known[v]) for v in args.variants.split(",")]
-    if args.splits:
-        SWEEP_SPLITS = tuple(int(x) or None for x in args.splits.split(","))
+    sweep = None
+    if args.sweep:
+        sweep = Sweep()
+        if args.variants:
+            known = dict(SWEEP)
+            unknown = [v for v in args.variants.split(",") if v not in known]
+            if unknown:
+                p.error(f"unknown --variants {unknown}; SWEEP has {list(known)}")
+            sweep = dataclasses.replace(sweep, variants=tuple(
+                (v, known[v]) for v in args.variants.split(",")))
+        if args.splits:
+            sweep = dataclasses.replace(sweep, splits=tuple(
+                int(x) or None for x in args.splits.split(",")))
     cases = CASES if not args.cases else [tuple(int(x) for x in c.split(":"))
                                          for c in args.cases.split(",")]
     t0 = time.time()
@@ -274,7 +290,7 @@ def main(argv=None):
     bw = data["ceilings"]["copy_bandwidth_gbs"]
     data["rows"] = []
     for batch, ctx in cases:
-        row = bench_case(batch, ctx, bw, args.sweep, g)
+        row = bench_case(batch, ctx, bw, sweep, g)
         torch.cuda.empty_cache()
         data["rows"].append(row)
         write_json(data, "attention", args.out)       # each case kept as it is timed
@@ -282,19 +298,20 @@ def main(argv=None):
             f"{k}={v:.1f}us({row['pct_of_copy_bw'][k]:.0f}%)" for k, v in row["us"].items()
             if not k.startswith("fast ")), flush=True)
     if args.sweep:
-        data["best_variant"] = best_variant(data["rows"])
+        data["best_variant"] = best_variant(data["rows"], sweep)
         print("best variant:", data["best_variant"], flush=True)
         data["best_per_case"] = best_per_case(data["rows"])
         for b in data["best_per_case"]:
             print(f"best at B={b['batch']} ctx={b['context']}: {b['name']} {b['us']:.1f} us "
                   f"(default {b['fast_us']:.1f})", flush=True)
-        for row in data["rows"]:                  # the winner under its own name, where timed
-            key = f"fast {data['best_variant']['name']} sauto"
+        best = data["best_variant"]
+        for row in data["rows"] if best else []:  # the winner under its own name, where timed
+            key = f"fast {best['name']} sauto"
             if key in row["us"]:
                 row["us"]["fast_tuned"] = row["us"][key]
                 row["pct_of_copy_bw"]["fast_tuned"] = row["pct_of_copy_bw"][key]
-        if args.best_out:
-            Path(args.best_out).write_text(json.dumps(data["best_variant"]))
+        if args.best_out and best:
+            Path(args.best_out).write_text(json.dumps(best))
     if not args.skip_prefill:
         data["prefill"] = bench_prefill(g, data["ceilings"]["bf16_matmul_tflops"])
     data["seconds"] = round(time.time() - t0, 1)
