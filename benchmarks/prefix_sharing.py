@@ -116,6 +116,15 @@ def random_prompts(vocab: int, n: int, system_len: int, question_len: int, seed:
     return [system + rng.integers(0, vocab, question_len).tolist() for _ in range(n)], system_len
 
 
+def random_workload(config, dtype: str, n: int, system_len: int, question_len: int):
+    """A random-weights model of ``config`` (seed 0), ``n`` prompts sharing a system prefix,
+    and a warm-up set drawn the same way with another seed: (model, prompts, shared, warmup)."""
+    model = pt.random_model(config, dtype=dtype, seed=0)
+    prompts, shared = random_prompts(config.vocab_size, n, system_len, question_len)
+    warmup, _ = random_prompts(config.vocab_size, n, system_len, question_len, seed=1)
+    return model, prompts, shared, warmup
+
+
 def common_prefix(prompts) -> int:
     n = min(len(p) for p in prompts)
     for i in range(n):
@@ -299,12 +308,8 @@ def main(argv=None) -> int:
             return 2
         n = args.requests or 16
         max_new = args.max_new_tokens or 32
-        config = pt.llama_3_2_1b_config()
-        model = pt.random_model(config, dtype="bfloat16", seed=0)
-        prompts, shared = random_prompts(config.vocab_size, n, args.system_tokens,
-                                         args.question_tokens)
-        warmup, _ = random_prompts(config.vocab_size, n, args.system_tokens,
-                                   args.question_tokens, seed=1)
+        model, prompts, shared, warmup = random_workload(
+            pt.llama_3_2_1b_config(), "bfloat16", n, args.system_tokens, args.question_tokens)
         backend, max_seq_len = "numba", 2048
         model_name, device = "Llama-3.2-1B shapes, random weights (seed 0)", \
             torch.cuda.get_device_name(0)
@@ -314,12 +319,8 @@ def main(argv=None) -> int:
     elif args.tiny:
         n = args.requests or 16
         max_new = args.max_new_tokens or 32
-        config = tiny_1b_geometry_config()
-        model = pt.random_model(config, dtype="float32", seed=0)
-        prompts, shared = random_prompts(config.vocab_size, n, args.system_tokens,
-                                         args.question_tokens)
-        warmup, _ = random_prompts(config.vocab_size, n, args.system_tokens,
-                                   args.question_tokens, seed=1)
+        model, prompts, shared, warmup = random_workload(
+            tiny_1b_geometry_config(), "float32", n, args.system_tokens, args.question_tokens)
         backend, max_seq_len = "torch", 2048
         model_name = ("Llama-3.2-1B's 16 layers with hidden 64, 2 / 1 heads of 32, "
                       "vocabulary 512, random weights (seed 0)")
