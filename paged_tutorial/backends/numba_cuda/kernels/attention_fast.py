@@ -13,7 +13,7 @@ This kernel
    (sequence, KV head, split); the ``GQA_GROUP`` query heads of the group live in registers,
    so every K/V element is read once per step instead of ``GQA_GROUP`` times.
 2. **loads 16 bytes per lane**: a bf16 K/V row of 64 dims is 128 bytes = 8 lanes x 16 bytes
-   (``vector_io.load_u32x4_nc``, PTX ``ld.global.nc.v4.u32``; Numba alone emits at most
+   (``vector_io.load_u32x4``, PTX ``ld.global.v4.u32``; Numba alone emits at most
    8-byte loads), unpacked with shifts (``vector_io.unpack2``).  Measured: 150 us -> 97 us
    at batch 64 / context 2048 against 8-byte loads, whatever the other knobs.  (float16 /
    float32 caches and head dims not a multiple of 8 take a 4-element path.)
@@ -31,6 +31,12 @@ This kernel
    length); each split writes an unnormalised partial output with its max and denominator,
    and the *last split block to finish* (an atomic ticket per (sequence, KV head)) merges
    them: no second kernel launch.
+5. **overlaps the kernels around it** (``@overlapping``, ``device/grid_dependency.py``): a
+   block reads its sequence's length, slot and first block-table entry (step inputs, written
+   before the step's first kernel), then waits for the previous kernel before it reads q or
+   the cache (that kernel has just written this token's K and V), and at once lets the next
+   kernel, the output projection, start and issue its weight loads.  K and V are therefore
+   read with coherent loads.
 
 Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``.  Partials
 ``part_acc`` [B, nH, n_splits, D] and ``part_ml`` [B, nH, n_splits, 2] (float32) and the
@@ -56,9 +62,12 @@ from numba import cuda, float32, int32, int64
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS,
-                                                                  load_u32x4_nc, unpack2)
+                                                                  load_u32x4, unpack2)
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_next_grid,
+                                                                        wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
-                                                                persistent_buffer, rows, words)
+                                                                overlapping, persistent_buffer,
+                                                                rows, words)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
 WARP_SIZE = 32
@@ -245,8 +254,8 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                 w0 = (pp * LOADS_PER_ROW + c) * WORDS_PER_LOAD
                 if WIDE:
                     if ok:
-                        x0, x1, x2, x3 = load_u32x4_nc(kv, e >> 1)
-                        y0, y1, y2, y3 = load_u32x4_nc(kv, (e + V_OFFSET_ELEMS) >> 1)
+                        x0, x1, x2, x3 = load_u32x4(kv, e >> 1)
+                        y0, y1, y2, y3 = load_u32x4(kv, (e + V_OFFSET_ELEMS) >> 1)
                     else:
                         x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = int32(0)
                     kw[w0] = x0
@@ -265,6 +274,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     vw[w0] = MASKED
 
     @cached_kernel(fastmath=True)
+    @overlapping
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
                                     active_slots, scale, part_acc, part_ml, tickets):
         b = cuda.blockIdx.x                       # row of q / seq_lens (compact index)
@@ -290,6 +300,12 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         lb_start = split * per_split
         lb_end = min(lb_start + per_split, n_logical)
         table_base = slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ
+        # the step's inputs (lengths, slots, block table) were written before the step's first
+        # kernel: read while the previous kernel (the QKV projection) still writes q and this
+        # token's K/V, which are read only after the wait
+        phys_next = table_entry(block_table, table_base, lb_start + warp, lb_end)
+        wait_for_previous_grid()
+        allow_next_grid()
 
         # this lane's dims of the KV group's GQA_GROUP query heads, pre-scaled
         qr = cuda.local.array((GQA_GROUP, DIMS_PER_LANE), float32)
@@ -314,7 +330,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         n_iters = (lb_end - lb_start + NUM_WARPS - 1) // NUM_WARPS   # block-uniform
         kc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # raw K / V words of one load
         vc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)
-        phys_next = table_entry(block_table, table_base, lb_start + warp, lb_end)
         for it in range(n_iters):
             lb = lb_start + it * NUM_WARPS + warp
             block_ok = lb < lb_end
