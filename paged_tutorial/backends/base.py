@@ -149,9 +149,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                uniforms: torch.Tensor) -> torch.Tensor:
-        """Pick one token per row of float32 logits [B, V]; see ``sampling.py`` for the exact
-        rule (greedy when temperature == 0; otherwise top-p over softmax(logits / T), then the
-        inverse CDF at uniforms[b] in token-id order).  Returns int64 [B]."""
+        """Pick one token per row of logits [B, V] (the model's dtype, compared as float32);
+        see ``sampling.py`` for the exact rule (greedy when temperature == 0; otherwise top-p
+        over softmax(logits / T), then the inverse CDF at uniforms[b] in token-id order).
+        Returns int64 [B]."""
 
     # --- housekeeping ------------------------------------------------------------------
     def begin_step(self, step_index: int) -> None:

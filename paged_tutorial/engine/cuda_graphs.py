@@ -127,8 +127,8 @@ class DecodeGraphs:
 
     def run(self, token_ids, positions, slots, temperature, top_p, uniforms):
         """One decode step for n = len(token_ids) sequences (host lists).  Returns
-        (float32 logits [n, V] on the device, a view into the graph's output, valid until
-        the next replay; the sampled token ids as a host list)."""
+        (logits [n, V] in the model dtype on the device, a view into the graph's output, valid
+        until the next replay; the sampled token ids as a host list)."""
         n = len(token_ids)
         bucket = self.bucket_for(n)
         self._fill(n, bucket, token_ids, positions, slots, temperature, top_p, uniforms)

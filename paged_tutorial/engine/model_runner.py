@@ -92,7 +92,7 @@ class ModelRunner:
 
     # --- one step --------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
-        """Run the batch; return (one sampled token id per request, float32 logits [B, V])."""
+        """Run the batch; return (one sampled token id per request, logits [B, V] in the model dtype)."""
         requests = batch.requests
         t0 = time.perf_counter()
         if batch.kind == "decode" and self.graphs is not None:

@@ -91,7 +91,9 @@ class Llama:
             h, residual = h[rows], residual[rows]
         # the last residual add fused with the final norm: one kernel, as in every layer
         x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
-        return b.linear(x, self.lm_head).float()
+        # in the model's dtype: the samplers read it as it is (a float32 copy of a [B, vocab]
+        # row costs as much as reading it), and a caller who keeps logits widens them
+        return b.linear(x, self.lm_head)
 
     # ------------------------------------------------------------------------------------
     def _attention(self, q, k, v, index: int, inputs: StepInputs, cache):
@@ -105,7 +107,7 @@ class Llama:
                                   inputs.seq_slots, self.scale, inputs.max_seq_len)
 
     def forward(self, inputs: StepInputs, cache: PagedKVCache) -> torch.Tensor:
-        """Run all layers for one step and return float32 logits for ``inputs.logit_rows``
+        """Run all layers for one step and return the logits (model dtype) for ``inputs.logit_rows``
         (all rows when None).  ``inputs`` (``step_inputs.py``) says whether the step is a
         prefill or a decode; ``cache`` holds the K/V the layers write and read."""
         b = self.backend

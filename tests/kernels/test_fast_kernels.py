@@ -300,7 +300,10 @@ def test_gemv_matches_float32_products(n_rows):
     assert not NumbaBackend(gemv=False).gemv
 
 
-def test_greedy_sampling_split_over_blocks(nb):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_sampling_split_over_blocks(nb, dtype):
+    """The greedy path over several blocks per row, reading the logits in their own dtype
+    (bf16 logits are not copied to float32 first)."""
     from paged_tutorial.backends.numba_cuda.kernels import sampling
     from paged_tutorial.model.sampling import sample_reference
 
@@ -310,11 +313,13 @@ def test_greedy_sampling_split_over_blocks(nb):
     logits[0, 650] = logits[0, 20] = 50.0         # a tie across the parts: the first id wins
     logits[1, 699] = 60.0                         # the winner in the last part
     logits[2, 5] = float("nan")                   # NaN counts as the largest, like argmax
+    logits = logits.to(dtype)
     temperature = torch.zeros(4)
     got = nb.sample(logits.to(nb.device), temperature.to(nb.device),
                     torch.ones(4).to(nb.device), torch.rand(4, generator=g).to(nb.device))
     assert sampling.greedy_parts(4) > 1
-    assert got.cpu().tolist() == [20, 699, 5, int(logits[3].argmax())]
+    assert got.cpu().tolist() == [20, 699, 5, int(logits[3].float().argmax())]
+    logits = logits.float()
     assert got.cpu().tolist() == sample_reference(logits, temperature, torch.ones(4),
                                                   torch.zeros(4)).tolist()
     tickets = launch_module().persistent_buffer(nb.device, "sample.tickets", 4, torch.int32,

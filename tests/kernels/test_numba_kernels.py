@@ -395,17 +395,21 @@ def boundary_ok(logits, t, top_p, u, got, want):
     return bool(((cdf - target).abs() < 1e-5).any())
 
 
-def test_sample(nb):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample(nb, dtype):
+    """Greedy and top-p rows in one launch, the logits read in their own dtype."""
     g = gen(60)
     n_rows, vocab = 8, 300
     logits = randn(g, n_rows, vocab, scale=3.0)
     logits[1, 10] = logits[1, 200] = logits[1].max() + 1.0      # greedy tie: first index wins
+    logits = logits.to(dtype)
+    stored, logits = logits, logits.float()       # the reference sees the stored values
     temperature = torch.tensor([0.0, 0.0, 0.7, 1.0, 1.3, 0.5, 0.9, 2.0])
     top_p = torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 0.95, 0.3, 0.99])
     uniforms = torch.rand(n_rows, generator=g)
     uniforms[3] = 0.0
     want = sample_reference(logits, temperature, top_p, uniforms)
-    got = cpu(nb.sample(logits.to(nb.device), temperature.to(nb.device), top_p.to(nb.device),
+    got = cpu(nb.sample(stored.to(nb.device), temperature.to(nb.device), top_p.to(nb.device),
                         uniforms.to(nb.device)))
     assert got.dtype == torch.int64
     assert got[1] == 10

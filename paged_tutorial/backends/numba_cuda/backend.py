@@ -472,7 +472,7 @@ class NumbaBackend(Backend):
 
     # --- sampling --------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, uniforms):
-        if logits.dtype != torch.float32:
+        if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             logits = logits.float()
         n_rows, vocab = logits.shape
         out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
@@ -492,7 +492,8 @@ class NumbaBackend(Backend):
         tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
                                            zero=True)
         la, l_rs = rows(logits, "logits")
-        _launch(sampling.sample_kernel, (n_rows, parts), launch.SAMPLE_THREADS, la, l_rs, vocab,
+        _launch(sampling.sample_kernel_for(ops_for(logits.dtype).name), (n_rows, parts),
+                launch.SAMPLE_THREADS, la, l_rs, vocab,
                 flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
                 flat(out), flat(part_v), flat(part_i), flat(tickets))
         return out
