@@ -137,3 +137,36 @@ def test_a_shared_index_out_of_range_is_refused_with_its_name():
         return dot_products[1]
     with pytest.raises(IndexError, match=r"dot_products\[1\] read by thread \d+ .* 1 cell"):
         shared_run(attention.ARTICLE_PARTS.replace(token_score=reads_cell_1), 32, 1)
+
+
+def test_the_fast_kernel_reads_each_k_and_v_element_once_for_a_whole_gqa_group():
+    """Four query heads per KV head, bf16 through 16-byte loads (recorded as int32 words), the
+    sequences split over two blocks each: every K and V word the step needs is read exactly
+    once, and nothing else is (the article's kernel reads each one once per query head)."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+
+    cfg = pt.CacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, dtype="bfloat16",
+                         kv_cache_bytes=12 * 2 * 16 * 2 * 64 * 2, max_slots=2, max_seq_len=128)
+    cache = pt.PagedKVCache(cfg, kernel_device())
+    g = torch.Generator().manual_seed(0)
+    cache.buffer.copy_(torch.randn(cache.buffer.shape, generator=g).to(cache.buffer.dtype))
+    lens = [37, 20]
+    for slot, n in enumerate(lens):
+        cache.ensure_capacity(slot, n)
+    table = cache.device_block_table()
+    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
+    with access_log.record_kernel_accesses(kv_words=cache.buffer.view(torch.int32)) as logs:
+        attention_fast.decode_attention_fast(q, cache, table, 0,
+                                             torch.tensor(lens, dtype=torch.int32),
+                                             torch.tensor([0, 1], dtype=torch.int32), 0.125)
+    want = set()
+    for slot, n in enumerate(lens):
+        for t in range(n):
+            phys = int(cache.block_table[slot, 0, t // cfg.BLOCK_SIZE])
+            for h in range(cfg.num_kv_heads):
+                k0 = phys * cfg.BLOCK_ELEMS + (t % cfg.BLOCK_SIZE) * cfg.KV_DIM + h * cfg.head_dim
+                for e in range(k0, k0 + cfg.head_dim, 2):
+                    want.update({e // 2, (e + cfg.V_OFFSET_ELEMS) // 2})
+    reads = logs["kv_words"].reads()
+    assert reads.size == len(want) == len(set(reads.tolist()))
+    assert set(reads.tolist()) == want

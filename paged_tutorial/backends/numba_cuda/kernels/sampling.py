@@ -33,7 +33,8 @@ import math
 from numba import cuda, float32, int32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
-from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
+from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_next_grid,
+                                                                        wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, beats, block_argmax, block_max, block_sum
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
