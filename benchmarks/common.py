@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,3 +89,13 @@ def rel_err(a, b) -> float:
 def setup_numba_env() -> None:
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise SystemExit("benchmarks run on the GPU: unset NUMBA_ENABLE_CUDASIM")
+
+
+def tree_commit(folder: Path) -> str | None:
+    """The short git commit of the checkout holding ``folder`` (None outside a git checkout)."""
+    try:
+        res = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return res.stdout.strip() or None

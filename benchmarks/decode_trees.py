@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import gpu_info, write_json
+from common import gpu_info, tree_commit, write_json
 
 BATCHES = (1, 64)
 CHECK_TOKENS = 24
@@ -51,15 +51,6 @@ def child(folder: str) -> None:
         out[str(batch)] = {"tokens": [r.token_ids for r in results],
                            **decode.time_engine(model, batch)}
     print("RESULT " + json.dumps(out), flush=True)
-
-
-def tree_commit(folder: Path) -> str | None:
-    try:
-        res = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return res.stdout.strip() or None
 
 
 def run_child(folder: Path, timeout: float) -> dict:

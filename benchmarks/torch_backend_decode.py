@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import tree_commit
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -48,15 +50,6 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return platform.processor() or platform.machine()
-
-
-def tree_commit(folder: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 # --- one tree, in this process ---------------------------------------------------------------
