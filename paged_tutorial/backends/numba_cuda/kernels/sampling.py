@@ -4,9 +4,10 @@ The rule is ``paged_tutorial.model.sampling`` (``sample_reference``):
 
 - temperature 0: greedy, the first index of the largest logit.  One block reading a
   128256-entry row alone takes ~60 us (benchmarks/results/decode-2026-11-30.json); so the row
-  is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``)
-  and publishes it, and the last block to finish (an atomic ticket per row, as in
-  ``attention_fast.py``) picks the winner of the winners (``beats``: ties to the smaller id).
+  is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``;
+  every thread issues ``GREEDY_UNROLL`` loads before it compares) and publishes it, and the
+  last block to finish (an atomic ticket per row, as in ``attention_fast.py``) picks the
+  winner of the winners, one part per thread (``beats``: ties to the smaller id).
 - otherwise (one block per row; the other blocks of the row return at once)
   p = softmax(logits / T) (a max reduction, then a sum reduction of the exps; the
   probabilities go to a float32 scratch row).  Top-p keeps token i when the mass of the tokens
@@ -19,6 +20,10 @@ The rule is ``paged_tutorial.model.sampling`` (``sample_reference``):
   thread sums its kept mass; thread 0 walks the per-thread sums to find the chunk where the
   running mass reaches u * (kept total); that chunk's owner walks its ids to the first kept,
   non-zero token where it does.
+
+The logits are read in the dtype the LM head wrote them (``sample_kernel_for``), and the kernel
+is launched overlapped with the LM head (``device/grid_dependency.py``): it reads its row's
+temperature, then waits for the logits.
 
 Equality with ``sample_reference``: the same token for the same logits and uniform, except
 when u * total falls within float rounding of a CDF step or M(p_i) within rounding of top_p
@@ -85,8 +90,8 @@ def sample_kernel_for(dtype_name: str):
         is_last = cuda.shared.array(1, int32)
         vals = cuda.local.array(GREEDY_UNROLL, float32)
         base = row * logits_row_stride
-        t = float32(temperature[row])                  # a step input: not the last kernel's
-        wait_for_previous_grid()                       # the logits are
+        t = float32(temperature[row])                  # a step input, read before the wait;
+        wait_for_previous_grid()                       # the logits are the previous kernel's
         allow_next_grid()
 
         if t == float32(0.0):
