@@ -39,9 +39,10 @@ class Backend(abc.ABC):
     device: torch.device
 
     # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [T, in] @ weight[out, in].T -> [T, out]."""
-        return torch.nn.functional.linear(x, weight)
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in] @ weight[out, in].T (+ bias [out]) -> [T, out]."""
+        return torch.nn.functional.linear(x, weight, bias)
 
     # --- per-token ops -----------------------------------------------------------------
     @abc.abstractmethod
