@@ -110,8 +110,9 @@ def check_weights(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> N
     if unexpected:
         raise ValueError(
             f"checkpoint has tensor {unexpected[0]!r}, which a {family.hf_architecture} does "
-            f"not have here ({len(unexpected)} such tensor(s)); biases this family does not "
-            "have, extra layers or other architectures are not supported: use a plain "
+            f"not have here ({len(unexpected)} such tensor(s)); tensors the family does not "
+            "have (biases, norms), extra layers or other architectures are not supported: "
+            "use a plain "
             f"{family.hf_architecture} checkpoint whose config matches its weights "
             f"({_config_summary(config)})")
     present = {**expected, **{n: s for n, s in optional.items() if n in tensors}}
