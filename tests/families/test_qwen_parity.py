@@ -79,6 +79,23 @@ def test_numba_kernels_match_hf(qwen, name, source):
     assert len(engine.cache.free_blocks) == engine.cache.NUM_BLOCKS
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_prefix_cache_hits_match_hf(qwen, name):
+    """A prompt whose first block is found in the prefix cache attends to it there (the
+    cached K were normalised and rotated when written)."""
+    model, hf = load(qwen, name, "folder")
+    engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=128,
+                       prefix_caching=True)
+    rng = np.random.default_rng(6)
+    shared = rng.integers(0, VOCAB, 16).tolist()
+    cached = []
+    for tail in (rng.integers(0, VOCAB, 3).tolist(), rng.integers(0, VOCAB, 5).tolist()):
+        result = engine.generate([shared + tail], max_new_tokens=6)[0]
+        assert result.token_ids == hf_greedy(hf, shared + tail, 6)
+        cached.append(result.num_cached_tokens)
+    assert cached == [0, 16]
+
+
 def test_a_missing_bias_or_norm_changes_the_tokens(qwen):
     """The parity above is not vacuous: the engine without Qwen2's biases or Qwen3's q/k norms
     gives other tokens than HF."""
