@@ -316,8 +316,10 @@ class ModelConfig:
             raise ConfigFieldError("architectures", archs,
                                    'a list of strings such as ["LlamaForCausalLM"]')
         family = family_for_hf(archs[0], d.get("model_type", "llama"))
-        d = {**family.hf_defaults, **{k: v for k, v in d.items() if v is not None
-                                      or k not in family.hf_defaults}}
+        d = dict(d)
+        for key, default in family.hf_defaults.items():    # what transformers assumes
+            if d.get(key) is None:
+                d[key] = default
         if d.get("use_sliding_window"):
             raise ValueError(
                 "use_sliding_window is true: sliding-window attention is not supported "
