@@ -38,7 +38,7 @@ class ModelFamily:
     model_type: str
     #: GGUF ``general.architecture``; its hyperparameters are the ``<this>.*`` keys
     gguf_architecture: str
-    #: global tensors: HF name -> shape, and the HF names of the embedding, final norm, LM head
+    #: the HF names of the embedding, the final norm and the LM head (shapes: ``tensor_shapes``)
     embed: str
     final_norm: str
     lm_head: str
