@@ -6,9 +6,10 @@
     print(engine.generate(["What is the capital of France?"])[0].text)
 
 The package, by concern: ``engine/`` (serving), ``cache/`` (the paged KV cache), ``model/`` (the
-Llama forward), ``loading/`` (weights and tokenizers), ``backends/`` (where the ops run: torch,
-Numba CUDA, Triton), ``teaching/`` (exercises, puzzles, figures; never imported by the engine)
-and ``config.py`` (the one definition of every shape and cache constant).
+decoder forward), ``families/`` (each checkpoint architecture served: Llama, Qwen2, Qwen3),
+``loading/`` (weights and tokenizers), ``backends/`` (where the ops run: torch, Numba CUDA,
+Triton), ``teaching/`` (exercises, puzzles, figures; never imported by the engine) and
+``config.py`` (the one definition of every shape and cache constant).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from paged_tutorial.families import FAMILIES, family_for_hf, family_of
+
 DTYPE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -207,9 +209,14 @@ def check_model_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("bos_token_id") is not None:
         check_token_id("bos_token_id", out["bos_token_id"])
     out["eos_token_ids"] = check_eos_token_ids(out.get("eos_token_ids"))
-    if not isinstance(out["architecture"], str):
-        raise ConfigFieldError("architecture", out["architecture"], "a string")
+    if not isinstance(out["architecture"], str) or out["architecture"] not in SERVED_ARCHITECTURES:
+        raise ConfigFieldError("architecture", out["architecture"],
+                               f"one of {', '.join(SERVED_ARCHITECTURES)}")
     return out
+
+
+#: the ``architecture`` values a ModelConfig may hold: one per family (``families/``)
+SERVED_ARCHITECTURES = tuple(f.hf_architecture for f in FAMILIES)
 
 
 # config.json spells these differently from ModelConfig.
@@ -218,7 +225,8 @@ HF_FIELD_NAMES = {"eos_token_ids": "eos_token_id", "architecture": "architecture
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-architecture model (HF ``LlamaConfig`` field names).
+    """The shape of a model of one of the served families (HF ``LlamaConfig`` field names;
+    ``architecture`` names the family: ``families/``).
 
     Every field is checked on construction (:func:`check_model_fields`); ``head_dim`` or
     ``num_key_value_heads`` given as None are derived (hidden_size / num_attention_heads, and
@@ -287,11 +295,13 @@ class ModelConfig:
     def rope_type(self) -> str:
         return self.rope_scaling["rope_type"] if self.rope_scaling else "default"
 
+    @property
+    def family(self):
+        """The ``ModelFamily`` of this architecture (``families/``)."""
+        return family_of(self)
+
     def num_parameters(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * i + 2 * h
-        emb = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * per_layer + emb + h
+        return self.family.num_parameters(self)
 
     # --- constructors --------------------------------------------------------------------
     @classmethod
@@ -305,11 +315,16 @@ class ModelConfig:
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise ConfigFieldError("architectures", archs,
                                    'a list of strings such as ["LlamaForCausalLM"]')
-        model_type = d.get("model_type", "llama")
-        if model_type != "llama" or archs[0] != "LlamaForCausalLM":
+        family = family_for_hf(archs[0], d.get("model_type", "llama"))
+        d = dict(d)
+        for key, default in family.hf_defaults.items():    # what transformers assumes
+            if d.get(key) is None:
+                d[key] = default
+        if d.get("use_sliding_window"):
             raise ValueError(
-                f"unsupported architecture {archs[0]!r} (model_type {model_type!r}): this engine "
-                "runs Llama-architecture models (LlamaForCausalLM) only")
+                "use_sliding_window is true: sliding-window attention is not supported "
+                "(every layer here attends to the whole sequence); use a checkpoint with "
+                "use_sliding_window false")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
                                "num_hidden_layers", "num_attention_heads") if k not in d]
         if missing:
@@ -341,7 +356,7 @@ class ModelConfig:
     def to_hf_dict(self) -> dict:
         """A hub-style ``config.json`` dict (used to build HF reference models in tests)."""
         d = {
-            "architectures": [self.architecture], "model_type": "llama",
+            "architectures": [self.architecture], "model_type": self.family.model_type,
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,

@@ -1,6 +1,6 @@
 """The contract every backend fulfils: the engine's non-GEMM operations.
 
-The forward pass (``model/llama.py``) calls only these methods, so a backend is a drop-in
+The forward pass (``model/decoder.py``) calls only these methods, so a backend is a drop-in
 replacement for another.  ``TorchBackend`` (``torch_ref.py``) is the oracle; the Numba
 backends implement the same methods with CUDA kernels.  Shapes below use T = tokens in the step, B = sequences in a
 decode step, H = hidden size, nH / nKV = query / key-value heads, D = head_dim.
@@ -39,9 +39,10 @@ class Backend(abc.ABC):
     device: torch.device
 
     # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [T, in] @ weight[out, in].T -> [T, out]."""
-        return torch.nn.functional.linear(x, weight)
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in] @ weight[out, in].T (+ bias [out]) -> [T, out]."""
+        return torch.nn.functional.linear(x, weight, bias)
 
     # --- per-token ops -----------------------------------------------------------------
     @abc.abstractmethod

@@ -113,8 +113,9 @@ class RecordingBackend(Backend):
         return out
 
     # --- the contract, forwarded -----------------------------------------------------------
-    def linear(self, x, weight):
-        return self._record("linear", self.inner.linear, (x, weight), {})
+    def linear(self, x, weight, bias=None):
+        args = (x, weight) if bias is None else (x, weight, bias)
+        return self._record("linear", self.inner.linear, args, {})
 
     def embed(self, weight, token_ids):
         return self._record("embed", self.inner.embed, (weight, token_ids), {})

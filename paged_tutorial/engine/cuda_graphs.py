@@ -50,7 +50,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Replays captured decode steps of a ``Llama`` (llama.py) on a CUDA backend."""
+    """Replays captured decode steps of a ``DecoderNetwork`` (model/decoder.py) on a CUDA backend."""
 
     def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
         backend = llama.backend

@@ -59,7 +59,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.cuda_graphs import GRAPH_BACKENDS
-from paged_tutorial.engine.devices import check_device
+from paged_tutorial.devices import check_device
 from paged_tutorial.engine.interrupts import SIGNALS, from_signal
 from paged_tutorial.engine.model_runner import ModelRunner
 from paged_tutorial.loading.models import Model

@@ -27,7 +27,7 @@ import torch
 
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.model.llama import Llama
+from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.model.sampling import request_uniform
@@ -41,7 +41,7 @@ class ModelRunner:
         self.backend = backend
         self.cache = cache
         self.device = backend.device
-        self.llama = Llama(model, backend, max_positions=max_seq_len)
+        self.llama = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
         #: host seconds of the last ``run``, per phase (see the module docstring)

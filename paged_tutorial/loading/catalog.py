@@ -1,14 +1,15 @@
 """The models this tutorial names, the short aliases ``load_model`` accepts for them, and which
 languages each one answers in.
 
-Any Llama-architecture checkpoint loads (a folder, a ``.gguf`` file or a hub id); these are the
-ones the notebooks and docs/models.md point to.  The embedded SmolLM2-135M-Instruct answers in
-English only: a Korean prompt gets English (or nonsense) back.  For Korean, use a model trained
-on it; ``print(language_table())`` lists them.
+Any checkpoint of a served family loads (Llama, Qwen2 / Qwen2.5, Qwen3: ``families/``; a
+folder, a ``.gguf`` file or a hub id); these are the ones the notebooks and docs/models.md point
+to.  The embedded SmolLM2-135M-Instruct answers in English only: a Korean prompt gets English
+(or nonsense) back.  For Korean, use a model trained on it; ``print(language_table())`` lists
+them.
 
-Facts quoted here come from each model's hub page (checked 2026-11-30): architecture
-``LlamaForCausalLM`` / GGUF ``general.architecture = llama`` for all of them, languages and
-licence as their authors state them.
+Facts quoted here come from each model's hub page, languages and licence as their authors state
+them: architecture ``LlamaForCausalLM`` for SmolLM2, Llama-3.2 and kanana (checked 2026-11-30),
+``Qwen2ForCausalLM`` for Qwen2.5.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ KNOWN_MODELS = (
                "head_dim 128)",
                HALF, "kanana-nano-2.1b is 4.2 GB in half precision (8.4 GB in float32), so "
                "half precision is what fits a 6 GB GPU"),
+    KnownModel("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct",
+               "over 29 languages, Korean, Chinese, English and Japanese among them (Qwen's "
+               "list)", True, "1 GB (bf16 safetensors)", "Apache-2.0; no login needed",
+               "any CPU in float32 (2 GB; hidden 896, 24 layers, 14 query / 2 KV heads, "
+               "head_dim 64); a GPU",
+               HALF, "Qwen2.5-0.5B is 1 GB in half precision, half the memory and about half "
+               "the decode time of float32"),
 )
 
 #: alias -> what load_model loads for it

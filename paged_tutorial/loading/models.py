@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 
 from paged_tutorial.config import ModelConfig, check_dtype
+from paged_tutorial.devices import check_device
 from paged_tutorial.loading.packed_weights import is_packed_part, pack_weights
 from paged_tutorial.loading.tokenizer import Tokenizer
-from paged_tutorial.loading.weights import (EMBED, LM_HEAD, expected_tensor_shapes, load_gguf,
-                      load_safetensors_folder, read_generation_eos_ids)
+from paged_tutorial.loading.weights import (expected_tensor_shapes, load_gguf,
+                                            load_safetensors_folder, read_generation_eos_ids)
 
 from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
 from paged_tutorial.loading.dtype_choice import choose_dtype
@@ -82,7 +83,7 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        return self.weights[EMBED].device
+        return self.weights[self.config.family.embed].device
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -91,7 +92,8 @@ class Model:
     @property
     def output_weight(self) -> torch.Tensor:
         """The LM head's matrix: ``lm_head.weight``, or the embedding when tied."""
-        return self.weights.get(LM_HEAD, self.weights[EMBED])
+        family = self.config.family
+        return self.weights.get(family.lm_head, self.weights[family.embed])
 
     def to(self, device) -> "Model":
         """This model if it already lives on ``device``, else a new Model whose tensors were
@@ -102,7 +104,7 @@ class Model:
             return self
         packed = {name: t.to(device) for name, t in self.packed.items()}
         rest = {name: t.to(device) for name, t in self.weights.items()
-                if not is_packed_part(name)}
+                if not is_packed_part(self.config, name)}
         return Model(self.config, rest, self.tokenizer, self.dtype, self.source,
                      dtype_reason=self.dtype_reason, packed=packed)
 
@@ -139,7 +141,11 @@ def load_model(source, dtype: str | None = None, device=None, progress: bool = F
     ``device`` (default: the CPU) is where the weights go, one tensor at a time, converted to
     ``dtype`` there (default: chosen for the model and device, ``dtype_choice.choose_dtype``;
     the returned model's ``dtype_reason`` says why, and the ``paged_tutorial`` logger says it
-    at INFO level); ``progress=True`` shows a tqdm bar on stderr while they load."""
+    at INFO level); ``progress=True`` shows a tqdm bar on stderr while they load.  A device
+    this machine does not have is refused before anything is read (``devices.check_device``);
+    ``"meta"`` is accepted here (shapes and dtypes without memory), though no engine runs there."""
+    if str(device) != "meta":
+        check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
     choice = choose_dtype(source, device, dtype)
     log.info("loading %s in %s", source, choice.line())
@@ -293,7 +299,8 @@ def save_hf_folder(model: Model, path) -> Path:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     # clone: the packed parts are views of one tensor, and safetensors refuses shared memory
     tensors = {name: t.detach().to("cpu").clone() for name, t in model.weights.items()
-               if not (name == LM_HEAD and model.config.tie_word_embeddings)}
+               if not (name == model.config.family.lm_head
+                       and model.config.tie_word_embeddings)}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     if model.tokenizer is not None:
         model.tokenizer.save_to_folder(folder)

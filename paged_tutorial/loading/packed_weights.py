@@ -2,11 +2,12 @@
 
 The forward pass multiplies a token's hidden state by q, k and v (and by gate and up) with one
 GEMM each, so it wants each group stacked row-wise in one tensor (nano-vllm calls this
-``packed_modules_mapping``; vLLM's ``QKVParallelLinear`` does the same).  ``pack_weights``
-builds the stacked tensor layer by layer and replaces every part in the HF-named dict by a row
-*view* of it: ``weights["model.layers.0.self_attn.k_proj.weight"]`` still reads as before, but
-there is one copy of the numbers, not two (keeping both costs 2.4 GiB for Llama-3.2-1B in
-float32: ``benchmarks/engine_memory.py``).
+``packed_modules_mapping``; vLLM's ``QKVParallelLinear`` does the same).  Which tensors are
+stacked is the model family's to say (``ModelFamily.packed_modules``: a Qwen2 stacks its q/k/v
+biases too).  ``pack_weights`` builds the stacked tensor layer by layer and replaces every part
+in the HF-named dict by a row *view* of it: ``weights["model.layers.0.self_attn.k_proj.weight"]``
+still reads as before, but there is one copy of the numbers, not two (keeping both costs 2.4 GiB
+for Llama-3.2-1B in float32: ``benchmarks/engine_memory.py``).
 """
 
 from __future__ import annotations
@@ -14,22 +15,6 @@ from __future__ import annotations
 import torch
 
 from paged_tutorial.config import ModelConfig
-from paged_tutorial.loading.weights import LAYER_PREFIX
-
-#: packed tensor name (per layer) -> the HF tensors stacked in it, in row order
-PACKED_MODULES = {
-    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                  "self_attn.v_proj.weight"),
-    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-}
-
-
-def part_rows(config: ModelConfig) -> dict[str, int]:
-    """Rows of each part (HF suffix -> rows)."""
-    return {"self_attn.q_proj.weight": config.q_dim, "self_attn.k_proj.weight": config.kv_dim,
-            "self_attn.v_proj.weight": config.kv_dim,
-            "mlp.gate_proj.weight": config.intermediate_size,
-            "mlp.up_proj.weight": config.intermediate_size}
 
 
 def _set_views(weights: dict, packed: torch.Tensor, prefix: str, parts, rows: dict) -> None:
@@ -46,11 +31,12 @@ def pack_weights(weights: dict[str, torch.Tensor], config: ModelConfig,
     (``weights`` is changed in place).  With ``packed`` given (tensors already stacked, e.g.
     moved to another device), only the views are rebuilt from it.  Returns the packed dict,
     keyed by full name (``model.layers.3.self_attn.qkv_proj.weight``)."""
-    rows = part_rows(config)
+    family = config.family
+    rows = family.packed_part_rows(config)
     out = {}
     for layer in range(config.num_hidden_layers):
-        prefix = LAYER_PREFIX.format(i=layer)
-        for name, parts in PACKED_MODULES.items():
+        prefix = family.layer_prefix.format(i=layer)
+        for name, parts in family.packed_modules.items():
             full = prefix + name
             if packed is not None:
                 tensor = packed[full]
@@ -62,5 +48,6 @@ def pack_weights(weights: dict[str, torch.Tensor], config: ModelConfig,
     return out
 
 
-def is_packed_part(name: str) -> bool:
-    return any(name.endswith(part) for parts in PACKED_MODULES.values() for part in parts)
+def is_packed_part(config: ModelConfig, name: str) -> bool:
+    """Is ``name`` a view into one of ``config``'s family's packed tensors?"""
+    return config.family.is_packed_part(name)

@@ -7,9 +7,10 @@ Two on-disk formats are understood:
 * a llama.cpp GGUF file, whose tensors may be quantized (Q4_1, Q8_0, K-quants, ...).  They are
   read by ``gguf_file.py`` and dequantized on the target device by ``gguf_torch.py`` (the
   quantized bytes are copied, then expanded there; the ``gguf`` package on the host for rare
-  quantizations), renamed to the HF names and, for Q and K, un-permuted:
-  llama.cpp's converter reorders each head's rows so its RoPE can rotate adjacent pairs, while
-  HF (and this engine) rotate the two halves of a head.
+  quantizations) and renamed to the HF names.  Which names, and which shapes a config implies,
+  is the checkpoint's family's to say (``families/``: Llama, Qwen2, Qwen3); a Llama's Q and K
+  are also un-permuted: llama.cpp's converter reorders each head's rows so its RoPE can rotate
+  adjacent pairs, while HF (and this engine) rotate the two halves of a head.
 
 Both loaders check shapes with :func:`check_weights` from the file headers *before* reading any
 data, so a config that does not match its weights fails at once, with the tensor's name and
@@ -32,22 +33,14 @@ import torch
 
 from paged_tutorial.config import (ConfigFieldError, ModelConfig, check_dtype, check_eos_token_ids,
                                    check_token_id)
-from paged_tutorial.model.rope import llama3_rope_factors
+from paged_tutorial.families import LLAMA, ModelFamily, family_for_gguf, family_of
+from paged_tutorial.families.rope_scaling import llama3_rope_factors
 from paged_tutorial.loading.gguf_file import GGUFFile
 from paged_tutorial.loading.gguf_torch import dequantize_on
 
-# --- the tensors of a Llama checkpoint -------------------------------------------------------
+# --- the tensors of a checkpoint (names and shapes: the family's, ``families/``) -------------
 
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
-LAYER_PREFIX = "model.layers.{i}."
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.")
-LAYER_TENSORS = (
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-    "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-)
 # Saved by some older checkpoints; a buffer recomputed from the config, never a weight.
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -80,27 +73,9 @@ def place_tensor(tensor: torch.Tensor, torch_dtype: torch.dtype,
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama with this config has, with its shape (``lm_head`` only if untied)."""
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    per_layer = {
-        "self_attn.q_proj.weight": (config.q_dim, h),
-        "self_attn.k_proj.weight": (config.kv_dim, h),
-        "self_attn.v_proj.weight": (config.kv_dim, h),
-        "self_attn.o_proj.weight": (h, config.q_dim),
-        "mlp.gate_proj.weight": (i, h),
-        "mlp.up_proj.weight": (i, h),
-        "mlp.down_proj.weight": (h, i),
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-    }
-    shapes = {EMBED: (v, h)}
-    for layer in range(config.num_hidden_layers):
-        prefix = LAYER_PREFIX.format(i=layer)
-        shapes.update({prefix + name: shape for name, shape in per_layer.items()})
-    shapes[FINAL_NORM] = (h,)
-    if not config.tie_word_embeddings:
-        shapes[LM_HEAD] = (v, h)
-    return shapes
+    """Every tensor a checkpoint of this config's family has, with its shape (``lm_head`` only
+    if untied)."""
+    return family_of(config).tensor_shapes(config)
 
 
 def _config_summary(config: ModelConfig) -> str:
@@ -121,22 +96,25 @@ def check_weights(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> N
             f"the config says num_hidden_layers={config.num_hidden_layers} but the checkpoint "
             f"holds {max(layers) + 1} layers (model.layers.0 to model.layers.{max(layers)}): "
             "the config does not belong to these weights; use the config.json shipped with them")
-    expected = expected_tensor_shapes(config)
+    family = family_of(config)
+    expected = family.tensor_shapes(config)
     missing = [name for name in expected if name not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(
             f"checkpoint is missing required tensor {missing[0]!r}{more}: the file is incomplete "
-            "(re-download it) or is not a Llama checkpoint matching its config "
-            f"({_config_summary(config)})")
-    optional = {LM_HEAD: (config.vocab_size, config.hidden_size)}
+            f"(re-download it) or is not a {family.hf_architecture} checkpoint matching its "
+            f"config ({_config_summary(config)})")
+    optional = {family.lm_head: (config.vocab_size, config.hidden_size)}
     unexpected = [name for name in tensors if name not in expected and name not in optional]
     if unexpected:
         raise ValueError(
-            f"checkpoint has tensor {unexpected[0]!r}, which this engine's Llama does not have "
-            f"({len(unexpected)} such tensor(s)); attention/MLP biases, extra layers or other "
-            "architectures are not supported: use a plain LlamaForCausalLM checkpoint whose "
-            f"config matches its weights ({_config_summary(config)})")
+            f"checkpoint has tensor {unexpected[0]!r}, which a {family.hf_architecture} does "
+            f"not have here ({len(unexpected)} such tensor(s)); tensors the family does not "
+            "have (biases, norms), extra layers or other architectures are not supported: "
+            "use a plain "
+            f"{family.hf_architecture} checkpoint whose config matches its weights "
+            f"({_config_summary(config)})")
     present = {**expected, **{n: s for n, s in optional.items() if n in tensors}}
     for name, want in present.items():            # in model order: the embedding first
         found = tuple(tensors[name].shape)
@@ -241,17 +219,42 @@ def read_safetensors_file(path: Path, torch_dtype: torch.dtype,
     return read_safetensors_files([path], torch_dtype, device)
 
 
+#: safetensors dtypes a weight may be stored in: floating point, converted at load
+FLOAT_SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
 def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape, read from the file headers only (no tensor data is read)."""
+    """Every tensor's shape, read from the file headers only (no tensor data is read).
+
+    Refused here, before any data is read: a tensor stored in two of the files (a stale
+    second ``.safetensors`` left in the folder: which copy is right cannot be known), and a
+    tensor whose dtype is not floating point (int8 or bool weights are quantized or broken
+    checkpoints; converting them to floats would load nonsense silently)."""
     from safetensors import SafetensorError, safe_open
 
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    stored_in: dict[str, Path] = {}
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
-                    if not name.endswith(IGNORED_TENSOR_SUFFIXES):
-                        shapes[name] = tuple(f.get_slice(name).get_shape())
+                    if name.endswith(IGNORED_TENSOR_SUFFIXES):
+                        continue
+                    if name in stored_in:
+                        raise ValueError(
+                            f"tensor {name!r} is stored both in {stored_in[name]} and in "
+                            f"{path}: one of the files is stale (left from another download?); "
+                            "keep only the model's own *.safetensors in the folder")
+                    info = f.get_slice(name)
+                    dtype = info.get_dtype()
+                    if dtype not in FLOAT_SAFETENSORS_DTYPES:
+                        raise ValueError(
+                            f"{path}: tensor {name!r} is stored as {dtype}, not as a "
+                            f"floating-point type ({', '.join(FLOAT_SAFETENSORS_DTYPES)}): "
+                            "quantized or integer checkpoints are not supported; use the "
+                            "model's unquantized safetensors (or a GGUF file)")
+                    stored_in[name] = path
+                    shapes[name] = tuple(info.get_shape())
         except SafetensorError as exc:
             raise _safetensors_error(path, exc) from exc
     return shapes
@@ -306,35 +309,17 @@ def load_safetensors_folder(path, dtype: str = "bfloat16", device: str | torch.d
 
 # --- GGUF ------------------------------------------------------------------------------------
 
-GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": EMBED,
-    "output_norm.weight": FINAL_NORM,
-    "output.weight": LM_HEAD,
-}
-GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 GGUF_ROPE_FREQS = "rope_freqs.weight"     # Llama 3.1+ stores its RoPE scaling as this tensor
-_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 # What reading a truncated or garbled file raises: GGUFFormatError (a ValueError), or numpy's
 # ValueError for an empty file it cannot map.
 _GGUF_PARSE_ERRORS = (ValueError, IndexError, OverflowError)
 
 
-def hf_name_from_gguf(name: str) -> str | None:
-    """llama.cpp tensor name -> HF name (``blk.3.attn_q.weight`` ->
+def hf_name_from_gguf(name: str, family: ModelFamily = LLAMA) -> str | None:
+    """llama.cpp tensor name -> HF name in ``family`` (``blk.3.attn_q.weight`` ->
     ``model.layers.3.self_attn.q_proj.weight``); None when it has no HF counterpart."""
-    if name in GGUF_GLOBAL_NAMES:
-        return GGUF_GLOBAL_NAMES[name]
-    match = _GGUF_LAYER_RE.fullmatch(name)
-    if match and match.group(2) in GGUF_LAYER_NAMES:
-        layer, module, kind = match.groups()
-        return f"{LAYER_PREFIX.format(i=int(layer))}{GGUF_LAYER_NAMES[module]}.{kind}"
-    return None
+    return family.hf_name_from_gguf(name)
 
 
 def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -390,31 +375,46 @@ def _single_value(meta: Mapping[str, Any], key: str, path: Path):
     return value
 
 
-# The GGUF key each ModelConfig field is read from (named in errors).
-GGUF_FIELD_NAMES = {
-    "vocab_size": "llama.vocab_size", "hidden_size": "llama.embedding_length",
-    "intermediate_size": "llama.feed_forward_length", "num_hidden_layers": "llama.block_count",
-    "num_attention_heads": "llama.attention.head_count",
-    "num_key_value_heads": "llama.attention.head_count_kv",
-    "head_dim": "llama.attention.key_length",
-    "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
-    "rope_theta": "llama.rope.freq_base", "rope_scaling": "llama.rope.scaling.type",
-    "rope_scaling.rope_type": "llama.rope.scaling.type",
-    "rope_scaling.factor": "llama.rope.scaling.factor",
-    "max_position_embeddings": "llama.context_length",
-    "bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_ids": "tokenizer.ggml.eos_token_id",
+# The GGUF key each ModelConfig field is read from (named in errors), after the architecture's
+# prefix (``llama.``, ``qwen2.``, ...): ``gguf_field_names``.
+_GGUF_HYPERPARAMETER_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length", "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base", "rope_scaling": "rope.scaling.type",
+    "rope_scaling.rope_type": "rope.scaling.type",
+    "rope_scaling.factor": "rope.scaling.factor",
+    "rope_scaling.original_max_position_embeddings": "rope.scaling.original_context_length",
+    "max_position_embeddings": "context_length",
 }
+_GGUF_TOKENIZER_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",
+                        "eos_token_ids": "tokenizer.ggml.eos_token_id"}
 
 
-def rope_scaling_from_gguf_keys(meta: Mapping[str, Any]) -> dict | None:
-    """HF-style ``rope_scaling`` from ``llama.rope.scaling.type`` / ``.factor`` (checked by the
+def gguf_field_names(family: ModelFamily) -> dict[str, str]:
+    """ModelConfig field -> the GGUF key it is read from in a file of ``family``."""
+    return {**{field: family.gguf_key(key) for field, key in _GGUF_HYPERPARAMETER_KEYS.items()},
+            **_GGUF_TOKENIZER_KEYS}
+
+
+#: the keys of a Llama GGUF (``llama.*``)
+GGUF_FIELD_NAMES = gguf_field_names(LLAMA)
+
+
+def rope_scaling_from_gguf_keys(meta: Mapping[str, Any], family: ModelFamily = LLAMA
+                                ) -> dict | None:
+    """HF-style ``rope_scaling`` from ``<arch>.rope.scaling.type`` / ``.factor`` (checked by the
     config like any other: a linear type without a factor is an error, not plain RoPE)."""
-    kind = meta.get("llama.rope.scaling.type")
+    kind = meta.get(family.gguf_key("rope.scaling.type"))
     if kind is None or kind == "none":
         return None
     scaling = {"rope_type": kind}
-    if meta.get("llama.rope.scaling.factor") is not None:
-        scaling["factor"] = meta["llama.rope.scaling.factor"]
+    factor = meta.get(family.gguf_key("rope.scaling.factor"))
+    if factor is not None:
+        scaling["factor"] = factor
     return scaling
 
 
@@ -423,15 +423,14 @@ def rope_scaling_from_rope_freqs(rope_freqs: np.ndarray, meta: Mapping[str, Any]
     """HF-style ``rope_scaling`` from a ``rope_freqs`` tensor (Llama 3.1+ GGUF files)."""
     if rope_freqs.shape == (config.head_dim // 2,) and np.allclose(rope_freqs, 1.0):
         return None
-    old_context = meta.get("llama.rope.scaling.original_context_length")
+    names = gguf_field_names(config.family)
+    old_context = meta.get(names["rope_scaling.original_max_position_embeddings"])
     scaling = {"rope_type": "llama3", "factor": float(rope_freqs.max()),
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192 if old_context is None else old_context}
     scaling = ModelConfig.from_fields(
         {**_fields_of(config), "rope_scaling": scaling},
-        {**GGUF_FIELD_NAMES, "rope_scaling.original_max_position_embeddings":
-         "llama.rope.scaling.original_context_length", "rope_scaling.factor": GGUF_ROPE_FREQS}
-    ).rope_scaling
+        {**names, "rope_scaling.factor": GGUF_ROPE_FREQS}).rope_scaling
     if rope_freqs.shape != (config.head_dim // 2,) or not np.allclose(
             rope_freqs, llama3_rope_factors(config.rope_theta, config.head_dim,
                                             scaling).numpy(), rtol=1e-4):
@@ -446,27 +445,28 @@ def _fields_of(config: ModelConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
-def _check_gguf_architecture(meta: Mapping[str, Any], path: Path) -> None:
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(
-            f"{path}: GGUF architecture {arch!r} is not supported: this engine runs "
-            "Llama-architecture models (general.architecture 'llama') only")
+def gguf_family(meta: Mapping[str, Any], path: Path) -> ModelFamily:
+    """The family of ``general.architecture``, once its required keys are there."""
+    try:
+        family = family_for_gguf(meta.get("general.architecture"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     required = ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
-    missing = [f"llama.{k}" for k in required if meta.get(f"llama.{k}") is None]
+    missing = [family.gguf_key(k) for k in required if meta.get(family.gguf_key(k)) is None]
     if missing:
         raise ValueError(f"{path}: GGUF metadata lacks {missing}: the file is incomplete or "
                          "corrupt; re-download it")
+    return family
 
 
-def _gguf_vocab_size(meta: Mapping[str, Any], path: Path):
-    vocab = meta.get("llama.vocab_size")
+def _gguf_vocab_size(meta: Mapping[str, Any], family: ModelFamily, path: Path):
+    vocab = meta.get(family.gguf_key("vocab_size"))
     if vocab is not None:
         return vocab
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise ValueError(f"{path}: GGUF metadata has neither llama.vocab_size nor "
-                         "tokenizer.ggml.tokens, so the vocabulary size is unknown")
+        raise ValueError(f"{path}: GGUF metadata has neither {family.gguf_key('vocab_size')} "
+                         "nor tokenizer.ggml.tokens, so the vocabulary size is unknown")
     return len(tokens)
 
 
@@ -490,40 +490,42 @@ def gguf_eos_token_ids(meta: Mapping[str, Any]) -> tuple[int, ...]:
 def config_from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str],
                               rope_freqs: np.ndarray | None = None,
                               path: Path | str = "<gguf>") -> ModelConfig:
-    """A ModelConfig from llama.cpp's ``llama.*`` and ``tokenizer.ggml.*`` keys, taken as written
-    and checked by the same validator as config.json (errors name the GGUF key)."""
+    """A ModelConfig from llama.cpp's ``<arch>.*`` and ``tokenizer.ggml.*`` keys, taken as
+    written and checked by the same validator as config.json (errors name the GGUF key)."""
     path = Path(path)
-    _check_gguf_architecture(meta, path)
+    family = gguf_family(meta, path)
+    names = gguf_field_names(family)
 
-    def value(key, default=None):
-        found = _single_value(meta, key, path)
+    def value(field, default=None):
+        found = _single_value(meta, names[field], path)
         return default if found is None else found
 
     try:
         config = ModelConfig.from_fields(dict(
-            vocab_size=_gguf_vocab_size(meta, path),
-            hidden_size=value("llama.embedding_length"),
-            intermediate_size=value("llama.feed_forward_length"),
-            num_hidden_layers=value("llama.block_count"),
-            num_attention_heads=value("llama.attention.head_count"),
-            num_key_value_heads=value("llama.attention.head_count_kv"),
-            head_dim=value("llama.attention.key_length"),
-            rms_norm_eps=value("llama.attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=value("llama.rope.freq_base", 10000.0),
-            rope_scaling=rope_scaling_from_gguf_keys(meta),
-            max_position_embeddings=value("llama.context_length", 2048),
+            vocab_size=_gguf_vocab_size(meta, family, path),
+            hidden_size=value("hidden_size"),
+            intermediate_size=value("intermediate_size"),
+            num_hidden_layers=value("num_hidden_layers"),
+            num_attention_heads=value("num_attention_heads"),
+            num_key_value_heads=value("num_key_value_heads"),
+            head_dim=value("head_dim"),
+            rms_norm_eps=value("rms_norm_eps", 1e-5),
+            rope_theta=value("rope_theta", 10000.0),
+            rope_scaling=rope_scaling_from_gguf_keys(meta, family),
+            max_position_embeddings=value("max_position_embeddings", 2048),
             tie_word_embeddings="output.weight" not in tensor_names,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=gguf_eos_token_ids(meta),
-        ), GGUF_FIELD_NAMES)
-        rope_dim = value("llama.rope.dimension_count", config.head_dim)
-        if rope_dim != config.head_dim:
-            head_dim_from = ("llama.attention.key_length" if meta.get("llama.attention.key_length")
-                             is not None else "llama.embedding_length / llama.attention.head_count")
+            architecture=family.hf_architecture,
+        ), names)
+        rope_dim_key = family.gguf_key("rope.dimension_count")
+        rope_dim = _single_value(meta, rope_dim_key, path)
+        if rope_dim is not None and rope_dim != config.head_dim:
+            head_dim_from = (names["head_dim"] if meta.get(names["head_dim"]) is not None else
+                             f"{names['hidden_size']} / {names['num_attention_heads']}")
             raise ConfigFieldError("head_dim", rope_dim,
                                    f"equal to head_dim ({config.head_dim} = {head_dim_from}): "
-                                   "partial rotary embeddings are not supported",
-                                   "llama.rope.dimension_count")
+                                   "partial rotary embeddings are not supported", rope_dim_key)
         if rope_freqs is not None:
             config = config.replace(
                 rope_scaling=rope_scaling_from_rope_freqs(rope_freqs, meta, config, path))
@@ -534,16 +536,17 @@ def config_from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str],
     return config
 
 
-def _gguf_tensors_by_hf_name(reader, path: Path) -> dict[str, Any]:
+def _gguf_tensors_by_hf_name(reader, family: ModelFamily, path: Path) -> dict[str, Any]:
     by_name = {}
     for tensor in reader.tensors:
         if tensor.name == GGUF_ROPE_FREQS:
             continue
-        hf_name = hf_name_from_gguf(tensor.name)
+        hf_name = family.hf_name_from_gguf(tensor.name)
         if hf_name is None:
             raise ValueError(
-                f"{path}: GGUF tensor {tensor.name!r} has no place in a Llama model; this "
-                "engine supports plain llama-architecture GGUF files only")
+                f"{path}: GGUF tensor {tensor.name!r} has no place in a {family.name} model "
+                f"(general.architecture {family.gguf_architecture!r}); this engine reads the "
+                "tensors llama.cpp's converter writes for that architecture only")
         by_name[hf_name] = tensor
     return by_name
 
@@ -563,11 +566,11 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
             + ": expected a llama.cpp .gguf model file")
     reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
-    _check_gguf_architecture(meta, path)
+    family = gguf_family(meta, path)
     rope_freqs = next((dequantize_gguf_tensor(t, torch.device("cpu")).numpy()
                        for t in reader.tensors if t.name == GGUF_ROPE_FREQS), None)
     config = config_from_gguf_metadata(meta, {t.name for t in reader.tensors}, rope_freqs, path)
-    gguf_tensors = _gguf_tensors_by_hf_name(reader, path)
+    gguf_tensors = _gguf_tensors_by_hf_name(reader, family, path)
     # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
     check_weights(config, {name: torch.empty(t.shape, device="meta")
                            for name, t in gguf_tensors.items()})
@@ -586,9 +589,11 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
 
 def _gguf_to_hf_tensor(hf_name: str, tensor, config: ModelConfig,
                        device: torch.device) -> torch.Tensor:
-    """Dequantize one tensor on ``device`` (float32) and, for Q and K, undo llama.cpp's RoPE
-    row order."""
+    """Dequantize one tensor on ``device`` (float32) and, for Q and K of a family whose rows
+    llama.cpp's converter interleaved (Llama), undo that order."""
     weight = dequantize_gguf_tensor(tensor, device)
+    if not config.family.gguf_rope_rows_interleaved:
+        return weight
     if hf_name.endswith("self_attn.q_proj.weight"):
         return unpermute_rope_rows(weight, config.num_attention_heads)
     if hf_name.endswith("self_attn.k_proj.weight"):

@@ -1,2 +1,3 @@
-"""The Llama forward pass over the paged cache (``llama``), its rotary embedding tables
-(``rope``) and the sampling rule every backend must follow (``sampling``)."""
+"""The decoder forward pass over the paged cache, shared by every model family (``decoder``),
+its rotary embedding tables (``rope``) and the sampling rule every backend must follow
+(``sampling``)."""

@@ -8,7 +8,7 @@ import torch
 
 import paged_tutorial as pt
 from paged_tutorial.config import ModelConfig
-from paged_tutorial.engine.devices import available_devices
+from paged_tutorial.devices import available_devices
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,

@@ -20,9 +20,10 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from paged_tutorial.config import ModelConfig  # noqa: E402
+from paged_tutorial.families import FAMILIES, LLAMA  # noqa: E402
 from paged_tutorial.loading.models import find_embedded_smollm2, random_model, save_hf_folder  # noqa: E402
 from paged_tutorial.loading.tokenizer import Tokenizer, bytes_to_unicode  # noqa: E402
-from paged_tutorial.loading.weights import hf_name_from_gguf, load_gguf  # noqa: E402
+from paged_tutorial.loading.weights import load_gguf  # noqa: E402
 
 
 # --- the embedded SmolLM2 GGUF ---------------------------------------------------------------
@@ -97,12 +98,11 @@ def llama_cpp_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
             .transpose(1, 2).reshape(weight.shape))
 
 
-def _gguf_name(hf_name: str, n_layers: int) -> str:
-    candidates = ["token_embd.weight", "output_norm.weight", "output.weight"] + [
-        f"blk.{i}.{m}.weight" for i in range(n_layers) for m in (
-            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-            "attn_norm", "ffn_norm")]
-    return next(c for c in candidates if hf_name_from_gguf(c) == hf_name)
+def _gguf_name(hf_name: str, n_layers: int, family=LLAMA) -> str:
+    candidates = list(family.gguf_global_names) + [
+        f"blk.{i}.{m}.{kind}" for i in range(n_layers) for m in family.gguf_layer_names
+        for kind in ("weight", "bias")]
+    return next(c for c in candidates if family.hf_name_from_gguf(c) == hf_name)
 
 
 def tiny_tokens(vocab_size: int) -> list[str]:
@@ -113,11 +113,14 @@ def tiny_tokens(vocab_size: int) -> list[str]:
 def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=(),
                     rope_freqs: np.ndarray | None = None, extra_tensors=None,
                     metadata=None) -> Path:
-    """Write ``model`` as a llama.cpp GGUF: llama.cpp names, permuted Q/K rows, F32 unless a
-    tensor's HF name ends with one of ``quantize`` (then Q8_0).  ``metadata`` replaces header
-    values (``{"llama.attention.head_count": 0}``; None drops the key)."""
+    """Write ``model`` as a llama.cpp GGUF of ``architecture``: llama.cpp's names for that
+    family (``llama`` when it is not a served one), Q/K rows permuted as llama.cpp's converter
+    does for Llama, F32 unless a tensor's HF name ends with one of ``quantize`` (then Q8_0).
+    ``metadata`` replaces header values (``{"llama.attention.head_count": 0}``; None drops the
+    key)."""
     import gguf
 
+    family = next((f for f in FAMILIES if f.gguf_architecture == architecture), LLAMA)
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     arch = architecture
@@ -132,8 +135,11 @@ def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=
         f"{arch}.rope.freq_base": float(cfg.rope_theta),
         f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
         "tokenizer.ggml.bos_token_id": cfg.bos_token_id,
-        "tokenizer.ggml.eos_token_id": cfg.eos_token_ids[0],
+        "tokenizer.ggml.eos_token_id": cfg.eos_token_ids[0] if cfg.eos_token_ids else None,
     }
+    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:   # as llama.cpp writes it
+        values[f"{arch}.attention.key_length"] = cfg.head_dim
+        values[f"{arch}.attention.value_length"] = cfg.head_dim
     values.update(metadata or {})
     for key, value in values.items():
         if value is not None:
@@ -143,11 +149,11 @@ def write_tiny_gguf(path: Path, model, *, architecture: str = "llama", quantize=
     tensors = dict(model.weights)
     for hf_name, weight in tensors.items():
         w = weight.float()
-        if hf_name.endswith("q_proj.weight"):
+        if family.gguf_rope_rows_interleaved and hf_name.endswith("q_proj.weight"):
             w = llama_cpp_permute(w, cfg.num_attention_heads)
-        elif hf_name.endswith("k_proj.weight"):
+        elif family.gguf_rope_rows_interleaved and hf_name.endswith("k_proj.weight"):
             w = llama_cpp_permute(w, cfg.num_key_value_heads)
-        _add_tensor(writer, _gguf_name(hf_name, cfg.num_hidden_layers), w.numpy(),
+        _add_tensor(writer, _gguf_name(hf_name, cfg.num_hidden_layers, family), w.numpy(),
                     quantized=hf_name.endswith(tuple(quantize)))
     if rope_freqs is not None:
         _add_tensor(writer, "rope_freqs.weight", rope_freqs.astype(np.float32), quantized=False)

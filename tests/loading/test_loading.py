@@ -24,7 +24,7 @@ from paged_tutorial.loading.models import Model, load_model, random_model, save_
 from paged_tutorial.loading.tokenizer import ChatTemplateError, Tokenizer
 from paged_tutorial.loading.weights import (check_weights, load_gguf, load_safetensors_folder,
                                             unpermute_rope_rows)
-from paged_tutorial.model.rope import llama3_rope_factors
+from paged_tutorial.families.rope_scaling import llama3_rope_factors
 
 TEXTS = [
     "Hello world",
@@ -378,10 +378,11 @@ def test_gguf_llama3_rope_freqs_become_rope_scaling(tmp_path):
         load_gguf(bad, "float32")
 
 
-def test_gguf_non_llama_architecture(tmp_path):
-    path = write_tiny_gguf(tmp_path / "qwen.gguf", random_model(tiny_config()),
-                           architecture="qwen2")
-    with pytest.raises(ValueError, match=r"qwen\.gguf.*architecture 'qwen2' is not supported"):
+def test_gguf_unserved_architecture(tmp_path):
+    path = write_tiny_gguf(tmp_path / "gemma.gguf", random_model(tiny_config()),
+                           architecture="gemma")
+    with pytest.raises(ValueError, match=r"gemma\.gguf.*architecture 'gemma' is not supported.*"
+                                         r"'llama', 'qwen2', 'qwen3'"):
         load_gguf(path, "float32")
 
 

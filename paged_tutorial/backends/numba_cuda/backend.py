@@ -152,9 +152,12 @@ class NumbaBackend(Backend):
             self._checked_tables.add(key)
 
     # --- GEMMs -----------------------------------------------------------------------
-    def linear(self, x, weight):
+    def linear(self, x, weight, bias=None):
         """torch (cuBLAS) for GEMMs; the Numba GEMV (``gemv.py``) for bf16 at up to
-        ``gemv.MAX_ROWS`` rows, where a decode step is all weight reads."""
+        ``gemv.MAX_ROWS`` rows, where a decode step is all weight reads.  With a bias (a
+        Qwen2 QKV projection): torch, the bias added by the GEMM."""
+        if bias is not None:
+            return torch.nn.functional.linear(x, weight, bias)
         if self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS \
                 and weight.is_contiguous() and self._vec_rows(x, weight):
             n_out, k = weight.shape

@@ -1,4 +1,5 @@
-"""Which devices an Engine can run on, checked before anything is built there.
+"""Which devices a model can be loaded onto and an Engine can run on, checked before anything
+is built there (``load_model(device=...)`` and ``Engine(device=...)`` both ask here).
 
 The engine needs real memory for its weights and its KV cache, so ``device`` is None (the
 backend's choice), ``"cpu"``, or a CUDA device this machine has (``"cuda"``, ``"cuda:N"`` with N
