@@ -4,12 +4,14 @@
 
 ``serve_main(argv)`` parses the arguments before anything heavy is imported (``--help`` and
 argument errors are instant), loads the model, builds the engine, and serves on 127.0.0.1
-unless ``--host`` says otherwise, until Ctrl-C or SIGTERM (then it drains and exits 0).
+unless ``--host`` says otherwise, until Ctrl-C or SIGTERM: then it lets the requests in flight
+finish (``--drain-timeout``) and exits, 0 after SIGTERM, 130 after Ctrl-C (as the main command).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 MAX_TOKENS_OPTION = 1 << 20
@@ -106,6 +108,6 @@ def serve_main(argv: list[str]) -> int:
     name = args.served_model_name or args.model
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({engine.describe()})",
           file=sys.stderr, flush=True)
-    serve(build_app(engine, name), host=args.host, port=args.port,
-          drain_timeout_s=args.drain_timeout, log_level=args.log_level)
-    return 0
+    stopped_by = serve(build_app(engine, name), host=args.host, port=args.port,
+                       drain_timeout_s=args.drain_timeout, log_level=args.log_level)
+    return 130 if stopped_by == signal.SIGINT else 0

@@ -3,16 +3,41 @@ does) or on a background thread (``BackgroundServer``: tests and the serving not
 
 In the foreground uvicorn handles Ctrl-C and SIGTERM: it stops accepting connections, lets the
 requests in flight finish (for up to ``drain_timeout_s``; those still running then are
-cancelled), and the application's shutdown stops the engine thread once it is idle.
+cancelled), and the application's shutdown stops the engine thread once it is idle.  ``serve``
+then returns the signal that stopped it (uvicorn itself would raise it again, so that a drained
+server still died of SIGTERM; the command line exits 0 after SIGTERM and 130 after Ctrl-C).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
 
 import uvicorn
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, keeping the signals it drained for instead of raising them again."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit)
+                     for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+    @property
+    def stopped_by(self) -> int | None:
+        return self._captured_signals[0] if self._captured_signals else None
 
 
 def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str):
@@ -21,9 +46,11 @@ def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str):
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
-          log_level: str = "info") -> None:
-    """Serve until Ctrl-C or SIGTERM, then drain and return."""
-    uvicorn.Server(_config(app, host, port, drain_timeout_s, log_level)).run()
+          log_level: str = "info") -> int | None:
+    """Serve until Ctrl-C or SIGTERM, then drain; return the signal's number."""
+    server = _Server(_config(app, host, port, drain_timeout_s, log_level))
+    server.run()
+    return server.stopped_by
 
 
 class BackgroundServer:
@@ -41,7 +68,7 @@ class BackgroundServer:
         self._socket.bind((host, 0))
         self.host, self.port = self._socket.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self._server = uvicorn.Server(_config(app, host, self.port, drain_timeout_s, log_level))
+        self._server = _Server(_config(app, host, self.port, drain_timeout_s, log_level))
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},
                                         name="uvicorn", daemon=True)
