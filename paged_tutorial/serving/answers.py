@@ -17,6 +17,7 @@ takes the engine's result once the request has ended and builds the ``Completion
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from paged_tutorial.engine.sampling_params import SamplingParams
@@ -40,7 +41,10 @@ class Answer:
         self.output: CompletionOutput | None = None   # once finished
 
     def submit(self, prompt_ids: list[int], sample_key: int) -> None:
-        self.request = self.engine.add_request(prompt_ids, self.params, chat=False,
+        """Queue the request; the engine samples, this answer applies the stop rules (and the
+        caller makes one Answer per each of the n answers)."""
+        engine_params = replace(self.params, stop=None, stop_token_ids=None, n=1)
+        self.request = self.engine.add_request(prompt_ids, engine_params, chat=False,
                                                on_token=self._on_token, sample_key=sample_key)
 
     @property

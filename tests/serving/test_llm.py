@@ -147,3 +147,11 @@ def test_bad_input_is_refused_before_anything_is_queued(llm):
     with pytest.raises(TypeError, match="one per prompt"):
         llm.generate(["a", "b"], [pt.SamplingParams()])
     assert llm.engine.num_requests == 0 and not llm.engine.has_unfinished()
+
+
+def test_the_step_level_engine_refuses_what_only_llm_applies(llm):
+    for params in (pt.SamplingParams(stop=["x"]), pt.SamplingParams(stop_token_ids=[3]),
+                   pt.SamplingParams(n=2)):
+        with pytest.raises(ValueError, match="pt.LLM"):
+            llm.engine.generate(["Hello"], params, chat=False)
+    assert llm.engine.num_requests == 0 and not llm.engine.has_unfinished()
