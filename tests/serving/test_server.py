@@ -204,3 +204,17 @@ def test_malformed_bodies_and_unknown_routes_are_4xx_and_serving_goes_on(served,
     assert ok.choices[0].finish_reason == "length" and ok.usage.completion_tokens == 2
     assert httpx.get(server.url + "/health").status_code == 200
     assert json.loads(httpx.get(server.url + "/v1/models").text)["data"][0]["id"] == MODEL_NAME
+
+
+@pytest.mark.slow
+def test_the_embedded_smollm2_answers_the_same_through_the_server(smollm2_f32):
+    llm = pt.LLM(smollm2_f32, backend="torch", max_num_seqs=2, max_model_len=256)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    expected = llm.chat(messages, pt.SamplingParams(max_new_tokens=16))[0].outputs[0]
+    with BackgroundServer(build_app(llm.engine, "smollm2")) as server:
+        smol = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120,
+                             max_retries=0)
+        answer = smol.chat.completions.create(model="smollm2", messages=messages, max_tokens=16,
+                                              temperature=0)
+    assert answer.choices[0].message.content == expected.text
+    assert "Paris" in expected.text
