@@ -6,7 +6,7 @@
     print(engine.generate(["What is the capital of France?"])[0].text)
 
     llm = pt.LLM("smollm2-135m")             # vLLM's API over the same engine
-    print(llm.generate(["The capital of France is"], pt.SamplingParams(max_new_tokens=8))[0]
+    print(llm.generate(["The capital of France is"], pt.SamplingParams(max_tokens=8))[0]
           .outputs[0].text)
 
 The package, by concern: ``engine/`` (serving), ``cache/`` (the paged KV cache), ``model/`` (the

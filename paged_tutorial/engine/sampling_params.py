@@ -1,13 +1,13 @@
 """How one request is sampled and when it stops: ``SamplingParams``, validated when it is made.
 
 The field names and meanings are vLLM's, so a vLLM snippet's ``SamplingParams(...)`` runs here
-unchanged.  Two defaults differ: ``temperature`` is 0 (greedy) and ``max_new_tokens`` 64.
+unchanged.  Two defaults differ: ``temperature`` is 0 (greedy) and ``max_tokens`` 64.
 
 Everything a caller can get wrong is refused here, before a request is queued, with a message
 that names the argument, the value and the accepted range:
 
-- ``max_new_tokens``: an integer >= 0 (numpy integers are fine; floats, strings and bools are
-  not: ``max_new_tokens=2.5`` would otherwise be silently truncated).
+- ``max_tokens``: an integer >= 0 (numpy integers are fine; floats, strings and bools are
+  not: ``max_tokens=2.5`` would otherwise be silently truncated).
 - ``temperature``: a finite number >= 0.  0 means greedy.  A positive temperature below
   ``GREEDY_BELOW`` is treated as greedy too: ``logits / 1e-39`` overflows to inf and the softmax
   to NaN, and a NaN distribution has no defined sample (vLLM uses the same cut-off).
@@ -84,12 +84,12 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    max_new_tokens: int = 64
+    max_tokens: int = 64
 
     def __post_init__(self):
-        if not is_integer(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got "
-                             f"{self.max_new_tokens!r}")
+        if not is_integer(self.max_tokens) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got "
+                             f"{self.max_tokens!r}")
         if not is_integer(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1 (answers per prompt), got {self.n!r}")
         if not is_integer(self.top_k) or self.top_k < -1:
@@ -114,7 +114,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         # store plain Python numbers (numpy scalars would leak into results)
-        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))
         object.__setattr__(self, "n", int(self.n))
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)

@@ -116,7 +116,7 @@ def _sampling(body, max_tokens, default_temperature: float = 1.0) -> SamplingPar
         if name in given and not is_integer(given[name]):
             raise APIError(400, f"{name} must be an integer, got {given[name]!r}", name)
     if max_tokens is not None:
-        given["max_new_tokens"] = max_tokens
+        given["max_tokens"] = max_tokens
     try:
         return SamplingParams(**given)
     except (ValueError, TypeError) as exc:
@@ -198,6 +198,6 @@ def _parsed(body, engine, prompts: list[list[int]], max_tokens, param: str) -> P
     stream = _bool(body, "stream")
     include_usage = _include_usage(body, stream)
     base = _sampling(body, max_tokens)
-    params = [replace(base, max_new_tokens=_fit(engine, ids, max_tokens, param))
+    params = [replace(base, max_tokens=_fit(engine, ids, max_tokens, param))
               for ids in prompts]
     return ParsedRequest(prompts, params, stream, include_usage)

@@ -15,7 +15,7 @@ def test_a_vllm_snippet_runs_with_only_its_import_changed(tiny_model):
     from paged_tutorial import LLM, SamplingParams      # was: from vllm import LLM, ...
 
     llm = LLM(model=tiny_model, backend="torch")
-    sampling_params = SamplingParams(temperature=0.8, top_p=0.95, top_k=20, max_new_tokens=6,
+    sampling_params = SamplingParams(temperature=0.8, top_p=0.95, top_k=20, max_tokens=6,
                                      seed=0)
     outputs = llm.generate(PROMPTS, sampling_params)
     assert [o.prompt for o in outputs] == PROMPTS
@@ -30,7 +30,7 @@ def test_a_vllm_snippet_runs_with_only_its_import_changed(tiny_model):
 
 
 def test_greedy_answers_are_the_engines_own(llm):
-    greedy = pt.SamplingParams(max_new_tokens=12)
+    greedy = pt.SamplingParams(max_tokens=12)
     outputs = llm.generate(PROMPTS, greedy)
     engine_results = llm.engine.generate([o.prompt_token_ids for o in outputs], greedy,
                                          chat=False)
@@ -40,7 +40,7 @@ def test_greedy_answers_are_the_engines_own(llm):
 
 
 def test_n_answers_per_prompt_each_reproducible_by_its_seed(llm):
-    params = pt.SamplingParams(n=3, temperature=1.0, seed=7, max_new_tokens=8)
+    params = pt.SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8)
     first = llm.generate(PROMPTS[:2], params)
     again = llm.generate(PROMPTS[1:2], params)         # another batch, another position
     assert [len(o.outputs) for o in first] == [3, 3]
@@ -49,21 +49,21 @@ def test_n_answers_per_prompt_each_reproducible_by_its_seed(llm):
     assert answers == [tuple(c.token_ids) for c in again[0].outputs]
     assert len(set(answers)) == 3                       # three different samples
     single = llm.generate(PROMPTS[1], pt.SamplingParams(temperature=1.0, seed=7,
-                                                        max_new_tokens=8))
+                                                        max_tokens=8))
     assert single[0].outputs[0].token_ids == list(answers[0])
 
 
 def test_top_k_of_one_is_greedy(llm):
-    greedy = llm.generate(PROMPTS, pt.SamplingParams(max_new_tokens=8))
+    greedy = llm.generate(PROMPTS, pt.SamplingParams(max_tokens=8))
     top1 = llm.generate(PROMPTS, pt.SamplingParams(temperature=1.5, top_k=1, seed=3,
-                                                   max_new_tokens=8))
+                                                   max_tokens=8))
     assert [o.outputs[0].token_ids for o in top1] == [o.outputs[0].token_ids for o in greedy]
 
 
 def test_min_p_of_one_is_greedy(llm):
-    greedy = llm.generate(PROMPTS, pt.SamplingParams(max_new_tokens=8))
+    greedy = llm.generate(PROMPTS, pt.SamplingParams(max_tokens=8))
     strict = llm.generate(PROMPTS, pt.SamplingParams(temperature=1.5, min_p=1.0, seed=3,
-                                                     max_new_tokens=8))
+                                                     max_tokens=8))
     assert [o.outputs[0].token_ids for o in strict] == [o.outputs[0].token_ids for o in greedy]
 
 
@@ -74,7 +74,7 @@ def _token_texts(tokenizer, ids):
 
 
 def test_a_stop_string_across_a_token_boundary_ends_the_answer_before_it(llm):
-    full = llm.generate(PROMPTS[1], pt.SamplingParams(max_new_tokens=20))[0].outputs[0]
+    full = llm.generate(PROMPTS[1], pt.SamplingParams(max_tokens=20))[0].outputs[0]
     pieces = _token_texts(llm.get_tokenizer(), full.token_ids)
     # a stop string that starts in the 4th token's text and ends in the 5th's
     start = sum(len(p) for p in pieces[:3]) + len(pieces[3]) - 1
@@ -82,7 +82,7 @@ def test_a_stop_string_across_a_token_boundary_ends_the_answer_before_it(llm):
     stop = full.text[start:end]
     assert len(stop) == 2 and full.text.find(stop) == start
     free_before = llm.engine.cache.num_free
-    out = llm.generate(PROMPTS[1], pt.SamplingParams(max_new_tokens=20, stop=[stop, "zzz"]))
+    out = llm.generate(PROMPTS[1], pt.SamplingParams(max_tokens=20, stop=[stop, "zzz"]))
     answer = out[0].outputs[0]
     assert answer.text == full.text[:start]
     assert (answer.finish_reason, answer.stop_reason) == ("stop", stop)
@@ -91,10 +91,10 @@ def test_a_stop_string_across_a_token_boundary_ends_the_answer_before_it(llm):
 
 
 def test_a_stop_token_ends_the_answer_without_its_text(llm):
-    full = llm.generate(PROMPTS[0], pt.SamplingParams(max_new_tokens=12))[0].outputs[0]
+    full = llm.generate(PROMPTS[0], pt.SamplingParams(max_tokens=12))[0].outputs[0]
     stop_id = full.token_ids[3]
     assert stop_id not in full.token_ids[:3]
-    answer = llm.generate(PROMPTS[0], pt.SamplingParams(max_new_tokens=12,
+    answer = llm.generate(PROMPTS[0], pt.SamplingParams(max_tokens=12,
                                                         stop_token_ids=[stop_id]))[0].outputs[0]
     assert answer.token_ids == full.token_ids[:4]
     assert (answer.finish_reason, answer.stop_reason) == ("stop", stop_id)
@@ -121,8 +121,8 @@ def test_stop_text_never_splits_a_multibyte_character_across_tokens(chat_tokeniz
 def test_chat_takes_one_conversation_or_several(llm, chat_tokenizer):
     hi = [{"role": "user", "content": "Hi!"}]
     bye = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Bye!"}]
-    one = llm.chat(hi, pt.SamplingParams(max_new_tokens=5))
-    both = llm.chat([hi, bye], pt.SamplingParams(max_new_tokens=5))
+    one = llm.chat(hi, pt.SamplingParams(max_tokens=5))
+    both = llm.chat([hi, bye], pt.SamplingParams(max_tokens=5))
     assert len(one) == 1 and len(both) == 2
     assert one[0].prompt_token_ids == chat_tokenizer.apply_chat_template(hi)
     assert one[0].prompt == chat_tokenizer.render_chat(hi)
@@ -133,7 +133,7 @@ def test_chat_takes_one_conversation_or_several(llm, chat_tokenizer):
 def test_token_id_prompts_and_per_prompt_params(llm):
     ids = llm.get_tokenizer().encode("Hello there", add_special_tokens=True)
     out = llm.generate([{"prompt_token_ids": ids}, {"prompt": "Hello there"}],
-                       [pt.SamplingParams(max_new_tokens=3), pt.SamplingParams(max_new_tokens=5)])
+                       [pt.SamplingParams(max_tokens=3), pt.SamplingParams(max_tokens=5)])
     assert out[0].prompt is None and out[0].prompt_token_ids == ids
     assert out[0].outputs[0].token_ids == out[1].outputs[0].token_ids[:3]
     assert len(out[1].outputs[0].token_ids) == 5

@@ -13,13 +13,13 @@ from paged_tutorial.model.sampling import sample_reference
 
 def test_vllm_field_names_are_accepted_and_normalised():
     p = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=-1, min_p=0.05, seed=3,
-                       stop="###", stop_token_ids=[5], ignore_eos=True, max_new_tokens=9)
-    assert (p.n, p.top_k, p.min_p, p.stop, p.stop_token_ids, p.max_new_tokens) == \
+                       stop="###", stop_token_ids=[5], ignore_eos=True, max_tokens=9)
+    assert (p.n, p.top_k, p.min_p, p.stop, p.stop_token_ids, p.max_tokens) == \
         (2, 0, 0.05, ["###"], [5], 9)
 
 
 @pytest.mark.parametrize("field, value", [
-    ("max_new_tokens", -1), ("max_new_tokens", 2.5), ("n", 0), ("top_k", -2), ("top_k", 1.5),
+    ("max_tokens", -1), ("max_tokens", 2.5), ("n", 0), ("top_k", -2), ("top_k", 1.5),
     ("min_p", 1.5), ("min_p", float("nan")), ("stop", [""]), ("stop", [3]),
     ("stop_token_ids", [-1]), ("stop_token_ids", "7"), ("top_p", 0.0), ("temperature", -1)])
 def test_out_of_range_values_name_the_field(field, value):

@@ -65,7 +65,7 @@ def test_models_health_and_metrics(served, client):
 
 def test_greedy_completions_equal_llm_generate(client, llm):
     prompts = ["Hello there", "The capital of France is"]
-    expected = llm.generate(prompts, pt.SamplingParams(max_new_tokens=10))
+    expected = llm.generate(prompts, pt.SamplingParams(max_tokens=10))
     response = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=10,
                                          temperature=0)
     assert [c.text for c in sorted(response.choices, key=lambda c: c.index)] == \
@@ -77,7 +77,7 @@ def test_greedy_completions_equal_llm_generate(client, llm):
 
 def test_greedy_chat_equals_llm_chat_streamed_or_not(client, llm):
     messages = [{"role": "user", "content": "What is 2+2?"}]
-    expected = llm.chat(messages, pt.SamplingParams(max_new_tokens=12))[0].outputs[0]
+    expected = llm.chat(messages, pt.SamplingParams(max_tokens=12))[0].outputs[0]
     whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=12,
                                            temperature=0)
     assert whole.choices[0].message.content == expected.text
@@ -92,9 +92,9 @@ def test_greedy_chat_equals_llm_chat_streamed_or_not(client, llm):
 
 
 def test_stop_strings_and_n_through_the_server(client, llm):
-    full = llm.generate("Hello there", pt.SamplingParams(max_new_tokens=16))[0].outputs[0]
+    full = llm.generate("Hello there", pt.SamplingParams(max_tokens=16))[0].outputs[0]
     stop = full.text[5:8]
-    expected = llm.generate("Hello there", pt.SamplingParams(max_new_tokens=16,
+    expected = llm.generate("Hello there", pt.SamplingParams(max_tokens=16,
                                                              stop=[stop]))[0].outputs[0]
     response = client.completions.create(model=MODEL_NAME, prompt="Hello there", max_tokens=16,
                                          temperature=0, stop=[stop], n=2)
@@ -105,7 +105,7 @@ def test_stop_strings_and_n_through_the_server(client, llm):
 def solo_answers(model, prompts, max_tokens):
     """Each prompt alone on a one-slot engine: the tokens it must get in any batch."""
     engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=128)
-    params = pt.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return [engine.generate([p], params, chat=False)[0].text for p in prompts]
 
 
@@ -210,7 +210,7 @@ def test_malformed_bodies_and_unknown_routes_are_4xx_and_serving_goes_on(served,
 def test_the_embedded_smollm2_answers_the_same_through_the_server(smollm2_f32):
     llm = pt.LLM(smollm2_f32, backend="torch", max_num_seqs=2, max_model_len=256)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    expected = llm.chat(messages, pt.SamplingParams(max_new_tokens=16))[0].outputs[0]
+    expected = llm.chat(messages, pt.SamplingParams(max_tokens=16))[0].outputs[0]
     with BackgroundServer(build_app(llm.engine, "smollm2")) as server:
         smol = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120,
                              max_retries=0)
