@@ -5,7 +5,8 @@
 tokens, cancel), ``stop_text`` (stop strings over streamed text), ``prompts`` (prompts and
 conversations to token ids), and the server: ``engine_loop`` (the thread that steps the
 engine), ``openai_protocol`` (requests checked and turned into SamplingParams, error bodies),
-``app`` (the ASGI application), ``metrics`` (Prometheus text), ``cli`` (``serve_main``).
+``app`` (the ASGI application), ``metrics`` (Prometheus text), ``server`` (uvicorn in the
+foreground, or on a background thread), ``cli`` (``serve_main``).
 The server's modules import FastAPI, so they are not imported here.
 """
 

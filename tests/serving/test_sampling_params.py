@@ -77,3 +77,21 @@ def test_top_p_applies_to_what_top_k_kept():
     alone = sample_batched(logits, ones, torch.full((200,), 0.6), u)
     with_k = sample_batched(logits, ones, torch.full((200,), 0.6), u, top_k=torch.full((200,), 2))
     assert set(alone.tolist()) == {0, 1} and set(with_k.tolist()) == {0}
+
+
+def test_the_numba_backend_serves_top_k_and_min_p_through_the_torch_rule():
+    import paged_tutorial as pt
+    from paged_tutorial.config import ModelConfig
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_ids=())
+    engine = pt.Engine(pt.random_model(config, seed=1), backend="numba-sim", max_slots=2,
+                       max_seq_len=32)
+    prompts = [[1, 2, 3], [4, 5]]
+    greedy = engine.generate(prompts, pt.SamplingParams(max_tokens=3), chat=False)
+    filtered = engine.generate(prompts, [pt.SamplingParams(max_tokens=3, temperature=2.0, top_k=1),
+                                         pt.SamplingParams(max_tokens=3, temperature=2.0,
+                                                           min_p=1.0)], chat=False)
+    assert [r.token_ids for r in filtered] == [r.token_ids for r in greedy]
