@@ -39,6 +39,7 @@ class Answer:
         self.stopped = False
         self.request = None                      # the engine's Request, once submitted
         self.output: CompletionOutput | None = None   # once finished
+        self.num_cached_tokens = 0               # prompt tokens found in the prefix cache
 
     def submit(self, prompt_ids: list[int], sample_key: int) -> None:
         """Queue the request; the engine samples, this answer applies the stop rules (and the

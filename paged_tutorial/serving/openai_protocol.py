@@ -22,6 +22,8 @@ from paged_tutorial.serving.prompts import encode_conversation, encode_prompt
 
 #: max_tokens of /v1/completions when the client gives none (OpenAI's default)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+#: the most answers one request may ask for (n), and the most prompts one completion may carry
+MAX_ANSWERS_PER_REQUEST = 128
 
 _SAMPLING = ("temperature", "top_p", "n", "stop", "seed", "top_k", "min_p", "ignore_eos",
              "stop_token_ids")
@@ -115,6 +117,8 @@ def _sampling(body, max_tokens, default_temperature: float = 1.0) -> SamplingPar
     for name in ("top_k", "n", "seed"):
         if name in given and not is_integer(given[name]):
             raise APIError(400, f"{name} must be an integer, got {given[name]!r}", name)
+    if given.get("n", 1) > MAX_ANSWERS_PER_REQUEST:
+        raise APIError(400, f"n must be at most {MAX_ANSWERS_PER_REQUEST}, got {given['n']}", "n")
     if max_tokens is not None:
         given["max_tokens"] = max_tokens
     try:
@@ -152,6 +156,9 @@ def completion_request(body, engine, served_model: str) -> ParsedRequest:
     if not isinstance(prompt, list) or not prompt:
         raise APIError(400, "'prompt' must be a string, a list of strings, a list of token ids "
                             "or a list of token-id lists", "prompt")
+    if len(prompt) > MAX_ANSWERS_PER_REQUEST:
+        raise APIError(400, f"at most {MAX_ANSWERS_PER_REQUEST} prompts per request, got "
+                            f"{len(prompt)}", "prompt")
     try:
         ids = [encode_prompt(engine, p if isinstance(p, str) else {"prompt_token_ids": p}).token_ids
                for p in prompt]

@@ -168,6 +168,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request(served):
     ({"model": MODEL_NAME, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ({"model": MODEL_NAME, "prompt": "hi", "top_p": 0}, 400, "top_p"),
     ({"model": MODEL_NAME, "prompt": "hi", "n": 0}, 400, "n"),
+    ({"model": MODEL_NAME, "prompt": "hi", "n": 10 ** 6}, 400, "n"),
     ({"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1000}, 400, "max_tokens"),
     ({"model": MODEL_NAME, "prompt": [5] * 500}, 400, "prompt"),
     ({"model": MODEL_NAME, "prompt": [10 ** 8]}, 400, "prompt"),
