@@ -4,7 +4,7 @@ the first compiled), plus the embedded GGUF loaded by this package and by transf
 by side.
 
     python benchmarks/cold_start.py                  # on a GPU: --backend numba
-    python benchmarks/cold_start.py --backend torch --max-new-tokens 4 --skip-hf   # CPU smoke
+    python benchmarks/cold_start.py --backend torch --max-tokens 4 --skip-hf   # CPU smoke
 
 Each process reports the seconds from its start to: ``import torch`` done, the model loaded,
 the engine ready (created and warmed up: kernels compiled or loaded from the cache), the
@@ -121,7 +121,7 @@ t_engine = time.perf_counter() - t0
 engine.warm_up()
 t_ready = time.perf_counter() - t0
 first = []
-result = engine.generate([args["prompt"]], max_new_tokens=args["max_new_tokens"], seed=0,
+result = engine.generate([args["prompt"]], max_tokens=args["max_tokens"], seed=0,
                          chat=args["chat"],
                          on_token=lambda *a: first or first.append(time.perf_counter() - t0))[0]
 stats = sys.modules.get("paged_tutorial.backends.numba_cuda.runtime.kernel_cache")
@@ -210,7 +210,7 @@ def _after_torch(data: dict) -> None:
 
 def cli_run(args, env) -> dict:
     argv = [args.prompt, "--backend", args.backend, "--model", args.model,
-            "--max-new-tokens", str(args.max_new_tokens), "--seed", "0"] + \
+            "--max-tokens", str(args.max_tokens), "--seed", "0"] + \
         (["--no-chat"] if args.no_chat else [])
     data, stdout, stderr = _run(CLI_CHILD, [json.dumps(argv)], env, args.timeout)
     if data["exit"] != 0:
@@ -233,7 +233,7 @@ def cli_run(args, env) -> dict:
 def api_run(args, env) -> dict:
     data, _, _ = _run(API_CHILD, [json.dumps({"model": args.model, "backend": args.backend,
                                               "prompt": args.prompt,
-                                              "max_new_tokens": args.max_new_tokens,
+                                              "max_tokens": args.max_tokens,
                                               "chat": not args.no_chat})],
                       env, args.timeout)
     _after_torch(data)
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, help="default: numba on a GPU, else torch")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompt", default=PROMPT)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--no-chat", action="store_true", help="the prompt without chat template")
     ap.add_argument("--gguf-reps", type=int, default=2, help="GGUF loads of each loader")
     ap.add_argument("--skip-hf", action="store_true", help="time only this package's GGUF load")
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
 
     results = {"date": dt.date.today().isoformat(), "device": device, "backend": args.backend,
                "model": args.model, "prompt": args.prompt,
-               "max_new_tokens": args.max_new_tokens, "python": sys.version.split()[0],
+               "max_tokens": args.max_tokens, "python": sys.version.split()[0],
                "options": vars(args)}
     with tempfile.TemporaryDirectory(prefix="cold-start-kernels-") as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONUNBUFFERED": "1"}

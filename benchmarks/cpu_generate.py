@@ -31,10 +31,10 @@ NEW_TOKENS = 64
 
 def time_ours(model, prompts, max_slots):
     engine = pt.Engine(model, backend="torch", max_slots=max_slots, max_seq_len=512)
-    engine.generate([prompts[0]], max_new_tokens=4)            # warm-up
+    engine.generate([prompts[0]], max_tokens=4)            # warm-up
     t0 = time.perf_counter()
     # ignore_eos: exactly NEW_TOKENS per request, like HF below
-    results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=NEW_TOKENS,
+    results = engine.generate(prompts, pt.SamplingParams(max_tokens=NEW_TOKENS,
                                                          ignore_eos=True))
     return time.perf_counter() - t0, results
 

@@ -65,7 +65,7 @@ def main():
             for row, rid in enumerate(report.request_ids):
                 first_logits.setdefault(rid, report.logits[row])
 
-        results = engine.generate(PROMPTS, max_new_tokens=NEW_TOKENS, on_step=keep)
+        results = engine.generate(PROMPTS, max_tokens=NEW_TOKENS, on_step=keep)
         per_prompt = []
         with torch.inference_mode():
             for i, r in enumerate(results):

@@ -109,7 +109,7 @@ def make_engine(model, batch, **kw):
 
 def exactly(n: int) -> pt.SamplingParams:
     """Greedy, exactly n tokens (random weights: EOS ignored)."""
-    return pt.SamplingParams(max_new_tokens=n, ignore_eos=True)
+    return pt.SamplingParams(max_tokens=n, ignore_eos=True)
 
 
 def ladder() -> dict:
@@ -378,7 +378,7 @@ def smollm2_check_tokens(model, hf, prompt_ids) -> dict:
     """Our float32 greedy tokens (graphs, all prompts in one batch) against HF float32's, one
     prompt at a time, up to our end of sequence."""
     engine = pt.Engine(model, backend="numba", max_slots=len(prompt_ids), max_seq_len=256)
-    ours = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=SMOLLM2_CHECK_TOKENS),
+    ours = engine.generate(prompt_ids, pt.SamplingParams(max_tokens=SMOLLM2_CHECK_TOKENS),
                            chat=False)
     equal, compared = [], 0
     for ids, res in zip(prompt_ids, ours):

@@ -39,7 +39,7 @@ after_model = peak_mib()
 weights_mib = sum(t.numel() * t.element_size() for n, t in model.weights.items()) / 2**20
 engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=64,
                    kv_cache_bytes=16 * 2**20)
-engine.generate([[1, 2, 3, 4]], max_new_tokens=2)
+engine.generate([[1, 2, 3, 4]], max_tokens=2)
 print(json.dumps({"config": sys.argv[1], "peak_rss_after_import_mib": round(base),
                   "peak_rss_after_weights_mib": round(after_model),
                   "peak_rss_after_engine_mib": round(peak_mib()),

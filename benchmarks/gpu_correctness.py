@@ -64,7 +64,7 @@ def run_engine(model, backend, prompts):
             per_request[rid].append(report.logits[row])
 
     # random weights: generate exactly NEW_TOKENS (ignore_eos)
-    results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=NEW_TOKENS,
+    results = engine.generate(prompts, pt.SamplingParams(max_tokens=NEW_TOKENS,
                                                          ignore_eos=True), on_step=keep)
     engine.cache.check_invariants()
     return [r.token_ids for r in results], [torch.stack(per_request[i]) for i in per_request], engine
@@ -137,7 +137,7 @@ def debug_mode_check():
     config = smollm2_135m_config().replace(num_hidden_layers=2)
     model = pt.random_model(config, dtype="bfloat16", seed=3, device="cuda")
     engine = pt.Engine(model, backend="numba", debug=True, max_slots=2, max_seq_len=256)
-    request = engine.add_request([1, 2, 3, 4, 5], max_new_tokens=8)
+    request = engine.add_request([1, 2, 3, 4, 5], max_tokens=8)
     engine.step()                                     # prefill
     engine.cache.block_table[request.slot, 1, 0] = engine.cache.NUM_BLOCKS + 7
     engine.cache.mark_table_changed(request.slot, 1, 0)
@@ -160,7 +160,7 @@ def sanitize_target():
     for backend, graphs in (("numba", None), (NumbaBackend(attention="article"), False)):
         engine = pt.Engine(model, backend=backend, max_slots=2, max_seq_len=256,
                            cuda_graphs=graphs)
-        engine.generate([[5] * 20, [7] * 37], pt.SamplingParams(max_new_tokens=9,
+        engine.generate([[5] * 20, [7] * 37], pt.SamplingParams(max_tokens=9,
                                                                 ignore_eos=True))
         torch.cuda.synchronize()
     print("sanitize target done")

@@ -200,7 +200,7 @@ def measure(model, backend: str, prompts, warmup_prompts, max_new: int, max_seq_
     disturbed by other work on the machine), all timed repeats kept in ``*_all``."""
     engine = pt.Engine(model, backend=backend, max_slots=len(prompts), max_seq_len=max_seq_len,
                        prefix_caching=prefix_caching)
-    params = pt.SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=max_new, ignore_eos=True)
     engine.generate(warmup_prompts, params)                 # compile, capture, warm the caches
 
     def both_waves(usage):
@@ -242,7 +242,7 @@ def float32_tokens_check(model, prompts, max_new: int, max_seq_len: int) -> dict
     fp32 = Model(model.config, {k: v.to(device="cuda", dtype=torch.float32)
                                 for k, v in model.weights.items()}, None, "float32",
                  source=f"{model.source}, in float32")
-    params = pt.SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=max_new, ignore_eos=True)
     tokens = {}
     for caching in (False, True):
         engine = pt.Engine(fp32, backend="numba", max_slots=len(prompts), max_seq_len=max_seq_len,
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
                          "host's bookkeeping per step")
     ap.add_argument("--requests", type=int, default=None,
                     help="N (default 8 on the CPU, 16 on the GPU)")
-    ap.add_argument("--max-new-tokens", type=int, default=None,
+    ap.add_argument("--max-tokens", type=int, default=None,
                     help="tokens each request generates (default 8 CPU, 32 GPU)")
     ap.add_argument("--system-tokens", type=int, default=1024,
                     help="--gpu / --tiny: length of the shared random system prompt")
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
             print("error: --gpu needs a CUDA GPU", file=sys.stderr)
             return 2
         n = args.requests or 16
-        max_new = args.max_new_tokens or 32
+        max_new = args.max_tokens or 32
         model, prompts, shared, warmup = random_workload(
             pt.llama_3_2_1b_config(), "bfloat16", n, args.system_tokens, args.question_tokens)
         backend, max_seq_len = "numba", 2048
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
     elif args.tiny:
         n = args.requests or 16
-        max_new = args.max_new_tokens or 32
+        max_new = args.max_tokens or 32
         model, prompts, shared, warmup = random_workload(
             tiny_1b_geometry_config(), "float32", n, args.system_tokens, args.question_tokens)
         backend, max_seq_len = "torch", 2048
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
             pass
     else:
         n = args.requests or 8
-        max_new = args.max_new_tokens or 8
+        max_new = args.max_tokens or 8
         model = pt.load_model("smollm2-135m", dtype="float32")
         prompts, shared = chat_prompts(model, n)
         warmup = [model.tokenizer.apply_chat_template(q) for q in QUESTIONS[:n]]
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         "device": device, "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
         "load_average_1min": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "model": model_name, "dtype": model.dtype, "backend": backend,
-        "requests": n, "max_new_tokens": max_new,
+        "requests": n, "max_tokens": max_new,
         "prompt_tokens": [len(p) for p in prompts], "shared_prefix_tokens": shared,
         "off": on_off_without_tokens(off), "on": on_off_without_tokens(on),
         "summary": summary,

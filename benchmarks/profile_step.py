@@ -93,7 +93,7 @@ def decode_step_fn(model, batch: int, graphs: bool):
     engine = make_engine(model, batch, cuda_graphs=graphs)
     prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
     for p in prompts:
-        engine.add_request(p, pt.SamplingParams(max_new_tokens=1 << 20, ignore_eos=True),
+        engine.add_request(p, pt.SamplingParams(max_tokens=1 << 20, ignore_eos=True),
                            chat=False)
     engine.step()                                            # prefill
     engine.step()                                            # first decode (graph capture)
@@ -114,7 +114,7 @@ def prefill_step_fn(model):
     prompts = [prompts_for(1, 1024, 11 + i, model.config.vocab_size)[0] for i in range(2)]
 
     def step():
-        results = engine.generate(prompts, pt.SamplingParams(max_new_tokens=1, ignore_eos=True),
+        results = engine.generate(prompts, pt.SamplingParams(max_tokens=1, ignore_eos=True),
                                   chat=False)
         assert all(len(r.token_ids) == 1 for r in results)
     return step

@@ -89,8 +89,8 @@ def time_decode(pt, model, device: str, batch: int, prompt_len: int, new_tokens:
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(3, model.config.vocab_size, prompt_len).tolist()
                for _ in range(batch)]
-    params = pt.SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.generate(prompts, pt.SamplingParams(max_new_tokens=4, ignore_eos=True), chat=False)
+    params = pt.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    engine.generate(prompts, pt.SamplingParams(max_tokens=4, ignore_eos=True), chat=False)
     steps = []
     results = engine.generate(prompts, params, chat=False, on_step=steps.append)
     decode = [r.seconds * 1e3 for r in steps if r.kind == "decode" and r.num_tokens == batch]

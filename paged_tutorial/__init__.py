@@ -5,11 +5,16 @@
     engine = pt.Engine(model, backend="auto", max_slots=2)
     print(engine.generate(["What is the capital of France?"])[0].text)
 
+    llm = pt.LLM("smollm2-135m")             # vLLM's API over the same engine
+    print(llm.generate(["The capital of France is"], pt.SamplingParams(max_tokens=8))[0]
+          .outputs[0].text)
+
 The package, by concern: ``engine/`` (serving), ``cache/`` (the paged KV cache), ``model/`` (the
 decoder forward), ``families/`` (each checkpoint architecture served: Llama, Qwen2, Qwen3),
 ``loading/`` (weights and tokenizers), ``backends/`` (where the ops run: torch, Numba CUDA,
-Triton), ``teaching/`` (exercises, puzzles, figures; never imported by the engine) and
-``config.py`` (the one definition of every shape and cache constant).
+Triton), ``serving/`` (vLLM's ``LLM`` API and the OpenAI-compatible server), ``teaching/``
+(exercises, puzzles, figures; never imported by the engine) and ``config.py`` (the one
+definition of every shape and cache constant).
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ if TYPE_CHECKING:
     from paged_tutorial.engine import (Engine, GenerationResult, SamplingParams, StepReport,
                                        TokenStream)
     from paged_tutorial.loading.models import Model, load_model, random_model
+    from paged_tutorial.serving import LLM, CompletionOutput, RequestOutput
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockEvent", "CacheConfig", "Engine", "GenerationResult", "Model", "ModelConfig",
-           "OpCall", "PagedKVCache", "RecordingBackend", "SamplingParams", "StepReport",
-           "TokenStream", "exercises", "llama_3_2_1b_config", "load_model", "random_model",
-           "__version__"]
+__all__ = ["BlockEvent", "CacheConfig", "CompletionOutput", "Engine", "GenerationResult", "LLM",
+           "Model", "ModelConfig", "OpCall", "PagedKVCache", "RecordingBackend", "RequestOutput",
+           "SamplingParams", "StepReport", "TokenStream", "exercises", "llama_3_2_1b_config",
+           "load_model", "random_model", "__version__"]
 
 # Every public name is imported on first use (``pt.Engine`` imports the engine then): ``import
 # paged_tutorial`` itself costs nothing, so ``python -m paged_tutorial`` reaches its own Ctrl-C
@@ -47,6 +53,8 @@ _LAZY_NAMES = {
     "TokenStream": "paged_tutorial.engine",
     "Model": "paged_tutorial.loading.models", "load_model": "paged_tutorial.loading.models",
     "random_model": "paged_tutorial.loading.models",
+    "LLM": "paged_tutorial.serving", "RequestOutput": "paged_tutorial.serving",
+    "CompletionOutput": "paged_tutorial.serving",
 }
 _LAZY_MODULES = {"exercises": "paged_tutorial.teaching.exercises"}
 

@@ -49,7 +49,7 @@ SIM_WARNING = (
     "warning: numba-sim runs every GPU thread of every kernel as a Python thread: the embedded "
     "SmolLM2 (30 layers) needs about a minute per token on a 2-core machine (4 minutes for a "
     "1-token prompt and 3 new tokens, measured).  For a quick "
-    "look keep it tiny (a short prompt, --no-chat, --max-new-tokens 4) or pass a small model "
+    "look keep it tiny (a short prompt, --no-chat, --max-tokens 4) or pass a small model "
     "folder (2 layers, e.g. one written by paged_tutorial.loading.models.save_hf_folder("
     "random_model(...))); for answers use --backend torch.")
 
@@ -65,7 +65,7 @@ def api_defaults() -> dict:
     engine = inspect.signature(Engine.__init__).parameters
     defaults = {name: engine[name].default for name in ("max_slots", "max_seq_len")}
     fields = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-    for name in ("max_new_tokens", "temperature", "top_p", "seed"):
+    for name in ("max_tokens", "temperature", "top_p", "seed"):
         defaults[name] = fields[name]
     return defaults
 
@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "smollm2-135m; bfloat16 for Llama-3.2-1B and larger, float16 on a GPU "
                         "without native bfloat16 such as a T4), float32 on a CPU; the loading "
                         "line says which and why")
-    p.add_argument("--max-new-tokens", type=integer_in(0, MAX_TOKENS_OPTION),
-                   default=d["max_new_tokens"],
+    p.add_argument("--max-tokens", type=integer_in(0, MAX_TOKENS_OPTION),
+                   default=d["max_tokens"],
                    help="tokens to generate per prompt (default: %(default)s)")
     p.add_argument("--temperature", type=number_in(0.0, MAX_TEMPERATURE),
                    default=d["temperature"],
@@ -319,7 +319,7 @@ def run(args, out=None, err=None) -> int:
         return on_token
 
     try:
-        requests = [engine.add_request(prompt, max_new_tokens=args.max_new_tokens,
+        requests = [engine.add_request(prompt, max_tokens=args.max_tokens,
                                        temperature=args.temperature, top_p=args.top_p,
                                        seed=args.seed, chat=not args.no_chat,
                                        on_token=on_token_for(i))

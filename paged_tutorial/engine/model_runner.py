@@ -8,7 +8,10 @@ of its prompt found in the prefix cache starts at that ``num_computed_tokens``; 
 reads the cached part from the paged cache.  For a decode it takes each running request's last
 token and replays a captured CUDA graph when the engine has them (``cuda_graphs.py``), else runs
 the layers eagerly.  Sampling follows ``model/sampling.py``'s rule with each request's own random
-stream, so a request gets the same tokens whatever batch it shares.
+stream, so a request gets the same tokens whatever batch it shares.  A batch in which some
+request narrows its draw with ``top_k`` or ``min_p`` runs eagerly and is sampled by
+``backends/batched_sampling.py`` (the same rule in torch ops, on any device), whatever the
+backend's own sampler supports.
 
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
@@ -26,6 +29,7 @@ import time
 import torch
 
 from paged_tutorial.backends.base import Backend
+from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
@@ -95,7 +99,8 @@ class ModelRunner:
         """Run the batch; return (one sampled token id per request, logits [B, V] in the model dtype)."""
         requests = batch.requests
         t0 = time.perf_counter()
-        if batch.kind == "decode" and self.graphs is not None:
+        filtered = any(r.params.filters_vocabulary for r in requests)
+        if batch.kind == "decode" and self.graphs is not None and not filtered:
             logits, next_ids = self.graphs.run(*self.decode_rows(requests),
                                                *self.sampling_inputs(requests))
             tokens = [int(t) for t in next_ids]
@@ -106,8 +111,15 @@ class ModelRunner:
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()
-        next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
-                                       inputs.uniforms).tolist()
+        if filtered:
+            next_ids = sample_batched(
+                logits, inputs.temperature, inputs.top_p, inputs.uniforms,
+                top_k=torch.tensor([r.params.top_k for r in requests], device=logits.device),
+                min_p=torch.tensor([r.params.min_p for r in requests], device=logits.device,
+                                   dtype=torch.float32)).tolist()
+        else:
+            next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
+                                           inputs.uniforms).tolist()
         tokens = [int(t) for t in next_ids]
         self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
                               "sample": time.perf_counter() - t2}

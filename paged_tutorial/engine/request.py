@@ -67,6 +67,15 @@ class Request:
     callback_error: BaseException | None = None   # raised by on_token; re-raised by its caller
     error: str | None = None             # why it finished with finish_reason "error"
 
+    def __post_init__(self):
+        # stop strings, stop tokens and n answers are applied by pt.LLM and the server
+        # (serving/answers.py), around the engine: refused here rather than ignored
+        params = self.params
+        if params.stop or params.stop_token_ids or params.n != 1:
+            raise ValueError("stop, stop_token_ids and n are applied by pt.LLM (and the "
+                             "server), not by Engine: use pt.LLM(model).generate(...), or "
+                             "leave them out of the SamplingParams given to the Engine")
+
     # --- read-only views -----------------------------------------------------------------
     @property
     def all_ids(self) -> list[int]:

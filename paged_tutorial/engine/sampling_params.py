@@ -1,18 +1,32 @@
 """How one request is sampled and when it stops: ``SamplingParams``, validated when it is made.
 
+The field names and meanings are vLLM's, so a vLLM snippet's ``SamplingParams(...)`` runs here
+unchanged.  Two defaults differ: ``temperature`` is 0 (greedy) and ``max_tokens`` 64.
+
 Everything a caller can get wrong is refused here, before a request is queued, with a message
 that names the argument, the value and the accepted range:
 
-- ``max_new_tokens``: an integer >= 0 (numpy integers are fine; floats, strings and bools are
-  not: ``max_new_tokens=2.5`` would otherwise be silently truncated).
+- ``max_tokens``: an integer >= 0 (numpy integers are fine; floats, strings and bools are
+  not: ``max_tokens=2.5`` would otherwise be silently truncated).
 - ``temperature``: a finite number >= 0.  0 means greedy.  A positive temperature below
   ``GREEDY_BELOW`` is treated as greedy too: ``logits / 1e-39`` overflows to inf and the softmax
   to NaN, and a NaN distribution has no defined sample (vLLM uses the same cut-off).
 - ``top_p``: in (0, 1].
+- ``top_k``: an integer >= 1 keeps the k most likely tokens (ties at the k-th probability kept
+  together); 0 or -1 keeps all.
+- ``min_p``: in [0, 1]: keeps the tokens at least ``min_p`` times as likely as the most likely
+  one; 0 keeps all.
 - ``seed``: None (drawn from the OS once, and reported in the result) or an integer in
   [0, 2**64); the random stream of a request is keyed by (seed, request key, token index).
 - ``ignore_eos``: keep generating past end-of-sequence tokens (benchmarks use it to decode a
   fixed number of tokens).
+- ``stop``: a string or a list of strings; the answer ends before the first one that appears
+  in the text (finish_reason "stop"; the stop string is not part of the text).
+- ``stop_token_ids``: token ids that end the answer like an end-of-sequence token.
+- ``n``: how many answers to sample for each prompt (an integer >= 1).
+
+``pt.LLM`` and the server apply ``stop``, ``stop_token_ids`` and ``n`` (``serving/``); the
+sampler (``model/sampling.py``) applies ``temperature``, ``top_p``, ``top_k`` and ``min_p``.
 
 ``check_sample_key`` does the same for ``Engine.add_request``'s ``sample_key`` (an integer in
 [0, 2**64), like a seed: the two key the request's random stream together).
@@ -61,16 +75,33 @@ def check_sample_key(sample_key) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_new_tokens: int = 64
+    n: int = 1
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    max_tokens: int = 64
 
     def __post_init__(self):
-        if not is_integer(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got "
-                             f"{self.max_new_tokens!r}")
+        if not is_integer(self.max_tokens) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got "
+                             f"{self.max_tokens!r}")
+        if not is_integer(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1 (answers per prompt), got {self.n!r}")
+        if not is_integer(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an integer >= 1, or 0 or -1 for all tokens, got "
+                             f"{self.top_k!r}")
+        min_p = finite_float(self.min_p)
+        if min_p is None or not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 keeps all tokens), got {self.min_p!r}")
+        object.__setattr__(self, "top_k", max(int(self.top_k), 0))
+        object.__setattr__(self, "min_p", min_p)
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+        object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
         temperature, top_p = finite_float(self.temperature), finite_float(self.top_p)
         if temperature is None or temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy) and finite, got "
@@ -83,7 +114,8 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         # store plain Python numbers (numpy scalars would leak into results)
-        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        object.__setattr__(self, "n", int(self.n))
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)
         if self.seed is not None:
@@ -92,6 +124,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def filters_vocabulary(self) -> bool:
+        """top_k or min_p narrows the draw (the sampler then needs those two per row)."""
+        return not self.greedy and (self.top_k > 0 or self.min_p > 0.0)
 
     @property
     def effective_temperature(self) -> float:
@@ -104,6 +141,29 @@ class SamplingParams:
         if self.seed is not None:
             return self
         return replace(self, seed=draw_seed() if seed is None else seed)
+
+
+def _stop_strings(stop) -> list[str]:
+    """``stop`` as a list of non-empty strings (a single string is one stop string)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not s for s in stop):
+        raise ValueError("stop strings must not be empty: an empty string would end every "
+                         "answer before its first token")
+    return list(stop)
+
+
+def _stop_token_ids(ids) -> list[int]:
+    if ids is None:
+        return []
+    if not isinstance(ids, (list, tuple)) or not all(is_integer(t) and t >= 0 for t in ids):
+        raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got "
+                         f"{ids!r}")
+    return [int(t) for t in ids]
 
 
 def draw_seed() -> int:

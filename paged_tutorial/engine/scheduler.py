@@ -182,7 +182,7 @@ class Scheduler:
         params = request.params
         if not params.ignore_eos and request.output_ids[-1] in self.eos_token_ids:
             return "eos"
-        if len(request.output_ids) >= params.max_new_tokens:
+        if len(request.output_ids) >= params.max_tokens:
             return "length"
         if request.total_len >= self.max_seq_len:
             return "max_seq_len"

@@ -5,7 +5,7 @@ it and everything else to another backend.
     router = KernelRouter(kernel, inner="torch", layers=[3], kv_groups=[0])   # CPU: a little
     router = KernelRouter(kernel, inner="numba")                              # GPU: everything
     engine = pt.Engine(model, backend=router)
-    engine.generate(["What is the capital of France?"], max_new_tokens=8, temperature=0.0)
+    engine.generate(["What is the capital of France?"], max_tokens=8, temperature=0.0)
     router.routed           # one RoutedCall per decode attention the kernel answered
 
 ``KernelRouter`` is a ``RecordingBackend`` that records nothing of its own: every op is

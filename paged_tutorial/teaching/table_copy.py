@@ -95,7 +95,7 @@ def run_decode(model, backend: Backend, *, batch: int, prompt_len: int, steps: i
                          f"fit max_seq_len {max_seq_len}: shorten the run")
     engine = Engine(model, backend=backend, max_slots=batch, max_seq_len=max_seq_len,
                     kv_cache_bytes=kv_cache_bytes, cuda_graphs=cuda_graphs)
-    params = SamplingParams(max_new_tokens=warmup + steps + 1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=warmup + steps + 1, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(p, params).request_id
            for p in _prompts(model.config.vocab_size, batch, prompt_len, seed)]
     synced_before = engine.cache.dirty_entries_synced

@@ -22,13 +22,13 @@ def tiny_model():
 
 def test_recording_backend_records_without_changing_tokens(tiny_model):
     plain = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96)
-    expected = [r.token_ids for r in plain.generate(PROMPTS, max_new_tokens=5)]
+    expected = [r.token_ids for r in plain.generate(PROMPTS, max_tokens=5)]
     recorder = pt.RecordingBackend("torch", keep={"decode_attention": ["seq_lens",
                                                                        "active_slots"]})
     engine = pt.Engine(tiny_model, backend=recorder, max_slots=2, max_seq_len=96)
     assert engine.model_runner.graphs is None
     reports = []
-    got = engine.generate(PROMPTS, max_new_tokens=5, on_step=reports.append)
+    got = engine.generate(PROMPTS, max_tokens=5, on_step=reports.append)
     assert [r.token_ids for r in got] == expected
     names = {c.name for c in recorder.calls}
     assert {"embed", "linear", "rope_write_kv", "prefill_attention", "decode_attention",
@@ -79,7 +79,7 @@ def test_cache_listener_replays_the_free_list(tiny_model):
             event.block if event.kind == "pop" else -1)
 
     cache.add_listener(listen)
-    engine.generate(PROMPTS, max_new_tokens=20)
+    engine.generate(PROMPTS, max_tokens=20)
     assert replay == cache.free_blocks
     assert (table == cache.block_table).all()
     pops = [e for e in events if e.kind == "pop"]
@@ -98,7 +98,7 @@ def test_cache_listener_replays_the_free_list(tiny_model):
 def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
     engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96)
     solo = pt.Engine(tiny_model, backend="torch", max_slots=1, max_seq_len=96)
-    other = engine.add_request(PROMPTS[2], max_new_tokens=20)
+    other = engine.add_request(PROMPTS[2], max_tokens=20)
     seen = []
 
     def listen(event):
@@ -108,7 +108,7 @@ def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
 
     engine.cache.add_listener(listen)
     try:
-        engine.generate([PROMPTS[0]], max_new_tokens=20)
+        engine.generate([PROMPTS[0]], max_tokens=20)
     except RuntimeError as exc:
         assert "listener bug" in str(exc)
     engine.cache.check_invariants()
@@ -116,7 +116,7 @@ def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
     engine.cache.remove_listener(listen)
     engine.run_until_done()
     assert engine.result(other.request_id).token_ids == \
-        solo.generate([PROMPTS[2]], max_new_tokens=20)[0].token_ids
+        solo.generate([PROMPTS[2]], max_tokens=20)[0].token_ids
     assert sorted(engine.cache.free_blocks) == list(range(engine.cache.NUM_BLOCKS))
     assert (engine.cache.block_table == -1).all()
 
@@ -125,7 +125,7 @@ def test_step_count_and_reports(tiny_model):
     engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96)
     assert engine.step_count == 0
     reports = []
-    engine.generate(PROMPTS[:2], max_new_tokens=3, on_step=reports.append)
+    engine.generate(PROMPTS[:2], max_tokens=3, on_step=reports.append)
     assert [r.index for r in reports] == list(range(len(reports)))
     assert engine.step_count == len(reports)
     assert engine.step().kind == "idle" and engine.step_count == len(reports) + 1

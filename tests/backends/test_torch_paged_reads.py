@@ -115,7 +115,7 @@ def test_engine_with_prefix_caching_gives_the_per_sequence_tokens_and_logits():
                            prefix_caching=True)
         engine.record_logits = True
         steps = []
-        results = engine.generate(prompts, max_new_tokens=6, on_step=steps.append)
+        results = engine.generate(prompts, max_tokens=6, on_step=steps.append)
         runs.append((results, steps))
     (ours, our_steps), (ref, ref_steps) = runs
     assert [r.token_ids for r in ours] == [r.token_ids for r in ref]

@@ -55,7 +55,7 @@ def solo(tiny_model):
         if key not in memo:
             engine = make_engine(tiny_model, max_slots=1, prefix_caching=False,
                                  max_seq_len=max_seq_len)
-            memo[key] = engine.generate([prompt], max_new_tokens=n)[0].token_ids
+            memo[key] = engine.generate([prompt], max_tokens=n)[0].token_ids
         return memo[key]
 
     return get
@@ -320,7 +320,7 @@ def run_checked(engine, prompts, n):
         engine.scheduler.check_invariants()
         steps.append(report)
 
-    return engine.generate(prompts, max_new_tokens=n, on_step=on_step), steps
+    return engine.generate(prompts, max_tokens=n, on_step=on_step), steps
 
 
 def test_greedy_tokens_are_identical_with_prefix_caching_on_and_off(tiny_model, solo):
@@ -337,7 +337,7 @@ def test_greedy_tokens_are_identical_with_prefix_caching_on_and_off(tiny_model, 
     assert computed < sum(s.num_tokens for s in off_steps if s.kind == "prefill")
     assert_idle(on)
     # the prefix stays cached: a later call finds it without anyone holding it
-    again = on.generate([prompts[1]], max_new_tokens=4)[0]        # all its 4 full blocks
+    again = on.generate([prompts[1]], max_tokens=4)[0]        # all its 4 full blocks
     assert again.num_cached_tokens == 64 and again.token_ids == solo(prompts[1], 4)
 
 
@@ -345,7 +345,7 @@ def test_a_request_waits_one_step_for_a_prefix_being_computed(tiny_model):
     engine = make_engine(tiny_model)
     prompts = shared_prompts()[:2]
     for p in prompts:
-        engine.add_request(p, max_new_tokens=3)
+        engine.add_request(p, max_tokens=3)
     first = engine.step()
     assert first.kind == "prefill" and len(first.request_ids) == 1
     second = engine.step()
@@ -418,7 +418,7 @@ def test_a_failed_prefill_forgets_the_blocks_it_registered(tiny_model, solo):
     engine = make_engine(tiny_model, backend=FailOnce("prefill_attention"))
     events = []
     engine.cache.add_listener(events.append)
-    other = engine.add_request(prompts[1], max_new_tokens=6)
+    other = engine.add_request(prompts[1], max_tokens=6)
     with pytest.raises(KeyboardInterrupt):
         engine.step()
     assert len(kinds(events, "unregister")) == 4 * 2 and not engine.cache.allocator.by_key
@@ -428,12 +428,12 @@ def test_a_failed_prefill_forgets_the_blocks_it_registered(tiny_model, solo):
     assert_idle(engine)
     # fails in a prefill that found its prefix: the shared blocks go back to the cache
     engine = make_engine(tiny_model, backend=FailOnce("prefill_attention_from_cache"))
-    engine.generate([prompts[0]], max_new_tokens=2)
+    engine.generate([prompts[0]], max_tokens=2)
     with pytest.raises(KeyboardInterrupt):
-        engine.generate([prompts[1]], max_new_tokens=6)
+        engine.generate([prompts[1]], max_tokens=6)
     accounting(engine.cache)
     assert engine.cache.num_evictable_blocks == 3 * 2             # the first prompt's 3 full blocks
-    res = engine.generate([prompts[1]], max_new_tokens=6)[0]
+    res = engine.generate([prompts[1]], max_tokens=6)[0]
     assert res.token_ids == solo(prompts[1], 6) and res.num_cached_tokens == 32
     assert_idle(engine)
 
@@ -441,9 +441,9 @@ def test_a_failed_prefill_forgets_the_blocks_it_registered(tiny_model, solo):
 def test_cancel_and_stream_close_drop_only_their_references(tiny_model, solo):
     engine = make_engine(tiny_model)
     prompts = shared_prompts()
-    keep = engine.add_request(prompts[0], max_new_tokens=10)
-    victim = engine.add_request(prompts[1], max_new_tokens=30)
-    stream = engine.stream(prompts[4], max_new_tokens=30)
+    keep = engine.add_request(prompts[0], max_tokens=10)
+    victim = engine.add_request(prompts[1], max_tokens=30)
+    stream = engine.stream(prompts[4], max_tokens=30)
     for _ in range(4):
         engine.step()
         accounting(engine.cache)
@@ -478,7 +478,7 @@ def test_the_events_rebuild_the_cache_state_every_step(tiny_model):
                          max_seq_len=64)
     recorder = SharingRecorder(engine)
     for p in (SYSTEM[:33], SYSTEM[:32] + [5, 6, 7], list(range(50, 85)), SYSTEM[:40]):
-        engine.add_request(p, max_new_tokens=20)
+        engine.add_request(p, max_tokens=20)
     steps = recorder.run(check=True)                # rebuilt state == cache state every step
     assert any(s.count(SHARED) for s in steps) and steps[-1].count(CACHED)
     assert recorder.key_steps()
@@ -510,9 +510,9 @@ def test_numba_backend_runs_prefix_caching_through_the_default_op():
     head = r.integers(0, 64, 16).tolist()
     prompts = [head + r.integers(0, 64, 3).tolist(), head + r.integers(0, 64, 2).tolist()]
     kw = dict(max_slots=2, max_seq_len=32, kv_cache_bytes=16 * 2 * BS * SIM_CONFIG.kv_dim * 4)
-    ref = pt.Engine(model, backend="torch", **kw).generate(prompts, max_new_tokens=3)
+    ref = pt.Engine(model, backend="torch", **kw).generate(prompts, max_tokens=3)
     engine = pt.Engine(model, backend=backend_name(), prefix_caching=True, **kw)
-    ours = engine.generate(prompts, max_new_tokens=3)
+    ours = engine.generate(prompts, max_tokens=3)
     assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
     assert [r.num_cached_tokens for r in ours] == [0, 16]
     accounting(engine.cache)
@@ -532,7 +532,7 @@ event_st = st.tuples(st.integers(0, 6),                                    # ste
                      st.integers(0, 2),                                     # which prefix
                      st.integers(0, 40),                                    # prefix length used
                      st.integers(0, 20),                                    # own tail length
-                     st.integers(1, 20))                                    # max_new_tokens
+                     st.integers(1, 20))                                    # max_tokens
 
 
 

@@ -34,11 +34,11 @@ def serve(engine, n: int, start: int) -> None:
     for i in range(start, start + n):
         prompt = [1 + i % 90, 2 + i % 7]
         if i % 10 == 0:
-            assert len(engine.generate([prompt], max_new_tokens=1)[0].token_ids) == 1
+            assert len(engine.generate([prompt], max_tokens=1)[0].token_ids) == 1
         elif i % 10 == 1:
-            assert "".join(engine.stream(prompt, max_new_tokens=2)) == ""   # no tokenizer
+            assert "".join(engine.stream(prompt, max_tokens=2)) == ""   # no tokenizer
         else:
-            live.append(engine.add_request(prompt, max_new_tokens=1 + i % 2).request_id)
+            live.append(engine.add_request(prompt, max_tokens=1 + i % 2).request_id)
         if len(live) >= engine.max_slots:
             engine.run_until_done()
             for request_id in live:
@@ -70,7 +70,7 @@ def test_many_requests_leave_the_request_map_and_memory_flat(engine, n):
 
 
 def test_pop_result_forgets_and_result_only_reads(engine):
-    request = engine.add_request([1, 2, 3], max_new_tokens=2)
+    request = engine.add_request([1, 2, 3], max_tokens=2)
     with pytest.raises(ValueError, match="still waiting.*pop_result"):
         engine.pop_result(request.request_id)
     engine.run_until_done()
@@ -84,7 +84,7 @@ def test_pop_result_forgets_and_result_only_reads(engine):
 
 
 def test_a_dropped_stream_is_cancelled_and_forgotten(engine):
-    stream = engine.stream([1, 2, 3], max_new_tokens=20)
+    stream = engine.stream([1, 2, 3], max_tokens=20)
     next(iter(stream), None)
     request_id = stream.request_id
     del stream
@@ -97,7 +97,7 @@ def test_a_dropped_stream_is_cancelled_and_forgotten(engine):
 def test_a_stream_collected_in_the_middle_of_a_step_is_cancelled_and_forgotten(engine):
     """The garbage collector may drop a stream while this thread is inside a step (here:
     from a cache listener); the cancel waits for the next step, and forgets the request."""
-    stream = engine.stream([1, 2, 3], max_new_tokens=20)
+    stream = engine.stream([1, 2, 3], max_tokens=20)
     next(iter(stream), None)
     request_id = stream.request_id
     cycle = [stream]
@@ -110,7 +110,7 @@ def test_a_stream_collected_in_the_middle_of_a_step_is_cancelled_and_forgotten(e
             collected.append(gc.collect())
 
     engine.cache.add_listener(collect_once)
-    assert len(engine.generate([[4, 5]], max_new_tokens=3)[0].token_ids) == 3
+    assert len(engine.generate([[4, 5]], max_tokens=3)[0].token_ids) == 3
     assert collected and not engine.has_unfinished()
     assert engine.num_requests == 0
     with pytest.raises(ValueError, match="no request with id"):

@@ -31,7 +31,7 @@ def engine(tiny_model):
 @pytest.fixture(scope="module")
 def solo(tiny_model):
     engine = pt.Engine(tiny_model, backend="torch", max_slots=1, max_seq_len=64)
-    return {tuple(p): engine.generate([p], max_new_tokens=12)[0].token_ids
+    return {tuple(p): engine.generate([p], max_tokens=12)[0].token_ids
             for p in (A_PROMPT, B_PROMPT)}
 
 
@@ -44,12 +44,12 @@ def assert_idle(engine):
 
 # --- re-entry ----------------------------------------------------------------------------------
 REENTRIES = {
-    "generate": lambda e: e.generate([[1, 2]], max_new_tokens=2),
+    "generate": lambda e: e.generate([[1, 2]], max_tokens=2),
     "step": lambda e: e.step(),
-    "stream": lambda e: e.stream([1, 2], max_new_tokens=2),
+    "stream": lambda e: e.stream([1, 2], max_tokens=2),
     "run_until_done": lambda e: e.run_until_done(),
-    "add_request-then-step": lambda e: (e.add_request([1, 2], max_new_tokens=2), e.step()),
-    "stream-consumed": lambda e: list(e.stream([1, 2], max_new_tokens=2)),
+    "add_request-then-step": lambda e: (e.add_request([1, 2], max_tokens=2), e.step()),
+    "stream-consumed": lambda e: list(e.stream([1, 2], max_tokens=2)),
 }
 CALLBACKS = ["on_step", "on_token"]
 
@@ -65,7 +65,7 @@ def test_reentry_from_a_callback_is_refused(engine, solo, callback, what):
 
     with pytest.raises(RuntimeError, match=r"engine\.(generate|step|stream)\(\) was called "
                                            r"from inside a callback") as info:
-        engine.generate([A_PROMPT], max_new_tokens=4, **{callback: reenter})
+        engine.generate([A_PROMPT], max_tokens=4, **{callback: reenter})
     named = what.split("-")[-1] if what != "stream-consumed" else "stream"
     named = {"then": "step", "run_until_done": "step"}.get(named, named)
     assert f"engine.{named}()" in str(info.value)
@@ -75,13 +75,13 @@ def test_reentry_from_a_callback_is_refused(engine, solo, callback, what):
     for request_id in list(engine._requests):
         engine.pop_result(request_id)
     assert_idle(engine)
-    assert engine.generate([A_PROMPT], max_new_tokens=12)[0].token_ids == solo[tuple(A_PROMPT)]
+    assert engine.generate([A_PROMPT], max_tokens=12)[0].token_ids == solo[tuple(A_PROMPT)]
 
 
 def test_on_step_of_run_until_done_refuses_reentry(engine):
-    engine.add_request(A_PROMPT, max_new_tokens=3)
+    engine.add_request(A_PROMPT, max_tokens=3)
     with pytest.raises(RuntimeError, match=r"engine\.generate\(\)"):
-        engine.run_until_done(on_step=lambda report: engine.generate([[1]], max_new_tokens=1))
+        engine.run_until_done(on_step=lambda report: engine.generate([[1]], max_tokens=1))
 
 
 def test_cancel_and_add_request_stay_allowed_in_callbacks(engine):
@@ -89,10 +89,10 @@ def test_cancel_and_add_request_stay_allowed_in_callbacks(engine):
 
     def on_step(report):
         if not added:
-            added.append(engine.add_request(B_PROMPT, max_new_tokens=2))
+            added.append(engine.add_request(B_PROMPT, max_tokens=2))
             engine.cancel(added[0].request_id)
 
-    engine.generate([A_PROMPT], max_new_tokens=3, on_step=on_step)
+    engine.generate([A_PROMPT], max_tokens=3, on_step=on_step)
     assert engine.pop_result(added[0].request_id).finish_reason == "cancelled"
     assert_idle(engine)
 
@@ -115,7 +115,7 @@ def test_a_callers_exception_lands_on_that_caller_across_threads(engine, solo, e
             on_token.n = 0
             start.wait()
             try:
-                engine.generate([A_PROMPT], max_new_tokens=12, on_token=on_token)
+                engine.generate([A_PROMPT], max_tokens=12, on_token=on_token)
                 got["A"] = "returned"
             except BaseException as exc:            # noqa: BLE001 - recorded for the test
                 got["A"] = exc
@@ -123,7 +123,7 @@ def test_a_callers_exception_lands_on_that_caller_across_threads(engine, solo, e
         def caller_b():
             start.wait()
             try:
-                got["B"] = engine.generate([B_PROMPT], max_new_tokens=12)[0].token_ids
+                got["B"] = engine.generate([B_PROMPT], max_tokens=12)[0].token_ids
             except BaseException as exc:            # noqa: BLE001 - recorded for the test
                 got["B"] = exc
 

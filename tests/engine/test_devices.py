@@ -45,7 +45,7 @@ def test_a_device_that_is_not_a_name_is_a_type_error(tiny_model, device):
 def test_the_cpu_is_always_available(tiny_model):
     assert available_devices()[0] == "cpu"
     engine = pt.Engine(tiny_model, backend="torch", device=torch.device("cpu"), max_seq_len=32)
-    assert engine.generate([[1, 2]], max_new_tokens=2)[0].finish_reason == "length"
+    assert engine.generate([[1, 2]], max_tokens=2)[0].finish_reason == "length"
 
 
 @pytest.mark.gpu
@@ -53,6 +53,6 @@ def test_every_visible_gpu_is_accepted_and_the_next_index_refused(tiny_model):
     assert N_GPUS > 0
     for i in range(N_GPUS):
         engine = pt.Engine(tiny_model, backend="torch", device=f"cuda:{i}", max_seq_len=32)
-        assert engine.generate([[1, 2]], max_new_tokens=2)[0].finish_reason == "length"
+        assert engine.generate([[1, 2]], max_tokens=2)[0].finish_reason == "length"
     with pytest.raises(ValueError, match=f"has {N_GPUS} CUDA device"):
         pt.Engine(tiny_model, backend="torch", device=f"cuda:{N_GPUS}")

@@ -65,7 +65,7 @@ def test_tiny_llama_tokens_and_logits_match_hf(tiny_llama, name):
         for row, rid in enumerate(report.request_ids):
             logits_by_request[rid].append(report.logits[row])
 
-    results = engine.generate(prompts, max_new_tokens=32, on_step=keep)
+    results = engine.generate(prompts, max_tokens=32, on_step=keep)
     for i, (prompt, res) in enumerate(zip(prompts, results)):
         assert res.token_ids == hf_greedy(hf, prompt, 32), f"prompt {i} ({len(prompt)} tokens)"
         full = torch.tensor([prompt + res.token_ids[:-1]])
@@ -85,13 +85,13 @@ def test_batch_invariance_through_two_slots(tiny_llama):
     batched = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=128)
     together = []
     for p, n in zip(prompts, lengths):
-        batched.add_request(p, max_new_tokens=n, temperature=0.8, top_p=0.9, seed=5,
+        batched.add_request(p, max_tokens=n, temperature=0.8, top_p=0.9, seed=5,
                             sample_key=len(together))
         together.append(p)
     batched.run_until_done()
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         alone = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=128)
-        solo = alone.add_request(p, max_new_tokens=n, temperature=0.8, top_p=0.9, seed=5,
+        solo = alone.add_request(p, max_tokens=n, temperature=0.8, top_p=0.9, seed=5,
                                  sample_key=i)
         alone.run_until_done()
         assert batched.result(i).token_ids == alone.result(solo.request_id).token_ids
@@ -118,7 +118,7 @@ def test_block_accounting_every_step(tiny_llama):
                 assert cache.blocks_owned(r.slot, layer) == -(-r.num_computed_tokens // 16)
         steps.append(report.kind)
 
-    engine.generate(prompts, max_new_tokens=17, on_step=check)
+    engine.generate(prompts, max_tokens=17, on_step=check)
     assert "prefill" in steps and "decode" in steps
     assert (cache.block_table == -1).all()
     assert sorted(cache.free_blocks) == list(range(cache.NUM_BLOCKS))
@@ -127,10 +127,10 @@ def test_block_accounting_every_step(tiny_llama):
 def test_streaming_callback_and_iterator(smollm2_f32):
     engine = pt.Engine(smollm2_f32, backend="torch", max_slots=2, max_seq_len=512)
     pieces = []
-    res = engine.generate(["Say hello."], max_new_tokens=12,
+    res = engine.generate(["Say hello."], max_tokens=12,
                           on_token=lambda i, tok, piece: pieces.append(piece))[0]
     assert "".join(pieces) == res.text
-    streamed = "".join(engine.stream("Say hello.", max_new_tokens=12))
+    streamed = "".join(engine.stream("Say hello.", max_tokens=12))
     assert streamed == res.text
 
 
@@ -143,7 +143,7 @@ SMOL_PROMPTS = ["What is the capital of France?",
 @pytest.mark.slow
 def test_smollm2_greedy_matches_hf_float32(smollm2_f32, hf_smollm2):
     engine = pt.Engine(smollm2_f32, backend="torch", max_slots=2, max_seq_len=1024)
-    results = engine.generate(SMOL_PROMPTS, max_new_tokens=40)
+    results = engine.generate(SMOL_PROMPTS, max_tokens=40)
     assert results[0].text.startswith("The capital of France is Paris")
     for prompt, res in zip(SMOL_PROMPTS, results):
         ids = res.prompt_token_ids
@@ -158,7 +158,7 @@ def test_finish_reasons(tiny_llama):
     model = pt.load_model(str(folder), dtype="float32")
     engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=40)
     too_long, fits_edge, zero = engine.generate([[1] * 40, [2] * 30, [3] * 5],
-                                                max_new_tokens=20)[0:3]
+                                                max_tokens=20)[0:3]
     assert too_long.finish_reason == "prompt_too_long" and too_long.token_ids == []
     assert fits_edge.finish_reason == "max_seq_len" and len(fits_edge.token_ids) == 10
     assert zero.finish_reason == "length" and len(zero.token_ids) == 20
@@ -176,8 +176,8 @@ def test_warm_up_serves_one_request_and_leaves_no_trace():
     assert sorted(warmed.cache.free_blocks) == free_before
     fresh = pt.Engine(model, backend="torch")
     prompt = [[5, 6, 7]]
-    assert warmed.generate(prompt, max_new_tokens=4, chat=False)[0].token_ids == \
-        fresh.generate(prompt, max_new_tokens=4, chat=False)[0].token_ids
-    warmed.add_request([5, 6], max_new_tokens=2, chat=False)
+    assert warmed.generate(prompt, max_tokens=4, chat=False)[0].token_ids == \
+        fresh.generate(prompt, max_tokens=4, chat=False)[0].token_ids
+    warmed.add_request([5, 6], max_tokens=2, chat=False)
     with pytest.raises(RuntimeError, match="before any request"):
         warmed.warm_up()

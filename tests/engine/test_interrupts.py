@@ -54,7 +54,7 @@ def small_engine(model, prefix_caching: bool):
 @pytest.fixture(scope="module")
 def solo(tiny_model):
     engine = pt.Engine(tiny_model, backend="torch", max_slots=1, max_seq_len=96)
-    return {tuple(p): engine.generate([p], max_new_tokens=MAX_NEW)[0].token_ids
+    return {tuple(p): engine.generate([p], max_tokens=MAX_NEW)[0].token_ids
             for p in PROMPTS + [PROBE]}
 
 
@@ -144,7 +144,7 @@ def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) 
     spans = []
     for _ in range(2):
         t0 = time.perf_counter()
-        results = engine.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        results = engine.generate(PROMPTS, max_tokens=MAX_NEW)
         spans.append(time.perf_counter() - t0)
     span = min(spans)
     assert [r.token_ids for r in results] == [solo[tuple(p)] for p in PROMPTS]
@@ -154,12 +154,12 @@ def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) 
     for _ in range(trials):
         delay = float(rng.uniform(1e-6, 1.1 * span))
         results, interrupted = run_with_alarm(
-            lambda: engine.generate(PROMPTS, max_new_tokens=MAX_NEW), delay)
+            lambda: engine.generate(PROMPTS, max_tokens=MAX_NEW), delay)
         counts["interrupted" if interrupted else "completed"] += 1
         assert_idle_and_consistent(engine)
         if results is not None:
             assert [r.token_ids for r in results] == [solo[tuple(p)] for p in PROMPTS]
-        probe = engine.generate([PROBE], max_new_tokens=4)[0]
+        probe = engine.generate([PROBE], max_tokens=4)[0]
         assert probe.token_ids == solo[tuple(PROBE)][:4]
         assert_idle_and_consistent(engine)
     return counts
@@ -167,24 +167,24 @@ def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) 
 
 def line_trials(model, solo, prefix_caching: bool, trials: int, seed: int) -> dict:
     engine = small_engine(model, prefix_caching)
-    engine.generate(PROMPTS, max_new_tokens=MAX_NEW)        # warm: the prefix cache is filled
+    engine.generate(PROMPTS, max_tokens=MAX_NEW)        # warm: the prefix cache is filled
     counter = SignalAtLine()
     sys.settrace(counter)
     try:
-        engine.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        engine.generate(PROMPTS, max_tokens=MAX_NEW)
     finally:
         sys.settrace(None)
     rng = np.random.default_rng(seed)
     counts = {"interrupted": 0, "completed": 0}
     for _ in range(trials):
         results, interrupted = run_with_signal_at_line(
-            lambda: engine.generate(PROMPTS, max_new_tokens=MAX_NEW),
+            lambda: engine.generate(PROMPTS, max_tokens=MAX_NEW),
             int(rng.integers(1, counter.lines + 1)), float(rng.uniform(2e-5, 2e-4)))
         counts["interrupted" if interrupted else "completed"] += 1
         assert_idle_and_consistent(engine)
         if results is not None:
             assert [r.token_ids for r in results] == [solo[tuple(p)] for p in PROMPTS]
-        probe = engine.generate([PROBE], max_new_tokens=4)[0]
+        probe = engine.generate([PROBE], max_tokens=4)[0]
         assert probe.token_ids == solo[tuple(PROBE)][:4]
         assert_idle_and_consistent(engine)
     return counts
@@ -238,7 +238,7 @@ def test_the_model_run_stays_interruptible_inside_a_step(tiny_model):
     """The forward pass is not deferred: an alarm during it interrupts the step at once, and
     the step is rolled back (the request is recomputed later with the same tokens)."""
     engine = pt.Engine(tiny_model, backend="torch", max_slots=1, max_seq_len=96)
-    request = engine.add_request([1, 2, 3], max_new_tokens=4)
+    request = engine.add_request([1, 2, 3], max_tokens=4)
     seen = []
 
     def slow_forward(*args, **kwargs):

@@ -42,7 +42,7 @@ def solo(tiny_model):
         key = (tuple(prompt), n, tuple(sorted(params.items())))
         if key not in cache:
             engine = make_engine(tiny_model, max_slots=1)
-            cache[key] = engine.generate([prompt], max_new_tokens=n, **params)[0].token_ids
+            cache[key] = engine.generate([prompt], max_tokens=n, **params)[0].token_ids
         return cache[key]
 
     return get
@@ -87,7 +87,7 @@ class ScriptedSampler(pt.RecordingBackend):
 @pytest.mark.parametrize("where", ["on_token", "on_step"])
 def test_callback_exception_cancels_the_call_and_spares_the_batch_mate(tiny_model, solo, where):
     engine = make_engine(tiny_model)
-    other = engine.add_request(PROMPTS[1], max_new_tokens=12)
+    other = engine.add_request(PROMPTS[1], max_tokens=12)
     seen = []
 
     def on_token(i, tok, piece):
@@ -101,13 +101,13 @@ def test_callback_exception_cancels_the_call_and_spares_the_batch_mate(tiny_mode
 
     kw = {"on_token": on_token} if where == "on_token" else {"on_step": on_step}
     with pytest.raises(Boom):
-        engine.generate([PROMPTS[0]], max_new_tokens=20, **kw)
+        engine.generate([PROMPTS[0]], max_tokens=20, **kw)
     # the call's request is gone; the other one keeps running and gets its solo tokens
     assert [r.request_id for r in engine.scheduler.running] == [other.request_id]
     engine.run_until_done()
     assert engine.result(other.request_id).token_ids == solo(PROMPTS[1], 12)
     assert_idle(engine)
-    assert engine.generate([PROMPTS[2]], max_new_tokens=5)[0].token_ids == solo(PROMPTS[2], 5)
+    assert engine.generate([PROMPTS[2]], max_tokens=5)[0].token_ids == solo(PROMPTS[2], 5)
 
 
 @pytest.mark.parametrize("exc", [Boom("in the model"), KeyboardInterrupt()])
@@ -116,9 +116,9 @@ def test_callback_exception_cancels_the_call_and_spares_the_batch_mate(tiny_mode
 def test_failure_inside_the_model_rolls_the_step_back(tiny_model, solo, exc, op, at):
     backend = FailingBackend(exc, op=op, at=at)
     engine = make_engine(tiny_model, backend=backend)
-    other = engine.add_request(PROMPTS[2], max_new_tokens=10)
+    other = engine.add_request(PROMPTS[2], max_tokens=10)
     with pytest.raises(type(exc)):
-        engine.generate([PROMPTS[0]], max_new_tokens=10)
+        engine.generate([PROMPTS[0]], max_tokens=10)
     engine.cache.check_invariants()
     engine.scheduler.check_invariants()
     # the batch-mate was preempted by the rollback and is recomputed to the same tokens
@@ -129,7 +129,7 @@ def test_failure_inside_the_model_rolls_the_step_back(tiny_model, solo, exc, op,
 
 def test_step_count_advances_only_on_success(tiny_model):
     engine = make_engine(tiny_model, backend=FailingBackend(Boom(), op="sample", at=2))
-    engine.add_request(PROMPTS[0], max_new_tokens=4)
+    engine.add_request(PROMPTS[0], max_tokens=4)
     engine.step()
     assert engine.step_count == 1
     with pytest.raises(Boom):
@@ -154,28 +154,28 @@ def test_reentrant_calls_from_a_callback_raise_and_leave_the_engine_idle(tiny_mo
 
     def on_token(i, tok, piece):
         if call == "generate":
-            engine.generate([PROMPTS[2]], max_new_tokens=2)
+            engine.generate([PROMPTS[2]], max_tokens=2)
         elif call == "step":
             engine.step()
         else:
-            engine.stream(PROMPTS[2], max_new_tokens=2)
+            engine.stream(PROMPTS[2], max_tokens=2)
 
     with pytest.raises(RuntimeError, match="from inside a callback"):
-        engine.generate([PROMPTS[0]], max_new_tokens=5, on_token=on_token)
+        engine.generate([PROMPTS[0]], max_tokens=5, on_token=on_token)
     assert_idle(engine)
 
 
 def test_cancel_and_add_request_are_allowed_inside_a_callback(tiny_model, solo):
     engine = make_engine(tiny_model)
-    victim = engine.add_request(PROMPTS[1], max_new_tokens=30)
+    victim = engine.add_request(PROMPTS[1], max_tokens=30)
     added = []
 
     def on_token(i, tok, piece):
         if not added:
             engine.cancel(victim.request_id)
-            added.append(engine.add_request(PROMPTS[2], max_new_tokens=4))
+            added.append(engine.add_request(PROMPTS[2], max_tokens=4))
 
-    res = engine.generate([PROMPTS[0]], max_new_tokens=6, on_token=on_token)[0]
+    res = engine.generate([PROMPTS[0]], max_tokens=6, on_token=on_token)[0]
     assert res.token_ids == solo(PROMPTS[0], 6)
     assert engine.result(victim.request_id).finish_reason == "cancelled"
     engine.run_until_done()
@@ -186,8 +186,8 @@ def test_cancel_and_add_request_are_allowed_inside_a_callback(tiny_model, solo):
 # --- 2. streams ------------------------------------------------------------------------------
 def test_leaving_a_stream_early_cancels_its_request(smollm2_f32):
     engine = pt.Engine(smollm2_f32, backend="torch", max_slots=2, max_seq_len=256)
-    other = engine.add_request("Name three colors.", max_new_tokens=8)
-    stream = engine.stream("Tell me a long story about a cat.", max_new_tokens=60)
+    other = engine.add_request("Name three colors.", max_tokens=8)
+    stream = engine.stream("Tell me a long story about a cat.", max_tokens=60)
     for _ in stream:
         break
     assert engine.cache.num_free < engine.cache.NUM_BLOCKS        # still holds its blocks
@@ -197,26 +197,26 @@ def test_leaving_a_stream_early_cancels_its_request(smollm2_f32):
     engine.run_until_done()
     solo = pt.Engine(smollm2_f32, backend="torch", max_slots=1, max_seq_len=256)
     assert engine.result(other.request_id).token_ids == \
-        solo.generate(["Name three colors."], max_new_tokens=8)[0].token_ids
+        solo.generate(["Name three colors."], max_tokens=8)[0].token_ids
     assert_idle(engine)
 
 
 def test_an_abandoned_stream_is_cancelled_when_collected(tiny_model):
     engine = make_engine(tiny_model)
-    stream = engine.stream(PROMPTS[0], max_new_tokens=40)
+    stream = engine.stream(PROMPTS[0], max_tokens=40)
     engine.step()                                # prefill: it holds a slot and blocks now
     assert engine.cache.num_free < engine.cache.NUM_BLOCKS
     del stream
     gc.collect()
     assert_idle(engine)
-    assert engine.generate([PROMPTS[2]], max_new_tokens=3)[0].finish_reason == "length"
+    assert engine.generate([PROMPTS[2]], max_tokens=3)[0].finish_reason == "length"
 
 
 def test_stream_with_context_manager_and_too_long_prompt(tiny_model):
     engine = make_engine(tiny_model, max_seq_len=32)
     with pytest.raises(ValueError, match="no room for an answer"):
-        engine.stream(list(range(40)), max_new_tokens=4)
-    with engine.stream(PROMPTS[0], max_new_tokens=30) as stream:
+        engine.stream(list(range(40)), max_tokens=4)
+    with engine.stream(PROMPTS[0], max_tokens=30) as stream:
         engine.step()
     assert stream.result.finish_reason == "cancelled"
     assert_idle(engine)
@@ -227,14 +227,14 @@ def test_streamed_text_equals_result_text_when_a_character_is_cut(smollm2_f32):
     ids = tok.encode("é😀 ok")
     cut = next(n for n in range(1, len(ids)) if "\ufffd" in tok.decode(ids[:n]))
     engine = pt.Engine(smollm2_f32, backend=ScriptedSampler(ids), max_slots=1, max_seq_len=64)
-    stream = engine.stream("Hi", max_new_tokens=cut)
+    stream = engine.stream("Hi", max_tokens=cut)
     streamed = "".join(stream)
     assert streamed == stream.result.text == tok.decode(ids[:cut])
     assert streamed.endswith("\ufffd")
     pieces = []
     engine2 = pt.Engine(smollm2_f32, backend=ScriptedSampler(ids), max_slots=1,
                         max_seq_len=64)
-    res = engine2.generate(["Hi"], max_new_tokens=cut,
+    res = engine2.generate(["Hi"], max_tokens=cut,
                            on_token=lambda i, t, p: pieces.append(p))[0]
     assert "".join(pieces) == res.text == streamed
 
@@ -244,8 +244,8 @@ def test_streamed_text_equals_result_text_when_a_character_is_cut(smollm2_f32):
     (dict(seed=-1, temperature=0.8), "seed must be None or an integer"),
     (dict(seed=1.7), "seed must be None or an integer"),
     (dict(seed=True), "seed must be None or an integer"),
-    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
-    (dict(max_new_tokens=True), "max_new_tokens must be an integer"),
+    (dict(max_tokens=2.0), "max_tokens must be an integer"),
+    (dict(max_tokens=True), "max_tokens must be an integer"),
     (dict(temperature="0.5"), "temperature"),
     (dict(top_p=float("nan")), "top_p"),
 ])
@@ -263,46 +263,46 @@ def test_bad_sampling_params_are_refused_up_front(tiny_model, kwargs, match):
 def test_token_ids_are_never_coerced(tiny_model, prompt):
     engine = make_engine(tiny_model)
     with pytest.raises(TypeError, match="token ids must be integers"):
-        engine.generate([prompt], max_new_tokens=2)
+        engine.generate([prompt], max_tokens=2)
     assert_idle(engine)
 
 
 def test_integer_arrays_are_fine(tiny_model, solo):
     engine = make_engine(tiny_model)
     a, b = engine.generate([np.array(PROMPTS[0], dtype=np.int64),
-                            torch.tensor(PROMPTS[0], dtype=torch.int32)], max_new_tokens=4)
+                            torch.tensor(PROMPTS[0], dtype=torch.int32)], max_tokens=4)
     assert a.token_ids == b.token_ids == solo(PROMPTS[0], 4)
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(tiny_model, solo):
     engine = make_engine(tiny_model)
-    res = engine.generate([PROMPTS[0]], max_new_tokens=8, temperature=1e-39, seed=3)[0]
+    res = engine.generate([PROMPTS[0]], max_tokens=8, temperature=1e-39, seed=3)[0]
     assert res.token_ids == solo(PROMPTS[0], 8)
 
 
 def test_sampling_params_object_and_keywords(tiny_model, solo):
     engine = make_engine(tiny_model)
-    params = pt.SamplingParams(max_new_tokens=6, temperature=0.9, top_p=0.8, seed=11)
+    params = pt.SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=11)
     a = engine.generate([PROMPTS[0], PROMPTS[1]], params)
-    b = engine.generate([PROMPTS[0], PROMPTS[1]], max_new_tokens=6, temperature=0.9,
+    b = engine.generate([PROMPTS[0], PROMPTS[1]], max_tokens=6, temperature=0.9,
                         top_p=0.8, seed=11)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     with pytest.raises(TypeError, match="not both"):
-        engine.generate([PROMPTS[0]], params, max_new_tokens=3)
+        engine.generate([PROMPTS[0]], params, max_tokens=3)
     per_prompt = engine.generate([PROMPTS[0], PROMPTS[1]],
-                                 [pt.SamplingParams(max_new_tokens=2),
-                                  pt.SamplingParams(max_new_tokens=5)])
+                                 [pt.SamplingParams(max_tokens=2),
+                                  pt.SamplingParams(max_tokens=5)])
     assert [len(r.token_ids) for r in per_prompt] == [2, 5]
 
 
 def test_ignore_eos_generates_past_eos(tiny_model):
     engine = make_engine(tiny_model)
-    first = engine.generate([PROMPTS[0]], max_new_tokens=6)[0].token_ids
+    first = engine.generate([PROMPTS[0]], max_tokens=6)[0].token_ids
     model = pt.Model(TINY.replace(eos_token_ids=(first[1],)), dict(tiny_model.weights), None,
                      "float32", "tiny with eos")
     engine = make_engine(model)
-    assert engine.generate([PROMPTS[0]], max_new_tokens=6)[0].finish_reason == "eos"
-    res = engine.generate([PROMPTS[0]], pt.SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    assert engine.generate([PROMPTS[0]], max_tokens=6)[0].finish_reason == "eos"
+    res = engine.generate([PROMPTS[0]], pt.SamplingParams(max_tokens=6, ignore_eos=True))[0]
     assert res.token_ids == first and res.finish_reason == "length"
 
 
@@ -327,7 +327,7 @@ def test_two_threads_generate_on_one_engine(tiny_model, solo):
 
 def test_cancel_from_another_thread_is_applied_between_steps(tiny_model, solo):
     engine = make_engine(tiny_model)
-    victim = engine.add_request(PROMPTS[1], max_new_tokens=60)
+    victim = engine.add_request(PROMPTS[1], max_tokens=60)
     fired = threading.Event()
 
     def on_token(i, tok, piece):
@@ -336,7 +336,7 @@ def test_cancel_from_another_thread_is_applied_between_steps(tiny_model, solo):
             t = threading.Thread(target=engine.cancel, args=(victim.request_id,))
             t.start()                    # blocks until this step has finished
 
-    res = engine.generate([PROMPTS[0]], max_new_tokens=10, on_token=on_token)[0]
+    res = engine.generate([PROMPTS[0]], max_tokens=10, on_token=on_token)[0]
     assert res.token_ids == solo(PROMPTS[0], 10)
     engine.run_until_done()
     assert engine.result(victim.request_id).finish_reason == "cancelled"
@@ -366,7 +366,7 @@ from hypothesis import strategies as st  # noqa: E402
 event_st = st.tuples(st.integers(0, 10),                                   # step it happens at
                      st.sampled_from(["submit", "stream", "close", "cancel_thread", "fail"]),
                      st.integers(1, 36),                                    # prompt length
-                     st.integers(1, 16))                                    # max_new_tokens
+                     st.integers(1, 16))                                    # max_tokens
 
 
 

@@ -29,12 +29,12 @@ def make_engine(model, **kw):
 
 def solo_tokens(model, prompt, n, max_seq_len=96):
     engine = make_engine(model, max_slots=1, max_seq_len=max_seq_len)
-    return engine.generate([prompt], max_new_tokens=n)[0].token_ids
+    return engine.generate([prompt], max_tokens=n)[0].token_ids
 
 
 # --- bad input ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
+    (dict(max_tokens=-1), "max_tokens must be an integer >= 0"),
     (dict(temperature=-0.5), "temperature must be >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
@@ -44,7 +44,7 @@ def test_bad_sampling_arguments(tiny_model, kwargs, match):
     engine = make_engine(tiny_model)
     with pytest.raises(ValueError, match=match):
         engine.generate([[1, 2, 3]], **kwargs)
-    assert engine.generate([[1, 2, 3]], max_new_tokens=3)[0].finish_reason == "length"
+    assert engine.generate([[1, 2, 3]], max_tokens=3)[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("prompt, match", [
@@ -58,16 +58,16 @@ def test_bad_prompts_leave_engine_usable(tiny_model, prompt, match):
     engine = make_engine(tiny_model)
     good = [5, 6, 7]
     with pytest.raises(ValueError, match=match):
-        engine.generate([good, prompt], max_new_tokens=4)
+        engine.generate([good, prompt], max_tokens=4)
     # nothing was queued, the cache is intact, and the engine still works
     assert not engine.has_unfinished()
     assert len(engine.cache.free_blocks) == engine.cache.NUM_BLOCKS
-    assert engine.generate([good], max_new_tokens=4)[0].token_ids == solo_tokens(tiny_model, good, 4)
+    assert engine.generate([good], max_tokens=4)[0].token_ids == solo_tokens(tiny_model, good, 4)
 
 
 def test_prompt_longer_than_max_seq_len_is_reported_not_truncated(tiny_model):
     engine = make_engine(tiny_model, max_seq_len=32)
-    long, ok = engine.generate([list(range(40)), [1, 2]], max_new_tokens=4)
+    long, ok = engine.generate([list(range(40)), [1, 2]], max_tokens=4)
     assert long.finish_reason == "prompt_too_long" and long.token_ids == []
     assert long.prompt_token_ids == list(range(40))
     assert ok.finish_reason == "length"
@@ -78,8 +78,8 @@ def test_request_larger_than_whole_cache_fails_at_once(tiny_model):
     block_bytes = 2 * 16 * TINY.kv_dim * 4
     engine = make_engine(tiny_model, kv_cache_bytes=4 * block_bytes)
     with pytest.raises(ValueError, match="raise kv_cache_bytes"):
-        engine.generate([[1] * 20], max_new_tokens=30)
-    assert engine.generate([[1] * 10], max_new_tokens=5)[0].finish_reason == "length"
+        engine.generate([[1] * 20], max_tokens=30)
+    assert engine.generate([[1] * 10], max_tokens=5)[0].finish_reason == "length"
 
 
 # --- cache exhaustion -----------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_preemption_when_cache_runs_out(tiny_model):
     engine = make_engine(tiny_model, kv_cache_bytes=8 * block_bytes)
     prompts = [list(range(1, 31)), list(range(31, 61))]
     steps = []
-    results = engine.generate(prompts, max_new_tokens=20,
+    results = engine.generate(prompts, max_tokens=20,
                               on_step=lambda r: (engine.cache.check_invariants(), steps.append(r)))
     assert sum(r.num_preemptions for r in results) >= 1
     assert any(s.preempted for s in steps)
@@ -101,8 +101,8 @@ def test_preemption_when_cache_runs_out(tiny_model):
 
 def test_cancel_returns_blocks_at_once(tiny_model):
     engine = make_engine(tiny_model)
-    a = engine.add_request([1, 2, 3] * 7, max_new_tokens=50)
-    b = engine.add_request([4, 5], max_new_tokens=50)
+    a = engine.add_request([1, 2, 3] * 7, max_tokens=50)
+    b = engine.add_request([4, 5], max_tokens=50)
     for _ in range(4):
         engine.step()
     owned_by_a = engine.cache.blocks_owned(a.slot)
@@ -119,7 +119,7 @@ def test_cancel_returns_blocks_at_once(tiny_model):
 # --- property: random request streams -------------------------------------------------------
 request_st = st.tuples(st.integers(0, 6),          # arrival step
                        st.integers(1, 40),         # prompt length
-                       st.integers(1, 24))         # max_new_tokens
+                       st.integers(1, 24))         # max_tokens
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -143,9 +143,9 @@ def test_random_request_streams_keep_blocks_exact(tiny_model, requests, cache_bl
             worst = min(len(prompt) + n, 64)
             if -(-worst // 16) * TINY.num_hidden_layers > cache.NUM_BLOCKS:
                 with pytest.raises(ValueError):
-                    engine.add_request(prompt, max_new_tokens=n)
+                    engine.add_request(prompt, max_tokens=n)
                 continue
-            submitted.append((engine.add_request(prompt, max_new_tokens=n), prompt, n))
+            submitted.append((engine.add_request(prompt, max_tokens=n), prompt, n))
         engine.step()
         step += 1
         cache.check_invariants()

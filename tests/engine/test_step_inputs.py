@@ -69,7 +69,7 @@ def test_the_engine_packs_once_per_step(tiny_llama):
     # eager steps: a replayed CUDA graph (the torch backend on a GPU) fills its own buffers
     engine = tiny_engine(tiny_llama, "torch", cuda_graphs=False)
     steps = []
-    engine.generate([[1, 2, 3], [4, 5, 6, 7, 8]], pt.SamplingParams(max_new_tokens=4),
+    engine.generate([[1, 2, 3], [4, 5, 6, 7, 8]], pt.SamplingParams(max_tokens=4),
                     chat=False, on_step=steps.append)
     assert engine.model_runner.packer.packs == len(steps) > 2
 
@@ -93,8 +93,8 @@ def test_torch_decode_reads_nothing_back_from_the_device(tiny_llama):
     backend = TorchBackend("cpu", check_inputs=False)
     assert not TorchBackend("cuda").check_inputs
     engine = tiny_engine(tiny_llama, backend)
-    engine.add_request([1, 2, 3, 4, 5] * 4, pt.SamplingParams(max_new_tokens=8))
-    engine.add_request([9, 8, 7], pt.SamplingParams(max_new_tokens=8))
+    engine.add_request([1, 2, 3, 4, 5] * 4, pt.SamplingParams(max_tokens=8))
+    engine.add_request([9, 8, 7], pt.SamplingParams(max_tokens=8))
     engine.step()                                          # the prefill
     runner = engine.model_runner
     requests = engine.scheduler.running
@@ -110,7 +110,7 @@ def test_torch_decode_reads_nothing_back_from_the_device(tiny_llama):
 def test_batched_torch_decode_matches_one_sequence_at_a_time(tiny_llama):
     # the same greedy tokens whether the decode reads every sequence at once or one by one
     prompts = [[1, 2, 3, 4, 5] * 4, [9, 8, 7]]
-    params = pt.SamplingParams(max_new_tokens=6)
+    params = pt.SamplingParams(max_tokens=6)
     together = tiny_engine(tiny_llama, "torch").generate(prompts, params, chat=False)
     alone = [tiny_engine(tiny_llama, "torch").generate([p], params, chat=False)[0]
              for p in prompts]

@@ -20,7 +20,7 @@ def test_every_step_reports_its_phases_within_its_time():
     engine = pt.Engine(pt.random_model(TINY, seed=0), backend="torch", max_slots=2,
                        max_seq_len=96, prefix_caching=True, cuda_graphs=False)
     steps = []
-    engine.generate([list(range(1, 40)), list(range(1, 45))], max_new_tokens=3,
+    engine.generate([list(range(1, 40)), list(range(1, 45))], max_tokens=3,
                     on_step=steps.append)
     assert [s.kind for s in steps][:1] == ["prefill"]
     for step in steps:
@@ -39,7 +39,7 @@ def test_a_replayed_step_reports_its_graph():
     engine = pt.Engine(pt.random_model(TINY, seed=0, device="cuda"), backend="torch",
                        max_slots=2, max_seq_len=96)
     steps = []
-    engine.generate([list(range(1, 40))], max_new_tokens=4, on_step=steps.append)
+    engine.generate([list(range(1, 40))], max_tokens=4, on_step=steps.append)
     decode = [s for s in steps if s.kind == "decode"]
     assert decode and engine.model_runner.graphs.replays > 0
     for step in decode:

@@ -32,7 +32,7 @@ def engine(tiny_model):
 
 # field -> bad values (types, negatives, NaN/inf, bools where numbers belong, out of range)
 SAMPLING_FIELDS = {
-    "max_new_tokens": [-1, 2.5, 3.0, "3", True, NAN, INF, None, np.float64(2.0)],
+    "max_tokens": [-1, 2.5, 3.0, "3", True, NAN, INF, None, np.float64(2.0)],
     "temperature": [-0.1, NAN, INF, -INF, "0.5", True, HUGE, None, np.float32("nan")],
     "top_p": [0, 0.0, -0.5, 1.5, NAN, INF, "1", True, HUGE, None],
     "seed": [-1, 2 ** 64, 1.0, "1", True, NAN, np.float64(3.0)],
@@ -57,7 +57,7 @@ def _case_id(case):
 def assert_still_serves(engine):
     assert not engine.has_unfinished() and engine.num_requests == 0
     assert engine.cache.num_free == engine.cache.NUM_BLOCKS
-    result = engine.generate([[5, 6, 7]], max_new_tokens=3)[0]
+    result = engine.generate([[5, 6, 7]], max_tokens=3)[0]
     assert result.finish_reason == "length" and len(result.token_ids) == 3
 
 
@@ -88,7 +88,7 @@ def test_add_request_refuses_bad_sampling_fields_before_queueing(engine, case):
 def test_add_request_refuses_bad_request_fields_before_queueing(engine, case):
     field, value = case
     with pytest.raises((ValueError, TypeError)) as info:
-        engine.add_request([1, 2, 3], max_new_tokens=4, temperature=0.5, seed=1,
+        engine.add_request([1, 2, 3], max_tokens=4, temperature=0.5, seed=1,
                            **{field: value})
     message = str(info.value)
     assert field in message
@@ -102,23 +102,23 @@ def test_add_request_refuses_bad_request_fields_before_queueing(engine, case):
 def test_a_negative_sample_key_is_refused_and_the_queue_keeps_moving(engine):
     with pytest.raises(ValueError, match=r"sample_key must be None or an integer in \[0, "
                                          r"2\*\*64\), got -5"):
-        engine.add_request([5, 6, 7], max_new_tokens=4, temperature=0.5, seed=1, sample_key=-5)
-    assert engine.generate([[1, 2]], max_new_tokens=2)[0].finish_reason == "length"
+        engine.add_request([5, 6, 7], max_tokens=4, temperature=0.5, seed=1, sample_key=-5)
+    assert engine.generate([[1, 2]], max_tokens=2)[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("prompt", [None, 5, 3.5, [1.5], [True], [-1], [97], [], "",
                                     np.array([1.0, 2.0]), np.zeros((2, 2), dtype=int)])
 def test_bad_prompts_are_refused_before_queueing(engine, prompt):
     with pytest.raises((ValueError, TypeError)):
-        engine.add_request(prompt, max_new_tokens=2)
+        engine.add_request(prompt, max_tokens=2)
     assert_still_serves(engine)
 
 
 def test_generate_checks_chat_and_every_per_prompt_params(engine):
     with pytest.raises(TypeError, match="chat must be True or False"):
-        engine.generate([[1, 2]], max_new_tokens=2, chat="no")
+        engine.generate([[1, 2]], max_tokens=2, chat="no")
     with pytest.raises(TypeError, match="params must be a SamplingParams"):
-        engine.generate([[1, 2], [3]], [pt.SamplingParams(max_new_tokens=2), {"top_p": 2}])
+        engine.generate([[1, 2], [3]], [pt.SamplingParams(max_tokens=2), {"top_p": 2}])
     assert_still_serves(engine)
 
 
@@ -129,18 +129,18 @@ def _solo(model, prompt, **kw):
 
 
 def test_a_request_whose_random_stream_fails_is_finished_with_error_alone(tiny_model, engine):
-    good = engine.add_request([1, 2, 3], max_new_tokens=5)
-    bad = engine.add_request([5, 6, 7], max_new_tokens=4, temperature=0.5, seed=1)
+    good = engine.add_request([1, 2, 3], max_tokens=5)
+    bad = engine.add_request([5, 6, 7], max_tokens=4, temperature=0.5, seed=1)
     bad.sample_key = -5             # changed behind the validation's back
-    behind = engine.add_request([8, 9], max_new_tokens=3)
+    behind = engine.add_request([8, 9], max_tokens=3)
     engine.run_until_done()
     failed = engine.pop_result(bad.request_id)
     assert failed.finish_reason == "error" and failed.token_ids == []
     assert "non-negative" in failed.error
     assert engine.pop_result(good.request_id).token_ids == _solo(tiny_model, [1, 2, 3],
-                                                                 max_new_tokens=5)
+                                                                 max_tokens=5)
     assert engine.pop_result(behind.request_id).token_ids == _solo(tiny_model, [8, 9],
-                                                                   max_new_tokens=3)
+                                                                   max_tokens=3)
     engine.scheduler.check_invariants()
     engine.cache.check_invariants()
     assert_still_serves(engine)
@@ -152,15 +152,15 @@ class BrokenDetokenizer:
 
 
 def test_a_request_whose_detokenizer_fails_is_finished_with_error_alone(tiny_model, engine):
-    bad = engine.add_request([5, 6, 7], max_new_tokens=4)
+    bad = engine.add_request([5, 6, 7], max_tokens=4)
     bad.detokenizer = BrokenDetokenizer()
-    good = engine.add_request([1, 2, 3], max_new_tokens=5)
+    good = engine.add_request([1, 2, 3], max_tokens=5)
     engine.run_until_done()
     failed = engine.pop_result(bad.request_id)
     assert failed.finish_reason == "error" and "UnicodeDecodeError" in failed.error
     assert len(failed.token_ids) == 1           # the token it got before its text failed
     assert engine.pop_result(good.request_id).token_ids == _solo(tiny_model, [1, 2, 3],
-                                                                 max_new_tokens=5)
+                                                                 max_tokens=5)
     assert_still_serves(engine)
 
 

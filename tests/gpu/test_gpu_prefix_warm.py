@@ -38,7 +38,7 @@ def engine(model, prefix_caching: bool):
 def test_warm_prefix_step_queues_its_layers_without_a_host_sync(model_fp32):
     eng = engine(model_fp32, prefix_caching=True)
     batch_prompts = prompts(model_fp32.config.vocab_size)
-    params = pt.SamplingParams(max_new_tokens=2, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=2, ignore_eos=True)
     eng.generate(batch_prompts, params)                       # the cold wave caches the prefix
     for p in batch_prompts:
         eng.add_request(p, params)
@@ -60,7 +60,7 @@ def test_warm_prefix_step_queues_its_layers_without_a_host_sync(model_fp32):
 
 def test_float32_tokens_equal_with_and_without_prefix_caching(model_fp32):
     batch_prompts = prompts(model_fp32.config.vocab_size, seed=2)
-    params = pt.SamplingParams(max_new_tokens=4, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=4, ignore_eos=True)
     waves = {}
     for caching in (False, True):
         eng = engine(model_fp32, caching)

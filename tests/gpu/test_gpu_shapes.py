@@ -276,7 +276,7 @@ def test_engine_tokens_numba_equal_torch_float32(shape):
     graphs (the default there) and without."""
     model = pt.random_model(shape.model_config(), dtype="float32", seed=0, device="cuda")
     prompts = [[(7 * i + 3 * j) % 4000 + 1 for j in range(n)] for i, n in enumerate((5, 40, 17))]
-    params = pt.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    params = pt.SamplingParams(max_tokens=12, ignore_eos=True)
     results = {}
     for name, kw in {"numba": dict(backend="numba"), "torch": dict(backend="torch"),
                      "torch eager": dict(backend="torch", cuda_graphs=False)}.items():

@@ -85,7 +85,7 @@ def first_step_logits(engine, prompt_ids) -> list[torch.Tensor]:
             for i, rid in enumerate(report.request_ids):
                 first.setdefault(rid, report.logits[i])
 
-    results = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=1), chat=False,
+    results = engine.generate(prompt_ids, pt.SamplingParams(max_tokens=1), chat=False,
                               on_step=keep)
     return [first[r.request_id].to("cuda") for r in results]
 
@@ -96,7 +96,7 @@ def test_float32_greedy_tokens_equal_hf_float32(hf32, prompt_ids, backend):
     decode steps replayed as CUDA graphs."""
     model = pt.load_model("smollm2-135m", dtype="float32", device="cuda")
     engine = pt.Engine(model, backend=backend, max_slots=len(PROMPTS), max_seq_len=256)
-    results = engine.generate(prompt_ids, pt.SamplingParams(max_new_tokens=NEW_TOKENS),
+    results = engine.generate(prompt_ids, pt.SamplingParams(max_tokens=NEW_TOKENS),
                               chat=False)
     assert engine.model_runner.graphs is not None and engine.model_runner.graphs.replays > 0
     compared = 0

@@ -40,7 +40,7 @@ def test_capture_while_another_thread_allocates():
             engine = pt.Engine(model, backend=backend, max_slots=8, max_seq_len=64)
             prompts = [[1 + i, 2 + i, 3 + i] for i in range(7)]      # buckets 1 .. 8
             for n in (1, 2, 3, 5, 7):
-                engine.generate(prompts[:n], pt.SamplingParams(max_new_tokens=4,
+                engine.generate(prompts[:n], pt.SamplingParams(max_tokens=4,
                                                                ignore_eos=True), chat=False)
             graphs = engine.model_runner.graphs
             assert graphs is not None and len(graphs.graphs) >= 3 and graphs.replays > 0

@@ -33,7 +33,7 @@ model = pt.random_model(config, dtype=dtype, seed=0, device="cuda")
 engine = pt.Engine(model, backend="numba", max_slots=2, max_seq_len=128)
 engine.warm_up()
 tokens = [r.token_ids for r in engine.generate([[5, 6, 7, 8, 9] * 4, [3, 4]],
-                                               max_new_tokens=8, chat=False)]
+                                               max_tokens=8, chat=False)]
 print("RESULT " + json.dumps({"compiled": COMPILE_STATS.compiled, "loaded": COMPILE_STATS.loaded,
                               "load_seconds": COMPILE_STATS.load_seconds,
                               "key_seconds": COMPILE_STATS.key_seconds,

@@ -28,10 +28,10 @@ def test_your_kernel_serves_every_layer_and_head_like_the_stock_engine():
     model = pt.random_model(SMOLLM2_SHAPED, dtype="float32", seed=0, device="cuda")
     prompts = [list(range(5, 45)), list(range(100, 117))]
     stock = pt.Engine(model, backend="numba", max_slots=2).generate(
-        prompts, max_new_tokens=12, temperature=0.0)
+        prompts, max_tokens=12, temperature=0.0)
     router = KernelRouter(ex.your_kernel(use_solutions=True), inner="numba")
     mine = pt.Engine(model, backend=router, max_slots=2).generate(
-        prompts, max_new_tokens=12, temperature=0.0)
+        prompts, max_tokens=12, temperature=0.0)
     assert [r.token_ids for r in mine] == [r.token_ids for r in stock]
     layers = {c.layer for c in router.routed}
     assert layers == set(range(SMOLLM2_SHAPED.num_hidden_layers))

@@ -36,10 +36,10 @@ class SwitchableFailure(pt.RecordingBackend):
 
 
 def drive(engine, events, make_prompt, arm_failure, failure, rng, check, max_seq_len: int):
-    """``events``: tuples ``(step, what, *prompt_args, max_new_tokens)`` with ``what`` one of
+    """``events``: tuples ``(step, what, *prompt_args, max_tokens)`` with ``what`` one of
     submit / stream / close / cancel_thread / fail; ``make_prompt(*prompt_args)`` builds the
     prompt.  Steps until everything ended, calling ``check()`` after every step (a step that
-    raises ``failure`` is part of the stream).  Returns [(result, prompt, max_new_tokens)] of
+    raises ``failure`` is part of the stream).  Returns [(result, prompt, max_tokens)] of
     every request submitted, streams closed at the end."""
     cache = engine.cache
     pending = sorted(events, key=lambda e: e[0])
@@ -55,14 +55,14 @@ def drive(engine, events, make_prompt, arm_failure, failure, rng, check, max_seq
             if what in ("submit", "stream"):
                 if not fits:                     # refused at once, nothing queued
                     with pytest.raises(ValueError, match="raise kv_cache_bytes"):
-                        engine.add_request(prompt, max_new_tokens=n)
+                        engine.add_request(prompt, max_tokens=n)
                     continue
                 if len(prompt) >= max_seq_len:
                     continue
                 if what == "submit":
-                    live.append((engine.add_request(prompt, max_new_tokens=n), prompt, n))
+                    live.append((engine.add_request(prompt, max_tokens=n), prompt, n))
                 else:
-                    streams.append((engine.stream(prompt, max_new_tokens=n), prompt, n))
+                    streams.append((engine.stream(prompt, max_tokens=n), prompt, n))
             elif what == "close" and streams:
                 streams[int(rng.integers(len(streams)))][0].close()
             elif what == "cancel_thread" and live:

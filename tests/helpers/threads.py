@@ -5,16 +5,16 @@ from __future__ import annotations
 import threading
 
 
-def generate_in_threads(engine, jobs: dict, max_new_tokens) -> dict:
+def generate_in_threads(engine, jobs: dict, max_tokens) -> dict:
     """One thread per job ``{key: prompts}``, each calling ``engine.generate(prompts,
-    max_new_tokens=max_new_tokens(key))``; returns ``{key: [token ids per prompt]}`` and
+    max_tokens=max_tokens(key))``; returns ``{key: [token ids per prompt]}`` and
     re-raises the first exception a thread met."""
     out, errors = {}, []
 
     def work(key):
         try:
             out[key] = [r.token_ids for r in engine.generate(
-                jobs[key], max_new_tokens=max_new_tokens(key))]
+                jobs[key], max_tokens=max_tokens(key))]
         except BaseException as exc:           # noqa: BLE001 - handed to the test below
             errors.append(exc)
 

@@ -29,11 +29,11 @@ def test_numba_engine_matches_torch_engine(dtype):
     ref_engine = pt.Engine(model, backend="torch", **kw)
     ref_engine.record_logits = True
     ref_logits = []
-    ref = ref_engine.generate(prompts, max_new_tokens=6, on_step=lambda r: ref_logits.append(r.logits))
+    ref = ref_engine.generate(prompts, max_tokens=6, on_step=lambda r: ref_logits.append(r.logits))
     engine = pt.Engine(model, backend=numba_backend_name(), **kw)
     engine.record_logits = True
     logits = []
-    ours = engine.generate(prompts, max_new_tokens=6, on_step=lambda r: logits.append(r.logits))
+    ours = engine.generate(prompts, max_tokens=6, on_step=lambda r: logits.append(r.logits))
     if dtype == "float32":
         assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
         for a, b in zip(logits, ref_logits):

@@ -197,7 +197,7 @@ def assert_works(model) -> None:
     engine = Engine(model, backend="torch", max_slots=1, kv_cache_bytes=2 ** 20,
                     max_seq_len=min(16, model.config.max_position_embeddings))
     engine.record_logits = True
-    engine.add_request([1, 5, 9], max_new_tokens=2, temperature=0.0)
+    engine.add_request([1, 5, 9], max_tokens=2, temperature=0.0)
     logits = []
     while engine.has_unfinished():
         report = engine.step()

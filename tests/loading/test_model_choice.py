@@ -91,7 +91,7 @@ def test_a_kanana_shaped_llama_runs_in_the_engine():
     config = tiny_config(hidden_size=96, num_attention_heads=3, num_key_value_heads=1,
                          head_dim=128, tie_word_embeddings=True, rope_theta=500000.0)
     engine = pt.Engine(random_model(config, seed=0), backend="torch")
-    result = engine.generate([[5, 6, 7]], max_new_tokens=3, chat=False)[0]
+    result = engine.generate([[5, 6, 7]], max_tokens=3, chat=False)[0]
     assert len(result.token_ids) == 3
 
 

@@ -48,11 +48,11 @@ def test_engine_prompt(tiny, chat):
     engine = Engine(tiny, backend="torch", max_slots=1, kv_cache_bytes=2 ** 20, max_seq_len=32)
     with pytest.raises(ValueError, match="lone surrogate '\\\\udce9' \\(U\\+DCE9\\) at position "
                                          "3"):
-        engine.generate(["caf\udce9"], max_new_tokens=1, chat=chat)
+        engine.generate(["caf\udce9"], max_tokens=1, chat=chat)
     with pytest.raises(ValueError, match="U\\+DCE9"):
-        engine.add_request("caf\udce9", max_new_tokens=1, chat=chat)
+        engine.add_request("caf\udce9", max_tokens=1, chat=chat)
     assert not engine.has_unfinished()
-    assert engine.generate(["café 😀"], max_new_tokens=1, chat=chat)[0].token_ids
+    assert engine.generate(["café 😀"], max_tokens=1, chat=chat)[0].token_ids
 
 
 def test_real_characters_pass():

@@ -95,7 +95,7 @@ model = pt.random_model(pt.ModelConfig(vocab_size=64, hidden_size=32, intermedia
                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                         head_dim=16, max_position_embeddings=64), seed=0)
 engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=32)
-out = engine.generate([[1, 2, 3]], pt.SamplingParams(max_new_tokens=3, ignore_eos=True))
+out = engine.generate([[1, 2, 3]], pt.SamplingParams(max_tokens=3, ignore_eos=True))
 assert len(out[0].token_ids) == 3, out
 assert not [m for m in sys.modules if m.startswith('paged_tutorial.teaching')]
 print('served')

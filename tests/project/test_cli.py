@@ -53,7 +53,7 @@ def test_defaults_are_the_apis():
     args = cli.build_parser().parse_args(["hi"])
     params = pt.SamplingParams()
     engine = inspect.signature(pt.Engine.__init__).parameters
-    assert args.max_new_tokens == params.max_new_tokens == 64
+    assert args.max_tokens == params.max_tokens == 64
     assert args.temperature == params.temperature
     assert args.top_p == params.top_p
     assert args.seed is params.seed is None
@@ -86,11 +86,11 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
 
     args = cli.build_parser().parse_args(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
-         "--no-chat", "--max-new-tokens", "6", "--seed", "0"])
+         "--no-chat", "--max-tokens", "6", "--seed", "0"])
     out, err = Recorder(), io.StringIO()
     assert cli.run(args, out=out, err=err) == 0
     engine = pt.Engine(pt.load_model(tiny_gguf, "float32"), backend="torch")
-    expected = engine.generate(["abc"], max_new_tokens=6, chat=False, seed=0)[0]
+    expected = engine.generate(["abc"], max_tokens=6, chat=False, seed=0)[0]
     assert out.getvalue() == expected.text + "\n"      # nothing held back is lost
     assert len([w for w in writes if w.strip()]) >= 2     # written as tokens came, not at once
     assert f"[{len(expected.token_ids)} tokens, finish_reason=" in err.getvalue()
@@ -101,7 +101,7 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
 def test_the_loading_line_says_which_dtype_and_why_and_the_timing_is_split(tiny_gguf):
     args = cli.build_parser().parse_args(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
-         "--max-new-tokens", "4", "--seed", "0"])
+         "--max-tokens", "4", "--seed", "0"])
     err = io.StringIO()
     assert cli.run(args, out=io.StringIO(), err=err) == 0
     text = err.getvalue()
@@ -121,7 +121,7 @@ def test_kernels_compiled_before_the_run_are_not_reported_as_its_own(tiny_gguf, 
                         kernel_cache.CompileStats(loaded=21, compiled=15, compile_seconds=35.0))
     args = cli.build_parser().parse_args(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
-         "--max-new-tokens", "4", "--seed", "0"])
+         "--max-tokens", "4", "--seed", "0"])
     err = io.StringIO()
     assert cli.run(args, out=io.StringIO(), err=err) == 0
     report = err.getvalue().strip().splitlines()[-1]
@@ -159,12 +159,12 @@ def test_several_prompts_print_labelled_answers_as_each_finishes(tiny_gguf, monk
     prompts = ["ab", "xyz", "q"]
     args = cli.build_parser().parse_args(
         [*prompts, "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
-         "--no-chat", "--max-new-tokens", "4", "--max-slots", "1"])
+         "--no-chat", "--max-tokens", "4", "--max-slots", "1"])
     out = Recorder()
     assert cli.run(args, out=out, err=io.StringIO()) == 0
     monkeypatch.setattr(pt.Engine, "step", real_step)
     engine = pt.Engine(pt.load_model(tiny_gguf, "float32"), backend="torch", max_slots=1)
-    expected = engine.generate(prompts, max_new_tokens=4, chat=False)
+    expected = engine.generate(prompts, max_tokens=4, chat=False)
     text = out.getvalue()
     for i, (prompt, result) in enumerate(zip(prompts, expected)):
         assert f"--- [{i}] {prompt!r}\n{result.text}\n" in text
@@ -187,7 +187,7 @@ def test_progress_line_and_bar_while_loading(tiny_gguf, capsys):
                     "refused here (Numba picks one mode per process); checked on a CPU")
 def test_numba_sim_warns_that_it_is_slow(tiny_gguf, capsys):
     status, out, err = run_cli(capsys, "ab", "--model", str(tiny_gguf), "--backend",
-                               "numba-sim", "--no-chat", "--max-new-tokens", "2")
+                               "numba-sim", "--no-chat", "--max-tokens", "2")
     assert status == 0
     warning = [line for line in err if line.startswith("warning: numba-sim")]
     assert len(warning) == 1 and "Python thread" in warning[0]
@@ -284,10 +284,10 @@ def test_ctrl_c(monkeypatch, capsys):
 
 def test_a_korean_prompt_to_an_english_only_model_gets_a_pointer(tiny_gguf, capsys):
     status, _, err = run_cli(capsys, "한국의 수도는?", "--model", str(tiny_gguf), "--backend",
-                             "torch", "--no-chat", "--max-new-tokens", "1")
+                             "torch", "--no-chat", "--max-tokens", "1")
     assert status == 0
     notes = [line for line in err if "kanana-nano-2.1b" in line]
     assert len(notes) == 1 and notes[0].startswith("warning:")
     status, _, err = run_cli(capsys, "abc", "--model", str(tiny_gguf), "--backend", "torch",
-                             "--no-chat", "--max-new-tokens", "1")
+                             "--no-chat", "--max-tokens", "1")
     assert not any("kanana" in line for line in err)

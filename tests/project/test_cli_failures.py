@@ -72,7 +72,7 @@ def test_stdout_whose_reader_left_exits_quietly(tiny_gguf):
 
 
 def test_head_c_1(tiny_gguf):
-    command = " ".join([sys.executable, *cli_args(tiny_gguf, "--max-new-tokens", "60")])
+    command = " ".join([sys.executable, *cli_args(tiny_gguf, "--max-tokens", "60")])
     run = subprocess.run(["bash", "-c", f"set -o pipefail; {command} | head -c 1"],
                          capture_output=True, text=True, env=env(), timeout=300)
     assert run.returncode in (0, cli.EXIT_OUTPUT_CLOSED), run.stderr
@@ -149,7 +149,7 @@ def assert_interrupted(run) -> None:
 
 @pytest.mark.parametrize("moment", ["import", "load", "prefill", "decode"])
 def test_ctrl_c_at_a_chosen_moment(tiny_gguf, moment):
-    args = cli_args(tiny_gguf, "--max-new-tokens", "8")[2:]        # without "-m paged_tutorial"
+    args = cli_args(tiny_gguf, "--max-tokens", "8")[2:]        # without "-m paged_tutorial"
     run = subprocess.run([sys.executable, "-c", LAUNCHER, moment, *args],
                          capture_output=True, text=True, env=env(), timeout=300,
                          preexec_fn=sigint_as_a_terminal_gives_it)
@@ -162,7 +162,7 @@ def test_ctrl_c_from_outside(tiny_gguf, after):
     """A SIGINT from outside, sent when the command has printed its loading line (the weights
     are loading), its engine line (generation starts) or the first byte of the answer.
     (Before the interpreter has finished starting, no program's handler runs yet.)"""
-    proc = subprocess.Popen([sys.executable, *cli_args(tiny_gguf, "--max-new-tokens", "100")],
+    proc = subprocess.Popen([sys.executable, *cli_args(tiny_gguf, "--max-tokens", "100")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(),
                             preexec_fn=sigint_as_a_terminal_gives_it)
     if after == "first answer byte":
@@ -181,8 +181,8 @@ def test_ctrl_c_from_outside(tiny_gguf, after):
 
 BAD_OPTIONS = [
     ("--kv-cache-mib", "inf"), ("--kv-cache-mib", "nan"), ("--kv-cache-mib", "-1"),
-    ("--kv-cache-mib", "0"), ("--kv-cache-mib", "1e30"), ("--max-new-tokens", str(10 ** 30)),
-    ("--max-new-tokens", "-1"), ("--max-new-tokens", "2.5"), ("--temperature", "nan"),
+    ("--kv-cache-mib", "0"), ("--kv-cache-mib", "1e30"), ("--max-tokens", str(10 ** 30)),
+    ("--max-tokens", "-1"), ("--max-tokens", "2.5"), ("--temperature", "nan"),
     ("--temperature", "inf"), ("--temperature", "-0.5"), ("--top-p", "nan"), ("--top-p", "0"),
     ("--top-p", "1.5"), ("--seed", "-1"), ("--seed", str(2 ** 64)), ("--max-slots", "0"),
     ("--max-slots", "1e9"), ("--max-seq-len", "0"), ("--max-seq-len", str(10 ** 12)),

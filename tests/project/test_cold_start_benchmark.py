@@ -22,7 +22,7 @@ def test_cold_start_writes_both_processes_of_cli_and_api(tmp_path):
     spec.loader.exec_module(cold_start)
     model = write_tiny_gguf(tmp_path / "tiny.gguf", random_model(tiny_config(), seed=0))
     assert cold_start.main(["--backend", "torch", "--model", str(model), "--prompt", "abc",
-                            "--max-new-tokens", "3", "--no-chat", "--skip-gguf", "--out",
+                            "--max-tokens", "3", "--no-chat", "--skip-gguf", "--out",
                             str(tmp_path / "out")]) == 0
     written = list((tmp_path / "out").glob("cold-start-*.json"))
     assert len(written) == 1
@@ -38,7 +38,7 @@ def test_cold_start_writes_both_processes_of_cli_and_api(tmp_path):
     assert cli["import_torch_s"] < cli["backend_ready_s"] < cli["engine_ready_s"] \
         < cli["first_token_s"], cli
     assert cli["engine_ready_s"] - cli["backend_ready_s"] >= cli["loaded_in_s"] - 0.01, cli
-    assert data["options"]["skip_gguf"] is True and data["options"]["max_new_tokens"] == 3
+    assert data["options"]["skip_gguf"] is True and data["options"]["max_tokens"] == 3
     assert data["api"]["first_process"]["engine_ready_s"] >= \
         data["api"]["first_process"]["loaded_s"]
     assert "met" in data["target"]

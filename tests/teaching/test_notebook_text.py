@@ -31,6 +31,7 @@ SECTIONS = {
     "08_performance.ipynb": ("pagedAttentionKernel: 네 상태를 함께 받는 유일한 커널",),
     "09_prefix_sharing.ipynb": ("block table: slot·레이어·논리 블록 세 항목의 배열",
                                 "물리 블록의 수명: free_blocks 가 관리한다"),
+    "10_serving.ipynb": ("물리 블록의 수명: free_blocks 가 관리한다",),
 }
 #: the kernel chapters talk about threads; the others must not need to
 KERNEL_CHAPTERS = ("03_address_arithmetic.ipynb", "04_warp_shuffle_reduction.ipynb",

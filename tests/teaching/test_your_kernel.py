@@ -44,7 +44,7 @@ def sharp_model():
 
 def generate(model, backend):
     engine = pt.Engine(model, backend=backend, max_slots=1, max_seq_len=64)
-    return engine.generate(PROMPT, max_new_tokens=NEW_TOKENS, temperature=0.0)[0].token_ids
+    return engine.generate(PROMPT, max_tokens=NEW_TOKENS, temperature=0.0)[0].token_ids
 
 
 @pytest.fixture(scope="module")

@@ -38,16 +38,16 @@ def next_pop_block() -> int:
     return int(cache.block_table[1, 0, 0])
 
 
-PEAK = dict(prompt_len=40, max_new_tokens=9, num_layers=30)
+PEAK = dict(prompt_len=40, max_tokens=9, num_layers=30)
 
 
 @lru_cache(maxsize=None)
-def peak_blocks(prompt_len: int = PEAK["prompt_len"], max_new_tokens: int = PEAK["max_new_tokens"],
+def peak_blocks(prompt_len: int = PEAK["prompt_len"], max_tokens: int = PEAK["max_tokens"],
                 num_layers: int = PEAK["num_layers"]) -> int:
     """Run a real engine on a tiny random model with ``num_layers`` layers and no EOS; return
     the most physical blocks the request owned at once."""
     engine = tiny_engine(num_layers=num_layers, max_slots=1)
-    engine.add_request([1] * prompt_len, max_new_tokens=max_new_tokens)
+    engine.add_request([1] * prompt_len, max_tokens=max_tokens)
     peak = 0
     while engine.has_unfinished():
         engine.step()
@@ -111,10 +111,10 @@ EXERCISES = (
         )),
     Exercise(
         "06.peak_blocks",
-        Text(en="A request with a {prompt_len}-token prompt and max_new_tokens {max_new_tokens} "
+        Text(en="A request with a {prompt_len}-token prompt and max_tokens {max_tokens} "
                 "runs alone on a {num_layers}-layer model (no EOS).  The most physical blocks it "
                 "owns at once?".format(**PEAK),
-             ko="프롬프트 {prompt_len} 토큰, max_new_tokens {max_new_tokens} 인 요청 하나가 "
+             ko="프롬프트 {prompt_len} 토큰, max_tokens {max_tokens} 인 요청 하나가 "
                 "레이어 {num_layers}개 모델에서 혼자 돕니다 (EOS 없음).  한때 가장 많이 가진 물리 "
                 "블록 수는?".format(**PEAK)),
         Integer(), peak_blocks,

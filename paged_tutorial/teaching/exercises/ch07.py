@@ -27,7 +27,7 @@ def steps_for_requests(new_tokens=NEW_TOKENS, max_slots: int = 2) -> int:
     in order, through ``max_slots`` slots; counted on a real Engine with a tiny random model."""
     engine = tiny_engine(num_layers=2, max_slots=max_slots)
     for n in new_tokens:
-        engine.add_request([1, 2, 3], max_new_tokens=n)
+        engine.add_request([1, 2, 3], max_tokens=n)
     steps = 0
     while engine.has_unfinished():
         engine.step()

@@ -22,9 +22,9 @@ def second_prefill_tokens(prompt_len: int = SECOND["prompt_len"]) -> int:
     caching: the tokens the second prefill computes."""
     engine = tiny_engine(max_slots=1, prefix_caching=True)
     prompt = [(7 * i) % 60 + 1 for i in range(prompt_len)]
-    engine.generate([prompt], max_new_tokens=2)
+    engine.generate([prompt], max_tokens=2)
     steps = []
-    engine.generate([prompt], max_new_tokens=2, on_step=steps.append)
+    engine.generate([prompt], max_tokens=2, on_step=steps.append)
     return sum(s.num_tokens for s in steps if s.kind == "prefill")
 
 

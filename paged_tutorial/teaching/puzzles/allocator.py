@@ -29,7 +29,7 @@ from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, is_stu
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
-#: (prompt, max_new_tokens): r0 and r1 run together and outgrow the cache, r2 waits for blocks
+#: (prompt, max_tokens): r0 and r1 run together and outgrow the cache, r2 waits for blocks
 REQUESTS = ((tuple(range(3, 8)), 30),          # 5 tokens, grows to 34: 3 logical blocks
             (tuple(range(20, 36)), 22),        # 16 tokens (one full block), grows to 37
             (tuple(range(40, 60)), 6))         # 20 tokens: waits, then reuses freed blocks
@@ -260,7 +260,7 @@ def solo_tokens() -> tuple:
     for prompt, max_new in REQUESTS:
         engine = Engine(tiny_model(dtype=DTYPE), backend="torch", device="cpu", max_slots=1,
                         max_seq_len=ENGINE["max_seq_len"])
-        out.append(engine.generate([list(prompt)], max_new_tokens=max_new, temperature=0.0,
+        out.append(engine.generate([list(prompt)], max_tokens=max_new, temperature=0.0,
                                    seed=0)[0].token_ids)
     return tuple(out)
 

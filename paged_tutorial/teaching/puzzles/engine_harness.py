@@ -60,7 +60,7 @@ class StepState:
 def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
         against: list | None = None, compare_blocks: bool = False, max_steps: int = 200,
         after_step=None):
-    """Serve ``requests`` [(prompt ids, max_new_tokens)] greedily to the end; returns one
+    """Serve ``requests`` [(prompt ids, max_tokens)] greedily to the end; returns one
     ``StepState`` per step.  ``shuffle_seed`` permutes the free list first (so physical blocks
     differ from logical ones); ``poison`` fills the cache with NaN first (a read of anything
     never written shows).
@@ -80,7 +80,7 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
         cache.buffer.fill_(float("nan"))
     engine.record_logits = True
     for prompt, max_new in requests:
-        engine.add_request(list(prompt), max_new_tokens=max_new, temperature=0.0, seed=0)
+        engine.add_request(list(prompt), max_tokens=max_new, temperature=0.0, seed=0)
     states = []
     while engine.has_unfinished() and len(states) < max_steps:
         i = len(states)

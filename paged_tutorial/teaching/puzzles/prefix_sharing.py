@@ -53,7 +53,7 @@ class Scenario:
     name: str
     hash_fn: Callable
     prompts: tuple                     # served one after another (one slot), greedy
-    max_new_tokens: int = 4
+    max_tokens: int = 4
 
 
 SCENARIOS = (
@@ -94,7 +94,7 @@ def _serve(engine, scenario: Scenario, rule=None) -> list[tuple[int, list[int]]]
     for r, prompt in enumerate(scenario.prompts):
         if rule is not None:
             rule.request = r
-        res = engine.generate([list(prompt)], max_new_tokens=scenario.max_new_tokens,
+        res = engine.generate([list(prompt)], max_tokens=scenario.max_tokens,
                               temperature=0.0, seed=0)[0]
         out.append((res.num_cached_tokens, res.token_ids))
     return out

@@ -18,7 +18,7 @@ def running_engine():
     block_bytes = pt.CacheConfig.for_model(config).BLOCK_BYTES
     engine = pt.Engine(pt.random_model(config, seed=0), backend="torch", device="cpu",
                        max_slots=2, max_seq_len=64, kv_cache_bytes=20 * block_bytes)
-    request = engine.add_request(list(range(3, 23)), max_new_tokens=5)    # 20 prompt tokens
+    request = engine.add_request(list(range(3, 23)), max_tokens=5)    # 20 prompt tokens
     engine.step()
     engine.step()                                                          # 21 tokens cached
     return engine, request

@@ -31,7 +31,7 @@ def recorded():
     # 6 logical blocks' worth in all (18 blocks / 3 layers): two 20-token prompts take 4, and
     # growing past 48 tokens needs more than the cache has, so one request is preempted
     for n_new in (40, 6, 30, 10):
-        engine.add_request([1 + n_new % 7] * 20, max_new_tokens=n_new)
+        engine.add_request([1 + n_new % 7] * 20, max_tokens=n_new)
     recorder.run()
     return engine, recorder
 
@@ -125,10 +125,10 @@ def test_figures_and_widget(recorded):
 
 def test_recorder_watches_generate():
     engine = tiny_engine(num_blocks=60)
-    engine.generate([[3] * 5], max_new_tokens=4, seed=0)      # steps 0..3, before recording
+    engine.generate([[3] * 5], max_tokens=4, seed=0)      # steps 0..3, before recording
     recorder = lifetime.LifetimeRecorder(engine)
     assert recorder.steps[0].index == 3
-    engine.generate([[1] * 17, [2] * 5, [4] * 9], max_new_tokens=5, seed=0,
+    engine.generate([[1] * 17, [2] * 5, [4] * 9], max_tokens=5, seed=0,
                     on_step=recorder.on_step)
     steps = recorder.steps
     assert [s.index for s in steps] == list(range(3, 3 + len(steps)))

@@ -27,9 +27,9 @@ def recorded():
     recorder = sharing.SharingRecorder(engine)
     system = list(range(1, 33))                       # two full blocks, shared
     for i, (own, n_new) in enumerate(((5, 6), (9, 12), (3, 4))):
-        engine.add_request(system + [40 + i] * own, max_new_tokens=n_new)
-    engine.add_request(list(range(33, 63)) + [7] * 20, max_new_tokens=4)   # forces an eviction
-    engine.add_request(system + [50] * 4, max_new_tokens=3)
+        engine.add_request(system + [40 + i] * own, max_tokens=n_new)
+    engine.add_request(list(range(33, 63)) + [7] * 20, max_tokens=4)   # forces an eviction
+    engine.add_request(system + [50] * 4, max_tokens=3)
     recorder.run()                                    # checks the rebuilt state every step
     return engine, recorder
 
@@ -67,7 +67,7 @@ def test_replay_refuses_a_count_that_disagrees():
 
 def test_a_recorder_needs_an_empty_cache(recorded):
     engine, _ = recorded
-    engine.add_request(list(range(1, 40)), max_new_tokens=20)
+    engine.add_request(list(range(1, 40)), max_tokens=20)
     engine.step()
     with pytest.raises(ValueError, match="cache is empty"):
         sharing.SharingRecorder(engine)

@@ -1,0 +1,16 @@
+"""Serving: vLLM's Python API (``LLM``, ``RequestOutput``) and an OpenAI-compatible HTTP server.
+
+``llm`` (``LLM.generate`` / ``LLM.chat``), ``outputs`` (``RequestOutput``,
+``CompletionOutput``), ``answers`` (one sampled answer on the engine: stop strings, stop
+tokens, cancel), ``stop_text`` (stop strings over streamed text), ``prompts`` (prompts and
+conversations to token ids), and the server: ``engine_loop`` (the thread that steps the
+engine), ``openai_protocol`` (requests checked and turned into SamplingParams, error bodies),
+``app`` (the ASGI application), ``metrics`` (Prometheus text), ``server`` (uvicorn in the
+foreground, or on a background thread), ``cli`` (``serve_main``).
+The server's modules import FastAPI, so they are not imported here.
+"""
+
+from paged_tutorial.serving.llm import LLM
+from paged_tutorial.serving.outputs import CompletionOutput, RequestOutput
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput"]
