@@ -56,7 +56,7 @@ def test_torch_backend_matches_hf(qwen, name, source):
         for row, rid in enumerate(report.request_ids):
             logits[rid].append(report.logits[row])
 
-    results = engine.generate(prompts, max_new_tokens=16, on_step=keep)
+    results = engine.generate(prompts, max_tokens=16, on_step=keep)
     for i, (prompt, res) in enumerate(zip(prompts, results)):
         assert res.token_ids == hf_greedy(hf, prompt, 16), f"prompt {i} ({len(prompt)} tokens)"
         with torch.no_grad():
@@ -74,7 +74,7 @@ def test_numba_kernels_match_hf(qwen, name, source):
     engine = pt.Engine(model, backend=backend_name(), max_slots=2, max_seq_len=32)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, VOCAB, n).tolist() for n in (3, 6)]
-    results = engine.generate(prompts, max_new_tokens=3)
+    results = engine.generate(prompts, max_tokens=3)
     assert [r.token_ids for r in results] == [hf_greedy(hf, p, 3) for p in prompts]
     assert len(engine.cache.free_blocks) == engine.cache.NUM_BLOCKS
 
@@ -90,7 +90,7 @@ def test_prefix_cache_hits_match_hf(qwen, name):
     shared = rng.integers(0, VOCAB, 16).tolist()
     cached = []
     for tail in (rng.integers(0, VOCAB, 3).tolist(), rng.integers(0, VOCAB, 5).tolist()):
-        result = engine.generate([shared + tail], max_new_tokens=6)[0]
+        result = engine.generate([shared + tail], max_tokens=6)[0]
         assert result.token_ids == hf_greedy(hf, shared + tail, 6)
         cached.append(result.num_cached_tokens)
     assert cached == [0, 16]
@@ -106,5 +106,5 @@ def test_a_missing_bias_or_norm_changes_the_tokens(qwen):
         engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=64)
         for layer in engine.model_runner.llama.layers:
             setattr(layer, role, None)
-        out = engine.generate([prompt], max_new_tokens=8)[0].token_ids
+        out = engine.generate([prompt], max_tokens=8)[0].token_ids
         assert out != hf_greedy(hf, prompt, 8), name

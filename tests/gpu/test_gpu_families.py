@@ -59,7 +59,7 @@ def test_float32_tokens_equal_hf(qwen, name, source):
     model = pt.load_model(str(folder if source == "folder" else gguf), dtype="float32",
                           device="cuda")
     engine = pt.Engine(model, backend="numba", max_slots=4, max_seq_len=256)
-    results = engine.generate(prompts(), max_new_tokens=NEW_TOKENS)
+    results = engine.generate(prompts(), max_tokens=NEW_TOKENS)
     for i, (prompt, res) in enumerate(zip(prompts(), results)):
         assert res.token_ids == hf_greedy(hf, prompt, NEW_TOKENS), f"prompt {i}"
 
@@ -76,7 +76,7 @@ def test_bfloat16_first_logits_near_hf(qwen, name):
         for row, rid in enumerate(report.request_ids):
             firsts.setdefault(rid, report.logits[row].float())
 
-    engine.generate(prompts(), max_new_tokens=2, on_step=keep)
+    engine.generate(prompts(), max_tokens=2, on_step=keep)
     for i, prompt in enumerate(prompts()):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
