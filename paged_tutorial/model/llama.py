@@ -65,32 +65,33 @@ class Llama:
         self.dtype = self.embed.dtype
 
     # ------------------------------------------------------------------------------------
-    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool, index: int,
+    def _layer_prologue(self, layer: LayerWeights, h, residual, index: int,
                         inputs: StepInputs, cache):
         b, cfg = self.backend, self.config
-        if first:
-            x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
-        else:
-            x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
-        # QKV projection, RoPE, K/V into the paged cache (one op: a backend may fuse it).
-        # q, k, v are views into the projection (rows strided, each row contiguous): every
-        # backend op accepts them, and three copy kernels per layer are saved
-        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, inputs.positions, self.cos,
-                                   self.sin, cache, inputs.block_table, index, inputs.slots)
+        # residual += h, norm, QKV projection, RoPE, K/V into the paged cache (one op: a
+        # backend may fuse it).  q, k, v are views into the projection (rows strided, each row
+        # contiguous): every backend op accepts them, and three copy kernels per layer are saved
+        return b.norm_qkv_rope_write_kv(h, residual, layer.input_norm, cfg.rms_norm_eps,
+                                        layer.qkv, cfg.n_heads, inputs.positions, self.cos,
+                                        self.sin, cache, inputs.block_table, index,
+                                        inputs.slots)
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
+        """residual += o_proj(attn); returns the MLP's output (None: already added)."""
         b, cfg = self.backend, self.config
-        attn_out = b.linear(attn.reshape(attn.shape[0], -1), layer.o)
-        x = b.add_rms_norm(attn_out, residual, layer.post_norm, cfg.rms_norm_eps)
-        mlp = b.linear(b.linear_silu_mul(x, layer.gate_up), layer.down)
-        return mlp
+        return b.o_proj_mlp(attn.reshape(attn.shape[0], -1), residual, layer.o, layer.post_norm,
+                            cfg.rms_norm_eps, layer.gate_up, layer.down)
 
     def _logits(self, h, residual, rows: torch.Tensor | None):
         b, cfg = self.backend, self.config
         if rows is not None:            # only the rows that need logits (prefill: last tokens)
-            h, residual = h[rows], residual[rows]
-        # the last residual add fused with the final norm: one kernel, as in every layer
-        x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
+            h = None if h is None else h[rows]
+            residual = residual[rows]
+        # the last residual add (if not added yet) fused with the final norm: one kernel
+        if h is None:
+            x = b.rms_norm(residual, self.final_norm, cfg.rms_norm_eps)
+        else:
+            x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
         # in the model's dtype: the samplers read it as it is (a float32 copy of a [B, vocab]
         # row costs as much as reading it), and a caller who keeps logits widens them
         return b.linear(x, self.lm_head)
@@ -114,7 +115,7 @@ class Llama:
         residual = b.embed(self.embed, inputs.token_ids)
         h = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, inputs, cache)
+            q, k, v = self._layer_prologue(layer, h, residual, i, inputs, cache)
             attn = self._attention(q, k, v, i, inputs, cache)
             h = self._layer_epilogue(layer, attn, residual)
         return self._logits(h, residual, inputs.logit_rows)
