@@ -41,7 +41,7 @@ from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write
 setup_numba_env()
 
 from paged_tutorial.backends import triton_attention  # noqa: E402
-from paged_tutorial.backends.numba_cuda import NumbaBackend
+from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast  # noqa: E402
 from paged_tutorial.backends.numba_cuda.kernels.attention_fast import KernelShape  # noqa: E402
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa  # noqa: E402
@@ -121,7 +121,7 @@ def contiguous_kv(cache, layer, batch, ctx):
 
 
 def decode_impls(cache, sweep: Sweep | None):
-    article = NumbaBackend(attention="article")
+    article = NumbaBackend(options=KernelOptions(attention="article"))
     impls = {
         "fast": lambda q, l, sl, sa: attention_fast.decode_attention_fast(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
@@ -204,7 +204,7 @@ def bench_prefill(g, matmul_tflops):
     layout = prefill_layout(cu, "cuda")
     ref = TorchBackend("cuda").prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
     flops = sum(4 * N_Q * D * (n * (n + 1) // 2) for n in (1024, 1024))   # QK^T + PV, causal
-    numba_prefill = NumbaBackend(prefill="numba")
+    numba_prefill = NumbaBackend(options=KernelOptions(prefill="numba"))
     default = NumbaBackend()                  # the GPU default: one varlen flash call
     impls = {"numba": lambda: numba_prefill.prefill_attention(q, k, v, layout, SCALE),
              "varlen": lambda: default.prefill_attention(q, k, v, layout, SCALE),

@@ -112,31 +112,33 @@ def exactly(n: int) -> pt.SamplingParams:
     return pt.SamplingParams(max_tokens=n, ignore_eos=True)
 
 
+def article_backend():
+    """The numba backend with the article's decode attention kernel."""
+    from paged_tutorial.backends.numba_cuda import KernelOptions
+
+    return NumbaBackend(options=KernelOptions(attention="article"))
+
+
 def ladder() -> dict:
     """The rungs of the decode-step fusions, each with graphs and without the rungs after it
-    (the engine itself, with all of them, is the "engine" row): SwiGLU in the gate/up GEMV
-    (``fuse_mlp``), then launches that overlap the previous kernel (``overlap``)."""
+    (the engine itself, with all of them, is the "engine" row): RoPE, the cache write and
+    the SwiGLU in the GEMVs' epilogues (``KernelOptions.fuse_epilogues``), then launches that
+    overlap the previous kernel (``overlap``).  "fused_norms_graphs" is the engine with the
+    five-kernel layer (``fuse_norms``: the norms in the GEMVs' prologues, the residual adds in
+    their epilogues), timed beside it."""
+    from paged_tutorial.backends.numba_cuda import KernelOptions
+
     return {
-        "graphs_separate_mlp_no_overlap": dict(backend=NumbaBackend(fuse_mlp=False),
-                                               overlap=False),
-        "graphs_no_overlap": dict(overlap=False),
+        "graphs_separate_mlp_no_overlap": dict(backend=NumbaBackend(options=KernelOptions(
+            fuse_epilogues=False, overlap=False))),
+        "graphs_no_overlap": dict(backend=NumbaBackend(options=KernelOptions(overlap=False))),
+        "fused_norms_graphs": dict(backend=NumbaBackend(options=KernelOptions(
+            fuse_norms=True))),
     }
 
 
-def time_engine(model, batch, overlap: bool = True, **kw) -> dict:
-    """Median ms per decode step (and the graph replay's GPU time) of a fresh engine;
-    ``overlap``: launches that overlap the previous kernel (``grid_dependency.py``) on or off
-    for this engine's launches and graph capture."""
-    from paged_tutorial.backends.numba_cuda.runtime import launch
-
-    previous = launch.set_overlap(overlap)
-    try:
-        return _time_engine(model, batch, **kw)
-    finally:
-        launch.set_overlap(previous)
-
-
-def _time_engine(model, batch, **kw) -> dict:
+def time_engine(model, batch, **kw) -> dict:
+    """Median ms per decode step (and the graph replay's GPU time) of a fresh engine."""
     engine = make_engine(model, batch, **kw)
     prompts = prompts_for(batch, PROMPT_LEN, 1, model.config.vocab_size)
     engine.generate(prompts, exactly(8), chat=False)           # warm-up, graph capture
@@ -186,8 +188,7 @@ def check_against_hf(model, hf) -> dict:
     prompts = [prompts_for(1, n, 7 + n, model.config.vocab_size)[0] for n in (37, 100)]
     graphs = run_recorded(model, prompts, 16)
     eager = run_recorded(model, prompts, 16, cuda_graphs=False)
-    article = run_recorded(model, prompts, 16, cuda_graphs=False,
-                           backend=NumbaBackend(attention="article"))
+    article = run_recorded(model, prompts, 16, cuda_graphs=False, backend=article_backend())
     graph_errs = []
     for toks, etoks, ours, theirs in zip(graphs[0], eager[0], graphs[1], eager[1]):
         for j in range(len(toks)):
@@ -270,7 +271,6 @@ def quick_run(batches=BATCHES, hf: bool = True, hf_static: bool = False) -> dict
     data["rows"] = [time_row(model, batch, ladder_variants(), bw, hf_ref, hf_static=hf_static)
                     for batch in batches]
     from paged_tutorial.backends.numba_cuda.runtime import launch
-    data["launch_mode"] = launch.LAUNCH_MODE
     data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
     data["seconds"] = round(time.time() - t_start, 1)
     del model, hf_ref
@@ -499,13 +499,16 @@ def main(argv=None):
     if hf is not None:
         data["correctness"] = check_against_hf(model, hf)
         print("correctness:", data["correctness"], flush=True)
+    from paged_tutorial.backends.numba_cuda import KernelOptions
+    from paged_tutorial.backends.triton_backend import TritonAttentionBackend
+
     rungs = ladder()
     variants = {
         "engine": {},
-        "article_no_graphs": dict(backend=NumbaBackend(attention="article"), cuda_graphs=False),
+        "article_no_graphs": dict(backend=article_backend(), cuda_graphs=False),
         "fast_no_graphs": dict(cuda_graphs=False),
-        "article_graphs": dict(backend=NumbaBackend(attention="article")),
-        "triton_graphs": dict(backend=NumbaBackend(attention="triton")),
+        "article_graphs": dict(backend=article_backend()),
+        "triton_graphs": dict(backend=TritonAttentionBackend()),
         **rungs,
     }
     if args.skip_variants:
@@ -516,7 +519,7 @@ def main(argv=None):
     if not args.skip_variants:
         data["prefill_numba_kernel"] = time_prefill(
             model, data["ceilings"]["bf16_matmul_tflops"],
-            backend=NumbaBackend(prefill="numba"))
+            backend=NumbaBackend(options=KernelOptions(prefill="numba")))
     print("prefill:", data["prefill"], flush=True)
     from paged_tutorial.backends.numba_cuda.kernels import attention_fast
     from paged_tutorial.backends.numba_cuda.kernels import gemv
@@ -525,7 +528,6 @@ def main(argv=None):
                            "four_warps_from_blocks": attention_fast.FEW_WARPS_FROM_BLOCKS,
                            **dataclasses.asdict(attention_fast.CHOSEN_SHAPE)}
     data["gemv_max_rows"] = gemv.MAX_ROWS
-    data["launch_mode"] = launch.LAUNCH_MODE
     data["launch_errors"] = {f"{k[0]}/{k[1]}": v for k, v in launch.FAST_LAUNCH_ERRORS.items()}
     data["seconds"] = round(time.time() - t_start, 1)
     write_json(data, "decode", args.out)

@@ -153,11 +153,11 @@ def sanitize_target():
     """What compute-sanitizer watches: one prefill + 8 decode steps, 2 slots."""
     config = llama_3_2_1b_config().replace(num_hidden_layers=2)
     model = pt.random_model(config, dtype="bfloat16", seed=4, device="cuda")
-    from paged_tutorial.backends.numba_cuda import NumbaBackend
+    from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 
     # the engine's default GPU path (fast attention, CUDA-graph decode), then the article's
     # kernel launched eagerly
-    for backend, graphs in (("numba", None), (NumbaBackend(attention="article"), False)):
+    for backend, graphs in (("numba", None), (NumbaBackend(options=KernelOptions(attention="article")), False)):
         engine = pt.Engine(model, backend=backend, max_slots=2, max_seq_len=256,
                            cuda_graphs=graphs)
         engine.generate([[5] * 20, [7] * 37], pt.SamplingParams(max_tokens=9,

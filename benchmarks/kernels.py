@@ -6,7 +6,7 @@ cuBLAS, on the GPU, in one command:
 Llama-3.2-1B shapes, bf16.  For each op and token count T (1 and 64: decode; 2048: a
 2 x 1024 prefill) the bytes it must move (each input read once, each output written once), the
 time of our kernel (median of CUDA-graph replays, 10 calls per graph on rotating inputs), of the
-scalar kernel it replaced (``NumbaBackend(vector=False)``) and of torch's ops for the same
+scalar kernel it replaced (``KernelOptions(vector=False)``) and of torch's ops for the same
 function, and the % of the copy bandwidth measured in this run.  Every result is checked first
 (against the scalar kernel: bit for bit, norms within one rounding; the GEMV against
 float32 products).  The GEMV
@@ -25,7 +25,7 @@ from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write
 
 setup_numba_env()
 
-from paged_tutorial.backends.numba_cuda import NumbaBackend
+from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import gemv  # noqa: E402
 from paged_tutorial.backends.torch_ref import TorchBackend  # noqa: E402
 from paged_tutorial.config import llama_3_2_1b_config  # noqa: E402
@@ -48,7 +48,7 @@ def copies_for(nbytes: int) -> int:
 
 
 def small_ops(bw_gbs: float, g) -> list[dict]:
-    nb, scalar, ref = NumbaBackend(), NumbaBackend(vector=False), TorchBackend("cuda")
+    nb, scalar, ref = NumbaBackend(), NumbaBackend(options=KernelOptions(vector=False)), TorchBackend("cuda")
     rows = []
 
     def rn(*shape, scale=1.0):
@@ -95,7 +95,7 @@ def small_ops(bw_gbs: float, g) -> list[dict]:
 
 
 def gemv_rows(bw_gbs: float, g) -> list[dict]:
-    nb = NumbaBackend(gemv=True)
+    nb = NumbaBackend(options=KernelOptions(gemv=True))
     max_rows, gemv.MAX_ROWS = gemv.MAX_ROWS, 8         # time T = 8 too
     shapes = {"qkv": (3072, H), "o": (H, H), "gate_up": (2 * I, H), "down": (H, I),
               "lm_head": (V, H)}

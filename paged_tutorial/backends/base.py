@@ -102,6 +102,35 @@ class Backend(abc.ABC):
         self.rope_write_kv(q, k, v, positions, cos, sin, cache, block_table, layer, slots)
         return q, k, v
 
+    def norm_qkv_rope_write_kv(self, h: torch.Tensor | None, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+                               n_q_heads: int, positions: torch.Tensor, cos: torch.Tensor,
+                               sin: torch.Tensor, cache, block_table: torch.Tensor, layer: int,
+                               slots: torch.Tensor):
+        """The start of a layer: ``residual += h`` (in place; nothing when ``h`` is None), then
+        ``qkv_rope_write_kv`` on ``rms_norm(residual)``.  Returns (q, k, v) as
+        ``qkv_rope_write_kv`` does.  A backend may fuse it (the numba backend computes the norm
+        in the QKV GEMV's prologue at decode); the result must be the same."""
+        if h is None:
+            x = self.rms_norm(residual, norm_weight, eps)
+        else:
+            x = self.add_rms_norm(h, residual, norm_weight, eps)
+        return self.qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin, cache,
+                                      block_table, layer, slots)
+
+    def o_proj_mlp(self, attn: torch.Tensor, residual: torch.Tensor, o_weight: torch.Tensor,
+                   norm_weight: torch.Tensor, eps: float, gate_up_weight: torch.Tensor,
+                   down_weight: torch.Tensor) -> torch.Tensor | None:
+        """The rest of a layer after attention (attn [T, nH * D]): ``residual +=
+        linear(attn, o_weight)`` (in place), then the MLP on ``rms_norm(residual)``.  Returns
+        the MLP's output h, which the caller adds to the residual next (the next layer's
+        ``norm_qkv_rope_write_kv``, or the final norm), or None when the backend has already
+        added it into ``residual`` (the numba backend at decode: the residual adds happen in
+        the projections' epilogues).  Either way ``residual + h`` is the same."""
+        attn_out = self.linear(attn, o_weight)
+        x = self.add_rms_norm(attn_out, residual, norm_weight, eps)
+        return self.linear(self.linear_silu_mul(x, gate_up_weight), down_weight)
+
     @abc.abstractmethod
     def write_kv(self, cache, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
                  layer: int, slots: torch.Tensor, positions: torch.Tensor) -> None:

@@ -11,7 +11,8 @@ paged cache, attention, O projection + residual, RMSNorm, SwiGLU MLP + residual.
 The families differ in the start of the layer only, and a layer's weights say which it is: a
 ``qkv_bias`` is added by the QKV projection (Qwen2), a ``q_norm`` / ``k_norm`` normalises each
 head of q and k before RoPE (Qwen3).  A layer with neither (Llama) runs the backend's one
-``qkv_rope_write_kv`` op, which a backend may fuse.
+``norm_qkv_rope_write_kv`` op (the residual add, the norm, QKV, RoPE and the cache write),
+which a backend may fuse.
 
 ``build_network`` is how the engine builds the network for a loaded model: the model's family,
 found by its config's architecture, says which tensor fills each ``LayerWeights`` role.
@@ -69,20 +70,21 @@ class DecoderNetwork:
         self.dtype = embed.dtype
 
     # ------------------------------------------------------------------------------------
-    def _layer_prologue(self, layer: LayerWeights, h, residual, first: bool, index: int,
-                        inputs, cache):
+    def _layer_prologue(self, layer: LayerWeights, h, residual, index: int, inputs, cache):
         b, cfg = self.backend, self.config
-        if first:
-            x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
-        else:
-            x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
         if not layer.plain_qkv:
+            if h is None:
+                x = b.rms_norm(residual, layer.input_norm, cfg.rms_norm_eps)
+            else:
+                x = b.add_rms_norm(h, residual, layer.input_norm, cfg.rms_norm_eps)
             return self._qkv_with_bias_or_norm(layer, x, index, inputs, cache)
-        # QKV projection, RoPE, K/V into the paged cache (one op: a backend may fuse it).
-        # q, k, v are views into the projection (rows strided, each row contiguous): every
-        # backend op accepts them, and three copy kernels per layer are saved
-        return b.qkv_rope_write_kv(x, layer.qkv, cfg.n_heads, inputs.positions, self.cos,
-                                   self.sin, cache, inputs.block_table, index, inputs.slots)
+        # residual += h, norm, QKV projection, RoPE, K/V into the paged cache (one op: a
+        # backend may fuse it).  q, k, v are views into the projection (rows strided, each row
+        # contiguous): every backend op accepts them, and three copy kernels per layer are saved
+        return b.norm_qkv_rope_write_kv(h, residual, layer.input_norm, cfg.rms_norm_eps,
+                                        layer.qkv, cfg.n_heads, inputs.positions, self.cos,
+                                        self.sin, cache, inputs.block_table, index,
+                                        inputs.slots)
 
     def _qkv_with_bias_or_norm(self, layer: LayerWeights, x, index: int, inputs, cache):
         """The QKV projection with its bias, each q and k head normalised when the family has
@@ -108,18 +110,21 @@ class DecoderNetwork:
                                      self.config.rms_norm_eps).view(t, heads, d)
 
     def _layer_epilogue(self, layer: LayerWeights, attn, residual):
+        """residual += o_proj(attn); returns the MLP's output (None: already added)."""
         b, cfg = self.backend, self.config
-        attn_out = b.linear(attn.reshape(attn.shape[0], -1), layer.o)
-        x = b.add_rms_norm(attn_out, residual, layer.post_norm, cfg.rms_norm_eps)
-        mlp = b.linear(b.linear_silu_mul(x, layer.gate_up), layer.down)
-        return mlp
+        return b.o_proj_mlp(attn.reshape(attn.shape[0], -1), residual, layer.o, layer.post_norm,
+                            cfg.rms_norm_eps, layer.gate_up, layer.down)
 
     def _logits(self, h, residual, rows: torch.Tensor | None):
         b, cfg = self.backend, self.config
         if rows is not None:            # only the rows that need logits (prefill: last tokens)
-            h, residual = h[rows], residual[rows]
-        # the last residual add fused with the final norm: one kernel, as in every layer
-        x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
+            h = None if h is None else h[rows]
+            residual = residual[rows]
+        # the last residual add (if not added yet) fused with the final norm: one kernel
+        if h is None:
+            x = b.rms_norm(residual, self.final_norm, cfg.rms_norm_eps)
+        else:
+            x = b.add_rms_norm(h, residual, self.final_norm, cfg.rms_norm_eps)
         # in the model's dtype: the samplers read it as it is (a float32 copy of a [B, vocab]
         # row costs as much as reading it), and a caller who keeps logits widens them
         return b.linear(x, self.lm_head)
@@ -143,7 +148,7 @@ class DecoderNetwork:
         residual = b.embed(self.embed, inputs.token_ids)
         h = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._layer_prologue(layer, h, residual, i == 0, i, inputs, cache)
+            q, k, v = self._layer_prologue(layer, h, residual, i, inputs, cache)
             attn = self._attention(q, k, v, i, inputs, cache)
             h = self._layer_epilogue(layer, attn, residual)
         return self._logits(h, residual, inputs.logit_rows)

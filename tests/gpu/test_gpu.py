@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from helpers.gpu_checks import DTYPES, rel_err, rn, same_bits, ulps, within_one_rounding
-from paged_tutorial.backends.numba_cuda import SIMULATING, NumbaBackend
+from helpers.gpu_checks import DTYPES, attention_backend, rel_err, rn, same_bits, ulps, within_one_rounding
+from paged_tutorial.backends.numba_cuda import SIMULATING, KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels import gemv, prefill_sdpa, sampling
 from paged_tutorial.backends.numba_cuda.runtime import launch
@@ -120,7 +120,7 @@ def test_vector_kernels_against_scalar_kernels_at_full_size(nb):
     """The 16-byte bf16 kernels against the scalar kernels, on the GPU (both compiled for it):
     elementwise ops bit for bit; norms within one rounding (the sum of squares is added in
     another order), the residual bit for bit."""
-    scalar = NumbaBackend(vector=False)
+    scalar = NumbaBackend(options=KernelOptions(vector=False))
     g = torch.Generator(device="cuda").manual_seed(2)
     bf = torch.bfloat16
     for T in (1, 64, 2048):
@@ -189,8 +189,8 @@ def test_decode_attention_at_full_size(ref, kernel, batch):
     slots = torch.arange(batch, dtype=torch.int32, device="cuda").flip(0)
     lens = torch.tensor(CTX[:batch], dtype=torch.int32, device="cuda").flip(0)
     want = decode_oracle(ref, q, cache, bt, 3, lens, slots)
-    got = NumbaBackend(attention=kernel).decode_attention(q.clone(), cache, bt, 3, lens, slots,
-                                                          SCALE)
+    got = attention_backend(kernel).decode_attention(q.clone(), cache, bt, 3, lens, slots,
+                                                     SCALE)
     assert rel_err(got, want) < 5e-3
     tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
                                        zero=True)
@@ -221,7 +221,7 @@ def test_prefill_attention_one_varlen_call(nb, ref):
     assert rel_err(got, want) < 1e-2
     per_seq = prefill_sdpa.prefill_attention_sdpa(q, k, v, cu, SCALE)
     assert rel_err(got, per_seq) < 1e-2
-    numba_kernel = NumbaBackend(prefill="numba").prefill_attention(q, k, v, layout, SCALE)
+    numba_kernel = NumbaBackend(options=KernelOptions(prefill="numba")).prefill_attention(q, k, v, layout, SCALE)
     assert rel_err(numba_kernel, want) < 5e-3
     # float32 has no flash kernel: the per-sequence fallback, same function
     got32 = nb.prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
@@ -285,12 +285,47 @@ def test_cuda_graph_captures_numba_launches(nb, ref):
         assert rel_err(out, ref.rms_norm(x, wn, 1e-5).float() @ w.float().T) < 4e-3
 
 
+def test_fused_decoder_layer_at_full_size():
+    """``fuse_norms``: five kernels per layer at Llama-3.2-1B shapes (batch 1): the norm in
+    the QKV and gate/up GEMVs' prologues, RoPE and the cache write in the QKV GEMV's
+    epilogue, the residual adds in the output and down projections'; against the same ops
+    unfused (the norms sum their squares in the same order here: the same thread count)."""
+    fused = NumbaBackend(options=KernelOptions(fuse_norms=True))
+    separate = NumbaBackend()
+    g = torch.Generator(device="cuda").manual_seed(10)
+    cache = scattered_cache(g, "bfloat16")
+    other = scattered_cache(torch.Generator(device="cuda").manual_seed(10), "bfloat16")
+    slots = torch.tensor([3], dtype=torch.int32, device="cuda")
+    positions = torch.tensor([CTX[3] - 1], dtype=torch.int32, device="cuda")
+    residual = rn(g, torch.bfloat16, 1, H)
+    norm_w = 1 + rn(g, torch.bfloat16, H, scale=0.1)
+    w = rn(g, torch.bfloat16, (NH + 2 * NKV) * D, H, scale=0.02)
+    cos = torch.rand(4096, D // 2, generator=g, device="cuda")
+    sin = torch.rand(4096, D // 2, generator=g, device="cuda")
+    args = (norm_w, 1e-5, w, NH, positions, cos, sin)
+    got = fused.norm_qkv_rope_write_kv(None, residual, *args, cache,
+                                       cache.device_block_table(), 6, slots)
+    want = separate.norm_qkv_rope_write_kv(None, residual, *args, other,
+                                           other.device_block_table(), 6, slots)
+    for a, b in zip(got, want):
+        assert within_one_rounding(a, b)
+    assert within_one_rounding(cache.buffer, other.buffer)
+    attn = rn(g, torch.bfloat16, 1, NH * D)
+    o_w = rn(g, torch.bfloat16, H, NH * D, scale=0.02)
+    gate_up = rn(g, torch.bfloat16, 2 * INTER, H, scale=0.02)
+    down = rn(g, torch.bfloat16, H, INTER, scale=0.02)
+    r_fused, r_sep = residual.clone(), residual.clone()
+    assert fused.o_proj_mlp(attn, r_fused, o_w, norm_w, 1e-5, gate_up, down) is None
+    h = separate.o_proj_mlp(attn, r_sep, o_w, norm_w, 1e-5, gate_up, down)
+    assert rel_err(r_fused, r_sep.float() + h.float()) < 1e-2
+
+
 @pytest.mark.parametrize("n_tokens", [1, 4])
-def test_fused_qkv_rope_write_kv_at_full_size(n_tokens):
-    """The decode path's fused QKV GEMV + RoPE + cache write against the GEMV followed by
-    rope_write_kv (the kernel does the same arithmetic: the test expects the same bits, and
-    allows one rounding where the compiler fuses a multiply-add differently)."""
-    fused, separate = NumbaBackend(), NumbaBackend(fuse_qkv=False)
+def test_qkv_rope_write_kv_at_full_size(n_tokens):
+    """QKV projection + RoPE + cache write with the Numba GEMV (at one row) against cuBLAS's
+    projection: the same rotation and cache rows, within a rounding of the two products."""
+    fused = NumbaBackend()
+    separate = NumbaBackend(options=KernelOptions(gemv=False))
     g = torch.Generator(device="cuda").manual_seed(10)
     cache = scattered_cache(g, "bfloat16")
     other = scattered_cache(torch.Generator(device="cuda").manual_seed(10), "bfloat16")
@@ -307,5 +342,5 @@ def test_fused_qkv_rope_write_kv_at_full_size(n_tokens):
     want = separate.qkv_rope_write_kv(x, w, NH, positions, cos, sin, other,
                                       other.device_block_table(), 6, slots)
     for a, b in zip(got, want):
-        assert within_one_rounding(a, b)
-    assert within_one_rounding(cache.buffer, other.buffer)
+        assert rel_err(a, b) < 1e-2
+    assert rel_err(cache.buffer, other.buffer) < 1e-3     # only the written rows can differ

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import paged_tutorial as pt
-from helpers.gpu_checks import DTYPES, rel_err, rn, same_bits, ulps, within_one_rounding
-from paged_tutorial.backends.numba_cuda import NumbaBackend
+from helpers.gpu_checks import DTYPES, attention_backend, rel_err, rn, same_bits, ulps, within_one_rounding
+from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast, prefill_sdpa
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.paged_reads import attention, gather_kv
@@ -204,8 +204,8 @@ def test_decode_attention(shape, kernel, batch):
     slots = torch.arange(batch, dtype=torch.int32, device="cuda").flip(0)
     lens = torch.tensor(CTX[:batch], dtype=torch.int32, device="cuda").flip(0)
     want = decode_oracle(q, cache, bt, 2, lens, slots, s.scale)
-    got = NumbaBackend(attention=kernel).decode_attention(q.clone(), cache, bt, 2, lens, slots,
-                                                          s.scale)
+    got = attention_backend(kernel).decode_attention(q.clone(), cache, bt, 2, lens, slots,
+                                                     s.scale)
     assert rel_err(got, want) < 5e-3
     if kernel == "fast":            # its split blocks leave their tickets at zero
         tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
@@ -227,7 +227,7 @@ def test_prefill_attention(nb, ref, shape):
     got = nb.prefill_attention(q, k, v, layout, s.scale)
     assert prefill_sdpa.LAST_PATH == "varlen"
     assert rel_err(got, want) < 1e-2
-    numba_kernel = NumbaBackend(prefill="numba").prefill_attention(q, k, v, layout, s.scale)
+    numba_kernel = NumbaBackend(options=KernelOptions(prefill="numba")).prefill_attention(q, k, v, layout, s.scale)
     assert rel_err(numba_kernel, want) < 5e-3
     got32 = nb.prefill_attention(q.float(), k.float(), v.float(), layout, s.scale)
     assert rel_err(got32, want) < 1e-5

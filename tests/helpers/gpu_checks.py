@@ -40,3 +40,15 @@ def within_one_rounding(a, b) -> bool:
 def rn(g, dt, *shape, scale=1.0):
     """Normal random values drawn on the GPU with generator ``g``, in dtype ``dt``."""
     return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dt)
+
+
+def attention_backend(kernel: str):
+    """A backend whose decode attention is ``kernel``: "fast" or "article" (``NumbaBackend``'s
+    own), or "triton" (``TritonAttentionBackend``, the peer)."""
+    from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
+
+    if kernel == "triton":
+        from paged_tutorial.backends.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    return NumbaBackend(options=KernelOptions(attention=kernel))

@@ -23,7 +23,7 @@ import pytest
 import torch
 from numba import cuda   # a module global: the simulator swaps globals named ``cuda``
 
-from paged_tutorial.backends.numba_cuda import SIMULATING, NumbaBackend
+from paged_tutorial.backends.numba_cuda import SIMULATING, KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.backends.numba_cuda.device import dtypes
 from paged_tutorial.backends.torch_ref import TorchBackend
@@ -37,7 +37,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @pytest.fixture(scope="module")
 def nb():
-    return NumbaBackend(attention="article")   # decode tests: the article's kernel
+    return NumbaBackend(options=KernelOptions(attention="article"))   # decode: the article's kernel
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import paged_tutorial.backends.numba_cuda.kernels as kernels_pkg
 
 #: parameter names of the weights (never written during a step) in the kernel modules
-WEIGHT_NAMES = {"w", "weight"}
+WEIGHT_NAMES = {"w", "weight", "norm_weight"}
 
 
 def _modules():

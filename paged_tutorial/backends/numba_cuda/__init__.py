@@ -13,7 +13,8 @@ simulating or on the GPU, never both.  Importing this package calls
 ``ensure_simulator_decided()`` first, which turns the simulator on when no CUDA GPU is visible
 and the user has not set ``NUMBA_ENABLE_CUDASIM`` themselves.
 
-Layout: ``backend.py`` (``NumbaBackend``: each engine op as a kernel launch); ``kernels/`` (one
+Layout: ``backend.py`` (``NumbaBackend``: each engine op as a kernel launch); ``options.py``
+(``KernelOptions``: which kernels and fusions it uses); ``kernels/`` (one
 module per kernel family: ``attention`` is the article's ``pagedAttentionKernel``,
 ``attention_fast`` the split-K decode kernel, ``prefill``, ``prefill_sdpa``, ``norms``,
 ``elementwise``, ``gemv``, ``rope``, ``rope_write_kv``, ``kv_write``, ``sampling``); ``device/``
@@ -41,8 +42,10 @@ def ensure_simulator_decided() -> bool:
 ensure_simulator_decided()
 
 # ruff: noqa: E402  (the imports below must follow the decision above)
-from paged_tutorial.backends.numba_cuda.backend import (ATTENTION_KERNELS, NumbaBackend,  # noqa: F401
-                                                        backend_name)
+from paged_tutorial.backends.numba_cuda.backend import NumbaBackend, backend_name  # noqa: F401
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING  # noqa: F401
+from paged_tutorial.backends.numba_cuda.options import (ATTENTION_KERNELS,  # noqa: F401
+                                                        KernelOptions)
 
-__all__ = ["NumbaBackend", "ensure_simulator_decided", "SIMULATING", "backend_name"]
+__all__ = ["NumbaBackend", "KernelOptions", "ensure_simulator_decided", "SIMULATING",
+           "backend_name"]

@@ -15,11 +15,11 @@ from paged_tutorial.backends.numba_cuda.runtime import launch  # noqa: F401
 from paged_tutorial.backends.numba_cuda.device import sim_shim  # noqa: F401  (installs the simulator's shuffles)
 from paged_tutorial.backends.numba_cuda.kernels import rope as rope_kernels
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast, gemv, prefill_sdpa, rope_write_kv  # the optimised paths
+from paged_tutorial.backends.numba_cuda.device import grid_dependency
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, ops_for
-from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, launch as _launch, rows, words
+from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, rows, words
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
-
-ATTENTION_KERNELS = ("fast", "article", "triton")
+from paged_tutorial.backends.numba_cuda.options import KernelOptions
 #: most threads per block of the 16-byte row kernels (norms): one 16-byte chunk per thread up
 #: to rows of 8 * this many elements
 VEC_ROW_MAX_THREADS = 32 if SIMULATING else 512
@@ -46,34 +46,31 @@ def _mode_error(requested: str) -> RuntimeError:
 
 
 class NumbaBackend(Backend):
-    """Numba CUDA kernels for every op of ``Backend``; ``linear`` stays torch (cuBLAS).
+    """Numba CUDA kernels for every op of ``Backend``; ``linear`` stays torch (cuBLAS) except
+    at decode's batch 1, where the Numba GEMV takes it.
 
     ``NumbaBackend()`` picks the mode of this process.  ``NumbaBackend("numba")`` or
     ``NumbaBackend("numba-sim")`` (equivalently ``simulate=False`` / ``True``) insists on one
     and raises a RuntimeError explaining how to get it when the process runs the other.
     ``check_inputs`` (default: on in the simulator, off on the GPU, where it would cost a
     device sync) validates token ids, positions and block-table entries on the host before
-    the kernels use them.  ``attention`` picks the decode kernel, ``prefill`` the prefill
-    attention, ``vector`` / ``gemv`` / ``fuse_qkv`` / ``fuse_mlp`` the 16-byte bf16 kernels,
-    the small-batch GEMV, its fusion with RoPE and the cache write, and the gate/up GEMV's
-    fusion with the SwiGLU.
+    the kernels use them.  ``options`` (``KernelOptions``) chooses the kernels and fusions.
     """
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
-                 attention: str = "fast", prefill: str | None = None, vector: bool = True,
-                 gemv: bool | None = None, fuse_qkv: bool = True, fuse_mlp: bool = True):
-        if attention not in ATTENTION_KERNELS:
-            raise ValueError(f"NumbaBackend: attention={attention!r}; choose one of "
-                             f"{ATTENTION_KERNELS}")
-        if prefill not in (None, "numba", "sdpa"):
-            raise ValueError(f"NumbaBackend: prefill={prefill!r}; choose 'numba' or 'sdpa'")
-        #: decode attention kernel: "fast" (attention_fast.py), "article" (attention.py,
-        #: the article's kernel), or "triton" (backends/triton_attention.py)
-        self.attention = attention
-        #: prefill attention: "sdpa" (torch's flash kernel; the GPU default, see
-        #: prefill_sdpa.py) or "numba" (prefill.py; the default in the simulator)
-        self.prefill = prefill or ("numba" if SIMULATING else "sdpa")
+                 options: KernelOptions | None = None):
+        if options is None:
+            options = KernelOptions()
+        if not isinstance(options, KernelOptions):
+            raise TypeError(f"NumbaBackend: options must be a KernelOptions, got "
+                            f"{type(options).__name__}")
+        #: the kernels and fusions this backend uses (``options.py``)
+        self.options = options
+        #: prefill attention: the options' choice, else "sdpa" on the GPU, "numba" simulated
+        self.prefill = options.prefill or ("numba" if SIMULATING else "sdpa")
+        #: whether the Numba GEMV takes bf16 decode at batch <= gemv.MAX_ROWS
+        self.gemv = (not SIMULATING) if options.gemv is None else bool(options.gemv)
         if name not in (None, "numba", "numba-sim"):
             raise ValueError(f"NumbaBackend: unknown name {name!r} (use 'numba' or 'numba-sim')")
         if simulate is not None:
@@ -97,17 +94,14 @@ class NumbaBackend(Backend):
             self.device = torch.device(device) if device is not None else \
                 torch.device("cuda", torch.cuda.current_device())
         self.check_inputs = SIMULATING if check_inputs is None else bool(check_inputs)
-        #: bf16 rows take the 16-byte kernels (``vector_io.py``) when aligned; False: always
-        #: the scalar kernels (the reference the vector kernels are tested against)
-        self.vector = bool(vector)
-        #: the Numba GEMV (``gemv.py``) replaces cuBLAS for bf16 at <= gemv.MAX_ROWS rows;
-        #: default on the GPU only (in the simulator every output row is a Python warp)
-        self.gemv = (not SIMULATING) if gemv is None else bool(gemv)
-        #: with the GEMV: the QKV projection, RoPE and the cache write as one kernel
-        self.fuse_qkv = bool(fuse_qkv)
-        #: with the GEMV: the gate/up projection and the SwiGLU as one kernel
-        self.fuse_mlp = bool(fuse_mlp)
+        #: launches overlap their predecessor: asked for, and the GPU can (compute capability
+        #: 9.0 or newer; on older GPUs, such as Colab's T4, every launch is plain)
+        self.overlap = options.overlap and grid_dependency.supported()
         self._checked_tables: set = set()
+
+    def _launch(self, kernel, grid, block, *args) -> None:
+        """``launch.launch`` with this backend's ``overlap``."""
+        launch.launch(kernel, grid, block, *args, overlap=self.overlap)
 
     def describe(self) -> str:
         mode = "Numba CUDA simulator" if SIMULATING else "Numba CUDA kernels + cuBLAS"
@@ -132,7 +126,7 @@ class NumbaBackend(Backend):
     def _vec_rows(self, *tensors) -> bool:
         """May the 16-byte bf16 kernels take these [R, n] tensors?  bf16, n a multiple of 8,
         rows starting 16-byte aligned (data pointer and row stride), each row contiguous."""
-        if not self.vector:
+        if not self.options.vector:
             return False
         for t in tensors:
             if t.dtype != torch.bfloat16 or t.data_ptr() % 16 or t.shape[-1] % 8:
@@ -152,21 +146,31 @@ class NumbaBackend(Backend):
             self._checked_tables.add(key)
 
     # --- GEMMs -----------------------------------------------------------------------
+    def _gemv_rows(self, x, *weights) -> bool:
+        """Does the Numba GEMV take x [T, K] @ W.T for these weights?  bf16, 16-byte rows,
+        at most ``gemv.MAX_ROWS`` rows, contiguous weights of K columns."""
+        return (self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS
+                and all(w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
+                        for w in weights)
+                and self._vec_rows(x, *weights))
+
+    def _gemv(self, x, weight, out, add_into_out: bool = False) -> None:
+        """``out = x @ weight.T`` (or ``out += ...``) by the Numba GEMV; out [T, N] contiguous."""
+        n_out, k = weight.shape
+        xa, x_rs = rows(x, "x", words=True)
+        self._launch(gemv.gemv_kernel(x.shape[0], k, gemv.WARPS, add_into_out),
+                     gemv.grid(n_out, k), 32 * gemv.WARPS, xa, x_rs, words(weight, "weight"),
+                     flat(out), n_out, n_out)
+
     def linear(self, x, weight, bias=None):
         """torch (cuBLAS) for GEMMs; the Numba GEMV (``gemv.py``) for bf16 at up to
         ``gemv.MAX_ROWS`` rows, where a decode step is all weight reads.  With a bias (a
         Qwen2 QKV projection): torch, the bias added by the GEMM."""
         if bias is not None:
             return torch.nn.functional.linear(x, weight, bias)
-        if self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS \
-                and weight.is_contiguous() and self._vec_rows(x, weight):
-            n_out, k = weight.shape
-            if x.shape[1] != k:
-                raise ValueError(f"linear: x has {x.shape[1]} columns, weight {k}")
-            out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
-            xa, x_rs = rows(x, "x", words=True)
-            _launch(gemv.gemv_kernel(x.shape[0], k), gemv.grid(n_out, k), 32 * gemv.WARPS,
-                    xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
+        if self._gemv_rows(x, weight):
+            out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+            self._gemv(x, weight, out)
             return out
         return torch.nn.functional.linear(x, weight)
 
@@ -174,17 +178,49 @@ class NumbaBackend(Backend):
         """The gate/up GEMV with the SwiGLU in its store (``gemv.linear_silu_mul_kernel``) for
         bf16 at up to ``gemv.MAX_ROWS`` rows; otherwise ``linear`` then ``silu_mul``."""
         n_out, k = gate_up_weight.shape
-        if not (self.fuse_mlp and self.gemv and x.dim() == 2 and 0 < x.shape[0] <= gemv.MAX_ROWS
-                and x.shape[1] == k and n_out % 2 == 0 and gate_up_weight.is_contiguous()
-                and gemv.pair_supported(k) and self._vec_rows(x, gate_up_weight)):
+        if not (self.options.fuse_epilogues and self._gemv_rows(x, gate_up_weight)
+                and n_out % 2 == 0 and gemv.pair_supported(k)):
             return super().linear_silu_mul(x, gate_up_weight)
         inter = n_out // 2
         out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
-        _launch(gemv.linear_silu_mul_kernel(x.shape[0], k), gemv.pair_grid(inter),
-                32 * gemv.WARPS, xa, x_rs, words(gate_up_weight, "gate_up_weight"), flat(out),
-                inter)
+        self._launch(gemv.linear_silu_mul_kernel(x.shape[0], k), gemv.pair_grid(inter),
+                     32 * gemv.WARPS, xa, x_rs, words(gate_up_weight, "gate_up_weight"),
+                     flat(out), inter)
         return out
+
+    def _fuse_norms(self, residual, *weights) -> bool:
+        """The five-kernel decoder layer (``KernelOptions.fuse_norms``) for this residual
+        [T, H]: the GEMV's conditions, and a contiguous residual the projections add into."""
+        return (self.options.fuse_norms and self.options.fuse_epilogues
+                and residual.is_contiguous() and self._gemv_rows(residual, *weights))
+
+    def o_proj_mlp(self, attn, residual, o_weight, norm_weight, eps, gate_up_weight,
+                   down_weight):
+        """With ``KernelOptions.fuse_norms`` at decode (bf16, batch 1): three kernels,
+        ``gemv.py``: the output projection adding into ``residual``, the gate/up GEMV with the
+        RMSNorm in its prologue and the SwiGLU in its epilogue, the down projection adding
+        into ``residual``; returns None (nothing left to add).  Otherwise
+        ``Backend.o_proj_mlp``."""
+        n_inter, hidden = gate_up_weight.shape[0] // 2, residual.shape[1]
+        if not (self._fuse_norms(residual, gate_up_weight) and gemv.pair_supported(hidden)
+                and gate_up_weight.shape[0] % 2 == 0 and o_weight.shape[0] == hidden
+                and tuple(down_weight.shape) == (hidden, n_inter)
+                and self._gemv_rows(attn, o_weight) and self._vec_rows(norm_weight)
+                and norm_weight.is_contiguous() and down_weight.is_contiguous()
+                and self._vec_rows(down_weight)):
+            return super().o_proj_mlp(attn, residual, o_weight, norm_weight, eps,
+                                      gate_up_weight, down_weight)
+        self._gemv(attn, o_weight, residual, add_into_out=True)
+        act = torch.empty(residual.shape[0], n_inter, dtype=residual.dtype,
+                          device=residual.device)
+        ra, r_rs = rows(residual, "residual", words=True)
+        self._launch(gemv.norm_linear_silu_mul_kernel(residual.shape[0], hidden),
+                     gemv.pair_grid(n_inter), 32 * gemv.WARPS, ra, r_rs,
+                     words(norm_weight, "norm_weight"), float(eps),
+                     words(gate_up_weight, "gate_up_weight"), flat(act), n_inter)
+        self._gemv(act, down_weight, residual, add_into_out=True)
+        return None
 
     # --- per-token ops ---------------------------------------------------------------
     def embed(self, weight, token_ids):
@@ -201,12 +237,12 @@ class NumbaBackend(Backend):
         if self._vec_rows(weight):
             w, w_rs = rows(weight, "weight", words=True)
             n_chunks = n // 8
-            _launch(elementwise.embed_vec_kernel, launch.elemwise_grid(n_chunks),
+            self._launch(elementwise.embed_vec_kernel, launch.elemwise_grid(n_chunks),
                     launch.ELEMWISE_THREADS, w, w_rs, flat(ids), words(out), hidden // 2,
                     n_chunks)
             return out
         w, w_rs = rows(weight, "weight")
-        _launch(elementwise.embed_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+        self._launch(elementwise.embed_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
                 w, w_rs, flat(ids), flat(out), hidden, n)
         return out
 
@@ -220,12 +256,12 @@ class NumbaBackend(Backend):
             threads, per_thread = norms.vec_row_threads(hidden, VEC_ROW_MAX_THREADS)
             kernel = norms.rms_norm_vec_kernels(per_thread)[0]
             xa, x_rs = rows(x, "x", words=True)
-            _launch(kernel, n_tokens, threads, xa, x_rs, words(weight, "weight"), words(out),
+            self._launch(kernel, n_tokens, threads, xa, x_rs, words(weight, "weight"), words(out),
                     hidden, float(eps))
             return out
         kernel, _ = norms.rms_norm_kernels(dtype)
         xa, x_rs = rows(x, "x")
-        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, flat(weight, "weight"),
+        self._launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, flat(weight, "weight"),
                 flat(out), hidden, float(eps))
         return out
 
@@ -243,13 +279,13 @@ class NumbaBackend(Backend):
             kernel = norms.rms_norm_vec_kernels(per_thread)[1]
             xa, x_rs = rows(x, "x", words=True)
             ra, r_rs = rows(residual, "residual", words=True)
-            _launch(kernel, n_tokens, threads, xa, x_rs, ra, r_rs, words(weight, "weight"),
+            self._launch(kernel, n_tokens, threads, xa, x_rs, ra, r_rs, words(weight, "weight"),
                     words(out), hidden, float(eps))
             return out
         _, kernel = norms.rms_norm_kernels(dtype)
         xa, x_rs = rows(x, "x")
         ra, r_rs = rows(residual, "residual")
-        _launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, ra, r_rs,
+        self._launch(kernel, n_tokens, launch.ROW_THREADS, xa, x_rs, ra, r_rs,
                 flat(weight, "weight"), flat(out), hidden, float(eps))
         return out
 
@@ -269,7 +305,7 @@ class NumbaBackend(Backend):
             raise IndexError(f"rope: position out of range [0, {cos.shape[0]})")
         qa, q_rs = rows(q, "q")
         ka, k_rs = rows(k, "k")
-        _launch(rope_kernels.rope_kernel(dtype), launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+        self._launch(rope_kernels.rope_kernel(dtype), launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
                 qa, q_rs, n_q_heads, ka, k_rs, n_kv_heads, head_dim, flat(pos),
                 flat(cos.contiguous()), flat(sin.contiguous()), n_tokens)
 
@@ -284,11 +320,11 @@ class NumbaBackend(Backend):
         if inter % 8 == 0 and self._vec_rows(gate_up):
             ga, g_rs = rows(gate_up, "gate_up", words=True)
             n_chunks = n // 8
-            _launch(elementwise.silu_mul_vec_kernel, launch.elemwise_grid(n_chunks),
+            self._launch(elementwise.silu_mul_vec_kernel, launch.elemwise_grid(n_chunks),
                     launch.ELEMWISE_THREADS, ga, g_rs, words(out), inter // 2, n_chunks)
             return out
         ga, g_rs = rows(gate_up, "gate_up")
-        _launch(elementwise.silu_mul_kernel(dtype), launch.elemwise_grid(n),
+        self._launch(elementwise.silu_mul_kernel(dtype), launch.elemwise_grid(n),
                 launch.ELEMWISE_THREADS, ga, g_rs, flat(out), inter, n)
         return out
 
@@ -325,7 +361,7 @@ class NumbaBackend(Backend):
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
         n = n_tokens * c.KV_DIM
-        _launch(kv_write.write_kv_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
+        self._launch(kv_write.write_kv_kernel, launch.elemwise_grid(n), launch.ELEMWISE_THREADS,
                 ka, k_rs, va, v_rs, flat(cache.buffer, "cache.buffer"),
                 as_kernel_array(block_table), int(layer), flat(slots32), flat(pos32),
                 n_tokens, c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
@@ -348,14 +384,8 @@ class NumbaBackend(Backend):
         c = cache.config
         n_out, k_in = qkv_weight.shape
         n_tokens = x.shape[0]
-        if not (self.fuse_qkv and self.gemv and x.dim() == 2 and 0 < n_tokens <= gemv.MAX_ROWS
-                and x.shape[1] == k_in and qkv_weight.is_contiguous()
-                and self._vec_rows(x, qkv_weight) and cache.buffer.dtype == torch.bfloat16
-                and gemv.fused_qkv_supported(k_in, c.head_dim)
-                and n_out == (n_q_heads + 2 * c.num_kv_heads) * c.head_dim
-                and cos.dtype == torch.float32 and sin.dtype == torch.float32
-                and cos.shape[-1] == c.head_dim // 2 and cos.is_contiguous()
-                and sin.is_contiguous()):
+        if not (self.options.fuse_epilogues and self._gemv_rows(x, qkv_weight)
+                and self._rope_fusable(cache, qkv_weight, n_q_heads, cos, sin)):
             return super().qkv_rope_write_kv(x, qkv_weight, n_q_heads, positions, cos, sin,
                                              cache, block_table, layer, slots)
         self._table_ok(cache, block_table)
@@ -364,15 +394,63 @@ class NumbaBackend(Backend):
             self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
         out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
-        _launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
-                32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out), n_out,
-                flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
-                flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table), int(layer),
-                flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
-        d, q_dim = c.head_dim, n_q_heads * c.head_dim
+        self._launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
+                     32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out),
+                     n_out, flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads,
+                     c.head_dim, flat(cache.buffer, "cache.buffer"),
+                     as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
+                     c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        return self._qkv_views(out, n_q_heads, c)
+
+    @staticmethod
+    def _rope_fusable(cache, qkv_weight, n_q_heads, cos, sin) -> bool:
+        """Can the QKV GEMV's epilogue do RoPE and the cache write for this layout?"""
+        c = cache.config
+        n_out, k_in = qkv_weight.shape
+        return (cache.buffer.dtype == torch.bfloat16
+                and gemv.fused_qkv_supported(k_in, c.head_dim)
+                and n_out == (n_q_heads + 2 * c.num_kv_heads) * c.head_dim
+                and cos.dtype == torch.float32 and sin.dtype == torch.float32
+                and cos.shape[-1] == c.head_dim // 2 and cos.is_contiguous()
+                and sin.is_contiguous())
+
+    @staticmethod
+    def _qkv_views(out, n_q_heads, c):
+        """q, k, v as views of the projection [T, (nH + 2 nKV) D]."""
+        n_tokens, d, q_dim = out.shape[0], c.head_dim, n_q_heads * c.head_dim
         return (out[:, :q_dim].view(n_tokens, n_q_heads, d),
                 out[:, q_dim:q_dim + c.KV_DIM].view(n_tokens, c.num_kv_heads, d),
                 out[:, q_dim + c.KV_DIM:].view(n_tokens, c.num_kv_heads, d))
+
+    def norm_qkv_rope_write_kv(self, h, residual, norm_weight, eps, qkv_weight, n_q_heads,
+                               positions, cos, sin, cache, block_table, layer, slots):
+        """With ``KernelOptions.fuse_norms`` at decode (bf16, batch 1, nothing left to add:
+        ``h`` None): one kernel, the RMSNorm in the QKV GEMV's prologue, RoPE and the cache
+        write in its epilogue (``gemv.norm_qkv_rope_write_kv_kernel``).  Otherwise
+        ``Backend``'s ops: the norm (with the add), then ``qkv_rope_write_kv``."""
+        c = cache.config
+        n_out, k_in = qkv_weight.shape
+        n_tokens = residual.shape[0]
+        if not (h is None and self._fuse_norms(residual, qkv_weight)
+                and self._rope_fusable(cache, qkv_weight, n_q_heads, cos, sin)
+                and self._vec_rows(norm_weight) and norm_weight.is_contiguous()):
+            return super().norm_qkv_rope_write_kv(h, residual, norm_weight, eps, qkv_weight,
+                                                  n_q_heads, positions, cos, sin, cache,
+                                                  block_table, layer, slots)
+        self._table_ok(cache, block_table)
+        pos32, slots32 = self._int32(positions), self._int32(slots)
+        if self.check_inputs:
+            self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        out = torch.empty(n_tokens, n_out, dtype=residual.dtype, device=residual.device)
+        ra, r_rs = rows(residual, "residual", words=True)
+        self._launch(gemv.norm_qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
+                     32 * gemv.WARPS, ra, r_rs, words(norm_weight, "norm_weight"), float(eps),
+                     words(qkv_weight, "qkv_weight"), flat(out), n_out, flat(pos32), flat(cos),
+                     flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
+                     flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table),
+                     int(layer), flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS,
+                     c.V_OFFSET_ELEMS)
+        return self._qkv_views(out, n_q_heads, c)
 
     def rope_write_kv(self, q, k, v, positions, cos, sin, cache, block_table, layer, slots):
         """``rope`` then ``write_kv`` in one kernel (``rope_write_kv.py``)."""
@@ -395,7 +473,7 @@ class NumbaBackend(Backend):
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
         n = n_tokens * (n_q_heads + c.num_kv_heads) * (head_dim // 2)
-        _launch(rope_write_kv.rope_write_kv_kernel(dtype), launch.elemwise_grid(n),
+        self._launch(rope_write_kv.rope_write_kv_kernel(dtype), launch.elemwise_grid(n),
                 launch.ELEMWISE_THREADS, qa, q_rs, n_q_heads, ka, k_rs, va, v_rs,
                 c.num_kv_heads, head_dim, flat(pos32), flat(cos.contiguous()),
                 flat(sin.contiguous()), n_tokens, flat(cache.buffer, "cache.buffer"),
@@ -432,12 +510,13 @@ class NumbaBackend(Backend):
         qa, q_rs = rows(q, "q")
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
-        _launch(kernel, (tiles.shape[0], n_q_heads), tile, qa, q_rs, ka, k_rs, va, v_rs,
+        self._launch(kernel, (tiles.shape[0], n_q_heads), tile, qa, q_rs, ka, k_rs, va, v_rs,
                 flat(out), as_kernel_array(tiles), n_q_heads // n_kv_heads, float(scale))
         return out
 
-    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
-                         max_seq_len=None):
+    def checked_decode_inputs(self, q, cache, block_table, layer, seq_lens, active_slots):
+        """``decode_attention``'s input checks, shared by every decode attention kernel
+        (``TritonAttentionBackend`` too); returns seq_lens and active_slots as int32."""
         self._same_dtype(q, cache.buffer)
         self._table_ok(cache, block_table)
         c = cache.config
@@ -448,28 +527,32 @@ class NumbaBackend(Backend):
         if n_q_heads % c.num_kv_heads:
             raise ValueError(f"decode_attention: {n_q_heads} q heads are not a multiple of "
                              f"{c.num_kv_heads} kv heads")
-        use_fast = self.attention == "fast" and attention_fast.supports(c.head_dim)
-        kernel = None
-        if not use_fast and self.attention != "triton":      # (the factory checks head_dim)
-            kernel = attention.make_paged_attention_kernel(
-                ops_for(q.dtype).name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
-                c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
-        if n_seqs == 0:
-            return q
         lens32, slots32 = self._int32(seq_lens), self._int32(active_slots)
-        if self.check_inputs:
+        if self.check_inputs and n_seqs:
             table = block_table.cpu().numpy()
             for slot, n in zip(slots32.tolist(), lens32.tolist()):
                 if n < 1 or n > c.max_seq_len:
                     raise ValueError(f"decode_attention: seq_len {n} outside [1, "
                                      f"{c.max_seq_len}]")
                 check_block_entries(cache, table, slot, layer, n, "decode_attention")
+        return lens32, slots32
+
+    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
+                         max_seq_len=None):
+        c = cache.config
+        use_fast = self.options.attention == "fast" and attention_fast.supports(c.head_dim)
+        kernel = None
+        if not use_fast:                     # (the factory checks head_dim)
+            kernel = attention.make_paged_attention_kernel(
+                ops_for(q.dtype).name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
+                c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+        lens32, slots32 = self.checked_decode_inputs(q, cache, block_table, layer,
+                                                     seq_lens, active_slots)
+        if q.shape[0] == 0:
+            return q
         if use_fast:
             return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
-                                                        slots32, scale)
-        if self.attention == "triton":
-            from paged_tutorial.backends.triton_attention import decode_attention_triton
-            return decode_attention_triton(q, cache, block_table, layer, lens32, slots32, scale)
+                                                        slots32, scale, overlap=self.overlap)
         return attention.launch_decode(kernel, q, cache, block_table, layer, lens32, slots32,
                                        scale)
 
@@ -495,7 +578,7 @@ class NumbaBackend(Backend):
         tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
                                            zero=True)
         la, l_rs = rows(logits, "logits")
-        _launch(sampling.sample_kernel_for(ops_for(logits.dtype).name), (n_rows, parts),
+        self._launch(sampling.sample_kernel_for(ops_for(logits.dtype).name), (n_rows, parts),
                 launch.SAMPLE_THREADS, la, l_rs, vocab,
                 flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
                 flat(out), flat(part_v), flat(part_i), flat(tickets))

@@ -58,11 +58,13 @@ LADDER = (
     Rung("engine_graphs_separate_mlp_no_overlap_ms_per_step",
          "CUDA graph",
          "the step recorded once and replayed as one CUDA graph: no Python between kernels "
-         "(SwiGLU its own kernel, each kernel starting after the last one ended)"),
+         "(RoPE with the cache write and SwiGLU kernels of their own, each kernel starting "
+         "after the last one ended)"),
     Rung("engine_graphs_no_overlap_ms_per_step",
-         "+ SwiGLU in the GEMV",
-         "the gate/up GEMV applies SwiGLU before it stores: one launch fewer per layer, and "
-         "the intermediate never goes to memory and back"),
+         "+ RoPE and SwiGLU in the GEMVs",
+         "the QKV GEMV rotates and writes the cache, the gate/up GEMV applies SwiGLU, before "
+         "they store: two launches fewer per layer, and the intermediates never go to memory "
+         "and back"),
     Rung("engine_ms_per_step",
          "+ overlapped launches (the engine)",
          "each kernel's blocks start under the previous kernel's tail (programmatic dependent "

@@ -27,15 +27,17 @@ Correctness rests on two rules, kept by every kernel launched this way:
 - activations are read with coherent loads (``vector_io.load_u32x4``, plain array reads),
   never through the non-coherent read-only path (``load_u32x4_nc``, PTX ``ld.global.nc``):
   that path promises the data does not change during the kernel's lifetime, which an
-  overlapped kernel's lifetime breaks, and the compiler may hoist such a load above the wait.
-  Measured on an H200 with the activations read through it: 12 processes grading the tiny
-  engine side by side got wrong tokens in 160 of 195 runs, none of 219 with coherent loads
-  (``benchmarks/overlap_race.py``).  ``tests/kernels/test_overlap_loads.py`` keeps
-  ``load_u32x4_nc`` to weights in the modules of overlapping kernels.  A kernel without the attribute (cuBLAS, torch's own kernels) waits for its
+  overlapped kernel's lifetime breaks, and the compiler may hoist such a load above the wait
+  (``benchmarks/overlap_race.py`` shows the wrong tokens that follows; ``docs/measured.md``
+  has its figures).  ``tests/kernels/test_overlap_loads.py`` keeps ``load_u32x4_nc`` to
+  weights in the modules of overlapping kernels.
+
+A kernel without the attribute (cuBLAS, torch's own kernels) waits for its
 predecessor in full, as usual, and the instructions are no-ops when there is no programmatic
-predecessor.  On a GPU older than compute capability 9.0 the instructions are not emitted at
-all (``supported()``), and in the simulator both functions do nothing: its kernels run one
-after another.
+predecessor.  Code compiled for a compute capability below 9.0 (an older GPU, or
+``cuda.compile(..., cc=(7, 5))`` for a T4 on any machine) has no such instructions at all: the
+lowering reads the capability being compiled for, not the GPU in the machine.  In the
+simulator both functions do nothing: its kernels run one after another.
 """
 
 from __future__ import annotations
@@ -57,13 +59,26 @@ if SIMULATING:
 else:                                            # pragma: no cover - GPU only
     from llvmlite import ir as _ir
     from numba import types as _types
+    from numba.cuda.core import targetconfig as _targetconfig
     from numba.cuda.extending import intrinsic as _intrinsic
 
+    #: the first compute capability with programmatic dependent launch
+    FIRST_CC = (9, 0)
+
     def supported() -> bool:
-        """Compute capability 9.0 or newer: the instructions exist."""
+        """This process's GPU has compute capability 9.0 or newer: the instructions exist."""
         from numba import cuda
 
-        return cuda.get_current_device().compute_capability >= (9, 0)
+        return cuda.get_current_device().compute_capability >= FIRST_CC
+
+    def _compiling_for_supported_cc() -> bool:
+        """The compute capability of the compilation in progress (Numba's flags: the current
+        device's for a kernel launch, the one asked for by ``cuda.compile(cc=...)``)."""
+        stack = _targetconfig.ConfigStack()
+        cc = stack.top().compute_capability if stack else None
+        if cc is None:                            # not inside a compilation: this GPU's
+            return supported()
+        return tuple(cc[:2]) >= FIRST_CC
 
     def _instruction(ptx: str):
         @_intrinsic
@@ -71,7 +86,7 @@ else:                                            # pragma: no cover - GPU only
             sig = _types.none()
 
             def codegen(context, builder, sig, args):
-                if not supported():           # compiled for the current device
+                if not _compiling_for_supported_cc():
                     return context.get_dummy_value()
                 fnty = _ir.FunctionType(_ir.VoidType(), [])
                 # a memory clobber: no load or store of the kernel moves across it

@@ -4,9 +4,9 @@ replaced (``sim_shim.install`` puts ``LockstepBlock`` in place of Numba's ``Bloc
 Why: Numba's simulator starts every CUDA thread of a block as a Python thread, lets them all
 compete for the GIL, and a manager thread polls them in a loop to find the moment when each one
 waits at ``syncthreads``.  Most of a barrier-heavy kernel's time then goes to threads being
-woken only to find they cannot run yet, and to the polling thread itself (measured on the
-2-core machine, ``benchmarks/sim_speed.py``: about 80 us of CPU per thread per barrier, for a
-64-thread block, and every emulated shuffle was such a barrier).
+woken only to find they cannot run yet, and to the polling thread itself
+(``benchmarks/sim_speed.py`` measures it: tens of microseconds of CPU per thread per barrier,
+and every emulated shuffle was such a barrier).
 
 How: one thread of the block holds the *turn* at any moment.  It runs until it has to wait --
 at a block barrier (``syncthreads``), at a shuffle whose value is not there yet, at

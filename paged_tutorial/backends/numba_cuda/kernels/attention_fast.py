@@ -5,8 +5,8 @@ way memory-bound GPU code has to be.
 What the article's kernel does per cached token: one block per (sequence, *query* head) reads
 K and V with 2-byte loads, sums 64 products through a shuffle tree, and spends two block
 barriers.  With GQA four query heads read the same K/V, so the cache is read four times, and
-the barriers leave the memory system idle most of the time (4 % of the copy bandwidth at
-batch 64 / context 2048 on an H200: ``benchmarks/results/attention-2026-11-30.json``).
+the barriers leave the memory system idle most of the time (its share of the copy bandwidth is
+in ``docs/measured.md``).
 
 This kernel
 1. **shares each K/V read among the query heads of a KV group**: one thread block per
@@ -14,9 +14,8 @@ This kernel
    so every K/V element is read once per step instead of ``GQA_GROUP`` times.
 2. **loads 16 bytes per lane**: a bf16 K/V row of 64 dims is 128 bytes = 8 lanes x 16 bytes
    (``vector_io.load_u32x4``, PTX ``ld.global.v4.u32``; Numba alone emits at most
-   8-byte loads), unpacked with shifts (``vector_io.unpack2``).  Measured: 150 us -> 97 us
-   at batch 64 / context 2048 against 8-byte loads, whatever the other knobs.  (float16 /
-   float32 caches and head dims not a multiple of 8 take a 4-element path.)
+   8-byte loads), unpacked with shifts (``vector_io.unpack2``).  (float16 / float32 caches
+   and head dims not a multiple of 8 take a 4-element path.)
 3. **gives each warp whole blocks of tokens, with its own online softmax and no barrier**: a
    warp takes one logical block (``BLOCK_SIZE`` tokens) per iteration, its block-table entry
    read one iteration ahead; ``LANES_PER_TOKEN`` lanes share a token (``TOKENS_PER_PASS``
@@ -96,9 +95,8 @@ def lanes_per_token(head_dim: int, max_lanes: int = 8,
 @dataclasses.dataclass(frozen=True)
 class KernelShape:
     """How the kernel spreads a logical block over a warp.  The defaults are the package's
-    choice, made by ``benchmarks/attention.py --sweep`` on an H200
-    (attention-2026-11-30.json: variant "wide-g8u2l2"); the benchmark builds the other shapes
-    it times.
+    choice, made by ``benchmarks/attention.py --sweep`` on an H200; the benchmark builds the
+    other shapes it times.
 
     - ``wide``: 16-byte loads (bf16 caches whose head_dim is a multiple of 8), else 8-byte;
     - ``max_lanes``: at most this many lanes share one token's row;
@@ -273,6 +271,166 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                     kw[w0] = MASKED
                     vw[w0] = MASKED
 
+    @cuda.jit(device=True, fastmath=True)         # the kernel's own math flags
+    def load_queries(q, q_base, row_part, scale, qr, acc, m, l):
+        """This lane's dims of the KV group's ``GQA_GROUP`` query heads into ``qr``, scaled;
+        the running max, denominator and accumulator started."""
+        for h in range(GQA_GROUP):
+            m[h] = NEG_INF
+            l[h] = float32(0.0)
+            for c in range(LOADS_PER_ROW):
+                d0 = (row_part * LOADS_PER_ROW + c) * ELEMS_PER_LOAD
+                for j in range(ELEMS_PER_LOAD):
+                    qr[h, c * ELEMS_PER_LOAD + j] = \
+                        load(q, q_base + h * HEAD_DIM + d0 + j) * float32(scale)
+                    acc[h, c * ELEMS_PER_LOAD + j] = float32(0.0)
+
+    @cuda.jit(device=True, fastmath=True)
+    def token_scores(kv, kc, qr, s, update, load_index, lb, block_ok, seq_len, token_in_pass):
+        """``s[u, h]``: q.k of this lane's token in each pass u of one update, summed over
+        the token's lanes (masked tokens: -inf)."""
+        for u in range(PASSES_PER_UPDATE):
+            pl = update * PASSES_PER_UPDATE + u       # pass within the load
+            t_in = (load_index * PASSES_PER_LOAD + pl) * TOKENS_PER_PASS + token_in_pass
+            ok = block_ok and t_in < BLOCK_SIZE and lb * BLOCK_SIZE + t_in < seq_len
+            for h in range(GQA_GROUP):
+                s[u, h] = float32(0.0)
+            for c in range(LOADS_PER_ROW):
+                for w in range(WORDS_PER_LOAD):
+                    kx = unpack(kv, kc[(pl * LOADS_PER_ROW + c) * WORDS_PER_LOAD + w])
+                    for x in range(ELEMS_PER_WORD):
+                        d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
+                        for h in range(GQA_GROUP):
+                            s[u, h] += qr[h, d] * kx[x]
+            off = LANES_PER_TOKEN // 2
+            while off > 0:                            # sum over the lanes of the token
+                for h in range(GQA_GROUP):
+                    s[u, h] += cuda.shfl_xor_sync(FULL_MASK, s[u, h], off)
+                off //= 2
+            if not ok:
+                for h in range(GQA_GROUP):
+                    s[u, h] = NEG_INF
+
+    @cuda.jit(device=True, fastmath=True)
+    def online_softmax(s, m, l, acc):
+        """Flash-attention's update over one update's scores (the max is warp-uniform):
+        rescale the denominator and accumulator to the new max; ``s`` becomes the
+        probabilities."""
+        for h in range(GQA_GROUP):
+            mx = s[0, h]
+            for u in range(1, PASSES_PER_UPDATE):
+                mx = max(mx, s[u, h])
+            off = LANES_PER_TOKEN
+            while off < WARP_SIZE:                    # max over the warp's tokens
+                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, off))
+                off *= 2
+            m_new = max(m[h], mx)
+            corr = float32(1.0)
+            if m_new > NEG_INF:
+                corr = math.exp(m[h] - m_new)
+            m[h] = m_new
+            l[h] *= corr
+            for i in range(DIMS_PER_LANE):
+                acc[h, i] *= corr
+            for u in range(PASSES_PER_UPDATE):
+                e = float32(0.0)
+                if s[u, h] > NEG_INF:
+                    e = math.exp(s[u, h] - m_new)
+                s[u, h] = e
+                l[h] += e
+
+    @cuda.jit(device=True, fastmath=True)
+    def accumulate_values(kv, vc, s, acc, update):
+        """acc += p * V for this lane's tokens of one update and its dims (p = 0 where
+        masked)."""
+        for u in range(PASSES_PER_UPDATE):
+            pl = update * PASSES_PER_UPDATE + u
+            for c in range(LOADS_PER_ROW):
+                for w in range(WORDS_PER_LOAD):
+                    vx = unpack(kv, vc[(pl * LOADS_PER_ROW + c) * WORDS_PER_LOAD + w])
+                    for x in range(ELEMS_PER_WORD):
+                        d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
+                        for h in range(GQA_GROUP):
+                            acc[h, d] += s[u, h] * vx[x]
+
+    @cuda.jit(device=True, fastmath=True)
+    def warp_to_shared(m, l, acc, warp, lane, token_in_pass, row_part, sm_m, sm_l, sm_acc):
+        """The warp's tokens were spread over lane groups: sum the groups, and leave the
+        warp's max, denominator and accumulator in shared memory."""
+        off = LANES_PER_TOKEN
+        while off < WARP_SIZE:
+            for h in range(GQA_GROUP):
+                l[h] += cuda.shfl_xor_sync(FULL_MASK, l[h], off)
+                for i in range(DIMS_PER_LANE):
+                    acc[h, i] += cuda.shfl_xor_sync(FULL_MASK, acc[h, i], off)
+            off *= 2
+        if lane == 0:
+            for h in range(GQA_GROUP):
+                sm_m[warp, h] = m[h]
+                sm_l[warp, h] = l[h]
+        if token_in_pass == 0:
+            for h in range(GQA_GROUP):
+                for c in range(LOADS_PER_ROW):
+                    d0 = (row_part * LOADS_PER_ROW + c) * ELEMS_PER_LOAD
+                    for j in range(ELEMS_PER_LOAD):
+                        sm_acc[warp, h, d0 + j] = acc[h, c * ELEMS_PER_LOAD + j]
+
+    @cuda.jit(device=True, fastmath=True)
+    def merge_warps(sm_m, sm_l, sm_acc, q, q_row_stride, b, kv_head, split, n_splits,
+                    n_q_heads, part_acc, part_ml):
+        """Each thread finishes some (head, dim) outputs from the warps' partials: the
+        output itself (one split) or the split's partial (``part_acc``, ``part_ml``)."""
+        for idx in range(cuda.threadIdx.x, OUT_ELEMS, THREADS):
+            h = idx // HEAD_DIM
+            d = idx - h * HEAD_DIM
+            mm = sm_m[0, h]
+            for w in range(1, NUM_WARPS):
+                mm = max(mm, sm_m[w, h])
+            ll = float32(0.0)
+            oo = float32(0.0)
+            if mm > NEG_INF:
+                for w in range(NUM_WARPS):
+                    f = math.exp(sm_m[w, h] - mm)
+                    ll += f * sm_l[w, h]
+                    oo += f * sm_acc[w, h, d]
+            head = kv_head * GQA_GROUP + h
+            row = (b * n_q_heads + head) * n_splits + split
+            if n_splits == 1:
+                res = float32(0.0)
+                if ll > float32(0.0):
+                    res = oo / ll
+                store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+            else:
+                part_acc[row * HEAD_DIM + d] = oo
+                if d == 0:
+                    part_ml[row * 2] = mm
+                    part_ml[row * 2 + 1] = ll
+
+    @cuda.jit(device=True, fastmath=True)
+    def merge_splits(q, q_row_stride, b, kv_head, n_splits, n_q_heads, part_acc, part_ml):
+        """The last split block of (sequence, KV head): every split's partial into q."""
+        for idx in range(cuda.threadIdx.x, OUT_ELEMS, THREADS):
+            h = idx // HEAD_DIM
+            d = idx - h * HEAD_DIM
+            head = kv_head * GQA_GROUP + h
+            row0 = (b * n_q_heads + head) * n_splits
+            mm = NEG_INF
+            for sp in range(n_splits):
+                mm = max(mm, part_ml[(row0 + sp) * 2])
+            ll = float32(0.0)
+            oo = float32(0.0)
+            if mm > NEG_INF:
+                for sp in range(n_splits):
+                    ms = part_ml[(row0 + sp) * 2]
+                    if ms > NEG_INF:
+                        f = math.exp(ms - mm)
+                        ll += f * part_ml[(row0 + sp) * 2 + 1]
+                        oo += f * part_acc[(row0 + sp) * HEAD_DIM + d]
+            res = float32(0.0)
+            if ll > float32(0.0):
+                res = oo / ll
+            store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+
     @cached_kernel(fastmath=True)
     @overlapping
     def paged_attention_fast_kernel(layer, q, q_row_stride, kv, block_table, seq_lens,
@@ -307,22 +465,13 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         wait_for_previous_grid()
         allow_next_grid()
 
-        # this lane's dims of the KV group's GQA_GROUP query heads, pre-scaled
         qr = cuda.local.array((GQA_GROUP, DIMS_PER_LANE), float32)
         acc = cuda.local.array((GQA_GROUP, DIMS_PER_LANE), float32)
         m = cuda.local.array(GQA_GROUP, float32)  # running max (the same in every lane)
         l = cuda.local.array(GQA_GROUP, float32)  # this lane's share of the denominator
         s = cuda.local.array((PASSES_PER_UPDATE, GQA_GROUP), float32)
-        q_base = b * q_row_stride + kv_head * GQA_GROUP * HEAD_DIM
-        for h in range(GQA_GROUP):
-            m[h] = NEG_INF
-            l[h] = float32(0.0)
-            for c in range(LOADS_PER_ROW):
-                d0 = (row_part * LOADS_PER_ROW + c) * ELEMS_PER_LOAD
-                for j in range(ELEMS_PER_LOAD):
-                    qr[h, c * ELEMS_PER_LOAD + j] = \
-                        load(q, q_base + h * HEAD_DIM + d0 + j) * float32(scale)
-                    acc[h, c * ELEMS_PER_LOAD + j] = float32(0.0)
+        load_queries(q, b * q_row_stride + kv_head * GQA_GROUP * HEAD_DIM, row_part, scale,
+                     qr, acc, m, l)
 
         # Each warp walks its logical blocks lb_start + warp, + NUM_WARPS, ...  Memory is the
         # bottleneck, so loads are issued as early as possible: the block-table entry one
@@ -339,112 +488,15 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                 load_block(kv, kc, vc, phys, lb, lb_end, seq_len, kv_head, token_in_pass,
                            row_part, load_index)
                 for update in range(UPDATES_PER_LOAD):    # PASSES_PER_UPDATE passes each
-                    # --- scores of this lane's tokens (one per pass) ------------------
-                    for u in range(PASSES_PER_UPDATE):
-                        pl = update * PASSES_PER_UPDATE + u    # pass within the load
-                        t_in = (load_index * PASSES_PER_LOAD + pl) * TOKENS_PER_PASS \
-                            + token_in_pass
-                        ok = block_ok and t_in < BLOCK_SIZE and \
-                            lb * BLOCK_SIZE + t_in < seq_len
-                        for h in range(GQA_GROUP):
-                            s[u, h] = float32(0.0)
-                        for c in range(LOADS_PER_ROW):
-                            for w in range(WORDS_PER_LOAD):
-                                kx = unpack(kv, kc[(pl * LOADS_PER_ROW + c)
-                                                   * WORDS_PER_LOAD + w])
-                                for x in range(ELEMS_PER_WORD):
-                                    d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
-                                    for h in range(GQA_GROUP):
-                                        s[u, h] += qr[h, d] * kx[x]
-                        off = LANES_PER_TOKEN // 2
-                        while off > 0:            # sum over the lanes of the token
-                            for h in range(GQA_GROUP):
-                                s[u, h] += cuda.shfl_xor_sync(FULL_MASK, s[u, h], off)
-                            off //= 2
-                        if not ok:
-                            for h in range(GQA_GROUP):
-                                s[u, h] = NEG_INF
-                    # --- online softmax over the update's tokens (warp-uniform max) ------
-                    for h in range(GQA_GROUP):
-                        mx = s[0, h]
-                        for u in range(1, PASSES_PER_UPDATE):
-                            mx = max(mx, s[u, h])
-                        off = LANES_PER_TOKEN
-                        while off < WARP_SIZE:    # max over the warp's tokens
-                            mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, off))
-                            off *= 2
-                        m_new = max(m[h], mx)
-                        corr = float32(1.0)
-                        if m_new > NEG_INF:
-                            corr = math.exp(m[h] - m_new)
-                        m[h] = m_new
-                        l[h] *= corr
-                        for i in range(DIMS_PER_LANE):
-                            acc[h, i] *= corr
-                        for u in range(PASSES_PER_UPDATE):
-                            e = float32(0.0)
-                            if s[u, h] > NEG_INF:
-                                e = math.exp(s[u, h] - m_new)
-                            s[u, h] = e           # s now holds probabilities
-                            l[h] += e
-                    # --- accumulate p * V for this lane's tokens and dims ----------------
-                    for u in range(PASSES_PER_UPDATE):
-                        pl = update * PASSES_PER_UPDATE + u
-                        for c in range(LOADS_PER_ROW):
-                            for w in range(WORDS_PER_LOAD):
-                                vx = unpack(kv, vc[(pl * LOADS_PER_ROW + c)
-                                                   * WORDS_PER_LOAD + w])
-                                for x in range(ELEMS_PER_WORD):
-                                    d = c * ELEMS_PER_LOAD + w * ELEMS_PER_WORD + x
-                                    for h in range(GQA_GROUP):   # p = 0 where masked
-                                        acc[h, d] += s[u, h] * vx[x]
+                    token_scores(kv, kc, qr, s, update, load_index, lb, block_ok, seq_len,
+                                 token_in_pass)
+                    online_softmax(s, m, l, acc)
+                    accumulate_values(kv, vc, s, acc, update)
 
-        # --- the warp's tokens were spread over lane groups: sum the groups ---------------
-        off = LANES_PER_TOKEN
-        while off < WARP_SIZE:
-            for h in range(GQA_GROUP):
-                l[h] += cuda.shfl_xor_sync(FULL_MASK, l[h], off)
-                for i in range(DIMS_PER_LANE):
-                    acc[h, i] += cuda.shfl_xor_sync(FULL_MASK, acc[h, i], off)
-            off *= 2
-        if lane == 0:
-            for h in range(GQA_GROUP):
-                sm_m[warp, h] = m[h]
-                sm_l[warp, h] = l[h]
-        if token_in_pass == 0:
-            for h in range(GQA_GROUP):
-                for c in range(LOADS_PER_ROW):
-                    d0 = (row_part * LOADS_PER_ROW + c) * ELEMS_PER_LOAD
-                    for j in range(ELEMS_PER_LOAD):
-                        sm_acc[warp, h, d0 + j] = acc[h, c * ELEMS_PER_LOAD + j]
+        warp_to_shared(m, l, acc, warp, lane, token_in_pass, row_part, sm_m, sm_l, sm_acc)
         cuda.syncthreads()
-
-        # --- merge the warps: each thread finishes some (head, dim) outputs ---------------
-        for idx in range(tid, OUT_ELEMS, THREADS):
-            h = idx // HEAD_DIM
-            d = idx - h * HEAD_DIM
-            mm = sm_m[0, h]
-            for w in range(1, NUM_WARPS):
-                mm = max(mm, sm_m[w, h])
-            ll = float32(0.0)
-            oo = float32(0.0)
-            if mm > NEG_INF:
-                for w in range(NUM_WARPS):
-                    f = math.exp(sm_m[w, h] - mm)
-                    ll += f * sm_l[w, h]
-                    oo += f * sm_acc[w, h, d]
-            head = kv_head * GQA_GROUP + h
-            row = (b * n_q_heads + head) * n_splits + split
-            if n_splits == 1:
-                res = float32(0.0)
-                if ll > float32(0.0):
-                    res = oo / ll
-                store(q, b * q_row_stride + head * HEAD_DIM + d, res)
-            else:
-                part_acc[row * HEAD_DIM + d] = oo
-                if d == 0:
-                    part_ml[row * 2] = mm
-                    part_ml[row * 2 + 1] = ll
+        merge_warps(sm_m, sm_l, sm_acc, q, q_row_stride, b, kv_head, split, n_splits,
+                    n_q_heads, part_acc, part_ml)
         if n_splits == 1:
             return
 
@@ -458,27 +510,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         if sm_last[0] == 0:
             return
         threadfence()
-        for idx in range(tid, OUT_ELEMS, THREADS):
-            h = idx // HEAD_DIM
-            d = idx - h * HEAD_DIM
-            head = kv_head * GQA_GROUP + h
-            row0 = (b * n_q_heads + head) * n_splits
-            mm = NEG_INF
-            for sp in range(n_splits):
-                mm = max(mm, part_ml[(row0 + sp) * 2])
-            ll = float32(0.0)
-            oo = float32(0.0)
-            if mm > NEG_INF:
-                for sp in range(n_splits):
-                    ms = part_ml[(row0 + sp) * 2]
-                    if ms > NEG_INF:
-                        f = math.exp(ms - mm)
-                        ll += f * part_ml[(row0 + sp) * 2 + 1]
-                        oo += f * part_acc[(row0 + sp) * HEAD_DIM + d]
-            res = float32(0.0)
-            if ll > float32(0.0):
-                res = oo / ll
-            store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+        merge_splits(q, q_row_stride, b, kv_head, n_splits, n_q_heads, part_acc, part_ml)
         if tid == 0:
             tickets[b * cuda.gridDim.y + kv_head] = 0
 
@@ -487,9 +519,9 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
 
 # --- launch policy ------------------------------------------------------------------------
 
-#: aim for this many thread blocks per launch before splitting sequences.  Measured on an H200
-#: (132 SMs; attention-2026-11-30.json sweep): batch 64 x 8 KV heads is best unsplit, batch 8
-#: with 4 splits, batch 1 with 32: about 256 blocks in each case.
+#: aim for this many thread blocks per launch before splitting sequences (about two per SM of
+#: an H200; chosen by ``benchmarks/attention.py --sweep``: batch 64 x 8 KV heads unsplit,
+#: batch 8 with 4 splits, batch 1 with 32)
 TARGET_BLOCKS = 256
 MAX_SPLITS = 32
 
@@ -508,12 +540,9 @@ def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warp
 
 #: warps per thread block (the simulator runs one: every thread is a Python thread)
 NUM_WARPS = 1 if SIMULATING else 8
-#: ... and from this many (sequence, KV head) blocks on, 4 warps per block.  Measured on an
-#: H200 (attention-sweep-2026-12-01.json, split count chosen by ``choose_splits`` in each case):
-#: 8 warps win up to batch 32 x 8 KV heads (13.6 against 17.5 us at batch 8 / context 1024,
-#: 32.9 against 48.5 at batch 16 / 2048, 55.2 against 85.5 at batch 32 / 2048: the GPU holds
-#: twice the loads in flight), 4 from batch 64 x 8 on (31.4 against 34.0 at context 512,
-#: even at 2048)
+#: ... and from this many (sequence, KV head) blocks on, 4 warps per block: below it 8 warps
+#: keep twice the loads in flight, from it on 4 are as fast or faster (the sweep's figures
+#: are in ``docs/measured.md``)
 FEW_WARPS_FROM_BLOCKS = 512
 
 
@@ -526,11 +555,12 @@ def num_warps_for(batch: int, n_kv_heads: int) -> int:
 
 def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, scale,
                           num_warps: int | None = None, n_splits: int | None = None,
-                          shape: KernelShape | None = None):
+                          shape: KernelShape | None = None, overlap: bool = True):
     """Launch the fast kernel: output written over q (as the article's kernel does).
     ``seq_lens`` / ``active_slots``: int32 on q's device; ``block_table`` as in base.py.
     ``num_warps``, ``n_splits`` and ``shape`` (default ``CHOSEN_SHAPE``) override the
-    package's launch policy, for the benchmarks that time the alternatives."""
+    package's launch policy, for the benchmarks that time the alternatives; ``overlap``: the
+    launch may start under the previous kernel's tail (``launch.launch``)."""
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
@@ -555,5 +585,5 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
            else as_kernel_array(kv_view(cache.buffer, False)),
            flat(block_table), flat(seq_lens),
            flat(active_slots), float(scale), as_kernel_array(part_acc),
-           as_kernel_array(part_ml), as_kernel_array(tickets))
+           as_kernel_array(part_ml), as_kernel_array(tickets), overlap=overlap)
     return q

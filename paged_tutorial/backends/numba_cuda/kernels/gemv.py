@@ -17,29 +17,37 @@ many shapes at once; this one does one thing:
 Used by ``NumbaBackend.linear`` for bf16 with at most ``MAX_ROWS`` rows and K a multiple of 8
 (``benchmarks/decode.py`` measures it against cuBLAS in the same run); larger batches are
 GEMMs, where cuBLAS's tensor cores win, and stay with torch.
+
+At batch 1 a decoder layer's GEMVs carry the work around them in their prologues and
+epilogues: RoPE and the cache write in the QKV GEMV's epilogue, the SwiGLU in the gate/up
+GEMV's (``KernelOptions.fuse_epilogues``, the default).  With ``KernelOptions.fuse_norms`` the
+layer is five kernels: the RMSNorms move into the QKV and gate/up GEMVs' prologues, and the
+residual adds into the output and down projections' epilogues (``add_into_out``); every block
+first issues its weight loads, then waits for the previous kernel
+(``device/grid_dependency.py``), and only then reads activations, so the norm's block
+reduction runs while the weights are on their way.  That variant is not the default: on the
+H200 it measured slower than a separate ``add_rms_norm`` kernel (``docs/measured.md``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 from numba import cuda, float32, int32
 
-from paged_tutorial.backends.numba_cuda.device.reduce import FULL_MASK, WARP_SIZE
+from paged_tutorial.backends.numba_cuda.device.reduce import FULL_MASK, MAX_WARPS, WARP_SIZE, block_sum
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
-from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits, rnd_bf16
-from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4, load_u32x4_nc, unpack2
+from paged_tutorial.backends.numba_cuda.device.dtypes import bf16_bits_to_float, float_to_bf16_bits, rnd_bf16
+from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_ELEMS, CHUNK_WORDS, load_u32x4, load_u32x4_nc, pack2, unpack2
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import allow_next_grid, wait_for_previous_grid
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
+from paged_tutorial.backends.numba_cuda.kernels.rope import rotate_values
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
-#: rows of x (tokens) up to which the GEMV replaces cuBLAS.  Measured on an H200
-#: (benchmarks/results/kernels-*.json, table "gemv"): at one row the GEMV and cuBLAS are
-#: even over a layer's matrices (45.3 vs 45.7 us; faster for o, down and the LM head, slower
-#: for gate_up) and the GEMV alone fuses with RoPE; from two rows on cuBLAS is faster
-#: (each extra row costs this kernel a full pass of FMAs per weight chunk).
+#: rows of x (tokens) up to which the GEMV replaces cuBLAS: from two rows on cuBLAS is faster
+#: (each extra row costs this kernel a full pass of FMAs per weight chunk; the comparison is
+#: ``benchmarks/kernels.py``'s "gemv" table, figures in ``docs/measured.md``)
 MAX_ROWS = 1
 #: warps per block (the simulator runs two: every thread is a Python thread)
 WARPS = 2 if SIMULATING else 8
@@ -49,23 +57,18 @@ UNROLL = 8
 
 #: blocks of ``WARPS`` warps per SM a GEMV launches at most (``resident_blocks``), each
 #: looping over row blocks: room is left on every SM for the next kernel's blocks to start and
-#: load their weights while this one finishes (``device/grid_dependency.py``).  Measured on an
-#: H200 (Llama-3.2-1B shapes, batch 1, graph replay): 2 -> 1.034 ms per step, 4 -> 1.043,
-#: 8 -> 1.045, no cap -> 1.041: within the noise of one another, so the cap buys little.
-#: ``PAGED_TUTORIAL_GEMV_BLOCKS_PER_SM`` overrides it (0: no cap, one block per row block).
-BLOCKS_PER_SM = int(os.environ.get("PAGED_TUTORIAL_GEMV_BLOCKS_PER_SM", "2"))
+#: load their weights while this one finishes (``device/grid_dependency.py``)
+BLOCKS_PER_SM = 2
 
 
 @functools.lru_cache(maxsize=None)
 def resident_blocks() -> int:
-    """The GEMVs' grid cap on this device (no cap with BLOCKS_PER_SM 0; in the simulator,
-    which runs blocks one after another, the few blocks of ``launch.SIM_MAX_BLOCKS``)."""
+    """The GEMVs' grid cap on this device (in the simulator, which runs blocks one after
+    another, the few blocks of ``launch.SIM_MAX_BLOCKS``)."""
     if SIMULATING:
         from paged_tutorial.backends.numba_cuda.runtime.launch import SIM_MAX_BLOCKS
 
         return SIM_MAX_BLOCKS
-    if BLOCKS_PER_SM <= 0:
-        return 1 << 30
     import torch
 
     return BLOCKS_PER_SM * torch.cuda.get_device_properties(torch.cuda.current_device()) \
@@ -84,10 +87,15 @@ def rows_per_block(K: int, warps: int = WARPS) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(T: int, K: int, warps: int = WARPS):
+def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
     """Kernel for T activation rows of length K (K % 8 == 0): x and w as int32 words (rows
     16-byte aligned), out as bf16 bits (int16) [T, out_row].
     Launch: ``grid = ceil(N / rows_per_block(K))``, ``block = 32 * warps``.
+
+    ``add_into_out``: ``out += x @ W.T`` (the residual add of a layer's output and down
+    projections): each row's result is rounded to bf16, as ``linear`` would store it, then
+    added to ``out``'s element and rounded again, as the residual add rounds.  The warp that
+    computes a row is the only reader and writer of its element, so in place is safe.
 
     Each output row is split over ``KSPLIT = k_split(K)`` warps (long rows, e.g. the down
     projection's K = 8192): warp s of a row takes the s-th segment of its chunks, so every
@@ -102,6 +110,13 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
     UN = min(PER_LANE, UNROLL)
     ROUNDS = -(-PER_LANE // UN)
     ROW_WORDS = K // 2
+
+    @cuda.jit(device=True)
+    def store_row(out, i, v):
+        if add_into_out:
+            out[i] = float_to_bf16_bits(bf16_bits_to_float(out[i]) + rnd_bf16(v))
+        else:
+            out[i] = float_to_bf16_bits(v)
 
     @cached_kernel
     @overlapping
@@ -160,7 +175,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
             if KSPLIT == 1:
                 if lane == 0 and valid:
                     for t in range(T):
-                        out[t * out_row + row] = float_to_bf16_bits(acc[t])
+                        store_row(out, t * out_row + row, acc[t])
             else:
                 if lane == 0:
                     for t in range(T):
@@ -171,7 +186,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS):
                         v = partial[wib, t]
                         for j in range(1, KSPLIT):
                             v += partial[wib + j, t]
-                        out[t * out_row + row] = float_to_bf16_bits(v)
+                        store_row(out, t * out_row + row, v)
                 cuda.syncthreads()                # partial is reused by the next row block
         if not waited:                            # no rows here: still ordered after the last
             wait_for_previous_grid()
@@ -186,7 +201,7 @@ def grid(n_out: int, K: int, warps: int = WARPS) -> int:
     return min(-(-n_out // rows_per_block(K, warps)), resident_blocks())
 
 
-# --- two rows per warp: the QKV projection with RoPE, the gate/up projection with SwiGLU -------
+# --- two rows per warp, the RMSNorm in the prologue: QKV with RoPE, gate/up with SwiGLU -------
 
 def pair_supported(K: int) -> bool:
     """One warp per pair of rows, each lane one round of loads: K up to 2048."""
@@ -197,84 +212,155 @@ def fused_qkv_supported(K: int, head_dim: int) -> bool:
     return pair_supported(K) and head_dim % 2 == 0
 
 
-@functools.lru_cache(maxsize=None)
-def pair_dot(T: int, K: int):
-    """Device function ``pair_dot(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1,
-    first)``: the warp's dot products of rows n0 and n1 of W with the T rows of x, as
-    ``gemv_kernel`` computes a row (same loads, same float32 sums), into ``acc0[t]`` /
-    ``acc1[t]`` of every lane.  On the block's ``first`` pair both rows' weight loads are
-    issued before ``wait_for_previous_grid`` (x is the previous kernel's output; the weights
-    are not)."""
-    if not pair_supported(K):
-        raise ValueError(f"paired GEMV: K = {K} needs one round of loads per lane")
-    CHUNKS = K // CHUNK_ELEMS
-    PER_LANE = -(-CHUNKS // WARP_SIZE)
-    ROW_WORDS = K // 2
+class PairDot:
+    """The device functions of a warp's two dot products (rows n0 and n1 of W) with T rows
+    of activations of length K: the QKV kernels (the pair RoPE rotates together) and the
+    gate/up kernels (the gate and up rows of one SwiGLU output).  A kernel calls, on every
+    thread of the block:
 
-    @cuda.jit(device=True)
-    def dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1, first):
-        for t in range(T):
-            acc0[t] = float32(0.0)
-            acc1[t] = float32(0.0)
-        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        for u in range(PER_LANE):                 # both rows' loads in flight at once
-            c = lane + u * WARP_SIZE
-            if valid and c < CHUNKS:
-                a0, a1, a2, a3 = load_u32x4_nc(w, n0 * ROW_WORDS + c * CHUNK_WORDS)
-                b0, b1, b2, b3 = load_u32x4_nc(w, n1 * ROW_WORDS + c * CHUNK_WORDS)
-            else:
-                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = int32(0)
-            w0v[u, 0] = a0
-            w0v[u, 1] = a1
-            w0v[u, 2] = a2
-            w0v[u, 3] = a3
-            w1v[u, 0] = b0
-            w1v[u, 1] = b1
-            w1v[u, 2] = b2
-            w1v[u, 3] = b3
-        if first:                                 # weights in flight; x is the last kernel's
-            wait_for_previous_grid()
-            allow_next_grid()
-        for u in range(PER_LANE):
-            c = lane + u * WARP_SIZE
-            if valid and c < CHUNKS:
-                for t in range(T):
-                    x0, x1, x2, x3 = load_u32x4(x, t * x_row_words + c * CHUNK_WORDS)
+    - ``load_two_rows(w, n0, n1, valid, lane, w0v, w1v)``: both rows' chunks of this lane
+      into the local arrays ``w0v`` / ``w1v`` (``PER_LANE`` x 4 words), all loads issued at
+      once;
+    - on the block's first pair only, ``wait_for_previous_grid()``: the activations are an
+      earlier kernel's output, the weights are not, so their loads are already in flight;
+    - either ``dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)``: the dot
+      products with x's rows (16-byte loads, float32 sums) into ``acc0[t]`` / ``acc1[t]`` of
+      every lane;
+    - or, with the RMSNorm in the prologue: on the first pair after the wait
+      ``normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh)`` (each row's sum of
+      squares by a block reduction, then ``rms_norm(r[t]) * norm_weight`` rounded as
+      ``norms.py`` rounds it into the shared array ``x_sh`` [T, 4, CHUNKS], word k of chunk
+      c at ``x_sh[t, k, c]``), and ``dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0,
+      acc1)`` for every pair.
+
+    The wait stays in the kernels: a device function is compiled once and linked into every
+    kernel that calls it, whatever compute capability that kernel is compiled for."""
+
+    def __init__(self, T: int, K: int):
+        if not pair_supported(K):
+            raise ValueError(f"paired GEMV: K = {K} needs one round of loads per lane")
+        CHUNKS = K // CHUNK_ELEMS
+        PER_LANE = -(-CHUNKS // WARP_SIZE)
+        ROW_WORDS = K // 2
+        self.PER_LANE, self.CHUNKS = PER_LANE, CHUNKS
+
+        @cuda.jit(device=True)
+        def load_two_rows(w, n0, n1, valid, lane, w0v, w1v):
+            for u in range(PER_LANE):
+                c = lane + u * WARP_SIZE
+                if valid and c < CHUNKS:
+                    a0, a1, a2, a3 = load_u32x4_nc(w, n0 * ROW_WORDS + c * CHUNK_WORDS)
+                    b0, b1, b2, b3 = load_u32x4_nc(w, n1 * ROW_WORDS + c * CHUNK_WORDS)
+                else:
+                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = int32(0)
+                w0v[u, 0] = a0
+                w0v[u, 1] = a1
+                w0v[u, 2] = a2
+                w0v[u, 3] = a3
+                w1v[u, 0] = b0
+                w1v[u, 1] = b1
+                w1v[u, 2] = b2
+                w1v[u, 3] = b3
+
+        @cuda.jit(device=True)
+        def warp_sums(acc0, acc1):
+            for t in range(T):
+                v0 = acc0[t]
+                v1 = acc1[t]
+                for off in (16, 8, 4, 2, 1):
+                    v0 += cuda.shfl_xor_sync(FULL_MASK, v0, off)
+                    v1 += cuda.shfl_xor_sync(FULL_MASK, v1, off)
+                acc0[t] = v0
+                acc1[t] = v1
+
+        @cuda.jit(device=True)
+        def dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1):
+            for t in range(T):
+                acc0[t] = float32(0.0)
+                acc1[t] = float32(0.0)
+            for u in range(PER_LANE):
+                c = lane + u * WARP_SIZE
+                if valid and c < CHUNKS:
+                    for t in range(T):
+                        x0, x1, x2, x3 = load_u32x4(x, t * x_row_words + c * CHUNK_WORDS)
+                        xs = (x0, x1, x2, x3)
+                        s0 = float32(0.0)
+                        s1 = float32(0.0)
+                        for k in range(CHUNK_WORDS):
+                            xa, xb = unpack2(xs[k])
+                            wa, wb = unpack2(w0v[u, k])
+                            s0 += wa * xa + wb * xb
+                            wa, wb = unpack2(w1v[u, k])
+                            s1 += wa * xa + wb * xb
+                        acc0[t] += s0
+                        acc1[t] += s1
+            warp_sums(acc0, acc1)
+
+        @cuda.jit(device=True)
+        def normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh):
+            for t in range(T):
+                sum_sq = float32(0.0)
+                for c in range(cuda.threadIdx.x, CHUNKS, cuda.blockDim.x):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
                     xs = (x0, x1, x2, x3)
-                    s0 = float32(0.0)
-                    s1 = float32(0.0)
                     for k in range(CHUNK_WORDS):
-                        xa, xb = unpack2(xs[k])
-                        wa, wb = unpack2(w0v[u, k])
-                        s0 += wa * xa + wb * xb
-                        wa, wb = unpack2(w1v[u, k])
-                        s1 += wa * xa + wb * xb
-                    acc0[t] += s0
-                    acc1[t] += s1
-        for t in range(T):
-            v0 = acc0[t]
-            v1 = acc1[t]
-            for off in (16, 8, 4, 2, 1):
-                v0 += cuda.shfl_xor_sync(FULL_MASK, v0, off)
-                v1 += cuda.shfl_xor_sync(FULL_MASK, v1, off)
-            acc0[t] = v0
-            acc1[t] = v1
+                        a, b = unpack2(xs[k])
+                        sum_sq += a * a + b * b
+                sum_sq = block_sum(sum_sq, scratch)
+                inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(K) + float32(eps))
+                for c in range(cuda.threadIdx.x, CHUNKS, cuda.blockDim.x):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
+                    xs = (x0, x1, x2, x3)
+                    g0, g1, g2, g3 = load_u32x4_nc(norm_weight, c * CHUNK_WORDS)
+                    gs = (g0, g1, g2, g3)
+                    for k in range(CHUNK_WORDS):
+                        a, b = unpack2(xs[k])
+                        ga, gb = unpack2(gs[k])
+                        # rms_norm's roundings: the normalised value, then the product
+                        x_sh[t, k, c] = pack2(ga * rnd_bf16(a * inv_rms),
+                                              gb * rnd_bf16(b * inv_rms))
+            cuda.syncthreads()
 
-    return dot_two_rows
+        @cuda.jit(device=True)
+        def dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1):
+            for t in range(T):
+                acc0[t] = float32(0.0)
+                acc1[t] = float32(0.0)
+            for u in range(PER_LANE):
+                c = lane + u * WARP_SIZE
+                if valid and c < CHUNKS:
+                    for t in range(T):
+                        s0 = float32(0.0)
+                        s1 = float32(0.0)
+                        for k in range(CHUNK_WORDS):
+                            xa, xb = unpack2(x_sh[t, k, c])
+                            wa, wb = unpack2(w0v[u, k])
+                            s0 += wa * xa + wb * xb
+                            wa, wb = unpack2(w1v[u, k])
+                            s1 += wa * xa + wb * xb
+                        acc0[t] += s0
+                        acc1[t] += s1
+            warp_sums(acc0, acc1)
+
+        self.load_two_rows = load_two_rows
+        self.dot_rows = dot_rows
+        self.normalize_rows = normalize_rows
+        self.dot_staged_rows = dot_staged_rows
 
 
 @functools.lru_cache(maxsize=None)
-def qkv_rope_write_kv_kernel(T: int, K: int):
-    """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode.
+def pair_dot(T: int, K: int) -> PairDot:
+    return PairDot(T, K)
 
-    A warp computes the rows n and n + D/2 of one head (the pair RoPE rotates together) with
-    ``pair_dot``, then lane 0 applies ``rope.rotate_pair``'s arithmetic to the rounded pair and
-    writes it: q heads into the q part of ``out``; k heads into ``out`` and the token's cache
-    row; v heads as they are into ``out`` and the cache.  ``out`` is what ``linear`` returns
-    ([T, N] bf16 bits), with q and k already rotated.
-    Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
-    dot_two_rows = pair_dot(T, K)
+
+@functools.lru_cache(maxsize=None)
+def rotated_pair_store(T: int):
+    """Device function ``store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions,
+    cos, sin, n_q_heads, n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
+    BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS)``: the QKV kernels' epilogue for the rows n and
+    n + D/2 of head h.  The pair is rounded as ``linear`` would store it; q and k heads are
+    rotated (``rope.rotate_values``); the result goes to ``out`` and, for k and v heads, to
+    the token's cache row."""
 
     @cuda.jit(device=True)
     def store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
@@ -285,14 +371,11 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
             a = rnd_bf16(acc0[t])                  # what linear would have stored
             b = rnd_bf16(acc1[t])
             pos = positions[t]
-            if h < n_q_heads + n_kv_heads:         # q or k: rotate (rope.rotate_pair)
-                cs = rnd_bf16(cos[pos * half + i])
-                sn = rnd_bf16(sin[pos * half + i])
-                lo = float_to_bf16_bits(rnd_bf16(a * cs) - rnd_bf16(b * sn))
-                hi = float_to_bf16_bits(rnd_bf16(b * cs) + rnd_bf16(a * sn))
-            else:
-                lo = float_to_bf16_bits(a)
-                hi = float_to_bf16_bits(b)
+            if h < n_q_heads + n_kv_heads:         # q or k: rotate
+                a, b = rotate_values(a, b, rnd_bf16(cos[pos * half + i]),
+                                     rnd_bf16(sin[pos * half + i]))
+            lo = float_to_bf16_bits(a)
+            hi = float_to_bf16_bits(b)
             out[t * n_out + n0] = lo
             out[t * n_out + n1] = hi
             if h >= n_q_heads:                     # k or v: the token's cache row too
@@ -307,6 +390,20 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
                     kv_cache[dst + offset] = lo
                     kv_cache[dst + offset + half] = hi
 
+    return store_rotated_pair
+
+
+@functools.lru_cache(maxsize=None)
+def qkv_rope_write_kv_kernel(T: int, K: int):
+    """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode: a warp
+    computes the rows n and n + D/2 of one head with ``PairDot.dot_rows``, and lane 0 stores
+    them (``rotated_pair_store``).  ``out`` is what ``linear`` returns ([T, N] bf16 bits),
+    with q and k already rotated.  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
+    pd = pair_dot(T, K)
+    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
+    store_rotated_pair = rotated_pair_store(T)
+    PER_LANE = pd.PER_LANE
+
     @cached_kernel
     @overlapping
     def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
@@ -317,6 +414,8 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
         half = head_dim // 2
         acc0 = cuda.local.array(T, float32)
         acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
         n_pair_blocks = (n_out // 2 + warps - 1) // warps
         first = True
         for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
@@ -326,8 +425,12 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
             i = pair - h * half
             n0 = h * head_dim + i
             n1 = n0 + half
-            dot_two_rows(x, x_row_words, w, n0, n1, valid, lane, acc0, acc1, first)
-            first = False
+            load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; x is the last kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                first = False
+            dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
                 store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
                                    n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
@@ -340,18 +443,82 @@ def qkv_rope_write_kv_kernel(T: int, K: int):
     return qkv_rope_write_kv
 
 
+@functools.lru_cache(maxsize=None)
+def norm_qkv_rope_write_kv_kernel(T: int, K: int):
+    """``rms_norm`` + ``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode:
+    ``qkv_rope_write_kv_kernel`` with the norm of the residual r in its prologue
+    (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
+    waited).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
+    pd = pair_dot(T, K)
+    load_two_rows, normalize_rows, dot_staged_rows = \
+        pd.load_two_rows, pd.normalize_rows, pd.dot_staged_rows
+    store_rotated_pair = rotated_pair_store(T)
+    PER_LANE, CHUNKS = pd.PER_LANE, pd.CHUNKS
+
+    @cached_kernel
+    @overlapping
+    def norm_qkv_rope_write_kv(r, r_row_words, norm_weight, eps, w, out, n_out, positions, cos,
+                               sin, n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
+                               layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
+        warps = cuda.blockDim.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        half = head_dim // 2
+        scratch = cuda.shared.array(MAX_WARPS, float32)
+        x_sh = cuda.shared.array((T, CHUNK_WORDS, CHUNKS), int32)     # the normalised rows
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        n_pair_blocks = (n_out // 2 + warps - 1) // warps
+        first = True
+        for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
+            pair = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = pair < n_out // 2
+            h = pair // half
+            i = pair - h * half
+            n0 = h * head_dim + i
+            n1 = n0 + half
+            load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; r is an earlier kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh)
+                first = False
+            dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            if lane == 0 and valid:
+                store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
+                                   n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
+                                   layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,
+                                   V_OFFSET_ELEMS)
+        if first:                                 # no pairs here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
+
+    return norm_qkv_rope_write_kv
+
+
 def qkv_grid(n_out: int, warps: int = WARPS) -> int:
     return pair_grid(n_out // 2, warps)
+
+
+@cuda.jit(device=True)
+def silu_mul_bits(g_acc, u_acc):
+    """SwiGLU of a gate and an up dot product, with the unfused ops' roundings (each rounded
+    to bf16 as ``linear`` stores it, then ``elementwise.silu_mul``'s arithmetic): bf16 bits."""
+    g = rnd_bf16(g_acc)
+    u = rnd_bf16(u_acc)
+    silu = rnd_bf16(g / (float32(1.0) + math.exp(-g)))
+    return float_to_bf16_bits(silu * u)
 
 
 @functools.lru_cache(maxsize=None)
 def linear_silu_mul_kernel(T: int, K: int):
     """``silu_mul(linear(x, w_gate_up))`` in one kernel, for bf16 decode: a warp computes gate
-    row n and up row n + I with ``pair_dot``, and lane 0 stores ``silu(gate) * up`` with the
-    unfused ops' roundings (the projection rounded to bf16, then ``elementwise.silu_mul``'s
-    arithmetic), so the bits are the same.  out is [T, I] bf16 bits.
-    Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
-    dot_two_rows = pair_dot(T, K)
+    row n and up row n + I (``PairDot.dot_rows``), and lane 0 stores ``silu_mul_bits``.
+    out is [T, I] bf16 bits.  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
+    pd = pair_dot(T, K)
+    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
+    PER_LANE = pd.PER_LANE
 
     @cached_kernel
     @overlapping
@@ -360,23 +527,68 @@ def linear_silu_mul_kernel(T: int, K: int):
         lane = cuda.threadIdx.x % WARP_SIZE
         acc0 = cuda.local.array(T, float32)
         acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
         first = True
         for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
             n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
             valid = n < inter
-            dot_two_rows(x, x_row_words, w, n, n + inter, valid, lane, acc0, acc1, first)
-            first = False
+            load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; x is the last kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                first = False
+            dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
                 for t in range(T):
-                    g = rnd_bf16(acc0[t])          # what linear would have stored
-                    u = rnd_bf16(acc1[t])
-                    silu = rnd_bf16(g / (float32(1.0) + math.exp(-g)))
-                    out[t * inter + n] = float_to_bf16_bits(silu * u)
+                    out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
         if first:                                 # no rows here: still ordered after the last
             wait_for_previous_grid()
             allow_next_grid()
 
     return linear_silu_mul
+
+
+@functools.lru_cache(maxsize=None)
+def norm_linear_silu_mul_kernel(T: int, K: int):
+    """``linear_silu_mul_kernel`` with the RMSNorm of the residual r in its prologue
+    (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
+    waited).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
+    pd = pair_dot(T, K)
+    load_two_rows, normalize_rows, dot_staged_rows = \
+        pd.load_two_rows, pd.normalize_rows, pd.dot_staged_rows
+    PER_LANE, CHUNKS = pd.PER_LANE, pd.CHUNKS
+
+    @cached_kernel
+    @overlapping
+    def norm_linear_silu_mul(r, r_row_words, norm_weight, eps, w, out, inter):
+        warps = cuda.blockDim.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        scratch = cuda.shared.array(MAX_WARPS, float32)
+        x_sh = cuda.shared.array((T, CHUNK_WORDS, CHUNKS), int32)     # the normalised rows
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        first = True
+        for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
+            n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = n < inter
+            load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; r is an earlier kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh)
+                first = False
+            dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            if lane == 0 and valid:
+                for t in range(T):
+                    out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
+        if first:                                 # no rows here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
+
+    return norm_linear_silu_mul
 
 
 def pair_grid(n_pairs: int, warps: int = WARPS) -> int:

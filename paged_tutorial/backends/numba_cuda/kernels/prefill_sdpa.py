@@ -4,9 +4,9 @@ that is not a Numba kernel by default on the GPU, and why.
 Prefill attention is compute-bound (for 2 x 1024-token prompts, 8.6 GFLOP per layer at
 Llama-3.2-1B shapes).  Numba exposes no tensor-core instructions, so a Numba kernel runs it on
 the float32 FMA units (67 TFLOP/s peak on an H200, against ~800 for bf16 tensor cores): even a
-perfect one would spend more time in attention than in all the GEMMs of the step.  The
-measured numbers are in ``benchmarks/results/attention-*.json`` (row ``prefill``).
-``NumbaBackend(prefill="numba")`` keeps the Numba kernel (``prefill.py``).
+perfect one would spend more time in attention than in all the GEMMs of the step (the
+measured numbers: ``docs/measured.md``, prefill attention).
+``KernelOptions(prefill="numba")`` keeps the Numba kernel (``prefill.py``).
 
 - ``prefill_attention_varlen``: **one call per layer** for the whole packed batch: FlashAttention's
   variable-length kernel (``torch.ops.aten._flash_attention_forward`` with cumulative sequence

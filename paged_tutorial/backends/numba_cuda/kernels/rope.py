@@ -38,18 +38,37 @@ def rope_item_function(dtype_name: str):
 
 
 @functools.lru_cache(maxsize=None)
+def rotate_values_function(dtype_name: str):
+    """Device function ``rotate_values(x1, x2, c, s) -> (x1', x2')``: the rotation of one pair
+    with HF's rounding (each product rounded to the model dtype; the caller rounds the sums
+    when it stores them).  Every kernel that applies RoPE calls this one: ``rope``,
+    ``rope_write_kv`` and the QKV GEMV's epilogue (``gemv.py``)."""
+    rnd = DTYPE_OPS[dtype_name].rnd
+
+    @cuda.jit(device=True)
+    def rotate_values(x1, x2, c, s):
+        return rnd(x1 * c) - rnd(x2 * s), rnd(x2 * c) + rnd(x1 * s)
+
+    return rotate_values
+
+
+#: the bf16 rotation, for the kernels that only exist for bf16
+rotate_values = rotate_values_function("bfloat16")
+
+
+@functools.lru_cache(maxsize=None)
 def rotate_pair_function(dtype_name: str):
-    """Device function rotating the pair (x[lo], x[hi]) by (c, s) in place, with HF's
-    rounding; shared by ``rope`` and the fused ``rope_write_kv``."""
+    """Device function rotating the pair (x[lo], x[hi]) by (c, s) in place
+    (``rotate_values``); shared by ``rope`` and the fused ``rope_write_kv``."""
     ops = DTYPE_OPS[dtype_name]
-    load, store, rnd = ops.load, ops.store, ops.rnd
+    load, store = ops.load, ops.store
+    rotate = rotate_values_function(dtype_name)
 
     @cuda.jit(device=True)
     def rotate_pair(x, lo, hi, c, s):
-        x1 = load(x, lo)
-        x2 = load(x, hi)
-        store(x, lo, rnd(x1 * c) - rnd(x2 * s))
-        store(x, hi, rnd(x2 * c) + rnd(x1 * s))
+        a, b = rotate(load(x, lo), load(x, hi), c, s)
+        store(x, lo, a)
+        store(x, hi, b)
 
     return rotate_pair
 

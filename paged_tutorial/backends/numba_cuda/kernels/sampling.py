@@ -3,8 +3,7 @@
 The rule is ``paged_tutorial.model.sampling`` (``sample_reference``):
 
 - temperature 0: greedy, the first index of the largest logit.  One block reading a
-  128256-entry row alone takes ~60 us (benchmarks/results/decode-2026-11-30.json); so the row
-  is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``;
+  128256-entry row alone is slow (a single SM's bandwidth), so the row is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``;
   every thread issues ``GREEDY_UNROLL`` loads before it compares) and publishes it, and the
   last block to finish (an atomic ticket per row, as in ``attention_fast.py``) picks the
   winner of the winners, one part per thread (``beats``: ties to the smaller id).
@@ -50,8 +49,8 @@ MAX_SAMPLE_THREADS = 1024
 
 def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
     """Blocks per row for the greedy path: about 256 blocks in all (two per SM of an H200:
-    the kernel's 512-thread blocks, sized for the top-p path, fit two per SM; 1024 blocks
-    measured slower at batch 64, 51 us against 36), at most 64 per row.  Depends only on the
+    the kernel's 512-thread blocks, sized for the top-p path, fit two per SM; more blocks
+    were slower at batch 64), at most 64 per row.  Depends only on the
     batch size, so a CUDA graph can fix it."""
     if simulating:
         return 2                                       # exercise the merge, cheaply

@@ -21,9 +21,9 @@ Launching on the GPU: why not ``kernel[grid, block, stream](*args)``
 Numba's launch path converts every argument on every call: ``cuda.as_cuda_array`` on a torch
 tensor builds a device-array object from ``__cuda_array_interface__``, the dispatcher types each
 argument to pick the compiled overload, then marshals each one into ctypes values.  For a
-15-argument kernel that is 100-300 us of host time, far more than the kernel runs at decode
-sizes (benchmarks/results/decode-2026-11-30.json: 48.6 ms per eager step for 1.4 ms of GPU
-work).  The GPU path here does the same work once per *signature*:
+15-argument kernel that is far more host time than the kernel runs at decode sizes (the
+figures are in ``docs/measured.md``, host time per launch).  The launcher here does that work
+once per *signature*:
 
 - a tensor argument becomes a ``GpuArray``: its data pointer, shape and Numba type, read from
   the tensor's attributes (no views, no interface dictionaries);
@@ -32,10 +32,12 @@ work).  The GPU path here does the same work once per *signature*:
   how each argument becomes parameter values (an array is meminfo, parent, nitems, itemsize,
   data, shape..., strides...; Python ints are int64, floats float64), as Numba would pass them;
 - each launch packs the values into one reusable parameter buffer and calls the driver's
-  ``cuLaunchKernel`` (CUDA Python binding) on torch's current stream (``_RawLauncher``);
-  ``_CoreLauncher`` calls ``cuda.core.launch``, the call Numba's own launch ends in.  Return
-  codes are checked.  Host microseconds per launch of each path:
-  ``benchmarks/profile_step.py`` (section ``host``).
+  ``cuLaunchKernel`` (CUDA Python binding) on torch's current stream (``_RawLauncher``), or
+  ``cuLaunchKernelEx`` for an overlapped launch.  Return codes are checked.
+
+Anything the launcher cannot take (other argument kinds, a kernel compiled for debugging or
+cooperative launch, a launcher that fails on its first launch: the error is kept in
+``FAST_LAUNCH_ERRORS``) goes through Numba's own launch, which is always correct.
 
 Nothing is cached by pointer, so a freed and reused allocation cannot leave a stale argument
 behind.  Arguments of other kinds (Numba device arrays, a non-contiguous view) go through
@@ -68,7 +70,6 @@ if SIMULATING:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 else:                                              # pragma: no cover - GPU only
     from cuda.bindings import driver as _cudrv
-    from cuda.core import LaunchConfig as _LaunchConfig, launch as _core_launch
     from numba.cuda import types as _nbtypes
     from numba.cuda.cudadrv.devices import get_context as _get_context
 
@@ -250,40 +251,8 @@ def _dims(d) -> tuple[int, int, int]:
     return d + (1,) * (3 - len(d))
 
 
-class _CoreLauncher:
-    """One compiled kernel for one tuple of argument types, and how to turn each argument into
-    the values Numba's ``_Kernel._prepare_args`` would pass (numba-cuda 0.30: arrays as plain
-    ints -- meminfo, parent, nitems, itemsize, data, shape..., strides... --, integers as
-    ``ctypes.c_int64``, floats as ``ctypes.c_double``, booleans as they are), launched through
-    ``cuda.core.launch`` exactly as Numba launches it."""
-
-    _SCALAR_WRAP = {"int64": ctypes.c_int64, "float64": ctypes.c_double, "bool": None}
-
-    def __init__(self, compiled, argtypes: tuple):
-        self.kernel = compiled._codelibrary.get_cufunc().kernel
-        self.wraps = []
-        for t in argtypes:
-            if isinstance(t, _nbtypes.Array):
-                self.wraps.append(GpuArray)
-            elif str(t) in self._SCALAR_WRAP:
-                self.wraps.append(self._SCALAR_WRAP[str(t)])
-            else:
-                raise NotImplementedError(f"argument type {t}")
-
-    def __call__(self, grid, block, args) -> None:
-        values = []
-        for a, wrap in zip(args, self.wraps):
-            if wrap is GpuArray:
-                values.extend(a.abi)
-            elif wrap is None:
-                values.append(a)
-            else:
-                values.append(wrap(a))
-        _core_launch(_current_stream(), _launch_config(grid, block), self.kernel, *values)
-
-
 class _RawLauncher:
-    """The same launch as ``_CoreLauncher`` one level lower: the parameter block Numba's
+    """One compiled kernel for one tuple of argument types: the parameter block Numba's
     launch builds (every parameter in an 8-byte slot: an array is meminfo, parent, nitems,
     itemsize, data, shape..., strides...; int64; float64; bool) is packed into one reusable
     buffer with ``struct``, and ``cuLaunchKernel`` gets its address.  The return code is
@@ -305,6 +274,8 @@ class _RawLauncher:
                 slots += 1
             else:
                 raise NotImplementedError(f"argument type {t}")
+        #: the Numba types this launcher was compiled for (``kernel.compile(argtypes)``)
+        self.argtypes = argtypes
         self.pack = struct.Struct(fmt).pack_into
         self.buffer = (ctypes.c_byte * (8 * max(1, slots)))()
         base = ctypes.addressof(self.buffer)
@@ -312,12 +283,14 @@ class _RawLauncher:
         self.params_address = ctypes.addressof(self.params)
         self.lock = threading.Lock()
 
-        #: launched with programmatic stream serialization (``overlapping`` kernels)
-        self.overlap = False                  # set by _first_launch for overlapping kernels
+        #: may be launched with programmatic stream serialization (``overlapping`` kernels;
+        #: set by _first_launch, cleared if the driver refuses the attribute)
+        self.overlap = False
         self.name = ""
+        self.py_func = None
         self.configs: dict = {}
 
-    def __call__(self, grid, block, args) -> None:
+    def __call__(self, grid, block, args, overlap: bool) -> None:
         values = []
         for a in args:
             if a.__class__ is GpuArray:
@@ -329,7 +302,7 @@ class _RawLauncher:
         stream = _current_stream_handle()
         with self.lock:                       # one parameter buffer per launcher
             self.pack(self.buffer, 0, *values)
-            if self.overlap and OVERLAP[0]:
+            if overlap and self.overlap:
                 err, = _cudrv.cuLaunchKernelEx(self._overlap_config(gx, gy, gz, bx, by, bz,
                                                                     stream),
                                                self.function, self.params_address, 0)
@@ -367,18 +340,6 @@ def _check(err, what: str) -> None:
         raise RuntimeError(f"{what} failed: {err!r}")
 
 
-_configs: dict = {}
-
-
-def _launch_config(grid, block):
-    key = (grid, block)
-    config = _configs.get(key)
-    if config is None:
-        config = _configs[key] = _LaunchConfig(grid=_dims(grid), block=_dims(block),
-                                               shmem_size=0)
-    return config
-
-
 def _current_stream_handle() -> int:
     """torch's current stream as an integer handle (the cheap way, when torch offers it)."""
     try:
@@ -387,16 +348,9 @@ def _current_stream_handle() -> int:
         return torch.cuda.current_stream().cuda_stream
 
 
-#: how GPU launches are made: "raw" (``_RawLauncher``), "core" (``_CoreLauncher``) or "numba"
-#: (Numba's own path, every call).  Host microseconds per rms_norm call on the H200
-#: (profile_step.py, 2026-11-30): raw 19, core 33, numba 128 (a direct ctypes call of
-#: cuLaunchKernel was tried too: 21, no better than the binding, so it is gone).  PAGED_TUTORIAL_LAUNCH picks one, to compare.  A launcher
-#: that fails on its first launch hands over to the next one, and the error is recorded.
-LAUNCH_MODE = os.environ.get("PAGED_TUTORIAL_LAUNCH", "raw")
-_MODES = {"raw": ("raw", "core"), "core": ("core",), "numba": ()}
-_LAUNCHER_KINDS = {}
 _launchers: dict = {}
-#: (kernel name, launcher kind) -> the error that made it hand over (empty when all is well)
+#: (kernel name, what failed) -> the error that made a kernel go through Numba's own launch
+#: (empty when all is well)
 FAST_LAUNCH_ERRORS: dict = {}
 _SCALAR_TYPES: dict = {}
 _thread_state = threading.local()
@@ -409,38 +363,33 @@ def _scalar_type(cls):
     return _SCALAR_TYPES.get(cls)
 
 
-def _first_launch(kernel, argtypes, grid, block, args):
-    """Compile, then try the launchers of LAUNCH_MODE in turn; the first that launches is kept
-    (False: none did, and nothing was launched)."""
+def _first_launch(kernel, argtypes, grid, block, args, overlap: bool):
+    """Compile, make the launcher and launch; False when the launcher cannot take this kernel
+    (nothing was launched then: Numba's own launch takes it)."""
     compiled = kernel.compile(argtypes)
     if compiled.debug or compiled.extensions or compiled.cooperative:
         return False
-    for kind in _MODES.get(LAUNCH_MODE, ("core",)):
-        try:
-            launcher = _LAUNCHER_KINDS[kind](compiled, argtypes)
-            if kind == "raw":
-                py_func = getattr(kernel, "py_func", None)
-                launcher.overlap = py_func in _OVERLAPPING
-                launcher.name = getattr(py_func, "__name__", "")
-            launcher(grid, block, args)
-            return launcher
-        except NotImplementedError:
-            return False
-        except Exception as exc:              # record it (tests check it), try the next
-            FAST_LAUNCH_ERRORS[(getattr(kernel, "__name__", str(kernel)), kind)] = \
-                repr(exc)[:300]
-    return False
+    try:
+        launcher = _RawLauncher(compiled, argtypes)
+        py_func = getattr(kernel, "py_func", None)
+        launcher.overlap = py_func in _OVERLAPPING
+        launcher.name = getattr(py_func, "__name__", "")
+        launcher.py_func = py_func
+        launcher(grid, block, args, overlap)
+        return launcher
+    except NotImplementedError:
+        return False
+    except Exception as exc:                  # record it (tests check it); Numba launches it
+        FAST_LAUNCH_ERRORS[(getattr(kernel, "__name__", str(kernel)), "raw")] = repr(exc)[:300]
+        return False
 
 
-_LAUNCHER_KINDS.update(raw=_RawLauncher, core=_CoreLauncher)
-
-
-def _gpu_launch(kernel, grid, block, args) -> bool:
-    """The fast paths; False when an argument is of a kind they do not handle."""
+def _gpu_launch(kernel, grid, block, args, overlap: bool) -> bool:
+    """The launcher; False when an argument is of a kind it does not handle."""
     key = (kernel, *[a.key if a.__class__ is GpuArray else a.__class__ for a in args])
     launcher = _launchers.get(key)
     if launcher:
-        launcher(grid, block, args)
+        launcher(grid, block, args, overlap)
         return True
     if launcher is False:
         return False
@@ -454,40 +403,41 @@ def _gpu_launch(kernel, grid, block, args) -> bool:
     if not getattr(_thread_state, "context_ready", False):
         _get_context()                        # Numba's context current on this thread (once)
         _thread_state.context_ready = True
-    launcher = _launchers[key] = _first_launch(kernel, tuple(types), grid, block, args)
+    launcher = _launchers[key] = _first_launch(kernel, tuple(types), grid, block, args,
+                                               overlap)
     return launcher is not False
+
+
+def launched_kernels() -> list[tuple]:
+    """(Python function, Numba argument types) of every kernel the launcher has launched in
+    this process: what a test compiles again for another compute capability."""
+    return [(l.py_func, l.argtypes) for l in _launchers.values()
+            if l and l.py_func is not None]
 
 
 #: Python functions of the kernels written for overlapped launches (see ``overlapping``)
 _OVERLAPPING: set = set()
-#: [True] while overlapped launches are on: ``PAGED_TUTORIAL_OVERLAP=0`` turns them off, and
-#: ``set_overlap`` switches them at run time (benchmarks measure both in one process)
-OVERLAP = [os.environ.get("PAGED_TUTORIAL_OVERLAP", "1") != "0"]
 
 
 def overlapping(py_func):
     """Mark a kernel's Python function (apply below ``@cuda.jit``) as written for launches that
     overlap the previous kernel: every block calls ``grid_dependency.wait_for_previous_grid()``
-    before it reads another kernel's output or returns.  The raw launcher then launches it with
-    programmatic stream serialization on GPUs that support it (``device/grid_dependency.py``);
-    other launch paths launch it plainly, which is always correct."""
+    before it reads another kernel's output or returns.  The launcher then launches it with
+    programmatic stream serialization on GPUs that support it (``device/grid_dependency.py``)
+    when the caller asks for overlap; otherwise, and through Numba's own launch, it is launched
+    plainly, which is always correct."""
     _OVERLAPPING.add(py_func)
     return py_func
 
 
-def set_overlap(on: bool) -> bool:
-    """Turn overlapped launches on or off for the kernels launched from now on (CUDA graphs
-    keep what they captured); returns the previous setting."""
-    previous, OVERLAP[0] = OVERLAP[0], bool(on)
-    return previous
-
-
-def launch(kernel, grid, block, *args) -> None:
-    """Run ``kernel[grid, block](*args)`` on torch's stream (GPU) or in the simulator."""
+def launch(kernel, grid, block, *args, overlap: bool = True) -> None:
+    """Run ``kernel[grid, block](*args)`` on torch's stream (GPU) or in the simulator.
+    ``overlap``: a kernel marked ``overlapping`` may start under the previous kernel's tail
+    (``NumbaBackend``'s ``KernelOptions.overlap``; False launches it plainly)."""
     if SIMULATING:
         with sim_shim.fast_thread_switching():
             kernel[grid, block](*args)
-    elif not _gpu_launch(kernel, grid, block, args):
+    elif not _gpu_launch(kernel, grid, block, args, overlap):
         kernel[grid, block, _current_stream()](*args)
 
 

@@ -1,0 +1,58 @@
+"""``KernelOptions``: which of ``NumbaBackend``'s kernels and fusions a backend uses.
+
+The defaults are the engine's fastest path on this process's device; each switch turns one
+optimisation off, so the benchmark ladder (``benchmarks/decode.py``, notebook 08) can time the
+engine with and without it, and the tests can check a fast kernel against the plain one it
+replaces.  One frozen object, passed as ``NumbaBackend(options=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: the decode attention kernels: "fast" (``kernels/attention_fast.py``) or "article"
+#: (``kernels/attention.py``, the article's kernel)
+ATTENTION_KERNELS = ("fast", "article")
+#: the prefill attention kernels: "sdpa" (torch's flash kernel, ``kernels/prefill_sdpa.py``)
+#: or "numba" (``kernels/prefill.py``)
+PREFILL_KERNELS = ("sdpa", "numba")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """- ``attention``: the decode attention kernel (``ATTENTION_KERNELS``);
+    - ``prefill``: the prefill attention (``PREFILL_KERNELS``; None: "sdpa" on a GPU, "numba"
+      in the simulator);
+    - ``vector``: bf16 rows take the 16-byte kernels (``device/vector_io.py``) when aligned;
+      False: always the scalar kernels (the reference the vector kernels are tested against);
+    - ``gemv``: the Numba GEMV (``kernels/gemv.py``) replaces cuBLAS for bf16 at up to
+      ``gemv.MAX_ROWS`` rows (None: on a GPU only; in the simulator every output row is a
+      Python warp);
+    - ``fuse_epilogues``: with the GEMV, RoPE and the cache write happen in the QKV GEMV's
+      epilogue and the SwiGLU in the gate/up GEMV's (``gemv.py``); False: kernels of their
+      own;
+    - ``fuse_norms``: with the fused epilogues, a decoder layer is five kernels: the RMSNorms
+      computed in the QKV and gate/up GEMVs' prologues (after their first weight loads are
+      issued) and the residual adds in the output and down projections' epilogues; False
+      (the default: on the H200 it measured slower, ``docs/measured.md``): the adds and
+      norms as one ``add_rms_norm`` kernel before each of those GEMVs;
+    - ``overlap``: kernels written for it start under the previous kernel's tail
+      (``device/grid_dependency.py``; on GPUs older than compute capability 9.0 they are
+      launched plainly whatever this says).
+    """
+
+    attention: str = "fast"
+    prefill: str | None = None
+    vector: bool = True
+    gemv: bool | None = None
+    fuse_epilogues: bool = True
+    fuse_norms: bool = False
+    overlap: bool = True
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"KernelOptions: attention={self.attention!r}; choose one of "
+                             f"{ATTENTION_KERNELS}")
+        if self.prefill not in (None, *PREFILL_KERNELS):
+            raise ValueError(f"KernelOptions: prefill={self.prefill!r}; choose one of "
+                             f"{PREFILL_KERNELS} (or None for the device's default)")
