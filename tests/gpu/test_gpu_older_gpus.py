@@ -38,7 +38,7 @@ def run(dtype: str, backend, n_new=12, n_prompts=2):
     engine = pt.Engine(model, backend=backend, max_slots=2, max_seq_len=128)
     engine.record_logits = True
     logits = []
-    out = engine.generate(prompts, max_new_tokens=n_new, on_step=lambda r: logits.append(r.logits))
+    out = engine.generate(prompts, max_tokens=n_new, on_step=lambda r: logits.append(r.logits))
     return [r.token_ids for r in out], logits
 
 

@@ -66,7 +66,7 @@ def test_fused_decoder_layer_gives_the_unfused_tokens():
         engine = pt.Engine(model, backend=backend, **kw)
         engine.record_logits = True
         logits = []
-        out = engine.generate([prompt], max_new_tokens=4, on_step=lambda r: logits.append(r.logits))
+        out = engine.generate([prompt], max_tokens=4, on_step=lambda r: logits.append(r.logits))
         runs.append((out[0].token_ids, logits))
     assert gemv.norm_qkv_rope_write_kv_kernel.cache_info().currsize >= 1, "fused path not taken"
     assert gemv.norm_linear_silu_mul_kernel.cache_info().currsize >= 1
