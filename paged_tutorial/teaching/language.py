@@ -14,21 +14,38 @@ identifiers and figures stay in English.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 LANGUAGES = {"en": "English", "ko": "한국어 (Korean)"}
 _current = ["en"]
+_pinned: list[str] = []
 
 
 def set_language(code: str) -> str:
     """Choose the language of prompts, hints and verdicts: ``"en"`` or ``"ko"``.  Returns the
-    code chosen."""
+    code in use (while ``pinned``, the pinned one)."""
     if not isinstance(code, str) or code.lower() not in LANGUAGES:
         choices = ", ".join(f"{c!r} ({name})" for c, name in LANGUAGES.items())
         raise ValueError(f"set_language({code!r}): the checker speaks {choices}; pass one of "
                          f"those codes")
-    _current[0] = code.lower()
+    if not _pinned:
+        _current[0] = code.lower()
     return _current[0]
+
+
+@contextmanager
+def pinned(code: str):
+    """Speak ``code`` inside the block whatever ``set_language`` is asked (a notebook graded
+    in the language its grader chose); the language before it is restored after."""
+    before = _current[0]
+    set_language(code)
+    _pinned.append(code)
+    try:
+        yield
+    finally:
+        _pinned.pop()
+        _current[0] = before
 
 
 def language() -> str:

@@ -145,7 +145,7 @@ def run(prep: Prepared, parts) -> KernelRun:
     table = prep.poisoned.device_block_table()
     logs = None
     try:
-        with quiet_nan_arithmetic():
+        with quiet_nan_arithmetic(), simulated_time_limit(KERNEL_TIMEOUT_S):
             if access_log.AVAILABLE:
                 with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
                                                        block_table=table) as logs:
@@ -154,6 +154,8 @@ def run(prep: Prepared, parts) -> KernelRun:
             else:
                 attention.decode(q, prep.poisoned, table, prep.case.layer, prep.lens,
                                  prep.slots, prep.scale, parts)
+    except KernelTimeout:
+        raise Wrong(stuck_message(KERNEL_TIMEOUT_S)) from None
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
         raise Wrong(say(en=f"the kernel did not compile with your function: {reason.strip()}",
@@ -377,6 +379,15 @@ def simulated_time_limit(seconds: float):
         done.set()
 
 
+def stuck_message(limit: float) -> str:
+    return say(en=f"the kernel was still running after {limit:g} s and was stopped: some thread "
+                  "never gets past a loop, or waits for something another thread never does "
+                  "(on a GPU the block would hang)",
+               ko=f"커널이 {limit:g}초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
+                  "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 블록이 "
+                  "멈춥니다)")
+
+
 def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     """Launch the kernel with ``parts`` on the poisoned cache, recording cache, table and
     shared-memory accesses where the simulator can; a failing kernel is reported in
@@ -407,12 +418,7 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
             else:
                 launch()
     except KernelTimeout:
-        error = say(en=f"the kernel was still running after {limit:g} s and was stopped: some "
-                       "thread never gets past a loop, or waits for something another thread "
-                       "never does (on a GPU the block would hang)",
-                    ko=f"커널이 {limit:g} 초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
-                       "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 "
-                       "블록이 멈춥니다)")
+        error = stuck_message(limit)
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
         error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
