@@ -143,7 +143,8 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
     rebuilds it from the source written to the store folder."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
-    assert ex.check("05.softmax_update", attention.softmax_update) is True
+    hers = solved.rebuild(ex.reveal("05.softmax_update").source)     # her own copy
+    assert ex.check("05.softmax_update", hers) is True
     assert solved.names() == ["05.softmax_update"]
     solved._REMEMBERED.clear()
     rebuilt = solved.solved("05.softmax_update")
@@ -157,11 +158,11 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
 def test_a_demonstration_checked_with_remember_false_is_not_hers(nothing_solved):
     """A chapter's demonstration of a classic mistake (which a GPU may grade right by its
     output alone) is graded and printed, but neither remembered nor recorded."""
-    from paged_tutorial.backends.numba_cuda.kernels import attention
     from paged_tutorial.teaching.exercises.progress import record_file
 
     before = record_file().read_text() if record_file().is_file() else None
-    assert ex.check("05.softmax_update", attention.softmax_update, remember=False) is True
+    demonstration = solved.rebuild(ex.reveal("05.softmax_update").source)
+    assert ex.check("05.softmax_update", demonstration, remember=False) is True
     assert solved.names() == [] and ex.your_kernel(fill_unsolved=True).origins[2][2] != "yours"
     after = record_file().read_text() if record_file().is_file() else None
     assert after == before

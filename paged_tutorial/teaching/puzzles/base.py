@@ -103,7 +103,7 @@ class Puzzle:
                 ko=f"{particle(self.function_name, '을/를')} 작성하고 그 함수 자체를 넘기세요"))
         refused = self.check_answer(answer)
         if refused is None and not worked:
-            borrowed = borrowed_code(answer)
+            borrowed = ends_the_program(answer) or borrowed_code(answer)
             if borrowed is not None:
                 refused = Verdict("wrong", borrowed)
         if refused is not None:
@@ -196,6 +196,30 @@ def _borrowed(value) -> str | None:
             return None
     if any(module == m or module.startswith(m + ".") for m in BORROWED_MODULES):
         return module
+    return None
+
+
+#: names whose use ends the program or stands for an interrupt: refused before the answer runs
+#: (raised in a simulated GPU thread, they would end that thread alone and leave the others
+#: waiting at a barrier)
+ENDING_NAMES = ("exit", "quit", "_exit", "abort", "SystemExit", "KeyboardInterrupt",
+                "GeneratorExit", "BaseException")
+
+
+def ends_the_program(answer) -> str | None:
+    """Why ``answer`` is refused when its code names a way to end the program (``sys.exit``,
+    ``raise SystemExit``, ``os._exit``...), or None."""
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    for where, fn in _code_objects(answer):
+        used = [n for n in global_names(fn.__code__) if n in ENDING_NAMES]
+        if used:
+            return say(en=f"{where} uses {used[0]}, which ends the program or stands for an "
+                          "interrupt: a puzzle's function computes its answer and returns it; "
+                          "report a problem by returning, or by raising an ordinary exception",
+                       ko=f"{where} 가 {particle(used[0], '을/를')} 씁니다. 이는 프로그램을 "
+                          "끝내거나 중단을 뜻합니다: 퍼즐의 함수는 답을 계산해 돌려줄 뿐입니다. "
+                          "문제는 값을 돌려주거나 평범한 예외로 알리세요")
     return None
 
 
