@@ -131,9 +131,11 @@ def hostile(name: str, body: str, namespace: dict | None = None):
     """An answer to puzzle ``name`` with its signature and ``body``."""
     puzzle = ex.get(name)
     if puzzle.signature.startswith("class"):
-        source = (f"class MyAllocator(AllocatorBase):\n"
-                  f"    def ensure_capacity(self, slot, new_len):\n        {body.replace(chr(10) + '    ', chr(10) + '        ')}\n"
-                  f"    def release(self, slot):\n        pass\n")
+        method_body = body.replace("\n    ", "\n        ")
+        source = ("class MyAllocator(AllocatorBase):\n"
+                  "    def ensure_capacity(self, slot, new_len):\n"
+                  f"        {method_body}\n"
+                  "    def release(self, slot):\n        pass\n")
     else:
         source = f"{puzzle.signature}\n    {body}\n"
     scope = {"AllocatorBase": ex.AllocatorBase, "np": np, **(namespace or {})}

@@ -174,7 +174,7 @@ def _stop_message(number: int, exc: BaseException) -> str:
     return say(en=f"stopped at code cell {number}: it called {call}, which would end the "
                   "notebook's kernel; the cells after it did not run, so the notebook is not "
                   "graded as solved",
-               ko=f"코드 셀 {number}에서 멈췄습니다: 셀이 {call} 를 호출해 노트북 커널을 끝내려 "
+               ko=f"코드 셀 {number}에서 멈췄습니다: 셀이 {particle(str(call), '을/를')} 호출해 노트북 커널을 끝내려 "
                   "했습니다; 그 뒤의 셀은 실행되지 않았으므로 다 푼 것으로 채점하지 않습니다")
 
 

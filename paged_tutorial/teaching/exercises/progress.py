@@ -100,7 +100,8 @@ def read_record(path: Path | None) -> tuple[dict, list[str]]:
                            "an object of verdicts; it is set aside as .corrupt and a new record "
                            "begun at the next verdict",
                         ko=f"진행 기록 {path} 에 채점 결과 객체가 아니라 JSON "
-                           f"{type(data).__name__} 가 있습니다; 다음 채점 때 .corrupt 로 옮겨 두고 "
+                           f"{particle(str(type(data).__name__), '이/가')} 있습니다; "
+                           f"다음 채점 때 .corrupt 로 옮겨 두고 "
                            "새 기록을 시작합니다")]
     entries, notes = {}, []
     for name, entry in data.items():

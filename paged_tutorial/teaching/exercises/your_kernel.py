@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from paged_tutorial.teaching.exercises import solved
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 
 #: the kernel's body: part (a field of ``attention.KernelParts``) -> the puzzle that writes it
 BODY_PUZZLES = {
@@ -92,7 +92,7 @@ class YourKernel:
             return say(en="the worked solutions' kernel", ko="풀이 예시로 만든 커널")
         parts = ", ".join(self.worked_parts)
         return say(en=f"your kernel with worked solutions for {parts}",
-                   ko=f"여러분의 커널 ({parts} 는 풀이 예시)")
+                   ko=f"여러분의 커널 ({particle(str(parts), '은/는')} 풀이 예시)")
 
     def describe(self) -> str:
         """One line per part: body or step, its name, its puzzle, whose code it is."""

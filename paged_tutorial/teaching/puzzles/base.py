@@ -81,7 +81,7 @@ class Puzzle:
         return say(en=f"{self.name}: {self.title}\n\n{self.stub()}\nHint: {self.hint}\n"
                       f"Graded by running it in {self.runs_in} (replaces {self.article}).",
                    ko=f"{self.name}: {self.title}\n\n{self.stub()}\n힌트: {self.hint}\n"
-                      f"채점: {self.runs_in} 에서 실행합니다 ({self.article} 를 대신합니다).")
+                      f"채점: {self.runs_in} 에서 실행합니다 ({particle(str(self.article), '을/를')} 대신합니다).")
 
     def check_answer(self, answer) -> Verdict | None:
         """A verdict for an answer that is not a function the grader can call, else None."""
@@ -89,7 +89,8 @@ class Puzzle:
             return Verdict("wrong", say(
                 en=f"the answer to a puzzle is a function ({self.signature[4:]}), got a "
                    f"{type(answer).__name__}",
-                ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); {type(answer).__name__} 를 "
+                ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); "
+                   f"{particle(str(type(answer).__name__), '을/를')} "
                    "받았습니다"))
         problem = _signature_problem(answer, self.parameters)
         return Verdict("wrong", problem) if problem else None
@@ -137,7 +138,7 @@ class Puzzle:
         except Unsolved as done:
             return Verdict("unsolved", str(done) or say(
                 en=f"{self.function_name} still returns nothing: write its body",
-                ko=f"{self.function_name} 가 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
+                ko=f"{particle(str(self.function_name), '이/가')} 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
         except Wrong as wrong:
             return Verdict("wrong", wrong.message, wrong.figure)
         except Exception as exc:       # her code, run where no host_call wraps it
@@ -217,7 +218,7 @@ def ends_the_program(answer) -> str | None:
             return say(en=f"{where} uses {used[0]}, which ends the program or stands for an "
                           "interrupt: a puzzle's function computes its answer and returns it; "
                           "report a problem by returning, or by raising an ordinary exception",
-                       ko=f"{where} 가 {particle(used[0], '을/를')} 씁니다. 이는 프로그램을 "
+                       ko=f"{particle(str(where), '이/가')} {particle(used[0], '을/를')} 씁니다. 이는 프로그램을 "
                           "끝내거나 중단을 뜻합니다: 퍼즐의 함수는 답을 계산해 돌려줄 뿐입니다. "
                           "문제는 값을 돌려주거나 평범한 예외로 알리세요")
     return None
@@ -267,11 +268,13 @@ def _borrowed_message(where: str, name: str, module: str) -> str:
     if "solution" in module:
         return say(en=f"{where} uses {name} from the worked solutions ({module}): the puzzle "
                       "asks for your own code; write it without them",
-                   ko=f"{where} 가 풀이 예시({module})의 {particle(name, '을/를')} 씁니다: "
+                   ko=f"{particle(str(where), '이/가')} 풀이 예시({module})의 "
+                      f"{particle(name, '을/를')} 씁니다: "
                       "퍼즐은 여러분 자신의 코드를 요구합니다. 풀이 없이 작성하세요")
     return say(en=f"{where} uses {name} from the engine's own code ({module}): the puzzle asks "
                   "you to write that step yourself, not to call the engine's version of it",
-               ko=f"{where} 가 엔진 자신의 코드({module})의 {particle(name, '을/를')} 씁니다: "
+               ko=f"{particle(str(where), '이/가')} 엔진 자신의 코드({module})의 "
+                  f"{particle(name, '을/를')} 씁니다: "
                   "퍼즐은 그 단계를 엔진의 것을 부르지 말고 직접 작성하라고 요구합니다")
 
 
@@ -352,18 +355,18 @@ def need_int(value, what: str, call: str) -> int:
     kind = type(value).__name__
     if isinstance(value, (bool, np.bool_)):
         raise Wrong(say(en=f"{what} is {value!r}, a bool; the kernel needs an integer ({call})",
-                        ko=f"{what} 가 {value!r} (bool) 입니다; 커널에는 정수가 필요합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} (bool) 입니다; 커널에는 정수가 필요합니다 "
                            f"({call})"))
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {value!r}, a {kind}: an index must be an integer (use "
                            f"// rather than /) ({call})",
-                        ko=f"{what} 가 {value!r} ({kind}) 입니다: 인덱스는 정수여야 합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} ({kind}) 입니다: 인덱스는 정수여야 합니다 "
                            f"(/ 대신 //) ({call})"))
     raise Wrong(say(en=f"{what} is a {kind} ({short(value)}); the kernel needs one integer "
                        f"({call})",
-                    ko=f"{what} 가 {kind} ({short(value)}) 입니다; 커널에는 정수 하나가 "
+                    ko=f"{particle(str(what), '이/가')} {kind} ({short(value)}) 입니다; 커널에는 정수 하나가 "
                        f"필요합니다 ({call})"))
 
 
@@ -371,7 +374,8 @@ def need_real(value, what: str, call: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {short(value)} ({type(value).__name__}); the kernel "
                            f"needs a number ({call})",
-                        ko=f"{what} 가 {short(value)} ({type(value).__name__}) 입니다; 커널에는 "
+                        ko=f"{particle(str(what), '이/가')} {short(value)} ({type(value).__name__}) 입니다; "
+                           f"커널에는 "
                            f"수가 필요합니다 ({call})"))
     return float(value)
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import ModelConfig
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 
 #: one step of the tiny engine takes milliseconds; a step still running after this long is
@@ -96,7 +96,7 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
             raise Wrong(say(en=f"step {i} of the engine was still running after {STEP_LIMIT_S:g} "
                                "s and was stopped: your code in it never finishes (a loop that "
                                "does not end?)",
-                            ko=f"엔진의 스텝 {i} 가 {STEP_LIMIT_S:g}초가 지나도 끝나지 않아 "
+                            ko=f"엔진의 스텝 {particle(str(i), '이/가')} {STEP_LIMIT_S:g}초가 지나도 끝나지 않아 "
                                "멈췄습니다: 그 안의 여러분의 코드가 끝나지 않습니다 (끝나지 않는 "
                                "루프?)")) from None
         except Wrong as wrong:

@@ -41,7 +41,7 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, need_int
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
@@ -268,7 +268,8 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                                f"{token} of physical block {phys}: outside the cache's "
                                f"{n_elems} elements ({c.NUM_BLOCKS} blocks x BLOCK_ELEMS "
                                f"{c.BLOCK_ELEMS}); on a GPU that read leaves the buffer",
-                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 스레드 {d} 가 물리 블록 {phys} "
+                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 "
+                               f"스레드 {particle(str(d), '이/가')} 물리 블록 {phys} "
                                f"의 토큰 {token} 에 대해 K 원소 {int(worst[0])} (그리고 "
                                f"+V_OFFSET_ELEMS 의 V) 를 읽게 됩니다: 캐시의 {n_elems}개 원소 "
                                f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU "
@@ -470,12 +471,13 @@ def divergence_message(divergence) -> str:
         if site is None:
             where.append(say(en=f"threads {threads_text(threads)} have no barrier left (they "
                                 "finished)",
-                             ko=f"스레드 {threads_text(threads)} 는 남은 배리어가 없습니다 "
+                             ko=f"스레드 {particle(str(threads_text(threads)), '은/는')} 남은 배리어가 없습니다 "
                                 "(이미 끝남)"))
         else:
             where.append(say(en=f"threads {threads_text(threads)} wait at line {site.line} of "
                                 f"{site.function} (`{site.code()}`)",
-                             ko=f"스레드 {threads_text(threads)} 는 {site.function} 의 "
+                             ko=f"스레드 {particle(str(threads_text(threads)), '은/는')} "
+                                f"{site.function} 의 "
                                 f"{site.line}번 줄(`{site.code()}`)에서 기다립니다"))
     rnd = divergence.round + 1
     return say(
@@ -499,8 +501,10 @@ def race_message(race, count: int) -> str:
            f"{o.site.line}: `{o.site.code()}`) with no barrier between them (both after "
            f"barrier {w.epoch} of block {w.block}); {count} such pair(s) in the launch.  On a "
            "GPU the read may see the old or the new value",
-        ko=f"{race.cell} 에 경쟁 상태(race): 스레드 {w.thread} 가 쓰고({w.site.function} 의 "
-           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 {o.thread} 가 {other_op}습니다"
+        ko=f"{race.cell} 에 경쟁 상태(race): "
+           f"스레드 {particle(str(w.thread), '이/가')} 쓰고({w.site.function} 의 "
+           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 "
+           f"{particle(str(o.thread), '이/가')} {other_op}습니다"
            f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
            f"{w.block} 의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU 에서는 읽는 "
            "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")
