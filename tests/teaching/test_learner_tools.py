@@ -172,6 +172,18 @@ def test_an_endless_loop_in_a_kernel_part_replayed_on_the_host_is_stopped(monkey
     assert verdict.status == "wrong" and "still running" in verdict.message
 
 
+@pytest.mark.parametrize("name", ["06.allocator", "04.token_score"])
+def test_an_endless_loop_on_an_engine_or_a_simulated_gpu_is_stopped(name, monkeypatch):
+    from paged_tutorial.teaching.puzzles import engine_harness, kernel_harness
+
+    monkeypatch.setattr(engine_harness, "STEP_LIMIT_S", 1.0)
+    monkeypatch.setattr(kernel_harness, "KERNEL_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(base, "GRADE_LIMIT_S", 20.0)
+    body = "n = 0\n    while n >= 0:\n        n += 1"
+    verdict = ex.grade(name, hostile(name, body))
+    assert verdict.status == "wrong" and "still running" in verdict.message, verdict
+
+
 # --- code a GPU cannot compile ---------------------------------------------------------------
 
 def with_a_dict(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):

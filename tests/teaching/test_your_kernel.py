@@ -138,12 +138,14 @@ def test_labels_say_whose_parts_run(nothing_solved):
     assert ex.your_kernel(use_solutions=True).label == "the worked solutions' kernel"
 
 
-def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
+def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved, tmp_path):
     """check() remembers a right puzzle answer; a new process (here: the memory forgotten)
     rebuilds it from the source written to the store folder."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
-    hers = solved.rebuild(ex.reveal("05.softmax_update").source)     # her own copy
+    source = tmp_path / "her_notebook_cell.py"           # her own copy, with a source file
+    source.write_text(ex.reveal("05.softmax_update").source)
+    hers = solved.rebuild(source.read_text(), str(source))
     assert ex.check("05.softmax_update", hers) is True
     assert solved.names() == ["05.softmax_update"]
     solved._REMEMBERED.clear()

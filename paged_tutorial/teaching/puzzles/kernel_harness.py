@@ -345,6 +345,21 @@ class KernelTimeout(Exception):
     """Raised inside the simulated threads of a launch that ran past its time limit."""
 
 
+def _quiet_stopped_threads() -> None:
+    """A simulated thread ended by ``KernelTimeout`` is part of a reported stop: keep its
+    traceback out of the notebook (every other thread exception is printed as before)."""
+    if getattr(threading.excepthook, "drops_kernel_timeouts", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if args.exc_type is not None and issubclass(args.exc_type, KernelTimeout):
+            return
+        previous(args)
+    hook.drops_kernel_timeouts = True
+    threading.excepthook = hook
+
+
 @contextlib.contextmanager
 def simulated_time_limit(seconds: float):
     """In the simulator, stop a launch that runs longer than ``seconds``: its block threads get
@@ -357,6 +372,7 @@ def simulated_time_limit(seconds: float):
     if not SIMULATING:
         yield
         return
+    _quiet_stopped_threads()
     done = threading.Event()
 
     def stop():
