@@ -187,3 +187,26 @@ def test_one_wrong_part_changes_the_tokens(sharp_model, stock_tokens, puzzle):
     router = KernelRouter(wrong, "torch")
     assert generate(sharp_model, router) != stock_tokens
     assert max(c.max_abs_diff for c in router.routed) > 0.1
+
+
+def test_a_changed_answer_names_the_part_that_changes_it(sharp_model, stock_tokens,
+                                                          nothing_solved):
+    """The kernel of 05b with one wrong part of hers (and her right ones): the diagnosis swaps
+    each of her parts for the worked one and names the wrong one, with the first token."""
+    solved.remember("05.softmax_update", softmax_update_without_rescale)
+    solved.remember("04.token_score", ex.reveal("04.token_score").code)
+    kernel = ex.your_kernel(fill_unsolved=True)
+
+    def answer(k, n):
+        engine = pt.Engine(sharp_model, backend=KernelRouter(k, "torch"), max_slots=1,
+                           max_seq_len=64)
+        return engine.generate(PROMPT, max_new_tokens=n, temperature=0.0)[0].token_ids
+    mine = answer(kernel, NEW_TOKENS)
+    assert mine != stock_tokens
+    said = ex.which_part_changed(kernel, answer, mine, stock_tokens)
+    at = next(i for i, (a, b) in enumerate(zip(mine, stock_tokens)) if a != b)
+    assert f"generated token {at + 1}" in said and f"wrote {str(mine[at])!r}" in said
+    assert "your softmax_update is the part that changes the text" in said
+    assert "token_score is the part" not in said
+    assert ex.which_part_changed(kernel, answer, stock_tokens, stock_tokens).startswith(
+        "your kernel's answer is the stock engine's")

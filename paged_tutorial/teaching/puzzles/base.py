@@ -74,14 +74,15 @@ class Puzzle:
     def stub(self) -> str:
         """Source of the function to fill in: signature, docstring, a body of ``...``."""
         doc = textwrap.indent(f'"""{str(self.docstring).strip()}\n"""', "    ")
-        return f"{self.signature}\n{doc}\n    ...   # your code\n"
+        comment = say(en="your code", ko="여기에 코드를 쓰세요")
+        return f"{self.signature}\n{doc}\n    ...   # {comment}\n"
 
     def describe(self) -> str:
         """Everything the reader needs, as text."""
         return say(en=f"{self.name}: {self.title}\n\n{self.stub()}\nHint: {self.hint}\n"
                       f"Graded by running it in {self.runs_in} (replaces {self.article}).",
                    ko=f"{self.name}: {self.title}\n\n{self.stub()}\n힌트: {self.hint}\n"
-                      f"채점: {self.runs_in} 에서 실행합니다 ({particle(str(self.article), '을/를')} 대신합니다).")
+                      f"채점 환경: {self.runs_in} (이 함수가 대신하는 글의 코드: {self.article})")
 
     def check_answer(self, answer) -> Verdict | None:
         """A verdict for an answer that is not a function the grader can call, else None."""
