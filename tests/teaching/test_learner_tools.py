@@ -214,6 +214,18 @@ def test_code_a_gpu_cannot_compile_is_refused_on_a_cpu(answer, says):
     assert verdict.status == "wrong" and says in verdict.message
 
 
+@pytest.mark.parametrize("line, says", [("labels = {0: seq_len}", "a dict"),
+                                        ("label = f'{seq_len}'", "a string"),
+                                        ("mixed = [seq_len, 1.5]", "a Python list")])
+def test_a_kernel_body_part_a_gpu_cannot_compile_is_refused_in_the_simulator(line, says):
+    source = ex.reveal("03.walk_blocks").source.splitlines()
+    body = next(i for i, text in enumerate(source) if text.rstrip().endswith("):")) + 1
+    source.insert(body, f"    {line}")
+    answer = solved.rebuild("\n".join(source) + "\n")
+    verdict = ex.grade("03.walk_blocks", answer)
+    assert verdict.status == "wrong" and says in verdict.message, verdict.message
+
+
 def test_plain_arithmetic_still_compiles():
     args = tuple(np.int64(a) for a in (3, 2, 1, 5, 2048, 128, 64))
     check_compiles(ex.reveal("03.k_index").code, args)

@@ -35,6 +35,10 @@ BORROWED_MODULES = ("paged_tutorial.backends", "paged_tutorial.teaching.exercise
                     "paged_tutorial.teaching.exercises.solution_code")
 
 
+#: the comment a stub's body carries, where the reader writes
+STUB_COMMENT = Text(en="your code", ko="여기에 코드를 쓰세요")
+
+
 class Wrong(Exception):
     """The reader's function gave a wrong result; ``figure`` draws what went wrong."""
 
@@ -74,15 +78,14 @@ class Puzzle:
     def stub(self) -> str:
         """Source of the function to fill in: signature, docstring, a body of ``...``."""
         doc = textwrap.indent(f'"""{str(self.docstring).strip()}\n"""', "    ")
-        comment = say(en="your code", ko="여기에 코드를 쓰세요")
-        return f"{self.signature}\n{doc}\n    ...   # {comment}\n"
+        return f"{self.signature}\n{doc}\n    ...   # {STUB_COMMENT}\n"
 
     def describe(self) -> str:
         """Everything the reader needs, as text."""
         return say(en=f"{self.name}: {self.title}\n\n{self.stub()}\nHint: {self.hint}\n"
                       f"Graded by running it in {self.runs_in} (replaces {self.article}).",
                    ko=f"{self.name}: {self.title}\n\n{self.stub()}\n힌트: {self.hint}\n"
-                      f"채점 환경: {self.runs_in} (이 함수가 대신하는 글의 코드: {self.article})")
+                      f"채점하는 곳: {self.runs_in}.\n대신하는 원본 코드: {self.article}.")
 
     def check_answer(self, answer) -> Verdict | None:
         """A verdict for an answer that is not a function the grader can call, else None."""
@@ -403,6 +406,71 @@ def _compile_problem(reason: str) -> Wrong:
         ko=f"Numba 가 함수를 디바이스 함수로 컴파일하지 못합니다: {reason}.  수의 산술, "
            "min/max, math.exp, if 와 for 는 되지만 파이썬 리스트, dict, 문자열, 클래스는 안 "
            "됩니다"))
+
+
+#: bytecode that builds a host-only object: a list, a dict, a set, a formatted string
+_HOST_ONLY_OPS = {
+    "BUILD_LIST": _HOST_ONLY_TYPES["List"], "LIST_APPEND": _HOST_ONLY_TYPES["List"],
+    "LIST_EXTEND": _HOST_ONLY_TYPES["List"], "LIST_TO_TUPLE": _HOST_ONLY_TYPES["List"],
+    "BUILD_MAP": _HOST_ONLY_TYPES["DictType"], "BUILD_CONST_KEY_MAP": _HOST_ONLY_TYPES["DictType"],
+    "MAP_ADD": _HOST_ONLY_TYPES["DictType"], "DICT_UPDATE": _HOST_ONLY_TYPES["DictType"],
+    "DICT_MERGE": _HOST_ONLY_TYPES["DictType"],
+    "BUILD_SET": _HOST_ONLY_TYPES["Set"], "SET_ADD": _HOST_ONLY_TYPES["Set"],
+    "SET_UPDATE": _HOST_ONLY_TYPES["Set"],
+    "FORMAT_VALUE": _HOST_ONLY_TYPES["UnicodeType"], "BUILD_STRING": _HOST_ONLY_TYPES["UnicodeType"],
+}
+#: builtins that make a host-only object
+_HOST_ONLY_CALLS = {"list": _HOST_ONLY_TYPES["List"], "dict": _HOST_ONLY_TYPES["DictType"],
+                    "set": _HOST_ONLY_TYPES["Set"], "str": _HOST_ONLY_TYPES["UnicodeType"]}
+
+
+def host_only_code(fn: Callable) -> str | None:
+    """Why ``fn`` (a kernel part, run by the simulator as Python on a CPU) could not be compiled
+    for a GPU because it builds a list, a dict, a set or a string, looking at its bytecode, its
+    nested code and the helper functions of hers it calls; None when it builds none.  The CUDA
+    target refuses these as device code; the simulator would run them."""
+    import dis
+    import types
+
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    seen: set = set()
+    todo = [(getattr(fn, "__name__", "your function"), getattr(fn, "py_func", fn))]
+    while todo:
+        where, function = todo.pop()
+        code = getattr(function, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        codes = [code]
+        while codes:
+            current = codes.pop()
+            codes += [c for c in current.co_consts if isinstance(c, types.CodeType)]
+            for instruction in dis.get_instructions(current):
+                words = _HOST_ONLY_OPS.get(instruction.opname)
+                if words is None and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    words = _HOST_ONLY_CALLS.get(instruction.argval)
+                if words is not None:
+                    return say(
+                        en=f"{where} builds {words} (line {_line_of(instruction, current)}), "
+                           "which exists only on the host: a GPU device function has no heap to "
+                           "keep one in (the simulator would run it; a GPU refuses to compile "
+                           "it).  Use numbers, tuples and the kernel's arrays",
+                        ko=f"{where} 가 {particle(str(words), '을/를')} 만듭니다 "
+                           f"({_line_of(instruction, current)}번 줄). 이는 호스트에만 있습니다: "
+                           "GPU 디바이스 함수에는 그것을 둘 힙이 없습니다 (시뮬레이터는 실행하지만 "
+                           "GPU 는 컴파일하지 않습니다).  수, 튜플, 커널의 배열을 쓰세요")
+        for name in global_names(code):
+            value = getattr(function, "__globals__", {}).get(name)
+            if isinstance(value, types.FunctionType) and \
+                    not str(value.__module__).startswith("paged_tutorial"):
+                todo.append((value.__name__, value))
+    return None
+
+
+def _line_of(instruction, code) -> int:
+    line = instruction.positions.lineno if getattr(instruction, "positions", None) else None
+    return line or instruction.starts_line or code.co_firstlineno
 
 
 def check_compiles(fn: Callable, sample_args: tuple) -> None:

@@ -42,7 +42,7 @@ from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
 from paged_tutorial.teaching.language import particle, say
-from paged_tutorial.teaching.puzzles.base import Wrong, host_call, need_int
+from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
 RTOL, ATOL = 1e-4, 1e-5
@@ -140,6 +140,9 @@ def run(prep: Prepared, parts) -> KernelRun:
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from numba.core.errors import NumbaError
 
+    host_only = _host_only_part(parts)
+    if host_only is not None:
+        raise Wrong(host_only)
     dev = kernel_device()
     q = prep.q.to(dev).clone()
     table = prep.poisoned.device_block_table()
@@ -396,6 +399,22 @@ def simulated_time_limit(seconds: float):
         done.set()
 
 
+def _host_only_part(parts) -> str | None:
+    """Why a part of ``parts`` that is not the article's could not compile for a GPU (it
+    builds a list, dict, set or string), or None."""
+    import dataclasses
+
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    for field_ in dataclasses.fields(parts):
+        part = getattr(parts, field_.name)
+        if part is not getattr(attention.ARTICLE_PARTS, field_.name):
+            problem = host_only_code(part)
+            if problem is not None:
+                return problem
+    return None
+
+
 def stuck_message(limit: float) -> str:
     return say(en=f"the kernel was still running after {limit:g} s and was stopped: some thread "
                   "never gets past a loop, or waits for something another thread never does "
@@ -415,6 +434,9 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from numba.core.errors import NumbaError
 
+    host_only = _host_only_part(parts)
+    if host_only is not None:
+        return BodyRun(None, None, None, [], host_only)
     dev = kernel_device()
     q = prep.q.to(dev).clone()
     table = prep.poisoned.device_block_table()
