@@ -23,17 +23,6 @@ from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
-#: one call of the reader's function on the host takes microseconds; one still running after
-#: this long is stuck in a loop
-HOST_CALL_LIMIT_S = 10.0
-#: the most a whole grading may take (every path of her code run in this thread: the host
-#: calls, an engine's steps, the simulator's launches have limits of their own, shorter)
-GRADE_LIMIT_S = 900.0
-#: modules whose code an answer may not call: the engine's kernels and backends, and the
-#: worked solutions
-BORROWED_MODULES = ("paged_tutorial.backends", "paged_tutorial.teaching.exercises.solutions",
-                    "paged_tutorial.teaching.exercises.solution_code")
-
 
 #: the comment a stub's body carries, where the reader writes
 STUB_COMMENT = Text(en="your code", ko="여기에 코드를 쓰세요")
@@ -50,6 +39,18 @@ class Wrong(Exception):
 
 class Unsolved(Exception):
     """The reader's function is still the stub (returns None or raises NotImplementedError)."""
+
+
+#: one call of the reader's function on the host takes microseconds; one still running after
+#: this long is stuck in a loop
+HOST_CALL_LIMIT_S = 10.0
+#: the most a whole grading may take (every path of her code run in this thread: the host
+#: calls, an engine's steps, the simulator's launches have limits of their own, shorter)
+GRADE_LIMIT_S = 900.0
+#: modules whose code an answer may not call: the engine's kernels and backends, and the
+#: worked solutions
+BORROWED_MODULES = ("paged_tutorial.backends", "paged_tutorial.teaching.exercises.solutions",
+                    "paged_tutorial.teaching.exercises.solution_code")
 
 
 @dataclass(frozen=True)
