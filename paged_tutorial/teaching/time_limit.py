@@ -6,7 +6,7 @@ verdict and the notebook kernel stays usable.
         value = her_function(*args)
     # a call past 10 s raises TimeLimitExceeded inside her_function (limit.seconds says how long)
 
-One watchdog thread (started on first use) looks at every limit in force a few times a second
+One watchdog thread (running while a limit is in force) looks at every limit a few times a second
 and raises ``TimeLimitExceeded`` in the thread whose limit has passed, again and again until
 that thread leaves its ``with`` block, so an ``except`` in her loop cannot swallow it.
 ``TimeLimitExceeded`` derives from ``BaseException`` for the same reason.  Python raises it at
@@ -56,6 +56,9 @@ def _watch() -> None:
         time.sleep(POLL_S)
         now = time.monotonic()
         with _LOCK:
+            if not _ACTIVE:                   # nothing to watch: end; the next limit restarts it
+                _WATCHDOG.clear()
+                return
             innermost: dict[int, _Limit] = {}
             for limit in _ACTIVE:             # the earliest deadline of each thread decides
                 if limit.deadline <= now and (limit.thread not in innermost or
@@ -67,22 +70,17 @@ def _watch() -> None:
                     _set_async(limit.thread, TimeLimitExceeded)
 
 
-def _ensure_watchdog() -> None:
-    with _LOCK:
-        if not _WATCHDOG or not _WATCHDOG[0].is_alive():
-            thread = threading.Thread(target=_watch, name="learner-time-limit", daemon=True)
-            thread.start()
-            _WATCHDOG[:] = [thread]
-
-
 @contextmanager
 def time_limit(seconds: float):
     """Run the ``with`` block with a limit of ``seconds``: past it, ``TimeLimitExceeded`` is
     raised in this thread (and the limit's ``fired`` is set)."""
-    _ensure_watchdog()
     limit = _Limit(float(seconds), threading.get_ident())
     with _LOCK:
         _ACTIVE.append(limit)
+        if not _WATCHDOG:
+            thread = threading.Thread(target=_watch, name="learner-time-limit", daemon=True)
+            thread.start()
+            _WATCHDOG.append(thread)
     try:
         yield limit
     finally:
