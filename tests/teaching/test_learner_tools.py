@@ -135,7 +135,8 @@ def hostile(name: str, body: str, namespace: dict | None = None):
         source = ("class MyAllocator(AllocatorBase):\n"
                   "    def ensure_capacity(self, slot, new_len):\n"
                   f"        {method_body}\n"
-                  "    def release(self, slot):\n        pass\n")
+                  "    def release(self, slot):\n"
+                  f"        {method_body}\n")
     else:
         source = f"{puzzle.signature}\n    {body}\n"
     scope = {"AllocatorBase": ex.AllocatorBase, "np": np, **(namespace or {})}
