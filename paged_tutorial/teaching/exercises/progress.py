@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -230,12 +231,18 @@ def known() -> dict[str, dict]:
     return known_with_notes()[0]
 
 
+def _padded(text: str, width: int) -> str:
+    """``text`` padded to ``width`` columns as a terminal shows it (Hangul takes two)."""
+    shown = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(width - shown, 0)
+
+
 def table(names: list[str], verdicts: dict[str, dict]) -> str:
     """A text table: one row per name, its status and its verdict's first line (a later try
     of a solved one noted after it)."""
     width = max([len(n) for n in names] + [4])
     head = say(en="exercise / puzzle", ko="연습문제 / 퍼즐")
-    rows = [f"{head:<{width}}  {say(en='status', ko='상태'):<10}  "
+    rows = [f"{_padded(head, width)}  {_padded(say(en='status', ko='상태'), 10)}  "
             f"{say(en='verdict', ko='채점 결과')}"]
     for name in names:
         entry = verdicts.get(name)
@@ -244,5 +251,5 @@ def table(names: list[str], verdicts: dict[str, dict]) -> str:
         if entry and entry.get("later"):
             line += say(en=f"  (a later try: {entry['later']})",
                         ko=f"  (나중 시도: {entry['later']})")
-        rows.append(f"{name:<{width}}  {status:<10}  {line}")
+        rows.append(f"{_padded(name, width)}  {_padded(status, 10)}  {line}".rstrip())
     return "\n".join(rows)
