@@ -138,12 +138,15 @@ def test_labels_say_whose_parts_run(nothing_solved):
     assert ex.your_kernel(use_solutions=True).label == "the worked solutions' kernel"
 
 
-def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
+def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved, tmp_path):
     """check() remembers a right puzzle answer; a new process (here: the memory forgotten)
     rebuilds it from the source written to the store folder."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
-    assert ex.check("05.softmax_update", attention.softmax_update) is True
+    source = tmp_path / "her_notebook_cell.py"           # her own copy, with a source file
+    source.write_text(ex.reveal("05.softmax_update").source)
+    hers = solved.rebuild(source.read_text(), str(source))
+    assert ex.check("05.softmax_update", hers) is True
     assert solved.names() == ["05.softmax_update"]
     solved._REMEMBERED.clear()
     rebuilt = solved.solved("05.softmax_update")
@@ -157,11 +160,11 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved):
 def test_a_demonstration_checked_with_remember_false_is_not_hers(nothing_solved):
     """A chapter's demonstration of a classic mistake (which a GPU may grade right by its
     output alone) is graded and printed, but neither remembered nor recorded."""
-    from paged_tutorial.backends.numba_cuda.kernels import attention
     from paged_tutorial.teaching.exercises.progress import record_file
 
     before = record_file().read_text() if record_file().is_file() else None
-    assert ex.check("05.softmax_update", attention.softmax_update, remember=False) is True
+    demonstration = solved.rebuild(ex.reveal("05.softmax_update").source)
+    assert ex.check("05.softmax_update", demonstration, remember=False) is True
     assert solved.names() == [] and ex.your_kernel(fill_unsolved=True).origins[2][2] != "yours"
     after = record_file().read_text() if record_file().is_file() else None
     assert after == before
@@ -184,3 +187,26 @@ def test_one_wrong_part_changes_the_tokens(sharp_model, stock_tokens, puzzle):
     router = KernelRouter(wrong, "torch")
     assert generate(sharp_model, router) != stock_tokens
     assert max(c.max_abs_diff for c in router.routed) > 0.1
+
+
+def test_a_changed_answer_names_the_part_that_changes_it(sharp_model, stock_tokens,
+                                                          nothing_solved):
+    """The kernel of 05b with one wrong part of hers (and her right ones): the diagnosis swaps
+    each of her parts for the worked one and names the wrong one, with the first token."""
+    solved.remember("05.softmax_update", softmax_update_without_rescale)
+    solved.remember("04.token_score", ex.reveal("04.token_score").code)
+    kernel = ex.your_kernel(fill_unsolved=True)
+
+    def answer(k, n):
+        engine = pt.Engine(sharp_model, backend=KernelRouter(k, "torch"), max_slots=1,
+                           max_seq_len=64)
+        return engine.generate(PROMPT, max_tokens=n, temperature=0.0)[0].token_ids
+    mine = answer(kernel, NEW_TOKENS)
+    assert mine != stock_tokens
+    said = ex.which_part_changed(kernel, answer, mine, stock_tokens)
+    at = next(i for i, (a, b) in enumerate(zip(mine, stock_tokens)) if a != b)
+    assert f"generated token {at + 1}" in said and f"wrote {str(mine[at])!r}" in said
+    assert "your softmax_update is the part that changes the text" in said
+    assert "token_score is the part" not in said
+    assert ex.which_part_changed(kernel, answer, stock_tokens, stock_tokens).startswith(
+        "your kernel's answer is the stock engine's")

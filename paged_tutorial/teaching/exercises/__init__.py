@@ -31,7 +31,8 @@ from paged_tutorial.teaching.exercises.notebook_grading import grade_notebook, p
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.exercises.your_kernel import UnsolvedParts, YourKernel, your_kernel
+from paged_tutorial.teaching.exercises.your_kernel import (UnsolvedParts, YourKernel,
+                                                           which_part_changed, your_kernel)
 from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
 from paged_tutorial.teaching.verdict import Verdict
 
@@ -45,4 +46,4 @@ def puzzle(name: str):
 
 __all__ = ["AllocatorBase", "UnsolvedParts", "Verdict", "YourKernel", "check",
            "expected_answer", "get", "grade", "grade_notebook", "names", "progress", "puzzle",
-           "reveal", "set_language", "your_kernel"]
+           "reveal", "set_language", "which_part_changed", "your_kernel"]

@@ -5,7 +5,9 @@
     python -m paged_tutorial.teaching.exercises progress
 
 ``grade`` exits with status 0 only when every exercise and puzzle of every notebook given is
-solved (1 otherwise, 2 for a path that is not a chapter notebook).
+solved (1 otherwise, and for a notebook whose run stopped at a cell that ends the program; 2 for
+a path that is not a chapter notebook, each named in one line).  ``--language`` sets the
+language of every line, the verdicts the notebook's checks print included.
 """
 
 from __future__ import annotations
@@ -32,21 +34,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from paged_tutorial.teaching.exercises.notebook_grading import progress, run_notebook
 
+    if chosen:
+        set_language(chosen)
     if args.command == "progress":
-        if chosen:
-            set_language(chosen)
         progress()
         return 0
     status = 0
     for path in args.notebooks:
         try:
-            result = run_notebook(path)
+            result = run_notebook(path, chosen)
         except (FileNotFoundError, ValueError) as exc:
             print(exc, file=sys.stderr)
             status = max(status, 2)
             continue
-        if chosen:
-            set_language(chosen)
         print(result.summary())
         print()
         if not result.all_solved:
@@ -55,4 +55,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:               # the reader of the output went away (| head)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

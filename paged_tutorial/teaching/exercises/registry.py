@@ -21,7 +21,7 @@ from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
 from paged_tutorial.teaching.exercises.progress import record
 from paged_tutorial.teaching.exercises.solution_code import Solution
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 #: the first word of every verdict line, by status
@@ -76,7 +76,8 @@ class Exercise:
             if self.kind.type_problem(wrong) is None and self.kind.equal(answer, wrong):
                 return Verdict("wrong", str(mistake.says))
         parts = self.kind.wrong_parts(answer, expected)
-        where = say(en=f"{', '.join(parts)} wrong; ", ko=f"{', '.join(parts)} 이(가) 틀렸습니다; ") \
+        where = say(en=f"{', '.join(parts)} wrong; ",
+                    ko=f"{particle(', '.join(parts), '이/가')} 틀렸습니다; ") \
             if parts else ""
         return Verdict("wrong", f"{where}{self.hint}")
 
@@ -123,8 +124,44 @@ def get(name: str):
 
 def grade(name: str, answer) -> Verdict:
     """Grade ``answer`` without printing anything.  A worked solution from ``reveal`` is
-    graded as the code it shows."""
-    return get(name).grade(answer.code if isinstance(answer, Solution) else answer)
+    graded as the code it shows.  Whatever the answer does while it is graded (raises in
+    ``__eq__`` or ``__repr__``, calls ``sys.exit``, is interrupted) ends in a verdict that says
+    so, never in an exception."""
+    item = get(name)
+    try:
+        worked = isinstance(answer, Solution)
+        if worked:
+            answer = answer.code
+        if isinstance(item, Exercise):
+            return item.grade(answer)
+        return item.grade(answer, worked=worked)
+    except SystemExit as exit_:
+        from paged_tutorial.teaching.puzzles.base import exit_verdict
+
+        return Verdict("wrong", exit_verdict(exit_))
+    except KeyboardInterrupt:
+        return Verdict("unsolved", say(
+            en="grading was interrupted (KeyboardInterrupt) before it finished: nothing was "
+               "graded; run the check again",
+            ko="채점이 끝나기 전에 중단되었습니다 (KeyboardInterrupt): 채점된 것이 없습니다. 다시 "
+               "실행하세요"))
+    except Exception as exc:          # her object's __eq__, __hash__, __len__... raised
+        return Verdict("wrong", say(
+            en=f"your answer raised {type(exc).__name__} while it was being compared "
+               f"({_text_of(exc)}): an answer is a plain value ({_what(item)})",
+            ko=f"답을 비교하는 동안 {particle(type(exc).__name__, '이/가')} 발생했습니다 "
+               f"({_text_of(exc)}): 답은 평범한 값입니다 ({_what(item)})"))
+
+
+def _what(item) -> str:
+    return item.kind.what if isinstance(item, Exercise) else say(en="a function", ko="함수")
+
+
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<its message raised {type(inner).__name__}>"
 
 
 def _in_notebook() -> bool:
@@ -152,7 +189,12 @@ def check(name: str, answer, draw: bool | None = None, remember: bool = True) ->
         record(name, verdict)
     print(f"{MARKS[verdict.status]} [{name}]: {verdict.message}")
     if verdict.figure is not None and (_in_notebook() if draw is None else draw):
-        figure = verdict.figure()
+        try:
+            figure = verdict.figure()
+        except Exception as exc:      # a picture of her run that cannot be drawn
+            print(say(en=f"(the figure could not be drawn: {type(exc).__name__}: {exc})",
+                      ko=f"(그림을 그릴 수 없습니다: {type(exc).__name__}: {exc})"))
+            return verdict.ok
         if figure is not None and _in_notebook():
             import matplotlib.pyplot as plt
             from IPython.display import display

@@ -4,9 +4,13 @@
 closing kernel notebook asks for them back (``solved``) and assembles her kernel from them
 (``your_kernel.py``).  Each notebook runs in its own Python process, so a remembered function
 is also written down as its source code, one file per puzzle, in a folder of the user's
-(``store_folder()``: ``$PAGED_TUTORIAL_SOLVED``, else ``~/.cache/paged_tutorial/solved``);
-another process rebuilds it from there.  A function whose source cannot be read (typed at a
-plain Python prompt) is remembered in this process only.
+(``store_folder()``: ``$PAGED_TUTORIAL_SOLVED``, else ``solved`` in the folder of her records,
+``~/.cache/paged_tutorial/solved`` by default, beside ``progress.json``); another process
+rebuilds it from there.  A file is written whole or not at all (a temporary file renamed over
+it).  A file that no longer holds one function (edited, truncated, damaged) is reported with
+its path and the way out (``SolvedFileError``), never as a bare ``SyntaxError``.  A function
+whose source cannot be read (typed at a plain Python prompt) is remembered in this process
+only.
 
 ``clear()`` forgets everything, here and in the folder.
 """
@@ -20,14 +24,34 @@ import textwrap
 from pathlib import Path
 from typing import Callable
 
+from paged_tutorial.teaching.exercises.progress import records_folder, write_atomically
+from paged_tutorial.teaching.language import particle, say
+from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
+
 _REMEMBERED: dict[str, Callable] = {}
+#: rebuilding a remembered answer defines one function; a file that runs longer is not one
+REBUILD_LIMIT_S = 10.0
+
+
+class SolvedFileError(ValueError):
+    """A file of the solved store that does not hold one function: ``path`` says which."""
+
+    def __init__(self, path: Path, problem: str):
+        self.path = path
+        super().__init__(say(
+            en=f"the remembered answer {path} cannot be used: {problem}.  Delete that file and "
+               f"check the puzzle {path.stem} again in its notebook (a right answer is written "
+               "afresh), or fix the file by hand",
+            ko=f"기억된 답 {particle(str(path), '을/를')} 쓸 수 없습니다: {problem}.  그 파일을 "
+               f"지우고 노트북에서 퍼즐 {particle(path.stem, '을/를')} 다시 check 하세요 (맞힌 답은 새로 기록됩니다). 또는 파일을 "
+               "직접 고치세요"))
 
 
 def store_folder() -> Path:
-    """Where remembered answers are written: ``$PAGED_TUTORIAL_SOLVED`` or
-    ``~/.cache/paged_tutorial/solved``."""
+    """Where remembered answers are written: ``$PAGED_TUTORIAL_SOLVED``, else ``solved`` in
+    the folder of her records (``progress.records_folder()``)."""
     folder = os.environ.get("PAGED_TUTORIAL_SOLVED")
-    return Path(folder) if folder else Path.home() / ".cache" / "paged_tutorial" / "solved"
+    return Path(folder) if folder else records_folder() / "solved"
 
 
 def _file_of(name: str) -> Path:
@@ -59,8 +83,8 @@ def remember(name: str, fn: Callable) -> None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {name}: {fn.__name__}, remembered when its verdict was correct\n"
-                        f"{source}", encoding="utf-8")
+        write_atomically(path, f"# {name}: {fn.__name__}, remembered when its verdict was "
+                               f"correct\n{source}")
     except OSError:                                      # a read-only home: this process only
         pass
 
@@ -73,7 +97,15 @@ def solved(name: str) -> Callable | None:
     path = _file_of(name)
     if not path.is_file():
         return None
-    fn = rebuild(path.read_text(encoding="utf-8"), str(path))
+    try:
+        source = path.read_text(encoding="utf-8")
+        with time_limit(REBUILD_LIMIT_S):
+            fn = rebuild(source, str(path))
+    except TimeLimitExceeded:
+        raise SolvedFileError(path, say(en=f"running it took more than {REBUILD_LIMIT_S:g} s",
+                                        ko=f"실행에 {REBUILD_LIMIT_S:g}초 넘게 걸립니다")) from None
+    except (Exception, SystemExit) as exc:
+        raise SolvedFileError(path, f"{type(exc).__name__}: {exc}") from None
     _REMEMBERED[name] = fn
     return fn
 

@@ -18,7 +18,10 @@ solutions (the article's code, as ``solutions.reveal`` shows it: what the tests 
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
 she did not.
 
-To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``.
+To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``.  When
+her kernel's answer differs from the stock engine's, ``which_part_changed`` finds the part:
+it swaps her parts for the worked ones one at a time (generating only up to the first token
+that differs) and names the part whose swap gives back the stock text.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from paged_tutorial.teaching.exercises import solved
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 
 #: the kernel's body: part (a field of ``attention.KernelParts``) -> the puzzle that writes it
 BODY_PUZZLES = {
@@ -92,7 +95,7 @@ class YourKernel:
             return say(en="the worked solutions' kernel", ko="풀이 예시로 만든 커널")
         parts = ", ".join(self.worked_parts)
         return say(en=f"your kernel with worked solutions for {parts}",
-                   ko=f"여러분의 커널 ({parts} 는 풀이 예시)")
+                   ko=f"여러분의 커널 ({particle(str(parts), '은/는')} 풀이 예시)")
 
     def describe(self) -> str:
         """One line per part: body or step, its name, its puzzle, whose code it is."""
@@ -101,6 +104,15 @@ class YourKernel:
         rows = [f"  {'body' if part in BODY_PUZZLES else 'step'}  {part:<{width}}  "
                 f"{puzzle:<18}  {whose[origin]}" for part, puzzle, origin in self.origins]
         return f"{self.label}:\n" + "\n".join(rows)
+
+    def with_worked(self, part: str) -> "YourKernel":
+        """This kernel with the worked solution (the article's code) in place of ``part``."""
+        from paged_tutorial.backends.numba_cuda.kernels import attention
+
+        parts = self.parts.replace(**{part: getattr(attention.ARTICLE_PARTS, part)})
+        origins = tuple((p, puzzle, WORKED if p == part else origin)
+                        for p, puzzle, origin in self.origins)
+        return YourKernel(parts, origins)
 
     def kernel_for(self, cache, dtype_name: str):
         """The compiled kernel for ``cache``'s layout (``attention.kernel_for``, these parts)."""
@@ -187,3 +199,62 @@ def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> You
     if unsolved and not (use_solutions or fill_unsolved):
         raise UnsolvedParts(unsolved)
     return YourKernel(attention.ARTICLE_PARTS.replace(**chosen), tuple(origins))
+
+
+def first_difference(mine: list[int], stock: list[int]) -> int | None:
+    """The index of the first generated token where two answers part, or None when equal."""
+    for i, (a, b) in enumerate(zip(mine, stock)):
+        if a != b:
+            return i
+    return None if len(mine) == len(stock) else min(len(mine), len(stock))
+
+
+def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], list[int]],
+                       mine: list[int], stock: list[int],
+                       token_text: Callable[[int], str] = str) -> str:
+    """Why ``kernel``'s answer ``mine`` differs from the stock engine's ``stock``, in words:
+    the first token where they part, and the part of hers that changes the text.
+    ``answer(kernel, n)`` generates the first ``n`` tokens with a kernel (as the answer being
+    explained was generated); each of her body parts in turn is replaced by the worked one,
+    and the first whose replacement gives back the stock tokens up to the difference is
+    named.  ``token_text(id)`` shows a token (the tokenizer's decode)."""
+    at = first_difference(mine, stock)
+    if at is None:
+        return say(en="your kernel's answer is the stock engine's, token for token",
+                   ko="여러분 커널의 답은 기본 엔진의 답과 토큰 하나하나까지 같습니다")
+
+    def shown(tokens, i):
+        return repr(token_text(tokens[i])) if i < len(tokens) else say(en="nothing (it stopped)",
+                                                                      ko="없음 (멈춤)")
+    where = say(en=f"the answers part at generated token {at + 1}: {kernel.label} wrote "
+                   f"{shown(mine, at)} where the stock engine wrote {shown(stock, at)}",
+                ko=f"생성된 {at + 1}번째 토큰에서 답이 갈립니다: {kernel.label} 는 "
+                   f"{shown(mine, at)}, 기본 엔진은 {shown(stock, at)} 를 썼습니다")
+    yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
+             if origin == YOURS and part in BODY_PUZZLES]
+    for part, puzzle in yours:
+        if answer(kernel.with_worked(part), at + 1)[:at + 1] == stock[:at + 1]:
+            return say(
+                en=f"{where}.  With the worked solution in place of your {part} (puzzle "
+                   f"{puzzle}, notebook {puzzle[:2]}) and every other part unchanged, the kernel "
+                   f"writes the stock engine's tokens: your {part} is the part that changes the "
+                   "text.  Its puzzle's checks passed, so the difference is one they do not "
+                   f"cover: compare it with reveal({puzzle!r}) line by line",
+                ko=f"{where}.  여러분의 {part} 자리에 풀이 예시를 넣고 (퍼즐 {puzzle}, 노트북 "
+                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 기본 엔진의 토큰을 씁니다: 글을 "
+                   f"바꾸는 것은 여러분의 {particle(part, '이다/다')}.  퍼즐의 채점은 통과했으니 "
+                   f"채점이 다루지 않는 차이입니다: reveal({puzzle!r}) 와 한 줄씩 비교해 보세요")
+    if not yours:
+        return say(en=f"{where}.  Every part of the body is a worked solution here, so no part "
+                      "of yours explains it: the difference comes from the steps around the "
+                      "body (the table index, the K address) or from the backend",
+                   ko=f"{where}.  본문의 모든 부분이 풀이 예시이므로 여러분의 부분 탓이 아닙니다: "
+                      "차이는 본문 밖의 단계(테이블 인덱스, K 주소)나 백엔드에서 옵니다")
+    names = ", ".join(part for part, _ in yours)
+    return say(en=f"{where}.  Replacing any one of your parts ({names}) by the worked solution "
+                  "still changes the text before that token: more than one of your parts "
+                  "differs from the article's, or the steps they call (the table index, the K "
+                  "address) do",
+               ko=f"{where}.  여러분의 부분({names}) 중 어느 하나를 풀이 예시로 바꿔도 그 토큰 "
+                  "전에 글이 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
+                  "부르는 단계(테이블 인덱스, K 주소)가 다릅니다")

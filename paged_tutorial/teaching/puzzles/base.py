@@ -1,9 +1,12 @@
 """What every puzzle shares: the ``Puzzle`` record, how a reader's function is called on the
-host (``host_call``), how its results are typed (``need_int``), and how it is compiled the way
-the GPU will compile it (``check_compiles``).
+host (``host_call``, under a time limit), how its results are typed (``need_int``), and how it
+is compiled the way the GPU will compile it (``check_compiles``).
 
 A grader raises ``Wrong`` (with a message and, optionally, a figure) or ``Unsolved`` as soon as
-it knows; ``Puzzle.grade`` turns either into a ``Verdict``.
+it knows; ``Puzzle.grade`` turns either into a ``Verdict``, and so whatever else her code does
+while it is graded: an exception of any kind, ``sys.exit``, an interrupt, a run past the
+grading time limit.  An answer that calls the engine's own kernel code or the worked
+solutions is refused before it runs (``borrowed_code``).
 """
 
 from __future__ import annotations
@@ -16,8 +19,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
+
+
+#: the comment a stub's body carries, where the reader writes
+STUB_COMMENT = Text(en="your code", ko="여기에 코드를 쓰세요")
 
 
 class Wrong(Exception):
@@ -31,6 +39,18 @@ class Wrong(Exception):
 
 class Unsolved(Exception):
     """The reader's function is still the stub (returns None or raises NotImplementedError)."""
+
+
+#: one call of the reader's function on the host takes microseconds; one still running after
+#: this long is stuck in a loop
+HOST_CALL_LIMIT_S = 10.0
+#: the most a whole grading may take (every path of her code run in this thread: the host
+#: calls, an engine's steps, the simulator's launches have limits of their own, shorter)
+GRADE_LIMIT_S = 900.0
+#: modules whose code an answer may not call: the engine's kernels and backends, and the
+#: worked solutions
+BORROWED_MODULES = ("paged_tutorial.backends", "paged_tutorial.teaching.exercises.solutions",
+                    "paged_tutorial.teaching.exercises.solution_code")
 
 
 @dataclass(frozen=True)
@@ -59,14 +79,14 @@ class Puzzle:
     def stub(self) -> str:
         """Source of the function to fill in: signature, docstring, a body of ``...``."""
         doc = textwrap.indent(f'"""{str(self.docstring).strip()}\n"""', "    ")
-        return f"{self.signature}\n{doc}\n    ...   # your code\n"
+        return f"{self.signature}\n{doc}\n    ...   # {STUB_COMMENT}\n"
 
     def describe(self) -> str:
         """Everything the reader needs, as text."""
         return say(en=f"{self.name}: {self.title}\n\n{self.stub()}\nHint: {self.hint}\n"
                       f"Graded by running it in {self.runs_in} (replaces {self.article}).",
                    ko=f"{self.name}: {self.title}\n\n{self.stub()}\n힌트: {self.hint}\n"
-                      f"채점: {self.runs_in} 에서 실행합니다 ({self.article} 를 대신합니다).")
+                      f"채점하는 곳: {self.runs_in}.\n대신하는 원본 코드: {self.article}.")
 
     def check_answer(self, answer) -> Verdict | None:
         """A verdict for an answer that is not a function the grader can call, else None."""
@@ -74,37 +94,199 @@ class Puzzle:
             return Verdict("wrong", say(
                 en=f"the answer to a puzzle is a function ({self.signature[4:]}), got a "
                    f"{type(answer).__name__}",
-                ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); {type(answer).__name__} 를 "
+                ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); "
+                   f"{particle(str(type(answer).__name__), '을/를')} "
                    "받았습니다"))
         problem = _signature_problem(answer, self.parameters)
         return Verdict("wrong", problem) if problem else None
 
-    def grade(self, answer) -> Verdict:
+    def grade(self, answer, worked: bool = False) -> Verdict:
+        """The verdict on ``answer``; ``worked=True`` for a worked solution (``reveal``), which
+        is the engine's code and is not refused for calling it."""
         if unsolved(answer):
             return Verdict("unsolved", say(
                 en=f"write {self.function_name} and pass the function itself",
-                ko=f"{self.function_name} 를 작성하고 그 함수 자체를 넘기세요"))
+                ko=f"{particle(self.function_name, '을/를')} 작성하고 그 함수 자체를 넘기세요"))
         refused = self.check_answer(answer)
+        if refused is None and not worked:
+            borrowed = ends_the_program(answer) or borrowed_code(answer)
+            if borrowed is not None:
+                refused = Verdict("wrong", borrowed)
         if refused is not None:
             return refused
+        return self._run_grader(answer)
+
+    def _run_grader(self, answer) -> Verdict:
         try:
-            message = self.grader(answer)
+            with time_limit(GRADE_LIMIT_S):
+                message = self.grader(answer)
+        except TimeLimitExceeded:
+            return Verdict("wrong", say(
+                en=f"grading {self.function_name} was still running after {GRADE_LIMIT_S:g} s "
+                   "and was stopped: your code never finishes (a loop that does not end?)",
+                ko=f"{self.function_name} 채점이 {GRADE_LIMIT_S:g}초가 지나도 끝나지 않아 "
+                   "멈췄습니다: 코드가 끝나지 않습니다 (끝나지 않는 루프?)"))
+        except SystemExit as exit_:
+            return Verdict("wrong", exit_verdict(exit_))
+        except KeyboardInterrupt:
+            return Verdict("unsolved", say(
+                en=f"grading {self.function_name} was interrupted (KeyboardInterrupt) before "
+                   "it finished: nothing was graded; run the check again",
+                ko=f"{self.function_name} 채점이 끝나기 전에 중단되었습니다 "
+                   "(KeyboardInterrupt): 채점된 것이 없습니다. 다시 실행하세요"))
+        except MemoryError:
+            return Verdict("wrong", say(
+                en="your code asked for more memory than this machine has (MemoryError): a "
+                   "kernel's part works on a few numbers, never on a huge array",
+                ko="코드가 이 컴퓨터의 메모리보다 많은 메모리를 요구했습니다 (MemoryError): 커널의 "
+                   "부분은 수 몇 개를 다루지, 거대한 배열을 만들지 않습니다"))
         except Unsolved as done:
             return Verdict("unsolved", str(done) or say(
                 en=f"{self.function_name} still returns nothing: write its body",
-                ko=f"{self.function_name} 가 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
+                ko=f"{particle(str(self.function_name), '이/가')} 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
         except Wrong as wrong:
             return Verdict("wrong", wrong.message, wrong.figure)
+        except Exception as exc:       # her code, run where no host_call wraps it
+            return Verdict("wrong", say(
+                en=f"grading stopped: {type(exc).__name__} was raised while your "
+                   f"{self.function_name} ran: {_text_of(exc)}",
+                ko=f"채점이 멈췄습니다: 여러분의 {self.function_name} 실행 중 "
+                   f"{particle(type(exc).__name__, '이/가')} 발생했습니다: {_text_of(exc)}"))
         figure = None
         if isinstance(message, tuple):          # a picture of the run, drawn on success too
             message, figure = message
         return Verdict("correct", message, figure)
 
 
+def exit_verdict(exit_: SystemExit) -> str:
+    """What ``sys.exit(code)`` from her code means, in words."""
+    return say(en=f"your code called sys.exit({exit_.code!r}) (raised SystemExit): a puzzle's "
+                  "function returns its answer; it must not end the program",
+               ko=f"코드가 sys.exit({exit_.code!r}) 를 호출했습니다 (SystemExit): 퍼즐의 함수는 "
+                  "답을 돌려줄 뿐, 프로그램을 끝내면 안 됩니다")
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or what went wrong making it."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<its message raised {type(inner).__name__}>"
+
+
+def _code_objects(answer):
+    """(name, function) for ``answer`` and, for a class, every function it defines."""
+    if inspect.isclass(answer):
+        for klass in answer.__mro__:
+            if klass.__module__.startswith("paged_tutorial."):
+                continue
+            for name, value in vars(klass).items():
+                value = getattr(value, "__func__", value)
+                if inspect.isfunction(value):
+                    yield f"{answer.__name__}.{name}", value
+        return
+    fn = getattr(answer, "py_func", answer)
+    if inspect.isfunction(fn):
+        yield getattr(fn, "__name__", "your function"), fn
+
+
+def _borrowed(value) -> str | None:
+    """The module of the engine or the worked solutions ``value`` is part of, or None."""
+    if inspect.ismodule(value):
+        module = value.__name__
+    else:
+        target = getattr(value, "py_func", None) or getattr(value, "__func__", None) or value
+        module = getattr(target, "__module__", None)
+        if not isinstance(module, str) or not (inspect.isfunction(target) or
+                                               inspect.isclass(target)):
+            return None
+    if any(module == m or module.startswith(m + ".") for m in BORROWED_MODULES):
+        return module
+    return None
+
+
+#: names whose use ends the program or stands for an interrupt: refused before the answer runs
+#: (raised in a simulated GPU thread, they would end that thread alone and leave the others
+#: waiting at a barrier)
+ENDING_NAMES = ("exit", "quit", "_exit", "abort", "SystemExit", "KeyboardInterrupt",
+                "GeneratorExit", "BaseException")
+
+
+def ends_the_program(answer) -> str | None:
+    """Why ``answer`` is refused when its code names a way to end the program (``sys.exit``,
+    ``raise SystemExit``, ``os._exit``...), or None."""
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    for where, fn in _code_objects(answer):
+        used = [n for n in global_names(fn.__code__) if n in ENDING_NAMES]
+        if used:
+            return say(en=f"{where} uses {used[0]}, which ends the program or stands for an "
+                          "interrupt: a puzzle's function computes its answer and returns it; "
+                          "report a problem by returning, or by raising an ordinary exception",
+                       ko=f"{particle(str(where), '이/가')} {particle(used[0], '을/를')} 씁니다. 이는 프로그램을 "
+                          "끝내거나 중단을 뜻합니다: 퍼즐의 함수는 답을 계산해 돌려줄 뿐입니다. "
+                          "문제는 값을 돌려주거나 평범한 예외로 알리세요")
+    return None
+
+
+def borrowed_code(answer) -> str | None:
+    """Why ``answer`` is refused when it calls the engine's own kernel code (anything in
+    ``paged_tutorial.backends``: ``attention.walk_blocks``, ``attention.token_score``...) or a
+    worked solution, reached as a global, through a module's attributes, or from a closure;
+    None when it does not."""
+    from paged_tutorial.backends.numba_cuda.kernels.attention import BUILD_NAMES, PART_NAMES
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    for where, fn in _code_objects(answer):
+        if _borrowed(fn):
+            return _borrowed_message(where, fn.__name__, _borrowed(fn))
+        names = global_names(fn.__code__)
+        # the kernel's build binds its own names (load, the constants, the other parts)
+        values = [(n, fn.__globals__[n]) for n in names if n in fn.__globals__
+                  and n not in BUILD_NAMES and n not in PART_NAMES]
+        values += [(n, c.cell_contents) for n, c in
+                   zip(fn.__code__.co_freevars, fn.__closure__ or ()) if _has_contents(c)]
+        seen: set[int] = set()
+        while values:
+            name, value = values.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            module = _borrowed(value)
+            if module is not None:
+                return _borrowed_message(where, name, module)
+            if inspect.ismodule(value):       # pt.backends.numba_cuda... : follow attributes
+                values += [(f"{name}.{n}", getattr(value, n)) for n in names
+                           if hasattr(value, n)]
+    return None
+
+
+def _has_contents(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _borrowed_message(where: str, name: str, module: str) -> str:
+    if "solution" in module:
+        return say(en=f"{where} uses {name} from the worked solutions ({module}): the puzzle "
+                      "asks for your own code; write it without them",
+                   ko=f"{particle(str(where), '이/가')} 풀이 예시({module})의 "
+                      f"{particle(name, '을/를')} 씁니다: "
+                      "퍼즐은 여러분 자신의 코드를 요구합니다. 풀이 없이 작성하세요")
+    return say(en=f"{where} uses {name} from the engine's own code ({module}): the puzzle asks "
+                  "you to write that step yourself, not to call the engine's version of it",
+               ko=f"{particle(str(where), '이/가')} 엔진 자신의 코드({module})의 "
+                  f"{particle(name, '을/를')} 씁니다: "
+                  "퍼즐은 그 단계를 엔진의 것을 부르지 말고 직접 작성하라고 요구합니다")
+
+
 def _signature_problem(fn, parameters: list[str]) -> str | None:
     try:
         params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    except Exception:                 # (TypeError, ValueError), or a hostile __signature__
         return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) != len(parameters) or any(
@@ -134,26 +316,40 @@ def describe_args(names: list[str], args) -> str:
 def short(value) -> str:
     if isinstance(value, np.ndarray):
         return f"<array {value.shape}>"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception as exc:          # her object's __repr__ may raise
+        return f"<a {type(value).__name__} whose repr raised {type(exc).__name__}>"
+    if not isinstance(text, str):
+        return f"<a {type(value).__name__}>"
     return text if len(text) <= 30 else text[:27] + "..."
 
 
 def host_call(fn: Callable, args: tuple, names: list[str], allow_none: bool = False):
     """Call the reader's plain-Python function on the host.  None (the stub's ``...``) or
     NotImplementedError means not solved yet; any other exception is a wrong answer that names
-    the call."""
+    the call, and so is a call still running after ``HOST_CALL_LIMIT_S``."""
     try:
-        value = fn(*args)
+        with time_limit(HOST_CALL_LIMIT_S):
+            value = fn(*args)
     except (Wrong, Unsolved):
         raise
     except NotImplementedError:
         raise Unsolved() from None
+    except TimeLimitExceeded:
+        call = describe_args(names, args)
+        raise Wrong(say(en=f"your function was still running after {HOST_CALL_LIMIT_S:g} s and "
+                           f"was stopped (called with {call}): a loop that never ends?",
+                        ko=f"함수가 {HOST_CALL_LIMIT_S:g}초가 지나도 끝나지 않아 멈췄습니다 "
+                           f"(호출 인자 {call}): 끝나지 않는 루프?")) from None
+    except SystemExit as exit_:
+        raise Wrong(exit_verdict(exit_)) from None
     except Exception as exc:      # the reader's code may raise anything: report it
         call = describe_args(names, args)
-        raise Wrong(say(en=f"your function raised {type(exc).__name__}: {exc} (called with "
-                           f"{call})",
-                        ko=f"함수에서 {type(exc).__name__} 가 발생했습니다: {exc} (호출 인자 "
-                           f"{call})")) from None
+        raise Wrong(say(en=f"your function raised {type(exc).__name__}: {_text_of(exc)} (called "
+                           f"with {call})",
+                        ko=f"함수에서 {particle(type(exc).__name__, '이/가')} 발생했습니다: "
+                           f"{_text_of(exc)} (호출 인자 {call})")) from None
     if value is None and not allow_none:
         raise Unsolved()
     return value
@@ -164,18 +360,18 @@ def need_int(value, what: str, call: str) -> int:
     kind = type(value).__name__
     if isinstance(value, (bool, np.bool_)):
         raise Wrong(say(en=f"{what} is {value!r}, a bool; the kernel needs an integer ({call})",
-                        ko=f"{what} 가 {value!r} (bool) 입니다; 커널에는 정수가 필요합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} (bool) 입니다; 커널에는 정수가 필요합니다 "
                            f"({call})"))
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {value!r}, a {kind}: an index must be an integer (use "
                            f"// rather than /) ({call})",
-                        ko=f"{what} 가 {value!r} ({kind}) 입니다: 인덱스는 정수여야 합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} ({kind}) 입니다: 인덱스는 정수여야 합니다 "
                            f"(/ 대신 //) ({call})"))
     raise Wrong(say(en=f"{what} is a {kind} ({short(value)}); the kernel needs one integer "
                        f"({call})",
-                    ko=f"{what} 가 {kind} ({short(value)}) 입니다; 커널에는 정수 하나가 "
+                    ko=f"{particle(str(what), '이/가')} {kind} ({short(value)}) 입니다; 커널에는 정수 하나가 "
                        f"필요합니다 ({call})"))
 
 
@@ -183,31 +379,137 @@ def need_real(value, what: str, call: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {short(value)} ({type(value).__name__}); the kernel "
                            f"needs a number ({call})",
-                        ko=f"{what} 가 {short(value)} ({type(value).__name__}) 입니다; 커널에는 "
+                        ko=f"{particle(str(what), '이/가')} {short(value)} ({type(value).__name__}) 입니다; "
+                           f"커널에는 "
                            f"수가 필요합니다 ({call})"))
     return float(value)
 
 
+#: what a device function cannot hold on a GPU: Numba's type classes, in words
+_HOST_ONLY_TYPES = {
+    "DictType": Text(en="a dict", ko="dict"),
+    "UnicodeType": Text(en="a string (an f-string, str() or a literal)",
+                        ko="문자열 (f-문자열, str() 또는 문자열 상수)"),
+    "UnicodeCharSeq": Text(en="a string", ko="문자열"),
+    "List": Text(en="a Python list", ko="파이썬 리스트"),
+    "ListType": Text(en="a typed list", ko="타입 리스트"),
+    "Set": Text(en="a set", ko="집합(set)"),
+}
+#: the CPU target's heap allocations; the CUDA target has no heap for a device function
+_HEAP_CALLS = ("NRT_MemInfo_alloc", "NRT_MemInfo_new", "NRT_Allocate")
+
+
+def _compile_problem(reason: str) -> Wrong:
+    return Wrong(say(
+        en=f"Numba cannot compile your function as a device function: {reason}.  Plain "
+           "arithmetic on numbers, min/max, math.exp, if and for loops work; Python lists, "
+           "dicts, strings and classes do not",
+        ko=f"Numba 가 함수를 디바이스 함수로 컴파일하지 못합니다: {reason}.  수의 산술, "
+           "min/max, math.exp, if 와 for 는 되지만 파이썬 리스트, dict, 문자열, 클래스는 안 "
+           "됩니다"))
+
+
+#: bytecode that builds a host-only object: a list, a dict, a set, a formatted string
+_HOST_ONLY_OPS = {
+    "BUILD_LIST": _HOST_ONLY_TYPES["List"], "LIST_APPEND": _HOST_ONLY_TYPES["List"],
+    "LIST_EXTEND": _HOST_ONLY_TYPES["List"], "LIST_TO_TUPLE": _HOST_ONLY_TYPES["List"],
+    "BUILD_MAP": _HOST_ONLY_TYPES["DictType"], "BUILD_CONST_KEY_MAP": _HOST_ONLY_TYPES["DictType"],
+    "MAP_ADD": _HOST_ONLY_TYPES["DictType"], "DICT_UPDATE": _HOST_ONLY_TYPES["DictType"],
+    "DICT_MERGE": _HOST_ONLY_TYPES["DictType"],
+    "BUILD_SET": _HOST_ONLY_TYPES["Set"], "SET_ADD": _HOST_ONLY_TYPES["Set"],
+    "SET_UPDATE": _HOST_ONLY_TYPES["Set"],
+    "FORMAT_VALUE": _HOST_ONLY_TYPES["UnicodeType"], "BUILD_STRING": _HOST_ONLY_TYPES["UnicodeType"],
+}
+#: builtins that make a host-only object
+_HOST_ONLY_CALLS = {"list": _HOST_ONLY_TYPES["List"], "dict": _HOST_ONLY_TYPES["DictType"],
+                    "set": _HOST_ONLY_TYPES["Set"], "str": _HOST_ONLY_TYPES["UnicodeType"]}
+
+
+def host_only_code(fn: Callable) -> str | None:
+    """Why ``fn`` (a kernel part, run by the simulator as Python on a CPU) could not be compiled
+    for a GPU because it builds a list, a dict, a set or a string, looking at its bytecode, its
+    nested code and the helper functions of hers it calls; None when it builds none.  The CUDA
+    target refuses these as device code; the simulator would run them."""
+    import dis
+    import types
+
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    seen: set = set()
+    todo = [(getattr(fn, "__name__", "your function"), getattr(fn, "py_func", fn))]
+    while todo:
+        where, function = todo.pop()
+        code = getattr(function, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        codes = [code]
+        while codes:
+            current = codes.pop()
+            codes += [c for c in current.co_consts if isinstance(c, types.CodeType)]
+            for instruction in dis.get_instructions(current):
+                words = _HOST_ONLY_OPS.get(instruction.opname)
+                if words is None and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    words = _HOST_ONLY_CALLS.get(instruction.argval)
+                if words is not None:
+                    return say(
+                        en=f"{where} builds {words} (line {_line_of(instruction, current)}), "
+                           "which exists only on the host: a GPU device function has no heap to "
+                           "keep one in (the simulator would run it; a GPU refuses to compile "
+                           "it).  Use numbers, tuples and the kernel's arrays",
+                        ko=f"{where} 가 {particle(str(words), '을/를')} 만듭니다 "
+                           f"({_line_of(instruction, current)}번 줄). 이는 호스트에만 있습니다: "
+                           "GPU 디바이스 함수에는 그것을 둘 힙이 없습니다 (시뮬레이터는 실행하지만 "
+                           "GPU 는 컴파일하지 않습니다).  수, 튜플, 커널의 배열을 쓰세요")
+        for name in global_names(code):
+            value = getattr(function, "__globals__", {}).get(name)
+            if isinstance(value, types.FunctionType) and \
+                    not str(value.__module__).startswith("paged_tutorial"):
+                todo.append((value.__name__, value))
+    return None
+
+
+def _line_of(instruction, code) -> int:
+    line = instruction.positions.lineno if getattr(instruction, "positions", None) else None
+    return line or instruction.starts_line or code.co_firstlineno
+
+
 def check_compiles(fn: Callable, sample_args: tuple) -> None:
-    """Compile ``fn`` with Numba for the sample arguments, as the GPU will compile it as a device
-    function: code Numba cannot type (lists of mixed types, f-strings, dicts, classes...) is
-    reported here, on every machine, not only on a GPU."""
+    """Type ``fn`` with Numba for the sample arguments (without running it), and hold it to
+    what the CUDA target compiles for a device function: code Numba cannot type at all, and
+    code the CPU target accepts only because it has a heap (a dict, a string or f-string, a
+    list of any kind), are reported here, on every machine, not only on a GPU."""
     import numba
     from numba.core.errors import NumbaError
 
     try:
-        numba.njit(cache=False)(fn)(*sample_args)
+        dispatcher = numba.njit(cache=False)(fn)
+        signature = tuple(numba.typeof(a) for a in sample_args)
+        dispatcher.compile(signature)
     except NumbaError as exc:
         first = str(exc).strip().splitlines()
         reason = next((line for line in first if line.strip() and "During:" not in line),
                       type(exc).__name__)
-        raise Wrong(say(
-            en=f"Numba cannot compile your function as a device function: {reason.strip()}.  "
-               "Plain arithmetic on numbers, min/max, math.exp, if and for loops work; Python "
-               "lists, dicts, strings and classes do not",
-            ko=f"Numba 가 함수를 디바이스 함수로 컴파일하지 못합니다: {reason.strip()}.  수의 "
-               "산술, min/max, math.exp, if 와 for 는 되지만 파이썬 리스트, dict, 문자열, "
-               "클래스는 안 됩니다")) from None
+        raise _compile_problem(reason.strip()) from None
+    except (Wrong, Unsolved, TimeLimitExceeded, SystemExit, KeyboardInterrupt):
+        raise
     except Exception:
-        # the host call already ran it; a runtime error here is not a compile problem
+        # the host calls already ran it; anything else here is not a compile problem
         return
+    for result in dispatcher.overloads.values():
+        typemap = result.type_annotation.typemap
+        for variable, typ in sorted(typemap.items(), key=lambda kv: kv[0].startswith("$")):
+            words = _HOST_ONLY_TYPES.get(type(typ).__name__)
+            if words is not None:
+                shown = "" if variable.startswith("$") else f" ({variable})"
+                raise _compile_problem(say(
+                    en=f"it builds {words}{shown}, which exists only on the host: a GPU "
+                       "device function has no heap to keep one in",
+                    ko=f"함수가 {particle(f'{words}{shown}', '을/를')} 만드는데, 이는 "
+                       "호스트에만 있습니다: GPU 디바이스 함수에는 그것을 둘 힙이 없습니다"))
+        if any(call in result.library.get_llvm_str() for call in _HEAP_CALLS):
+            raise _compile_problem(say(
+                en="it allocates memory (an array or a container built inside the function): "
+                   "a GPU device function has no heap",
+                ko="함수 안에서 메모리를 할당합니다 (배열이나 컨테이너를 만듦): GPU 디바이스 "
+                   "함수에는 힙이 없습니다"))

@@ -24,7 +24,12 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import ModelConfig
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
+from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
+
+#: one step of the tiny engine takes milliseconds; a step still running after this long is
+#: stuck in the reader's code (a loop that never ends)
+STEP_LIMIT_S = 60.0
 
 #: the tiny Llama of the engine puzzles: 2 KV heads, so a head's slice of a K row matters
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -85,7 +90,15 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
     while engine.has_unfinished() and len(states) < max_steps:
         i = len(states)
         try:
-            report = engine.step()
+            with time_limit(STEP_LIMIT_S):
+                report = engine.step()
+        except TimeLimitExceeded:
+            raise Wrong(say(en=f"step {i} of the engine was still running after {STEP_LIMIT_S:g} "
+                               "s and was stopped: your code in it never finishes (a loop that "
+                               "does not end?)",
+                            ko=f"엔진의 스텝 {particle(str(i), '이/가')} {STEP_LIMIT_S:g}초가 지나도 끝나지 않아 "
+                               "멈췄습니다: 그 안의 여러분의 코드가 끝나지 않습니다 (끝나지 않는 "
+                               "루프?)")) from None
         except Wrong as wrong:
             if against is None or i >= len(against):
                 raise

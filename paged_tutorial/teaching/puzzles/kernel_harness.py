@@ -41,8 +41,8 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
-from paged_tutorial.teaching.language import say
-from paged_tutorial.teaching.puzzles.base import Wrong, host_call, need_int
+from paged_tutorial.teaching.language import particle, say
+from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
 RTOL, ATOL = 1e-4, 1e-5
@@ -140,12 +140,15 @@ def run(prep: Prepared, parts) -> KernelRun:
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from numba.core.errors import NumbaError
 
+    host_only = _host_only_part(parts)
+    if host_only is not None:
+        raise Wrong(host_only)
     dev = kernel_device()
     q = prep.q.to(dev).clone()
     table = prep.poisoned.device_block_table()
     logs = None
     try:
-        with quiet_nan_arithmetic():
+        with quiet_nan_arithmetic(), simulated_time_limit(KERNEL_TIMEOUT_S):
             if access_log.AVAILABLE:
                 with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
                                                        block_table=table) as logs:
@@ -154,6 +157,8 @@ def run(prep: Prepared, parts) -> KernelRun:
             else:
                 attention.decode(q, prep.poisoned, table, prep.case.layer, prep.lens,
                                  prep.slots, prep.scale, parts)
+    except KernelTimeout:
+        raise Wrong(stuck_message(KERNEL_TIMEOUT_S)) from None
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
         raise Wrong(say(en=f"the kernel did not compile with your function: {reason.strip()}",
@@ -266,7 +271,8 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                                f"{token} of physical block {phys}: outside the cache's "
                                f"{n_elems} elements ({c.NUM_BLOCKS} blocks x BLOCK_ELEMS "
                                f"{c.BLOCK_ELEMS}); on a GPU that read leaves the buffer",
-                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 스레드 {d} 가 물리 블록 {phys} "
+                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 "
+                               f"스레드 {particle(str(d), '이/가')} 물리 블록 {phys} "
                                f"의 토큰 {token} 에 대해 K 원소 {int(worst[0])} (그리고 "
                                f"+V_OFFSET_ELEMS 의 V) 를 읽게 됩니다: 캐시의 {n_elems}개 원소 "
                                f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU "
@@ -342,6 +348,21 @@ class KernelTimeout(Exception):
     """Raised inside the simulated threads of a launch that ran past its time limit."""
 
 
+def _quiet_stopped_threads() -> None:
+    """A simulated thread ended by ``KernelTimeout`` is part of a reported stop: keep its
+    traceback out of the notebook (every other thread exception is printed as before)."""
+    if getattr(threading.excepthook, "drops_kernel_timeouts", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if args.exc_type is not None and issubclass(args.exc_type, KernelTimeout):
+            return
+        previous(args)
+    hook.drops_kernel_timeouts = True
+    threading.excepthook = hook
+
+
 @contextlib.contextmanager
 def simulated_time_limit(seconds: float):
     """In the simulator, stop a launch that runs longer than ``seconds``: its block threads get
@@ -354,6 +375,7 @@ def simulated_time_limit(seconds: float):
     if not SIMULATING:
         yield
         return
+    _quiet_stopped_threads()
     done = threading.Event()
 
     def stop():
@@ -377,6 +399,31 @@ def simulated_time_limit(seconds: float):
         done.set()
 
 
+def _host_only_part(parts) -> str | None:
+    """Why a part of ``parts`` that is not the article's could not compile for a GPU (it
+    builds a list, dict, set or string), or None."""
+    import dataclasses
+
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    for field_ in dataclasses.fields(parts):
+        part = getattr(parts, field_.name)
+        if part is not getattr(attention.ARTICLE_PARTS, field_.name):
+            problem = host_only_code(part)
+            if problem is not None:
+                return problem
+    return None
+
+
+def stuck_message(limit: float) -> str:
+    return say(en=f"the kernel was still running after {limit:g} s and was stopped: some thread "
+                  "never gets past a loop, or waits for something another thread never does "
+                  "(on a GPU the block would hang)",
+               ko=f"커널이 {limit:g}초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
+                  "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 블록이 "
+                  "멈춥니다)")
+
+
 def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     """Launch the kernel with ``parts`` on the poisoned cache, recording cache, table and
     shared-memory accesses where the simulator can; a failing kernel is reported in
@@ -387,6 +434,9 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from numba.core.errors import NumbaError
 
+    host_only = _host_only_part(parts)
+    if host_only is not None:
+        return BodyRun(None, None, None, [], host_only)
     dev = kernel_device()
     q = prep.q.to(dev).clone()
     table = prep.poisoned.device_block_table()
@@ -407,12 +457,7 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
             else:
                 launch()
     except KernelTimeout:
-        error = say(en=f"the kernel was still running after {limit:g} s and was stopped: some "
-                       "thread never gets past a loop, or waits for something another thread "
-                       "never does (on a GPU the block would hang)",
-                    ko=f"커널이 {limit:g} 초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
-                       "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 "
-                       "블록이 멈춥니다)")
+        error = stuck_message(limit)
     except NumbaError as exc:
         reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
         error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
@@ -464,12 +509,13 @@ def divergence_message(divergence) -> str:
         if site is None:
             where.append(say(en=f"threads {threads_text(threads)} have no barrier left (they "
                                 "finished)",
-                             ko=f"스레드 {threads_text(threads)} 는 남은 배리어가 없습니다 "
+                             ko=f"스레드 {particle(str(threads_text(threads)), '은/는')} 남은 배리어가 없습니다 "
                                 "(이미 끝남)"))
         else:
             where.append(say(en=f"threads {threads_text(threads)} wait at line {site.line} of "
                                 f"{site.function} (`{site.code()}`)",
-                             ko=f"스레드 {threads_text(threads)} 는 {site.function} 의 "
+                             ko=f"스레드 {particle(str(threads_text(threads)), '은/는')} "
+                                f"{site.function} 의 "
                                 f"{site.line}번 줄(`{site.code()}`)에서 기다립니다"))
     rnd = divergence.round + 1
     return say(
@@ -493,8 +539,10 @@ def race_message(race, count: int) -> str:
            f"{o.site.line}: `{o.site.code()}`) with no barrier between them (both after "
            f"barrier {w.epoch} of block {w.block}); {count} such pair(s) in the launch.  On a "
            "GPU the read may see the old or the new value",
-        ko=f"{race.cell} 에 경쟁 상태(race): 스레드 {w.thread} 가 쓰고({w.site.function} 의 "
-           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 {o.thread} 가 {other_op}습니다"
+        ko=f"{race.cell} 에 경쟁 상태(race): "
+           f"스레드 {particle(str(w.thread), '이/가')} 쓰고({w.site.function} 의 "
+           f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 "
+           f"{particle(str(o.thread), '이/가')} {other_op}습니다"
            f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
            f"{w.block} 의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU 에서는 읽는 "
            "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")
