@@ -2,10 +2,10 @@
 (``kernels.cu:509-519``): fold one token into the running max, denominator and accumulator.
 
 The grader compiles the reader's function into the article's kernel and runs two launches
-against the torch oracle on a poisoned cache: 24 tokens of ordinary scores (the running max
-rises several times), then 8 tokens whose scores differ by hundreds, where exp() of a score
-that is not taken relative to the running max overflows (float32 on a GPU; in the simulator
-Python's math.exp raises beyond 709).  A wrong answer's message and figure come from replaying
+against the torch oracle on a poisoned cache, both drawn afresh for every check: a few dozen
+tokens of ordinary scores (the running max rises several times), then a few tokens whose scores
+reach +-800, where exp() of a score that is not taken relative to the running max overflows
+even a float64 (beyond 709.78: on a GPU it is inf; in the simulator Python's math.exp raises).  A wrong answer's message and figure come from replaying
 the reader's update on the host, token by token, next to the article's.
 """
 
@@ -16,13 +16,33 @@ import math
 import numpy as np
 
 from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles, host_call, need_real
 from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase, bad_summary, prepare, run
 
-CASES = (KernelCase("24 ordinary tokens", rows=((0, 24),), q_scale=1.5, max_seq_len=32,
-                    num_blocks=4, seed=20),
-         KernelCase("8 tokens with scores hundreds apart", rows=((0, 8),), q_scale=400.0,
-                    max_seq_len=16, num_blocks=3, seed=21))
+#: the widest score of the wide launch is at least this far from 0: exp() of it overflows a
+#: float64 (beyond 709.78), so only an update relative to the running max survives it
+WIDE_SCORE = 720.0
+
+
+def cases() -> list[KernelCase]:
+    """Two launches drawn afresh: a few dozen ordinary tokens (the running max rises several
+    times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
+    relative to the running max overflows even a float64."""
+    rng, seed = shapes.fresh_rng()
+    ordinary = shapes.case(rng, seed, head_dim=shapes.pick(rng, (16, 24, 32)), gqa=(1, 1),
+                           lens=[int(rng.integers(18, 31))], max_slots=1, slots=[0],
+                           q_scale=1.5)
+    for attempt in range(64):
+        wide = shapes.case(rng, seed + 1 + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
+                           gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1, slots=[0],
+                           q_scale=float(rng.uniform(650.0, 800.0)))
+        scores, _ = _scores_and_values(prepare(wide))
+        if scores.max() > WIDE_SCORE:
+            break
+    return [ordinary, wide]
+
+
 NAMES = ["current_max", "d", "acc", "score", "v"]
 
 
@@ -126,9 +146,13 @@ def grade(fn) -> tuple:
     f32 = np.float32
     check_compiles(fn, (f32(-np.inf), f32(0.0), f32(0.0), f32(0.5), f32(1.0)))
     parts = attention.ARTICLE_PARTS.replace(softmax_update=fn)
-    for case in CASES:
+    drawn = cases()
+    for case in drawn:
         prep = prepare(case)
-        result = run(prep, parts)
+        try:
+            result = run(prep, parts)
+        except Wrong as wrong:
+            raise Wrong(f"[{case.label}] {wrong.message}", wrong.figure) from None
         if not result.ok:
             scores, values = _scores_and_values(prep)
             mine, article = replay(fn, scores, values), replay(article_update, scores, values)
@@ -140,22 +164,26 @@ def grade(fn) -> tuple:
             summary = bad_summary(prep, result, say(en="an overflow or 0/0",
                                                     ko="오버플로 또는 0/0"))
             first = _first_divergence(scores, mine, article)
-            raise Wrong(say(en=f"{case.label}: {summary}.  First difference, replayed on the "
+            raise Wrong(say(en=f"[{case.label}] {summary}.  First difference, replayed on the "
                                f"host: {first}",
-                            ko=f"{case.label}: {summary}.  호스트에서 재현한 첫 차이: {first}"),
+                            ko=f"[{case.label}] {summary}.  호스트에서 재현한 첫 차이: {first}"),
                         figure=draw)
     scores, values = _scores_and_values(prep)
     article = replay(article_update, scores, values)
     mine = replay(fn, scores, values)
 
-    def draw(scores=scores, mine=mine, article=article, label=CASES[-1].label):
+    def draw(scores=scores, mine=mine, article=article, label=drawn[-1].label):
         from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
 
         return plot_softmax_replay(scores, mine, article, title=label)
-    return say(en="24 ordinary tokens and 8 with scores hundreds apart: the kernel's output "
-                  "equals the torch oracle's, without overflow",
-               ko="보통 토큰 24개와 점수가 수백씩 차이 나는 토큰 8개: 커널 출력이 오버플로 없이 "
-                  "torch 오라클과 같습니다"), draw
+    top = float(scores.max())
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en=f"ordinary scores, then scores up to {top:.0f} (exp() of that overflows even a "
+                  "float64): the kernel's output equals the torch oracle's, without overflow.  "
+                  f"Shapes run: {shapes_run}",
+               ko=f"보통 점수, 그리고 {top:.0f} 까지 올라가는 점수 (그 exp() 는 float64 도 넘칩니다): "
+                  "커널 출력이 오버플로 없이 torch 오라클과 같습니다.  실행한 모양: "
+                  f"{shapes_run}"), draw
 
 
 PUZZLES = (
@@ -182,6 +210,9 @@ PUZZLES = (
                 "summed so far must be rescaled before the new token is added.",
              ko="d 와 acc 는 running max 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800 까지의 점수"),
         "kernels.cu:509-519", grade),
 )

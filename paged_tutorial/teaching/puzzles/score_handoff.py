@@ -6,7 +6,8 @@ limit 3: its kernel hands the score over in ``dot_products[0]``, which the next 
 publish overwrites with no barrier in between).
 
 The grader compiles her ``token_score`` into the article's kernel (``KernelParts``) and runs it
-for head_dim 32 (one warp), 64 (the article's two) and 80 (three, the last one partly filled)
+for head_dim 32 (one warp), 64 (the article's two) and one drawn afresh for every check whose
+last warp is partly filled (40-88)
 on a poisoned cache, against the torch oracle.  In the simulator it also records every
 shared-memory access with its barrier epoch (``access_log.record_shared_accesses``) and every
 barrier, and rejects, naming threads, cells and lines:
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
                                                             divergence_message, is_stub,
@@ -38,14 +40,16 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
                                                             threads_text)
 
 WARP_SIZE = 32
-CASES = (
-    KernelCase("head_dim 32 (one warp)", rows=((0, 4),), head_dim=32, max_seq_len=16,
-               num_blocks=4, seed=40),
-    KernelCase("head_dim 64 (two warps, the article's)", rows=((0, 4),), head_dim=64,
-               max_seq_len=16, num_blocks=4, seed=41),
-    KernelCase("head_dim 80 (three warps, the last one partly filled)", rows=((0, 3),),
-               head_dim=80, max_seq_len=16, num_blocks=4, seed=42),
-)
+
+
+def cases() -> list[KernelCase]:
+    """Three launches drawn afresh: one warp (head_dim 32), the article's two (64), and a
+    head_dim whose last warp is partly used (two to three warps), each a few tokens long."""
+    rng, seed = shapes.fresh_rng()
+    partial = shapes.pick(rng, (40, 48, 56, 72, 80, 88))
+    return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
+                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0])
+            for i, d in enumerate((32, 64, partial))]
 
 
 def warps(head_dim: int) -> int:
@@ -132,10 +136,12 @@ def grade(fn) -> tuple:
                            ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     last = None
-    for case in CASES:
+    drawn = cases()
+    for case in drawn:
         prep = prepare(case)
         d = case.head_dim
-        head = say(en=f"head_dim {d} ({warps(d)} warp(s))", ko=f"head_dim {d} (워프 {warps(d)}개)")
+        head = say(en=f"head_dim {d} ({warps(d)} warp(s)) [{case.label}]",
+                   ko=f"head_dim {d} (워프 {warps(d)}개) [{case.label}]")
         result = run_body(prep, parts)
         figure = _figure(result, case)
         # a thread that raised stops early, which looks like divergence: its error comes first,
@@ -172,20 +178,21 @@ def grade(fn) -> tuple:
                                       "정확히 한 번 곱했나요?"))
             raise Wrong(f"{head}: " + ".  ".join(why), figure)
         last = figure
+    dims = ", ".join(str(case.head_dim) for case in drawn)
     if last is None:                # on a GPU: no shared-memory log, the output alone
         return say(
-            en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's on this GPU. "
+            en=f"head_dim {dims}: the kernel's output equals the torch oracle's on this GPU. "
                "Races and divergent barriers are checked in the simulator only: run "
                "viz.races.rerun_racecheck(part=token_score) (compute-sanitizer) or grade it on a "
                "CPU",
-            ko="head_dim 32, 64, 80: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
+            ko=f"head_dim {dims}: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
                "안의 배리어는 시뮬레이터에서만 검사합니다: viz.races.rerun_racecheck("
                "part=token_score) (compute-sanitizer) 를 실행하거나 CPU 에서 채점하세요"), None
     message = say(
-        en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's, every barrier "
+        en=f"head_dim {dims}: the kernel's output equals the torch oracle's, every barrier "
            "is reached by every thread, and no shared cell is written while another thread may "
            "still access it (no race in the access log)",
-        ko="head_dim 32, 64, 80: 커널 출력이 torch 오라클과 같고, 모든 스레드가 모든 배리어에 "
+        ko=f"head_dim {dims}: 커널 출력이 torch 오라클과 같고, 모든 스레드가 모든 배리어에 "
            "도달하며, 다른 스레드가 아직 접근할 수 있는 공유 메모리 칸에 쓰지 않습니다 "
            "(접근 기록에 race 없음)")
     return message, last
@@ -226,7 +233,11 @@ PUZZLES = (
                                   "전달"),
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU), "
-        "head_dim 32, 64 and 80, with the simulator's shared-memory race check",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), head_dim 32, 64 and one with a partly used last warp drawn afresh for "
+                "every check, with the simulator's shared-memory race check",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 마지막 워프를 일부만 쓰는 "
+                "head_dim 하나; 시뮬레이터의 공유 메모리 race 검사 포함"),
         "kernels.cu:486-508", grade),
 )
