@@ -22,7 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from paged_tutorial.cache.block_allocator import CacheFullError, FreeListAllocator
+from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
+                                                  FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, is_stub, short
@@ -38,20 +39,64 @@ ENGINE = dict(device="cpu", max_slots=2, max_seq_len=48)
 DTYPE = "float32"                              # recomputing a preempted request is exact
 
 
-class AllocatorBase(FreeListAllocator):
-    """The article's allocator with the two methods that move blocks left to write:
-    ``ensure_capacity(slot, new_len)`` and ``release(slot)``.  What it gives them:
-    ``self.free_blocks`` (the stack, a list), ``self.table`` (``assign(slot, layer, logical,
-    block)``, ``unassign(slot, layer, logical)`` -> the block it held, ``entries``: the NumPy
-    table [slot, layer, logical block], -1 = none), ``self.config`` (``num_layers``,
-    ``BLOCK_SIZE``, ``MAX_BLOCKS_PER_SEQ``, ``blocks_for_tokens(n)``).  The scheduler asks
-    ``can_grow`` / ``can_allocate_prompt`` (the accounting here) before admitting."""
+class AllocatorBase(BlockAllocator):
+    """The article's accounting with the two methods that move blocks left to write:
+    ``ensure_capacity(slot, new_len)`` and ``release(slot)`` (until written they raise, saying
+    so).  What it gives them: ``self.free_blocks`` (the stack, a list), ``self.table``
+    (``assign(slot, layer, logical, block)``, ``unassign(slot, layer, logical)`` -> the block it
+    held, ``entries``: the NumPy table [slot, layer, logical block], -1 = none),
+    ``self.config`` (``num_layers``, ``BLOCK_SIZE``, ``MAX_BLOCKS_PER_SEQ``,
+    ``blocks_for_tokens(n)``).  The scheduler asks ``can_grow`` / ``can_allocate_prompt``
+    before admitting, and a prompt's blocks come from her ``ensure_capacity``."""
+
+    # what the scheduler asks besides growth and release: the article's free-list answers
+    evictable_blocks = FreeListAllocator.evictable_blocks
+    blocks_available = FreeListAllocator.blocks_available
+    prefix_in_flight = FreeListAllocator.prefix_in_flight
+    can_allocate_prompt = FreeListAllocator.can_allocate_prompt
+    allocate_prompt = FreeListAllocator.allocate_prompt
+    commit_step = FreeListAllocator.commit_step
+    discard_uncommitted = FreeListAllocator.discard_uncommitted
+    check_invariants = FreeListAllocator.check_invariants
 
     def ensure_capacity(self, slot: int, new_len: int) -> None:
-        raise NotImplementedError("write ensure_capacity")
+        raise NotImplementedError("write ensure_capacity(self, slot, new_len) in your subclass "
+                                  "of AllocatorBase")
 
     def release(self, slot: int) -> list[int]:
-        raise NotImplementedError("write release")
+        raise NotImplementedError("write release(self, slot) in your subclass of AllocatorBase")
+
+
+#: the package's allocators: an answer may not call or inherit their methods
+BORROWED = (FreeListAllocator,)
+
+
+def borrowed_code(cls) -> str | None:
+    """The name of a package allocator that ``cls`` inherits from or that its methods name,
+    else None: such an answer hands the work to the engine's own code."""
+    for base in cls.__mro__:
+        if base in (AllocatorBase, BlockAllocator, object):
+            continue
+        if issubclass(base, BORROWED):
+            return f"{base.__module__}.{base.__qualname__}"
+        for value in vars(base).values():
+            fn = getattr(value, "__func__", value)
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                continue
+            for name in _names(code):
+                used = fn.__globals__.get(name)
+                if isinstance(used, type) and issubclass(used, BORROWED):
+                    return f"{name} (in {fn.__name__})"
+    return None
+
+
+def _names(code) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
 
 
 def _wrong_rule(slot, new_len, before, after, c) -> str | None:
@@ -106,12 +151,14 @@ def checked(cls):
         def ensure_capacity(self, slot, new_len):
             c = self.config
             before, free = self.table.entries.copy(), list(self.free_blocks)
+            state = _state(self)
             need = int(((before[slot, :, :c.blocks_for_tokens(new_len)]) < 0).sum())
             call = f"ensure_capacity(slot={slot}, new_len={new_len})"
             try:
                 super().ensure_capacity(slot, new_len)
             except CacheFullError:
-                if not np.array_equal(self.table.entries, before) or self.free_blocks != free:
+                if not np.array_equal(self.table.entries, before) or self.free_blocks != free \
+                        or not _same_state(state, _state(self)):
                     raise Wrong(say(
                         en=f"{call} raised CacheFullError after changing the table or "
                            "free_blocks: the scheduler preempts and retries, so the failed call "
@@ -231,6 +278,85 @@ def checked(cls):
     return Checked
 
 
+def _state(allocator) -> dict:
+    """Everything the allocator holds besides the table, config and listeners, copied."""
+    import copy
+
+    skip = {"table", "config", "events", "life"}
+    out = {}
+    for key, value in vars(allocator).items():
+        if key not in skip:
+            try:
+                out[key] = copy.deepcopy(value)
+            except Exception:          # something that cannot be copied is compared by identity
+                out[key] = value
+    return out
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(np.asarray(x), np.asarray(y)):
+                return False
+        else:
+            try:
+                if x != y:
+                    return False
+            except Exception:
+                if x is not y:
+                    return False
+    return True
+
+
+def probe_full(cls) -> str:
+    """Two calls where 0 < free blocks < needed, at a table layout drawn afresh: a prompt that
+    needs more blocks than are free, and a decode step that starts a new block in every layer
+    with one block fewer free than layers.  Each must raise CacheFullError and change nothing;
+    returns the layouts probed."""
+    from paged_tutorial.config import CacheConfig
+    from paged_tutorial.teaching.puzzles import shapes
+
+    rng, seed = shapes.fresh_rng()
+    num_layers = int(rng.integers(3, 5))              # the engine run has 2 layers
+    bs = 16
+    first = int(rng.integers(1, 3 * bs))              # slot 0's tokens
+    owned = -(-first // bs) * num_layers
+    grow_to = -(-first // bs) * bs + 1                # slot 0's next token starts a block
+    prompt = int(rng.integers(bs + 1, 3 * bs))         # slot 1's prompt
+    prompt_need = -(-prompt // bs) * num_layers
+    probed = []
+    for call in ("prompt", "decode"):
+        # 0 < free < needed; a decode step is one short of a block per layer
+        free = int(rng.integers(1, num_layers)) if call == "prompt" else num_layers - 1
+        config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
+                             dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
+                             max_slots=2, max_seq_len=4 * bs)
+        Checked = checked(cls)
+        cache = PagedKVCache(config, "cpu", allocator=lambda c, t, e: Checked(c, t, e))
+        allocator = cache.allocator
+        allocator.life = []
+        allocator.ensure_capacity(0, first)
+        slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
+        need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
+                    < 0).sum())
+        where = (f"{num_layers} layers, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 holding {first} "
+                 f"tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs {need} blocks "
+                 f"with {len(allocator.free_blocks)} free (seed {seed})")
+        try:
+            allocator.ensure_capacity(slot, new_len)
+        except CacheFullError:
+            probed.append(where)
+            continue
+        except Wrong as wrong:
+            raise Wrong(f"[{where}] {wrong.message}") from None
+        raise Wrong(say(en=f"[{where}] it returned without raising CacheFullError",
+                        ko=f"[{where}] CacheFullError 를 내지 않고 돌아왔습니다"))
+    return "; ".join(probed)
+
+
 def _engine(allocator_class=None):
     from paged_tutorial.config import CacheConfig
 
@@ -266,6 +392,15 @@ def solo_tokens() -> tuple:
 
 
 def grade(cls) -> str:
+    borrowed = borrowed_code(cls)
+    if borrowed is not None:
+        raise Wrong(say(
+            en=f"your allocator hands its work to the package's own allocator ({borrowed}): "
+               "write ensure_capacity and release yourself, with self.free_blocks and "
+               "self.table",
+            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity 와 "
+               "release 를 self.free_blocks 와 self.table 로 직접 작성하세요"))
+    probed = probe_full(cls)
     stock, stock_tokens = stock_run()
     solo = solo_tokens()
     Checked = checked(cls)
@@ -299,11 +434,13 @@ def grade(cls) -> str:
                   f"allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
                   f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
                   "every step, the invariants held, and every request's tokens equal its solo "
-                  "run",
+                  f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
+                  f"nothing ({probed})",
                ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
                   f"처리했습니다: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
                   f"{pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
-                  "모든 요청의 토큰이 혼자 돌 때와 같습니다")
+                  "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
+                  f"CacheFullError 를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 
 
 def _describe_difference(mine, stock, i, what) -> str:

@@ -9,7 +9,8 @@ on a poisoned cache (every element and table entry the article's kernel does not
 or points at a NaN block), in two launches drawn afresh for every check (``cases``): head_dims
 whose last warp is partly used (threads past head_dim have ``owns_dim`` False and must read
 nothing), GQA ratios other than the article's 4, two or three layers, batch rows in the reverse
-order of their slots and sequences with a partly filled last block.  Besides the output, the
+order of their slots, sequences with a partly filled last block and one that fills its last
+block exactly.  Besides the output, the
 simulator's access logs must show, for every thread block, the article's table entries and,
 for every thread, each of its K and V elements of the sequence read exactly once and nothing
 else; a wrong answer is told the shape, and which block, thread, entry or token went wrong.
@@ -37,7 +38,7 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
     other than 4, two or three layers, a batch whose rows are in the reverse order of their
-    slots and sequences with a partly filled last block."""
+    slots, sequences with a partly filled last block and one whose last block is full."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
@@ -45,7 +46,7 @@ def cases() -> list[KernelCase]:
                         lens=[shapes.partly_filled(rng, 17, 26), int(rng.integers(1, 13))],
                         num_layers=int(rng.integers(2, 4)))
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
-                         lens=[shapes.partly_filled(rng, 2, 14)], num_layers=2,
+                         lens=[16 * int(rng.integers(1, 3))], num_layers=2,
                          max_slots=2, slots=[1])
     return [first, second]
 
