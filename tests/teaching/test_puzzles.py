@@ -225,6 +225,22 @@ def test_chapter_03_to_05_texts_and_verdicts_speak_korean():
         set_language("en")
 
 
+def test_every_puzzle_describes_itself_in_korean_with_no_english_join():
+    from paged_tutorial.teaching.language import set_language
+
+    set_language("ko")
+    try:
+        for p in PUZZLES:
+            text = p.describe()
+            assert "여기에 코드를 쓰세요" in text and "your code" not in text, p.name
+            for english in ("Graded by", "the article's", "TODO", " 에서 실행합니다", " 를 대신",
+                            "beyond the article", "(prefill)", "(and "):
+                assert english not in text, (p.name, english)
+            assert "힌트" in text and "채점하는 곳" in text
+    finally:
+        set_language("en")
+
+
 @pytest.mark.skipif(not __import__("paged_tutorial.backends.numba_cuda.runtime.access_log",
                                    fromlist=["AVAILABLE"]).AVAILABLE,
                     reason="the time limit stops simulated threads only")

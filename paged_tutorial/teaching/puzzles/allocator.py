@@ -25,8 +25,9 @@ import numpy as np
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, say
-from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, is_stub, short
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
+                                                  short)
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -110,8 +111,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"with {int(after[slot, layer, lb])}: that block is lost (pop only "
                       "where the entry is -1)",
                    ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 "
-                      f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} 을 "
-                      f"{int(after[slot, layer, lb])} 로 덮어썼습니다: 그 블록은 잃어버립니다 "
+                      f"block_table[{slot}, {layer}, {lb}] = {particle(int(before[slot, layer, lb]), '을/를')} "
+                      f"{particle(int(after[slot, layer, lb]), '으로/로')} 덮어썼습니다: 그 블록은 잃어버립니다 "
                       "(항목이 -1 일 때만 꺼내세요)")
     beyond = np.argwhere(after[slot, :, n_logical:] >= 0)
     if beyond.size:
@@ -163,14 +164,14 @@ def checked(cls):
                         en=f"{call} raised CacheFullError after changing the table or "
                            "free_blocks: the scheduler preempts and retries, so the failed call "
                            "must change nothing (count first, then pop)",
-                        ko=f"{call} 가 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
+                        ko=f"{particle(call, '이/가')} 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
                            "냈습니다: 스케줄러는 선점하고 다시 부르므로, 실패한 호출은 아무것도 "
                            "바꾸지 않아야 합니다 (먼저 세고 나서 꺼내세요)")) from None
                 if need <= len(free):
                     raise Wrong(say(
                         en=f"{call} raised CacheFullError with {len(free)} blocks free and "
                            f"{need} needed",
-                        ko=f"{call} 가 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
+                        ko=f"{particle(call, '이/가')} 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
                            "CacheFullError 를 냈습니다")) from None
                 raise
             except (Wrong, Unsolved):
@@ -185,7 +186,7 @@ def checked(cls):
                            f"empty free_blocks ({exc}): your allocator never preempts.  When "
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
-                        ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
+                        ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
                            f"free_blocks 에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
                            "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError 를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
@@ -204,7 +205,7 @@ def checked(cls):
                     en=f"{call} needs {need} blocks, only {len(free)} are free, and it returned "
                        "without them: your allocator never preempts.  Raise CacheFullError "
                        "(changing nothing); the scheduler then preempts a request",
-                    ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
+                    ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
                        "그냥 돌아왔습니다: 이 할당기는 선점을 일으키지 못합니다.  (아무것도 "
                        "바꾸지 말고) CacheFullError 를 내세요; 그러면 스케줄러가 요청 하나를 "
                        "선점합니다")
@@ -227,7 +228,7 @@ def checked(cls):
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
                                    "pushes onto the end of free_blocks",
-                                ko=f"{call} 가 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
+                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
                                    "free_blocks 끝에 밀어 넣기만 합니다"))
             pushed = [int(b) for b in self.free_blocks[len(free):]]
             twice = sorted({b for b in pushed if pushed.count(b) > 1 or b in free})
@@ -235,12 +236,12 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
                                    "(a double free): the next two pops would hand the same block "
                                    "to two owners",
-                                ko=f"{call} 가 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
+                                ko=f"{particle(call, '이/가')} 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
                                    "넣었습니다 (이중 반납): 다음 두 번의 pop 이 같은 블록을 두 "
                                    "주인에게 줍니다"))
             if -1 in pushed:
                 raise Wrong(say(en=f"{call} pushed -1: that entry is unassigned, not a block",
-                                ko=f"{call} 가 -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
+                                ko=f"{particle(call, '이/가')} -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
                                    "항목입니다"))
             lost = sorted(set(walk) - set(pushed))
             if lost or (self.table.entries[slot] >= 0).any():
@@ -250,7 +251,7 @@ def checked(cls):
                                    ("; entries of the slot are still set (reset them to -1: "
                                     "use table.unassign)" if (self.table.entries[slot] >= 0).any()
                                     else ""),
-                                ko=f"{call}: 슬롯 {slot} 은 블록 {len(walk)}개를 가졌는데 "
+                                ko=f"{call}: 슬롯 {particle(slot, '은/는')} 블록 {len(walk)}개를 가졌는데 "
                                    f"{len(pushed)}개만 돌려줬습니다" +
                                    (f"; 돌려주지 않은 블록 {lost[:6]} (새어 나갑니다)" if lost else
                                     "") +
@@ -263,14 +264,14 @@ def checked(cls):
                                    f"by layer, logical block by logical block) pushes "
                                    f"{short(walk)}: they part at push {first}, so the next "
                                    "request pops other blocks than in the article's engine",
-                                ko=f"{call} 가 {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
+                                ko=f"{particle(call, '이/가')} {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
                                    f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)} 입니다: "
                                    f"{first}번째 push 부터 달라서, 다음 요청이 글의 엔진과 다른 "
                                    "블록을 꺼냅니다"))
             if returned is None or [int(b) for b in returned] != pushed:
                 raise Wrong(say(en=f"{call} returned {short(returned)}; it must return the list "
                                    "of blocks it pushed, in order (the contract of release)",
-                                ko=f"{call} 가 {short(returned)} 를 돌려줬습니다; 밀어 넣은 블록의 "
+                                ko=f"{particle(call, '이/가')} {particle(short(returned), '을/를')} 돌려줬습니다; 밀어 넣은 블록의 "
                                    "리스트를 그 순서대로 돌려줘야 합니다 (release 의 약속)"))
             self.life.extend(("push", b) for b in pushed)
             return returned
@@ -425,7 +426,7 @@ def grade(cls) -> str:
     for r, (got, alone) in enumerate(zip(tokens, solo)):
         if got != alone:
             raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
-                            ko=f"r{r} 가 {short(got)} 를 생성했는데, 혼자 돌면 {short(alone)} "
+                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 {short(alone)} "
                                "입니다"))
     preempted = sum(engine.result(i).num_preemptions for i in range(len(REQUESTS)))
     popped = sum(1 for kind, _ in life if kind == "pop")
@@ -486,9 +487,9 @@ class AllocatorPuzzle(Puzzle):
         return ("from paged_tutorial.cache import CacheFullError\n\n\n"
                 f"{self.signature}\n{doc}\n\n"
                 "    def ensure_capacity(self, slot, new_len):\n"
-                f'        """{ENSURE_DOC}\n        """\n        ...   # your code\n\n'
+                f'        """{ENSURE_DOC}\n        """\n        ...   # {STUB_COMMENT}\n\n'
                 "    def release(self, slot):\n"
-                f'        """{RELEASE_DOC}\n        """\n        ...   # your code\n')
+                f'        """{RELEASE_DOC}\n        """\n        ...   # {STUB_COMMENT}\n')
 
     def check_answer(self, answer) -> Verdict | None:
         if not (isinstance(answer, type) and issubclass(answer, AllocatorBase)):
@@ -496,7 +497,7 @@ class AllocatorPuzzle(Puzzle):
                 en=f"the answer is a class that subclasses pt.exercises.AllocatorBase (got "
                    f"{short(answer)}): write `class {self.function_name}"
                    "(pt.exercises.AllocatorBase):` with its ensure_capacity and release",
-                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({short(answer)} 를 "
+                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
                    f"받았습니다): ensure_capacity 와 release 를 가진 `class "
                    f"{self.function_name}(pt.exercises.AllocatorBase):` 를 쓰세요"))
         missing = [m for m in self.parameters if getattr(answer, m) is getattr(AllocatorBase, m)

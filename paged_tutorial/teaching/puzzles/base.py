@@ -20,6 +20,10 @@ from paged_tutorial.teaching.language import Text, say
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 
+#: the comment a stub's body carries, where the reader writes
+STUB_COMMENT = Text(en="your code", ko="여기에 코드를 쓰세요")
+
+
 class Wrong(Exception):
     """The reader's function gave a wrong result; ``figure`` draws what went wrong."""
 
@@ -59,14 +63,14 @@ class Puzzle:
     def stub(self) -> str:
         """Source of the function to fill in: signature, docstring, a body of ``...``."""
         doc = textwrap.indent(f'"""{str(self.docstring).strip()}\n"""', "    ")
-        return f"{self.signature}\n{doc}\n    ...   # your code\n"
+        return f"{self.signature}\n{doc}\n    ...   # {STUB_COMMENT}\n"
 
     def describe(self) -> str:
         """Everything the reader needs, as text."""
         return say(en=f"{self.name}: {self.title}\n\n{self.stub()}\nHint: {self.hint}\n"
                       f"Graded by running it in {self.runs_in} (replaces {self.article}).",
                    ko=f"{self.name}: {self.title}\n\n{self.stub()}\n힌트: {self.hint}\n"
-                      f"채점: {self.runs_in} 에서 실행합니다 ({self.article} 를 대신합니다).")
+                      f"채점하는 곳: {self.runs_in}.\n대신하는 원본 코드: {self.article}.")
 
     def check_answer(self, answer) -> Verdict | None:
         """A verdict for an answer that is not a function the grader can call, else None."""

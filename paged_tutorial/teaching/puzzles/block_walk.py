@@ -25,7 +25,7 @@ from collections import Counter
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_addresses import element_name, entry_name
@@ -37,16 +37,18 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, two or three layers, a batch whose rows are in the reverse order of their
+    other than 4, three layers then two (and other numbers of logical blocks per sequence, so
+    no table stride can be a constant), a batch whose rows are in the reverse order of their
     slots, sequences with a partly filled last block and one whose last block is full."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
                         lens=[shapes.partly_filled(rng, 17, 26), int(rng.integers(1, 13))],
-                        num_layers=int(rng.integers(2, 4)))
+                        num_layers=3, max_seq_len=16 * shapes.pick(rng, (2, 4)))
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
                          lens=[16 * int(rng.integers(1, 3))], num_layers=2,
+                         max_seq_len=16 * shapes.pick(rng, (3, 5)),
                          max_slots=2, slots=[1])
     return [first, second]
 
@@ -75,7 +77,7 @@ def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 en=f"{who} read {len(got)} block-table entries, but its {trace.seq_len} tokens "
                    f"fill {len(want)} logical block(s) of BLOCK_SIZE {c.BLOCK_SIZE}: check how "
                    "many blocks the loop visits",
-                ko=f"{who} 가 block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
+                ko=f"{particle(who, '이/가')} block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
                    f"BLOCK_SIZE {c.BLOCK_SIZE} 의 논리 블록 {len(want)}개를 채웁니다: 루프가 도는 "
                    "블록 수를 확인하세요"))
         lb = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
@@ -123,7 +125,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 raise Wrong(figure=figure_for(row, h), message=say(
                     en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
                        "which is not its element of any token of this sequence",
-                    ko=f"{who}: 스레드 {d} 가 원소 {stray} ({element_name(c, stray)}) 를 "
+                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 {stray} ({element_name(c, stray)}) 를 "
                        "읽었는데, 이 시퀀스의 어떤 토큰의 원소도 아닙니다"))
             for e, (t, half) in sorted(want.items(), key=lambda item: item[1]):
                 n = counts.get(e, 0)
@@ -132,7 +134,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} read the {half} element of token {t} (logical "
                            f"block {lb}, row {row_in}; element {e}) {n} times, not once",
-                        ko=f"{who}: 스레드 {d} 가 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
+                        ko=f"{who}: 스레드 {particle(d, '이/가')} 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
                            f"{e}) 의 {half} 원소를 한 번이 아니라 {n}번 읽었습니다"))
 
 

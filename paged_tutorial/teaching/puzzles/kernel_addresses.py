@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare,
@@ -32,6 +32,7 @@ def table_cases() -> list[KernelCase]:
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
+    per_seq = shapes.distinct(rng, (3, 4, 5), 2)        # MAX_BLOCKS_PER_SEQ
     out = []
     for i in range(2):
         n = slots[i]
@@ -39,7 +40,7 @@ def table_cases() -> list[KernelCase]:
         out.append(shapes.case(rng, seed + i, head_dim=shapes.pick(rng, (16, 24)), gqa=(1, 1),
                                lens=lens, num_layers=layers[i], max_slots=n,
                                slots=list(rng.permutation(n)),
-                               max_seq_len=16 * int(rng.integers(3, 6))))
+                               max_seq_len=16 * per_seq[i]))
     return out
 
 
@@ -186,7 +187,7 @@ def _explain_table(prep, reps, result) -> str:
                        f"{prep.case.layer}, logical block {lb}) is elsewhere in the {shape} "
                        "table",
                     ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb} 에 대해 여러분의 "
-                       f"인덱스는 {entry_name(c, got)} 를 읽습니다; (슬롯 {slot}, 레이어 "
+                       f"인덱스는 {particle(entry_name(c, got), '을/를')} 읽습니다; (슬롯 {slot}, 레이어 "
                        f"{prep.case.layer}, 논리 블록 {lb}) 의 블록은 {shape} 테이블의 다른 "
                        "곳에 있습니다")
     return say(en="The table entries read look right; check what else the function returns",
@@ -218,7 +219,7 @@ def _explain_k(prep, reps, result) -> str:
                     en=f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
                        f"needs {element_name(c, want[d])}",
-                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {d} 가 "
+                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
                        f"원소 {int(got[d])} ({element_name(c, got[d])}) 를 읽습니다; 필요한 것은 "
                        f"{element_name(c, want[d])}")
     return say(en="The K elements read look right; check what else the function returns",

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles, host_call, need_real
 from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase, bad_summary, prepare, run
@@ -78,7 +78,7 @@ def replay(fn, scores, values):
 def _three_numbers(out) -> str:
     return say(en=f"your function returned {out!r}; it must return three numbers: "
                   "(new_max, new_d, new_acc)",
-               ko=f"여러분의 함수가 {out!r} 를 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
+               ko=f"여러분의 함수가 {particle(repr(out), '을/를')} 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
                   "new_acc) 를 돌려주어야 합니다")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, is_stub,
@@ -56,7 +56,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                             en=f"{who}: thread {r.thread} wrote q element {r.index} "
                                f"({q_element_name(case, r.index)}), but threads from HEAD_DIM "
                                f"= {case.head_dim} on own no dimension and must write nothing",
-                            ko=f"{who}: 스레드 {r.thread} 가 q 원소 {r.index} "
+                            ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
                                f"({q_element_name(case, r.index)}) 에 썼지만, HEAD_DIM = "
                                f"{case.head_dim} 부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
                                "안 됩니다"))
@@ -65,7 +65,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                            f"({q_element_name(case, r.index)}), not the element it read its q "
                            f"from ({base + r.thread}): that element belongs to another block, "
                            "which may not have read its q yet",
-                        ko=f"{who}: 스레드 {r.thread} 가 q 원소 {r.index} "
+                        ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
                            f"({q_element_name(case, r.index)}) 에 썼습니다. 자기 q 를 읽은 원소"
                            f"({base + r.thread})가 아닙니다: 그 원소는 아직 자기 q 를 읽지 않았을 "
                            "수도 있는 다른 블록의 것입니다"))
@@ -75,7 +75,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} wrote its output element {counts.get(d, 0)} "
                            "time(s), not once",
-                        ko=f"{who}: 스레드 {d} 가 자기 출력 원소를 한 번이 아니라 "
+                        ko=f"{who}: 스레드 {particle(d, '이/가')} 자기 출력 원소를 한 번이 아니라 "
                            f"{counts.get(d, 0)}번 썼습니다"))
 
 

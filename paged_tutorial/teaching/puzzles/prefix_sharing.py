@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call
 from paged_tutorial.teaching.puzzles.engine_harness import tiny_model
 
@@ -128,7 +128,7 @@ class ReaderRule:
         mine = host_call(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
             raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
-                            ko=f"can_share 가 {mine!r} 를 돌려줬습니다; True 나 False 를 돌려줘야 "
+                            ko=f"can_share 가 {particle(repr(mine), '을/를')} 돌려줬습니다; True 나 False 를 돌려줘야 "
                                "합니다"))
         mine = bool(mine)
         engine = may_share(*args)
@@ -142,7 +142,7 @@ class ReaderRule:
                    f"logical block {logical_block} (tokens {first}..{last}): every token would "
                    "come from the cache and none would be left to compute, but the first "
                    "generated token comes from the logits of the last token computed.",
-                ko=f"[{name}] 요청 r{r} 은 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
+                ko=f"[{name}] 요청 r{particle(r, '은/는')} 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
                    f"{logical_block} (토큰 {first}..{last}) 을 공유합니다: 모든 토큰이 캐시에서 "
                    "와서 계산할 토큰이 하나도 남지 않지만, 첫 생성 토큰은 마지막으로 계산한 "
                    "토큰의 logits 에서 나옵니다."))
@@ -189,11 +189,11 @@ def grade(fn) -> str:
             r = call.request
             effect = say(en=f"  Result: r{r} found {mine[r][0]} prompt tokens in the cache (the "
                             f"engine: {stock[r][0]})",
-                         ko=f"  결과: r{r} 가 캐시에서 프롬프트 토큰 {mine[r][0]}개를 찾았습니다 "
+                         ko=f"  결과: r{particle(r, '이/가')} 캐시에서 프롬프트 토큰 {mine[r][0]}개를 찾았습니다 "
                             f"(엔진: {stock[r][0]})")
             if mine[r][1] != stock[r][1]:
                 effect += say(en=f" and generated {mine[r][1]} instead of {stock[r][1]}",
-                              ko=f", 그리고 {stock[r][1]} 대신 {mine[r][1]} 를 생성했습니다")
+                              ko=f", 그리고 {stock[r][1]} 대신 {particle(mine[r][1], '을/를')} 생성했습니다")
             raise Wrong(_describe(call, scenario) + "." + effect + ".")
         if mine != list(stock):                 # cannot happen without a disagreement
             raise Wrong(say(en=f"[{SCENARIO_NAMES[scenario.name]}] the run differs from the "
@@ -239,5 +239,5 @@ PUZZLES = (
                 "asks your rule, next to stock engines, under three hash functions",
              ko="PrefixCachingKVCache 가 직접 쓴 규칙에 묻는 실제 Engine 들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로"),
-        "prefix_cache.may_share, beyond the article", grade),
+        "prefix_cache.may_share", grade),
 )

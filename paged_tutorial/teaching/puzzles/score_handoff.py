@@ -31,7 +31,7 @@ import math
 import numpy as np
 import torch
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
@@ -101,7 +101,7 @@ def _lanes_message(counts: np.ndarray) -> str | None:
     if not wrong:
         return None
     parts = [say(en=f"lanes {threads_text(lanes)} counted {n} time(s)",
-                 ko=f"레인 {threads_text(lanes)} 이(가) {n}번 더해짐")
+                 ko=f"레인 {particle(threads_text(lanes), '이/가')} {n}번 더해짐")
              for n, lanes in sorted(wrong.items())]
     return say(en="the shuffle tree of warp 0 does not add each of its 32 lanes once: "
                + "; ".join(parts) + " (a probe where token t's K is 1 in dimension t only)",
@@ -169,7 +169,7 @@ def grade(fn) -> tuple:
                     why.append(say(
                         en=f"thread 0 combined dot_products{cells}, but this block has "
                            f"{warps(d)} warp(s): cells 0..{warps(d) - 1}",
-                        ko=f"스레드 0 이 dot_products{cells} 를 더했지만 이 블록의 워프는 "
+                        ko=f"스레드 0이 dot_products{particle(cells, '을/를')} 더했지만 이 블록의 워프는 "
                            f"{warps(d)}개입니다: 칸 0..{warps(d) - 1}"))
                 else:
                     why.append(say(en="every lane and every warp counted once: is the sum "
@@ -220,8 +220,8 @@ HINT = Text(
        "lane 0 of each warp publishes it; wait for everyone before thread 0 reads the cells, "
        "and again before anyone reads the score.  Where does the score wait, so that the next "
        "token's publish cannot overwrite it while a slow warp still reads it?",
-    ko="워프의 절반만큼 shfl_down 하고, 다시 그 절반만큼... 레인 0 이 워프의 합을 가질 때까지; "
-       "각 워프의 레인 0 이 그 합을 공유 메모리에 올립니다; 스레드 0 이 칸을 읽기 전에 모두를 "
+    ko="워프의 절반만큼 shfl_down 하고, 다시 그 절반만큼... 레인 0이 워프의 합을 가질 때까지; "
+       "각 워프의 레인 0이 그 합을 공유 메모리에 올립니다; 스레드 0이 칸을 읽기 전에 모두를 "
        "기다리고, 누구든 점수를 읽기 전에 다시 기다립니다.  다음 토큰의 publish 가 느린 워프가 "
        "아직 읽는 점수를 덮어쓰지 않으려면 점수는 어디에 두어야 할까요?")
 

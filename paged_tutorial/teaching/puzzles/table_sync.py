@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, host_call, is_stub, short
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -116,7 +116,7 @@ class SyncedByReader(PagedKVCache):
                    + (f", changed but not copied: {short(skipped)}" if skipped else "")
                    + ".  The kernels would follow the stale entry into another request's block",
                 ko=f"{len(self.syncs)}번째 동기화 뒤 (바뀐 항목 {len(changed)}개, 쓴 항목 "
-                   f"{device.writes}개), 디바이스 항목 {i} = block_table{list(where)} 가 "
+                   f"{device.writes}개), 디바이스 항목 {i} = block_table{particle(list(where), '이/가')} "
                    f"{int(self.device_copy.view(-1)[i])} 인데 호스트 표는 {int(host[i])} 입니다; "
                    f"낡은 항목 {len(stale)}개"
                    + (f", 바뀌었는데 복사하지 않은 항목: {short(skipped)}" if skipped else "")
@@ -158,7 +158,7 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
         r = next(i for i, (a, b) in enumerate(zip(tokens, stock)) if a != b)
         raise Wrong(say(en=f"r{r} generated {short(list(tokens[r]))}; the stock engine "
                            f"{short(list(stock[r]))}",
-                        ko=f"r{r} 가 {short(list(tokens[r]))} 를 생성했는데 표준 엔진은 "
+                        ko=f"r{particle(r, '이/가')} {particle(short(list(tokens[r])), '을/를')} 생성했는데 표준 엔진은 "
                            f"{short(list(stock[r]))} 입니다"))
     entries = cache.config.block_table_entries
     layers = cache.config.num_layers
