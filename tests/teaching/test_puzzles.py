@@ -268,3 +268,11 @@ def test_can_share_tells_tokens_only_from_tokens_and_parent():
     assert tokens_only.message != both.message
     assert "not the parent" in tokens_only.message
     assert "none would be left to compute" in both.message
+
+
+@pytest.mark.slow
+def test_can_share_that_compares_nothing_is_not_said_to_compare_the_tokens():
+    verdict = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f is not None)
+    assert verdict.status == "wrong"
+    assert "compared the tokens" not in verdict.message
+    assert "neither the tokens nor the parent" in verdict.message

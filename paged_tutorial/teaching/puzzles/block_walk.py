@@ -176,6 +176,20 @@ def grade(fn) -> tuple:
                   f"출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), first_figure
 
 
+def run_parts(parts, case):
+    """Grade a whole set of kernel parts (the package's, or a chapter's demonstration of a
+    mistake in another part) at one fixed ``case``, with this puzzle's checks: a ``Verdict``."""
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        figure = _grade_case(parts, case)
+    except Wrong as wrong:
+        return Verdict("wrong", f"[{case.label}] {wrong.message}"
+                       if not wrong.message.startswith("[") else wrong.message, wrong.figure)
+    return Verdict("correct", say(en="the article's reads and the oracle's output",
+                                  ko="아티클과 같은 읽기, 오라클과 같은 출력"), figure)
+
+
 def _grade_case(parts, case):
     """Run one drawn launch; raise Wrong naming the shape, else return its figure."""
     prep = prepare(case)

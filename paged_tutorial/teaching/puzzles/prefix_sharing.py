@@ -149,7 +149,24 @@ class ReaderRule:
         return mine
 
 
-def _describe(call: Call, scenario: Scenario) -> str:
+def _compares_tokens(fn, args) -> bool:
+    """Whether ``fn`` refuses the block it was asked about once the block's tokens differ from
+    the request's (everything else the same): a probe of the rule, on the host."""
+    import dataclasses
+
+    found, tokens, previous, lb, n_tokens, bs = args
+    other = tuple(t + 1 for t in found.tokens)
+    try:
+        probe = dataclasses.replace(found, tokens=other) if dataclasses.is_dataclass(found) \
+            else None
+        if probe is None:
+            return True
+        return not fn(probe, tokens, previous, lb, n_tokens, bs)
+    except Exception:               # a rule that cannot be asked so: say what the run showed
+        return True
+
+
+def _describe(call: Call, scenario: Scenario, fn) -> str:
     found, tokens, previous, lb, n_tokens, bs = call.args
     name = SCENARIO_NAMES[scenario.name]
     where = say(en=f"[{name}] request r{call.request}, logical block {lb}",
@@ -163,6 +180,16 @@ def _describe(call: Call, scenario: Scenario) -> str:
                        ko=f"{where}: 규칙이 다른 토큰을 담은 캐시 블록을 공유했습니다 "
                           f"(요청은 {own}... 인데 블록은 {theirs}...). 키가 같다고 내용이 같은 "
                           "것은 아닙니다: 키는 해시입니다")
+        if not _compares_tokens(fn, call.args):
+            return say(en=f"{where}: your rule compared neither the tokens nor the parent: it "
+                          "shared a cached block computed after a different block (found.parent "
+                          "is not previous), and asked about a block that holds other tokens it "
+                          "answers True as well.  A key is a hash: only the block's tokens and "
+                          "its parent say whether its K/V are the request's",
+                       ko=f"{where}: 규칙이 토큰도 부모도 비교하지 않았습니다: 다른 블록 뒤에서 "
+                          "계산된 캐시 블록을 공유했고 (found.parent 가 previous 가 아님), 다른 "
+                          "토큰을 담은 블록을 물어도 True 를 돌려줍니다.  키는 해시일 뿐입니다: "
+                          "블록의 K/V 가 요청의 것인지는 블록의 토큰과 부모만이 말해 줍니다")
         return say(en=f"{where}: your rule compared the tokens but not the parent: it shared a "
                       "cached block with the request's own tokens, computed after a different "
                       "block (found.parent is not previous).  K/V depend on every earlier token, "
@@ -194,7 +221,7 @@ def grade(fn) -> str:
             if mine[r][1] != stock[r][1]:
                 effect += say(en=f" and generated {mine[r][1]} instead of {stock[r][1]}",
                               ko=f", 그리고 {stock[r][1]} 대신 {particle(mine[r][1], '을/를')} 생성했습니다")
-            raise Wrong(_describe(call, scenario) + "." + effect + ".")
+            raise Wrong(_describe(call, scenario, fn) + "." + effect + ".")
         if mine != list(stock):                 # cannot happen without a disagreement
             raise Wrong(say(en=f"[{SCENARIO_NAMES[scenario.name]}] the run differs from the "
                                f"engine's: {mine} vs {list(stock)}",

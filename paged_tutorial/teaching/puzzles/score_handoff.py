@@ -128,6 +128,64 @@ def _figure(result, case):
     return draw
 
 
+def _grade_case(parts, case):
+    """Run one launch with ``parts``; raise Wrong naming the shape, else return its figure."""
+    fn = parts.token_score
+    prep = prepare(case)
+    d = case.head_dim
+    head = say(en=f"head_dim {d} ({warps(d)} warp(s)) [{case.label}]",
+               ko=f"head_dim {d} (워프 {warps(d)}개) [{case.label}]")
+    result = run_body(prep, parts)
+    figure = _figure(result, case)
+    # a thread that raised stops early, which looks like divergence: its error comes first,
+    # except the shuffle emulation's, which a divergent barrier itself causes
+    raised = result.error is not None and "sim_shim" not in result.error
+    divergence = result.shared.divergence() if result.shared is not None else None
+    if divergence is not None and not raised:
+        raise Wrong(f"{head}: {divergence_message(divergence)}", figure)
+    if result.error is not None:
+        raise Wrong(say(en=f"{head}: the kernel failed with your token_score: {result.error}",
+                        ko=f"{head}: 여러분의 token_score 로 커널이 실패했습니다: "
+                           f"{result.error}"), figure)
+    races = result.shared.races() if result.shared is not None else []
+    if races:
+        raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
+    if result.bad:
+        why = [bad_summary(prep, result)]
+        counts = lane_counts(fn)
+        lanes = _lanes_message(counts) if counts is not None else None
+        if lanes:
+            why.append(lanes)
+        elif result.shared is not None:
+            cells = _combined_cells(result)
+            if cells and cells != list(range(warps(d))):
+                why.append(say(
+                    en=f"thread 0 combined dot_products{cells}, but this block has "
+                       f"{warps(d)} warp(s): cells 0..{warps(d) - 1}",
+                    ko=f"스레드 0이 dot_products{particle(cells, '을/를')} 더했지만 이 블록의 "
+                       f"워프는 {warps(d)}개입니다: 칸 0..{warps(d) - 1}"))
+            else:
+                why.append(say(en="every lane and every warp counted once: is the sum "
+                                  "multiplied by scale exactly once?",
+                               ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale 을 "
+                                  "정확히 한 번 곱했나요?"))
+        raise Wrong(f"{head}: " + ".  ".join(why), figure)
+    return figure
+
+
+def run_parts(parts, case):
+    """Grade a whole set of kernel parts (the package's, or a chapter's demonstration) at one
+    fixed ``case``, as the puzzle grades the reader's ``token_score``: a ``Verdict``."""
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        figure = _grade_case(parts, case)
+    except Wrong as wrong:
+        return Verdict("wrong", wrong.message, wrong.figure)
+    return Verdict("correct", say(en="no race, every barrier reached, the oracle's output",
+                                  ko="race 없음, 모든 배리어 도달, 오라클과 같은 출력"), figure)
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
@@ -138,46 +196,7 @@ def grade(fn) -> tuple:
     last = None
     drawn = cases()
     for case in drawn:
-        prep = prepare(case)
-        d = case.head_dim
-        head = say(en=f"head_dim {d} ({warps(d)} warp(s)) [{case.label}]",
-                   ko=f"head_dim {d} (워프 {warps(d)}개) [{case.label}]")
-        result = run_body(prep, parts)
-        figure = _figure(result, case)
-        # a thread that raised stops early, which looks like divergence: its error comes first,
-        # except the shuffle emulation's, which a divergent barrier itself causes
-        raised = result.error is not None and "sim_shim" not in result.error
-        divergence = result.shared.divergence() if result.shared is not None else None
-        if divergence is not None and not raised:
-            raise Wrong(f"{head}: {divergence_message(divergence)}", figure)
-        if result.error is not None:
-            raise Wrong(say(en=f"{head}: the kernel failed with your token_score: {result.error}",
-                            ko=f"{head}: 여러분의 token_score 로 커널이 실패했습니다: "
-                               f"{result.error}"), figure)
-        races = result.shared.races() if result.shared is not None else []
-        if races:
-            raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
-        if result.bad:
-            why = [bad_summary(prep, result)]
-            counts = lane_counts(fn)
-            lanes = _lanes_message(counts) if counts is not None else None
-            if lanes:
-                why.append(lanes)
-            elif result.shared is not None:
-                cells = _combined_cells(result)
-                if cells and cells != list(range(warps(d))):
-                    why.append(say(
-                        en=f"thread 0 combined dot_products{cells}, but this block has "
-                           f"{warps(d)} warp(s): cells 0..{warps(d) - 1}",
-                        ko=f"스레드 0이 dot_products{particle(cells, '을/를')} 더했지만 이 블록의 워프는 "
-                           f"{warps(d)}개입니다: 칸 0..{warps(d) - 1}"))
-                else:
-                    why.append(say(en="every lane and every warp counted once: is the sum "
-                                      "multiplied by scale exactly once?",
-                                   ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale 을 "
-                                      "정확히 한 번 곱했나요?"))
-            raise Wrong(f"{head}: " + ".  ".join(why), figure)
-        last = figure
+        last = _grade_case(parts, case)
     dims = ", ".join(str(case.head_dim) for case in drawn)
     if last is None:                # on a GPU: no shared-memory log, the output alone
         return say(
