@@ -33,14 +33,19 @@ def cases() -> list[KernelCase]:
     ordinary = shapes.case(rng, seed, head_dim=shapes.pick(rng, (16, 24, 32)), gqa=(1, 1),
                            lens=[int(rng.integers(18, 31))], max_slots=1, slots=[0],
                            q_scale=1.5)
+    return [ordinary, wide_case(rng, seed + 1)]
+
+
+def wide_case(rng, seed: int) -> KernelCase:
+    """A few tokens whose widest score is past ``WIDE_SCORE`` (redrawn until it is)."""
     for attempt in range(64):
-        wide = shapes.case(rng, seed + 1 + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
+        wide = shapes.case(rng, seed + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
                            gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1, slots=[0],
                            q_scale=float(rng.uniform(650.0, 800.0)))
         scores, _ = _scores_and_values(prepare(wide))
         if scores.max() > WIDE_SCORE:
-            break
-    return [ordinary, wide]
+            return wide
+    raise RuntimeError("wide_case: no draw reached the score WIDE_SCORE")
 
 
 NAMES = ["current_max", "d", "acc", "score", "v"]
@@ -114,7 +119,14 @@ def _first_divergence(scores, mine, article) -> str:
                             ko=f"running max 는 {article[t, 0]:.4g} 그대로입니다")
             state = say(en=f" (your d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ",
                         ko=f" (여러분의 d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ")
-            if np.isinf(mine[t]).any():
+            if mine[t, 1] == 0:
+                overflow = state + say(en="d is 0, so acc / d is 0/0: exp() of a score far below "
+                                          "0 underflows to 0 unless it is taken relative to the "
+                                          "running max)",
+                                       ko="d 가 0 이라 acc / d 는 0/0 입니다: 0 보다 한참 작은 점수의 "
+                                          "exp() 는 running max 기준으로 계산하지 않으면 0 으로 "
+                                          "사라집니다)")
+            elif np.isinf(mine[t, 1:]).any():
                 overflow = state + say(en="float32 overflowed: exp() of a score far above the "
                                           "kept max exceeds 3.4e38)",
                                        ko="float32 오버플로: 유지한 최대보다 훨씬 큰 점수의 exp() "
@@ -137,6 +149,46 @@ def _first_divergence(scores, mine, article) -> str:
                ko="호스트 재현은 아티클의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
+def _grade_case(fn, parts, case):
+    """Run one launch with ``parts`` (``fn`` the update in them); raise Wrong naming the shape
+    and the first token that differs, replayed on the host."""
+    prep = prepare(case)
+    failed = None
+    try:
+        result = run(prep, parts)
+    except Wrong as wrong:            # the kernel raised (Python's math.exp in the simulator)
+        failed = wrong.message
+    if failed is not None or not result.ok:
+        scores, values = _scores_and_values(prep)
+        mine, article = replay(fn, scores, values), replay(article_update, scores, values)
+
+        def draw(scores=scores, mine=mine, article=article, label=case.label):
+            from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
+
+            return plot_softmax_replay(scores, mine, article, title=label)
+        summary = failed if failed is not None else bad_summary(
+            prep, result, say(en="an overflow or 0/0", ko="오버플로 또는 0/0"))
+        first = _first_divergence(scores, mine, article)
+        raise Wrong(say(en=f"[{case.label}] {summary}.  First difference, replayed on the "
+                           f"host: {first}",
+                        ko=f"[{case.label}] {summary}.  호스트에서 재현한 첫 차이: {first}"),
+                    figure=draw)
+    return prep
+
+
+def run_parts(fn, case):
+    """Grade the update ``fn`` (the package's, or a chapter's demonstration) at one fixed
+    ``case`` with this puzzle's checks: a ``Verdict``."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        _grade_case(fn, attention.ARTICLE_PARTS.replace(softmax_update=fn), case)
+    except Wrong as wrong:
+        return Verdict("wrong", wrong.message, wrong.figure)
+    return Verdict("correct", say(en="the oracle's output", ko="오라클과 같은 출력"))
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
@@ -148,26 +200,7 @@ def grade(fn) -> tuple:
     parts = attention.ARTICLE_PARTS.replace(softmax_update=fn)
     drawn = cases()
     for case in drawn:
-        prep = prepare(case)
-        try:
-            result = run(prep, parts)
-        except Wrong as wrong:
-            raise Wrong(f"[{case.label}] {wrong.message}", wrong.figure) from None
-        if not result.ok:
-            scores, values = _scores_and_values(prep)
-            mine, article = replay(fn, scores, values), replay(article_update, scores, values)
-
-            def draw(scores=scores, mine=mine, article=article, label=case.label):
-                from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
-
-                return plot_softmax_replay(scores, mine, article, title=label)
-            summary = bad_summary(prep, result, say(en="an overflow or 0/0",
-                                                    ko="오버플로 또는 0/0"))
-            first = _first_divergence(scores, mine, article)
-            raise Wrong(say(en=f"[{case.label}] {summary}.  First difference, replayed on the "
-                               f"host: {first}",
-                            ko=f"[{case.label}] {summary}.  호스트에서 재현한 첫 차이: {first}"),
-                        figure=draw)
+        prep = _grade_case(fn, parts, case)
     scores, values = _scores_and_values(prep)
     article = replay(article_update, scores, values)
     mine = replay(fn, scores, values)
