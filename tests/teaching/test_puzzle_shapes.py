@@ -52,6 +52,7 @@ def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():
     wide = online_softmax.cases()[1]
     scores, _ = online_softmax._scores_and_values(online_softmax.prepare(wide))
     assert scores.max() > online_softmax.WIDE_SCORE > math.log(np.finfo(np.float64).max)
+    assert scores.max() - scores[0] > online_softmax.RISE
 
 
 def _allocator(cls, num_layers=2, blocks=6):
