@@ -74,7 +74,7 @@ def test_allocator_base_gives_no_block_moves_to_inherit():
 
 
 def test_a_refused_call_must_change_nothing_the_allocator_holds():
-    from paged_tutorial.teaching.exercises.solutions import ArticleAllocator
+    from helpers.wrong_allocators import ArticleAllocator
     from paged_tutorial.teaching.puzzles.base import Wrong
 
     class CountsRefusals(ArticleAllocator):

@@ -68,26 +68,37 @@ class AllocatorBase(BlockAllocator):
         raise NotImplementedError("write release(self, slot) in your subclass of AllocatorBase")
 
 
-#: the package's allocators: an answer may not call or inherit their methods
+#: the package's allocators: an answer may not call or inherit their methods (nor the worked
+#: solution's, ``exercises.solutions``)
 BORROWED = (FreeListAllocator,)
 
 
 def borrowed_code(cls) -> str | None:
-    """The name of a package allocator that ``cls`` inherits from or that its methods name,
-    else None: such an answer hands the work to the engine's own code."""
+    """The name of a package allocator or of the worked solution that ``cls`` inherits from or
+    that its methods name, else None: such an answer hands the work to code it did not write.
+    (The worked solution itself, passed as it is, is what ``reveal`` gives: not refused.)"""
+    from paged_tutorial.teaching.exercises import solutions
+
+    def borrowed(value) -> bool:
+        if isinstance(value, type) and issubclass(value, BORROWED):
+            return True
+        return getattr(value, "__module__", None) == solutions.__name__ and value is not cls
+
     for base in cls.__mro__:
         if base in (AllocatorBase, BlockAllocator, object):
             continue
-        if issubclass(base, BORROWED):
+        if base is not cls and borrowed(base) or issubclass(base, BORROWED):
             return f"{base.__module__}.{base.__qualname__}"
         for value in vars(base).values():
             fn = getattr(value, "__func__", value)
             code = getattr(fn, "__code__", None)
             if code is None:
                 continue
-            for name in _names(code):
-                used = fn.__globals__.get(name)
-                if isinstance(used, type) and issubclass(used, BORROWED):
+            names = _names(code)
+            for name in names:
+                imported = name in ("solutions", solutions.__name__) or \
+                    name in {b.__name__ for b in BORROWED}        # imported inside the method
+                if imported or borrowed(fn.__globals__.get(name)):
                     return f"{name} (in {fn.__name__})"
     return None
 
