@@ -95,6 +95,22 @@ def article_hand_off(q_val, k, thread_id, scale, dot_products, score):
     return dot_products[0]
 
 
+def at_most_two_warps(q_val, k, thread_id, scale, dot_products, score):
+    qk = q_val * k
+    for off in (16, 8, 4, 2, 1):
+        qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, off)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id // WARP_SIZE] = qk
+    cuda.syncthreads()
+    if thread_id == 0:
+        total = dot_products[0]
+        if NUM_WARPS > 1:
+            total += dot_products[1]
+        score[0] = total * scale
+    cuda.syncthreads()
+    return score[0]
+
+
 def no_scale(q_val, k, thread_id, scale, dot_products, score):
     qk = q_val * k
     for off in (16, 8, 4, 2, 1):
@@ -192,6 +208,7 @@ WRONG_BODIES = {
         "the article's hand-off through dot_products[0]":
             (article_hand_off, "race on dot_products[0]"),
         "the scale never applied": (no_scale, "scale"),
+        "a combine of at most two warps (the article's)": (at_most_two_warps, "3 warp(s)"),
     },
     "05.write_output": {
         "threads past HEAD_DIM write too": (_store(_in_place, guard=False), "own no dimension"),

@@ -45,7 +45,8 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
         store = output_store.cases()
         assert len({c.head_dim for c in store}) == 2 and all(c.head_dim % 32 for c in store)
-        assert {32, 64} <= {c.head_dim for c in score_handoff.cases()}
+        dims = sorted(c.head_dim for c in score_handoff.cases())
+        assert dims[:2] == [32, 64] and 64 < dims[2] < 96
 
 
 def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():

@@ -7,7 +7,7 @@ publish overwrites with no barrier in between).
 
 The grader compiles her ``token_score`` into the article's kernel (``KernelParts``) and runs it
 for head_dim 32 (one warp), 64 (the article's two) and one drawn afresh for every check whose
-last warp is partly filled (40-88)
+last warp is partly filled (72-88: three warps)
 on a poisoned cache, against the torch oracle.  In the simulator it also records every
 shared-memory access with its barrier epoch (``access_log.record_shared_accesses``) and every
 barrier, and rejects, naming threads, cells and lines:
@@ -44,9 +44,10 @@ WARP_SIZE = 32
 
 def cases() -> list[KernelCase]:
     """Three launches drawn afresh: one warp (head_dim 32), the article's two (64), and a
-    head_dim whose last warp is partly used (two to three warps), each a few tokens long."""
+    head_dim of three warps whose last one is partly used, each a few tokens long (so a
+    combine that adds at most two warps fails)."""
     rng, seed = shapes.fresh_rng()
-    partial = shapes.pick(rng, (40, 48, 56, 72, 80, 88))
+    partial = shapes.pick(rng, (72, 80, 88))
     return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
                         lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0])
             for i, d in enumerate((32, 64, partial))]
@@ -253,10 +254,10 @@ PUZZLES = (
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), head_dim 32, 64 and one with a partly used last warp drawn afresh for "
-                "every check, with the simulator's shared-memory race check",
+                "GPU), head_dim 32, 64 and one of three warps, the last partly used, drawn "
+                "afresh for every check, with the simulator's shared-memory race check",
              ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
-                "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 마지막 워프를 일부만 쓰는 "
-                "head_dim 하나; 시뮬레이터의 공유 메모리 race 검사 포함"),
+                "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 워프 세 개 중 마지막을 "
+                "일부만 쓰는 head_dim 하나; 시뮬레이터의 공유 메모리 race 검사 포함"),
         "kernels.cu:486-508", grade),
 )
