@@ -562,10 +562,13 @@ PUZZLES = (
                 "규칙 2 (디코드): 위치 p 에 쓰는 토큰은 p % BLOCK_SIZE == 0 일 때만 새 블록이 "
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
                 "슬롯의 표를 훑습니다."),
-        Text(en="a real Engine (torch backend, 2 slots, 2 layers, 8 blocks: too few for its 3 "
-                "requests, so it preempts) whose cache allocates with your class, next to a "
-                "stock engine",
-             ko="직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine (torch 백엔드, 슬롯 2개, "
-                "레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 일어납니다), 표준 엔진과 나란히"),
+        Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
+                "(three or four layers), then a real Engine (torch backend, 2 slots, 2 layers, 8 "
+                "blocks: too few for its 3 requests, so it preempts) whose cache allocates with "
+                "your class, next to a stock engine",
+             ko="채점할 때마다 새로 뽑는 표 배치(레이어 세 개나 네 개)에서 남은 것보다 많은 블록을 "
+                "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
+                "(torch 백엔드, 슬롯 2개, 레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 "
+                "일어납니다)과 표준 엔진을 나란히 돌린 실행"),
         "main.cpp:266-272, 859-865, 1018-1029", grade),
 )

@@ -231,9 +231,10 @@ PUZZLES = (
              ko="항목은 블록을 꺼내거나 반납할 때만 바뀝니다; 디바이스 사본의 나머지 항목은 이미 "
                 "맞습니다."),
         Text(en="a real Engine (torch backend, 2 slots, 2 layers) whose device block table is "
-                "its own tensor, updated by your function before every step, next to a stock "
-                "engine",
+                "its own tensor, updated by your function before every step (every entry read "
+                "or written counted), next to a stock engine",
              ko="디바이스 block table 을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
-                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개), 표준 엔진과 나란히"),
+                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개; 읽고 쓴 항목을 모두 셉니다)과 표준 "
+                "엔진을 나란히 돌린 실행"),
         "main.cpp:551-552, 876, 1030", grade),
 )
