@@ -41,6 +41,7 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         table = kernel_addresses.table_cases()
         assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
+        assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
         k = kernel_addresses.k_cases()
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
         store = output_store.cases()

@@ -28,11 +28,15 @@ RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a
 
 def table_cases() -> list[KernelCase]:
     """Two table layouts drawn afresh: slots, layers (the one read among them) and logical
-    blocks per sequence all differ between the two."""
+    blocks per sequence all differ between the two, and no layout has as many layers as
+    logical blocks per sequence."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
-    per_seq = shapes.distinct(rng, (3, 4, 5), 2)        # MAX_BLOCKS_PER_SEQ
+    # MAX_BLOCKS_PER_SEQ: different in the two layouts, and never equal to N_LAYERS (where a
+    # layer stride of N_LAYERS would happen to be right)
+    first = shapes.pick(rng, [m for m in (3, 4, 5) if m != layers[0]])
+    per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
     out = []
     for i in range(2):
         n = slots[i]
