@@ -3,7 +3,34 @@
 from __future__ import annotations
 
 from paged_tutorial.cache import CacheFullError
-from paged_tutorial.teaching.exercises.solutions import ArticleAllocator
+from paged_tutorial.cache.block_allocator import FreeListAllocator
+from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+
+
+class ArticleAllocator(AllocatorBase):
+    """The article's block manager as a reader writes it (the worked solution's code, written
+    out here: an answer that inherits the worked solution itself is refused)."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        self.check_length(slot, new_len)
+        needed = [(layer, logical) for layer in range(c.num_layers)
+                  for logical in range(c.blocks_for_tokens(new_len))
+                  if self.table.entries[slot, layer, logical] == -1]
+        if len(needed) > len(self.free_blocks):
+            raise CacheFullError(f"slot {slot} needs {len(needed)} blocks")
+        for layer, logical in needed:
+            self.table.assign(slot, layer, logical, self.free_blocks.pop())
+
+    def release(self, slot):
+        pushed = []
+        for layer in range(self.config.num_layers):
+            for logical in range(self.config.MAX_BLOCKS_PER_SEQ):
+                if self.table.entries[slot, layer, logical] != -1:
+                    block = self.table.unassign(slot, layer, logical)
+                    self.free_blocks.append(block)
+                    pushed.append(block)
+        return pushed
 
 
 class NeverPreempts(ArticleAllocator):
@@ -103,7 +130,66 @@ class PopsEveryDecode(ArticleAllocator):
             self.table.assign(slot, layer, logical, self.free_blocks.pop())
 
 
+class PopsThenFails(ArticleAllocator):
+    """Pops block by block and raises CacheFullError when the free list runs dry: the blocks
+    popped before it stay taken (a refused call must change nothing)."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        for layer in range(c.num_layers):
+            for logical in range(c.blocks_for_tokens(new_len)):
+                if self.table.entries[slot, layer, logical] == -1:
+                    if not self.free_blocks:
+                        raise CacheFullError("full")
+                    self.table.assign(slot, layer, logical, self.free_blocks.pop())
+
+
+class DelegatesToThePackage(AllocatorBase):
+    """Hands both methods to the package's own allocator."""
+
+    def ensure_capacity(self, slot, new_len):
+        return FreeListAllocator.ensure_capacity(self, slot, new_len)
+
+    def release(self, slot):
+        return FreeListAllocator.release(self, slot)
+
+
+class CountsForTwoLayers(ArticleAllocator):
+    """Counts the blocks a growth needs as if every model had two layers."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        n_logical = c.blocks_for_tokens(new_len)
+        missing = int((self.table.entries[slot, 0, :n_logical] == -1).sum())
+        if missing * 2 > len(self.free_blocks):
+            raise CacheFullError("full")
+        for layer in range(c.num_layers):
+            for logical in range(n_logical):
+                if self.table.entries[slot, layer, logical] == -1:
+                    if not self.free_blocks:
+                        raise CacheFullError("full")
+                    self.table.assign(slot, layer, logical, self.free_blocks.pop())
+
+
+class InheritsTheWorkedSolution(AllocatorBase):
+    """Hands both methods to the worked solution's class."""
+
+    def ensure_capacity(self, slot, new_len):
+        from paged_tutorial.teaching.exercises.solutions import ArticleAllocator as Worked
+
+        return Worked.ensure_capacity(self, slot, new_len)
+
+    def release(self, slot):
+        from paged_tutorial.teaching.exercises import solutions
+
+        return solutions.ArticleAllocator.release(self, slot)
+
+
 WRONG = {
+    "delegates to the worked solution": InheritsTheWorkedSolution,
+    "pops some blocks, then raises CacheFullError (0 < free < needed)": PopsThenFails,
+    "delegates to the package's allocator": DelegatesToThePackage,
+    "counts the need for two layers only": CountsForTwoLayers,
     "never preempts (pops from an empty free list)": NeverPreempts,
     "never preempts (returns without blocks when full)": ReturnsWhenFull,
     "release in reverse order": ReverseRelease,

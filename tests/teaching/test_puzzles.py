@@ -62,6 +62,7 @@ WRONG = {
         "slot and layer terms swapped": lambda s, l, lb, L, M: l * L * M + s * M + lb,
         "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
         "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
+        "hard-coded layout (3 layers, 4 logical blocks)": lambda s, l, lb, L, M: s * 12 + l * 4 + lb,
     },
     "03.k_index": {
         "kv_head term missing": lambda p, t, h, d, BE, KV, HD: p * BE + t * KV + d,
@@ -69,6 +70,10 @@ WRONG = {
         "bytes instead of elements":
             lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) * 2,
         "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
+        "hard-coded to one shape (head_dim 32, two kv heads)":
+            lambda p, t, h, d, BE, KV, HD: p * 2048 + t * 64 + h * 32 + d,
+        "hard-coded to the article's shape (head_dim 64, eight kv heads)":
+            lambda p, t, h, d, BE, KV, HD: p * BE + t * 512 + h * 64 + d,
     },
     "05.softmax_update": {
         "acc not rescaled": _softmax(rescale_acc=False),
@@ -77,6 +82,9 @@ WRONG = {
         "running max never updated": _softmax(keep_first_max=True),
         "no running max: exp(score) summed as it is (notebook 05's example)":
             lambda m, d, acc, s, v: (m, d + math.exp(s), acc + math.exp(s) * v),
+        "no running max, in float64":
+            lambda m, d, acc, s, v: (max(float(m), float(s)), float(d) + math.exp(float(s)),
+                                     float(acc) + math.exp(float(s)) * float(v)),
     },
     "06.allocator": WRONG_ALLOCATORS,
     "06.table_sync": {
@@ -89,6 +97,12 @@ WRONG = {
         "copies the changed entries' whole rows": lambda host, device, changed: [
             device.__setitem__(slice(i - i % 8, i - i % 8 + 8), host[i - i % 8:i - i % 8 + 8])
             for i in changed],
+        "ignores changed and compares the whole device table every step":
+            lambda host, device, changed: [device.__setitem__(i, host[i])
+                                           for i in range(len(device)) if device[i] != host[i]],
+        "reads the whole device table in one slice to find the stale entries":
+            lambda host, device, changed: [device.__setitem__(int(i), host[int(i)])
+                                           for i in (device[:] != host).nonzero()[0]],
     },
     "09.can_share": {
         "trusts the key (no token check)":
@@ -211,6 +225,22 @@ def test_chapter_03_to_05_texts_and_verdicts_speak_korean():
         set_language("en")
 
 
+def test_every_puzzle_describes_itself_in_korean_with_no_english_join():
+    from paged_tutorial.teaching.language import set_language
+
+    set_language("ko")
+    try:
+        for p in PUZZLES:
+            text = p.describe()
+            assert "여기에 코드를 쓰세요" in text and "your code" not in text, p.name
+            for english in ("Graded by", "the article's", "TODO", " 에서 실행합니다", " 를 대신",
+                            "beyond the article", "(prefill)", "(and "):
+                assert english not in text, (p.name, english)
+            assert "힌트" in text and "채점하는 곳" in text
+    finally:
+        set_language("en")
+
+
 @pytest.mark.skipif(not __import__("paged_tutorial.backends.numba_cuda.runtime.access_log",
                                    fromlist=["AVAILABLE"]).AVAILABLE,
                     reason="the time limit stops simulated threads only")
@@ -224,7 +254,7 @@ def test_a_stuck_kernel_is_stopped_and_reported_not_hung():
                 pass
         cuda.syncthreads()          # noqa: F821
         return float32(0.0)         # noqa: F821
-    prep = kernel_harness.prepare(score_handoff.CASES[0])
+    prep = kernel_harness.prepare(score_handoff.cases()[0])
     result = kernel_harness.run_body(prep, attention.ARTICLE_PARTS.replace(token_score=spins),
                                      timeout=3)
     assert result.error is not None and "still running after 3 s" in result.error
@@ -238,3 +268,11 @@ def test_can_share_tells_tokens_only_from_tokens_and_parent():
     assert tokens_only.message != both.message
     assert "not the parent" in tokens_only.message
     assert "none would be left to compute" in both.message
+
+
+@pytest.mark.slow
+def test_can_share_that_compares_nothing_is_not_said_to_compare_the_tokens():
+    verdict = ex.grade("09.can_share", lambda f, t, p, lb, n, BS: f is not None)
+    assert verdict.status == "wrong"
+    assert "compared the tokens" not in verdict.message
+    assert "neither the tokens nor the parent" in verdict.message

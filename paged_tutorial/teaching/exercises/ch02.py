@@ -73,7 +73,7 @@ EXERCISES = (
         "02.entries_used",
         Text(en="Table entries that hold a physical block when slot 0 caches {0} tokens and "
                 "slot 1 caches {1} (article's table).".format(LENGTHS[0], LENGTHS[1]),
-             ko="슬롯 0 이 토큰 {0}개, 슬롯 1 이 토큰 {1}개를 캐시할 때 물리 블록을 가진 표 "
+             ko="슬롯 0이 토큰 {0}개, 슬롯 1이 토큰 {1}개를 캐시할 때 물리 블록을 가진 표 "
                 "항목 수 (글의 표).".format(LENGTHS[0], LENGTHS[1])),
         Integer(), _entries_used,
         explain=lambda e: say(

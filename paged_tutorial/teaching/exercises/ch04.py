@@ -71,7 +71,7 @@ EXERCISES = (
                               ko=f"스레드 0 과 32 만 publish 합니다: 워프 0, 1 = {e}개 항; 셋째 "
                                  f"워프의 곱 {80 - e}개는 버려집니다"),
         hint=Text(en="which warps have their lane 0 write into dot_products?",
-                  ko="어느 워프의 레인 0 이 dot_products 에 쓰나요?"),
+                  ko="어느 워프의 레인 0이 dot_products 에 쓰나요?"),
         mistakes=(Mistake(lambda: 80, Text(
             en="count again: does anything read the third warp's sum?",
             ko="다시 세어 보세요: 셋째 워프의 합을 읽는 곳이 있나요?")),)),
@@ -98,7 +98,7 @@ EXERCISES = (
         "04.scale_error_128",
         Text(en="The article's thread 0 divides every score by SQRT_HEAD_DIM = 8.  Kept as it "
                 "is for a model with head_dim 128, by what factor are the scores too large?",
-             ko="아티클의 스레드 0 은 모든 점수를 SQRT_HEAD_DIM = 8 로 나눕니다.  head_dim 128 "
+             ko="아티클의 스레드 0은 모든 점수를 SQRT_HEAD_DIM = 8 로 나눕니다.  head_dim 128 "
                 "모델에 그대로 두면 점수는 몇 배 커질까요?"),
         Real(), lambda: (1 / 8) / (1 / math.sqrt(128)),
         explain=lambda e: say(en=f"1/8 against 1/sqrt(128): sqrt(128)/8 = {e:.4f}, a sharper "

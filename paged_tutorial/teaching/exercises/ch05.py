@@ -80,7 +80,7 @@ EXERCISES = (
                 "{active_slot}, q head {q_head}) reads first and overwrites last, for a "
                 "contiguous q of shape {shape}.".format(shape=list(Q_SHAPE), **Q_BLOCK),
              ko="모양 {shape} 의 연속된 q 에서 블록 (active_slot {active_slot}, q 헤드 {q_head}) "
-                "의 스레드 {thread} 가 처음 읽고 마지막에 덮어쓰는 평평한 원소 "
+                "의 {thread}번 스레드가 처음 읽고 마지막에 덮어쓰는 평평한 원소 "
                 "번호.".format(shape=list(Q_SHAPE), **Q_BLOCK)),
         Integer(), _q_index,
         explain=lambda e: say(

@@ -83,8 +83,8 @@ EXERCISES = (
         Text(en="A fresh cache of 64 blocks, 2 layers: slot 0 grows to 20 tokens and is "
                 "released; then slot 1 takes one token.  Which physical block lands in "
                 "block_table[1, 0, 0]?",
-             ko="블록 64개, 레이어 2개인 새 캐시: 슬롯 0 이 토큰 20개로 자란 뒤 반납되고, 이어서 "
-                "슬롯 1 이 토큰 하나를 받습니다.  block_table[1, 0, 0] 에는 어느 물리 블록이 "
+             ko="블록 64개, 레이어 2개인 새 캐시: 슬롯 0이 토큰 20개로 자란 뒤 반납되고, 이어서 "
+                "슬롯 1이 토큰 하나를 받습니다.  block_table[1, 0, 0] 에는 어느 물리 블록이 "
                 "들어갈까요?"),
         Integer(), next_pop_block,
         explain=lambda e: say(
@@ -98,7 +98,7 @@ EXERCISES = (
             Mistake(lambda: 63, Text(
                 en="63 is the first block slot 0 popped and the first one pushed back; "
                    "pop_back takes from the other end",
-                ko="63 은 슬롯 0 이 처음 꺼내고 처음 돌려준 블록입니다; pop_back 은 반대쪽 끝에서 "
+                ko="63은 슬롯 0이 처음 꺼내고 처음 돌려준 블록입니다; pop_back 은 반대쪽 끝에서 "
                    "꺼냅니다")),
             Mistake(lambda: 0, Text(
                 en="free_blocks is used as a stack: pops come from the end (the high ids)",

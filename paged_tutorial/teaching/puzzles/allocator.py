@@ -22,10 +22,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from paged_tutorial.cache.block_allocator import CacheFullError, FreeListAllocator
+from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
+                                                  FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, say
-from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, is_stub, short
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
+                                                  short)
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -38,20 +40,75 @@ ENGINE = dict(device="cpu", max_slots=2, max_seq_len=48)
 DTYPE = "float32"                              # recomputing a preempted request is exact
 
 
-class AllocatorBase(FreeListAllocator):
-    """The article's allocator with the two methods that move blocks left to write:
-    ``ensure_capacity(slot, new_len)`` and ``release(slot)``.  What it gives them:
-    ``self.free_blocks`` (the stack, a list), ``self.table`` (``assign(slot, layer, logical,
-    block)``, ``unassign(slot, layer, logical)`` -> the block it held, ``entries``: the NumPy
-    table [slot, layer, logical block], -1 = none), ``self.config`` (``num_layers``,
-    ``BLOCK_SIZE``, ``MAX_BLOCKS_PER_SEQ``, ``blocks_for_tokens(n)``).  The scheduler asks
-    ``can_grow`` / ``can_allocate_prompt`` (the accounting here) before admitting."""
+class AllocatorBase(BlockAllocator):
+    """The article's accounting with the two methods that move blocks left to write:
+    ``ensure_capacity(slot, new_len)`` and ``release(slot)`` (until written they raise, saying
+    so).  What it gives them: ``self.free_blocks`` (the stack, a list), ``self.table``
+    (``assign(slot, layer, logical, block)``, ``unassign(slot, layer, logical)`` -> the block it
+    held, ``entries``: the NumPy table [slot, layer, logical block], -1 = none),
+    ``self.config`` (``num_layers``, ``BLOCK_SIZE``, ``MAX_BLOCKS_PER_SEQ``,
+    ``blocks_for_tokens(n)``).  The scheduler asks ``can_grow`` / ``can_allocate_prompt``
+    before admitting, and a prompt's blocks come from her ``ensure_capacity``."""
+
+    # what the scheduler asks besides growth and release: the article's free-list answers
+    evictable_blocks = FreeListAllocator.evictable_blocks
+    blocks_available = FreeListAllocator.blocks_available
+    prefix_in_flight = FreeListAllocator.prefix_in_flight
+    can_allocate_prompt = FreeListAllocator.can_allocate_prompt
+    allocate_prompt = FreeListAllocator.allocate_prompt
+    commit_step = FreeListAllocator.commit_step
+    discard_uncommitted = FreeListAllocator.discard_uncommitted
+    check_invariants = FreeListAllocator.check_invariants
 
     def ensure_capacity(self, slot: int, new_len: int) -> None:
-        raise NotImplementedError("write ensure_capacity")
+        raise NotImplementedError("write ensure_capacity(self, slot, new_len) in your subclass "
+                                  "of AllocatorBase")
 
     def release(self, slot: int) -> list[int]:
-        raise NotImplementedError("write release")
+        raise NotImplementedError("write release(self, slot) in your subclass of AllocatorBase")
+
+
+#: the package's allocators: an answer may not call or inherit their methods (nor the worked
+#: solution's, ``exercises.solutions``)
+BORROWED = (FreeListAllocator,)
+
+
+def borrowed_code(cls) -> str | None:
+    """The name of a package allocator or of the worked solution that ``cls`` inherits from or
+    that its methods name, else None: such an answer hands the work to code it did not write.
+    (The worked solution itself, passed as it is, is what ``reveal`` gives: not refused.)"""
+    from paged_tutorial.teaching.exercises import solutions
+
+    def borrowed(value) -> bool:
+        if isinstance(value, type) and issubclass(value, BORROWED):
+            return True
+        return getattr(value, "__module__", None) == solutions.__name__ and value is not cls
+
+    for base in cls.__mro__:
+        if base in (AllocatorBase, BlockAllocator, object):
+            continue
+        if base is not cls and borrowed(base) or issubclass(base, BORROWED):
+            return f"{base.__module__}.{base.__qualname__}"
+        for value in vars(base).values():
+            fn = getattr(value, "__func__", value)
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                continue
+            names = _names(code)
+            for name in names:
+                imported = name in ("solutions", solutions.__name__) or \
+                    name in {b.__name__ for b in BORROWED}        # imported inside the method
+                if imported or borrowed(fn.__globals__.get(name)):
+                    return f"{name} (in {fn.__name__})"
+    return None
+
+
+def _names(code) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
 
 
 def _wrong_rule(slot, new_len, before, after, c) -> str | None:
@@ -65,8 +122,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"with {int(after[slot, layer, lb])}: that block is lost (pop only "
                       "where the entry is -1)",
                    ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 "
-                      f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} 을 "
-                      f"{int(after[slot, layer, lb])} 로 덮어썼습니다: 그 블록은 잃어버립니다 "
+                      f"block_table[{slot}, {layer}, {lb}] = {particle(int(before[slot, layer, lb]), '을/를')} "
+                      f"{particle(int(after[slot, layer, lb]), '으로/로')} 덮어썼습니다: 그 블록은 잃어버립니다 "
                       "(항목이 -1 일 때만 꺼내세요)")
     beyond = np.argwhere(after[slot, :, n_logical:] >= 0)
     if beyond.size:
@@ -106,24 +163,26 @@ def checked(cls):
         def ensure_capacity(self, slot, new_len):
             c = self.config
             before, free = self.table.entries.copy(), list(self.free_blocks)
+            state = _state(self)
             need = int(((before[slot, :, :c.blocks_for_tokens(new_len)]) < 0).sum())
             call = f"ensure_capacity(slot={slot}, new_len={new_len})"
             try:
                 super().ensure_capacity(slot, new_len)
             except CacheFullError:
-                if not np.array_equal(self.table.entries, before) or self.free_blocks != free:
+                if not np.array_equal(self.table.entries, before) or self.free_blocks != free \
+                        or not _same_state(state, _state(self)):
                     raise Wrong(say(
                         en=f"{call} raised CacheFullError after changing the table or "
                            "free_blocks: the scheduler preempts and retries, so the failed call "
                            "must change nothing (count first, then pop)",
-                        ko=f"{call} 가 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
+                        ko=f"{particle(call, '이/가')} 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
                            "냈습니다: 스케줄러는 선점하고 다시 부르므로, 실패한 호출은 아무것도 "
                            "바꾸지 않아야 합니다 (먼저 세고 나서 꺼내세요)")) from None
                 if need <= len(free):
                     raise Wrong(say(
                         en=f"{call} raised CacheFullError with {len(free)} blocks free and "
                            f"{need} needed",
-                        ko=f"{call} 가 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
+                        ko=f"{particle(call, '이/가')} 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
                            "CacheFullError 를 냈습니다")) from None
                 raise
             except (Wrong, Unsolved):
@@ -138,7 +197,7 @@ def checked(cls):
                            f"empty free_blocks ({exc}): your allocator never preempts.  When "
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
-                        ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
+                        ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
                            f"free_blocks 에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
                            "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError 를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
@@ -157,7 +216,7 @@ def checked(cls):
                     en=f"{call} needs {need} blocks, only {len(free)} are free, and it returned "
                        "without them: your allocator never preempts.  Raise CacheFullError "
                        "(changing nothing); the scheduler then preempts a request",
-                    ko=f"{call} 는 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
+                    ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
                        "그냥 돌아왔습니다: 이 할당기는 선점을 일으키지 못합니다.  (아무것도 "
                        "바꾸지 말고) CacheFullError 를 내세요; 그러면 스케줄러가 요청 하나를 "
                        "선점합니다")
@@ -180,7 +239,7 @@ def checked(cls):
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
                                    "pushes onto the end of free_blocks",
-                                ko=f"{call} 가 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
+                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
                                    "free_blocks 끝에 밀어 넣기만 합니다"))
             pushed = [int(b) for b in self.free_blocks[len(free):]]
             twice = sorted({b for b in pushed if pushed.count(b) > 1 or b in free})
@@ -188,12 +247,12 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
                                    "(a double free): the next two pops would hand the same block "
                                    "to two owners",
-                                ko=f"{call} 가 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
+                                ko=f"{particle(call, '이/가')} 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
                                    "넣었습니다 (이중 반납): 다음 두 번의 pop 이 같은 블록을 두 "
                                    "주인에게 줍니다"))
             if -1 in pushed:
                 raise Wrong(say(en=f"{call} pushed -1: that entry is unassigned, not a block",
-                                ko=f"{call} 가 -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
+                                ko=f"{particle(call, '이/가')} -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
                                    "항목입니다"))
             lost = sorted(set(walk) - set(pushed))
             if lost or (self.table.entries[slot] >= 0).any():
@@ -203,7 +262,7 @@ def checked(cls):
                                    ("; entries of the slot are still set (reset them to -1: "
                                     "use table.unassign)" if (self.table.entries[slot] >= 0).any()
                                     else ""),
-                                ko=f"{call}: 슬롯 {slot} 은 블록 {len(walk)}개를 가졌는데 "
+                                ko=f"{call}: 슬롯 {particle(slot, '은/는')} 블록 {len(walk)}개를 가졌는데 "
                                    f"{len(pushed)}개만 돌려줬습니다" +
                                    (f"; 돌려주지 않은 블록 {lost[:6]} (새어 나갑니다)" if lost else
                                     "") +
@@ -216,19 +275,98 @@ def checked(cls):
                                    f"by layer, logical block by logical block) pushes "
                                    f"{short(walk)}: they part at push {first}, so the next "
                                    "request pops other blocks than in the article's engine",
-                                ko=f"{call} 가 {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
+                                ko=f"{particle(call, '이/가')} {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
                                    f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)} 입니다: "
                                    f"{first}번째 push 부터 달라서, 다음 요청이 글의 엔진과 다른 "
                                    "블록을 꺼냅니다"))
             if returned is None or [int(b) for b in returned] != pushed:
                 raise Wrong(say(en=f"{call} returned {short(returned)}; it must return the list "
                                    "of blocks it pushed, in order (the contract of release)",
-                                ko=f"{call} 가 {short(returned)} 를 돌려줬습니다; 밀어 넣은 블록의 "
+                                ko=f"{particle(call, '이/가')} {particle(short(returned), '을/를')} 돌려줬습니다; 밀어 넣은 블록의 "
                                    "리스트를 그 순서대로 돌려줘야 합니다 (release 의 약속)"))
             self.life.extend(("push", b) for b in pushed)
             return returned
 
     return Checked
+
+
+def _state(allocator) -> dict:
+    """Everything the allocator holds besides the table, config and listeners, copied."""
+    import copy
+
+    skip = {"table", "config", "events", "life"}
+    out = {}
+    for key, value in vars(allocator).items():
+        if key not in skip:
+            try:
+                out[key] = copy.deepcopy(value)
+            except Exception:          # something that cannot be copied is compared by identity
+                out[key] = value
+    return out
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(np.asarray(x), np.asarray(y)):
+                return False
+        else:
+            try:
+                if x != y:
+                    return False
+            except Exception:
+                if x is not y:
+                    return False
+    return True
+
+
+def probe_full(cls) -> str:
+    """Two calls where 0 < free blocks < needed, at a table layout drawn afresh: a prompt that
+    needs more blocks than are free, and a decode step that starts a new block in every layer
+    with one block fewer free than layers.  Each must raise CacheFullError and change nothing;
+    returns the layouts probed."""
+    from paged_tutorial.config import CacheConfig
+    from paged_tutorial.teaching.puzzles import shapes
+
+    rng, seed = shapes.fresh_rng()
+    num_layers = int(rng.integers(3, 5))              # the engine run has 2 layers
+    bs = 16
+    first = int(rng.integers(1, 3 * bs))              # slot 0's tokens
+    owned = -(-first // bs) * num_layers
+    grow_to = -(-first // bs) * bs + 1                # slot 0's next token starts a block
+    prompt = int(rng.integers(bs + 1, 3 * bs))         # slot 1's prompt
+    prompt_need = -(-prompt // bs) * num_layers
+    probed = []
+    for call in ("prompt", "decode"):
+        # 0 < free < needed; a decode step is one short of a block per layer
+        free = int(rng.integers(1, num_layers)) if call == "prompt" else num_layers - 1
+        config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
+                             dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
+                             max_slots=2, max_seq_len=4 * bs)
+        Checked = checked(cls)
+        cache = PagedKVCache(config, "cpu", allocator=lambda c, t, e: Checked(c, t, e))
+        allocator = cache.allocator
+        allocator.life = []
+        allocator.ensure_capacity(0, first)
+        slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
+        need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
+                    < 0).sum())
+        where = (f"{num_layers} layers, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 holding {first} "
+                 f"tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs {need} blocks "
+                 f"with {len(allocator.free_blocks)} free (seed {seed})")
+        try:
+            allocator.ensure_capacity(slot, new_len)
+        except CacheFullError:
+            probed.append(where)
+            continue
+        except Wrong as wrong:
+            raise Wrong(f"[{where}] {wrong.message}") from None
+        raise Wrong(say(en=f"[{where}] it returned without raising CacheFullError",
+                        ko=f"[{where}] CacheFullError 를 내지 않고 돌아왔습니다"))
+    return "; ".join(probed)
 
 
 def _engine(allocator_class=None):
@@ -266,6 +404,15 @@ def solo_tokens() -> tuple:
 
 
 def grade(cls) -> str:
+    borrowed = borrowed_code(cls)
+    if borrowed is not None:
+        raise Wrong(say(
+            en=f"your allocator hands its work to the package's own allocator ({borrowed}): "
+               "write ensure_capacity and release yourself, with self.free_blocks and "
+               "self.table",
+            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity 와 "
+               "release 를 self.free_blocks 와 self.table 로 직접 작성하세요"))
+    probed = probe_full(cls)
     stock, stock_tokens = stock_run()
     solo = solo_tokens()
     Checked = checked(cls)
@@ -290,7 +437,7 @@ def grade(cls) -> str:
     for r, (got, alone) in enumerate(zip(tokens, solo)):
         if got != alone:
             raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
-                            ko=f"r{r} 가 {short(got)} 를 생성했는데, 혼자 돌면 {short(alone)} "
+                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 {short(alone)} "
                                "입니다"))
     preempted = sum(engine.result(i).num_preemptions for i in range(len(REQUESTS)))
     popped = sum(1 for kind, _ in life if kind == "pop")
@@ -299,11 +446,13 @@ def grade(cls) -> str:
                   f"allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
                   f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
                   "every step, the invariants held, and every request's tokens equal its solo "
-                  "run",
+                  f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
+                  f"nothing ({probed})",
                ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
                   f"처리했습니다: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
                   f"{pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
-                  "모든 요청의 토큰이 혼자 돌 때와 같습니다")
+                  "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
+                  f"CacheFullError 를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 
 
 def _describe_difference(mine, stock, i, what) -> str:
@@ -349,9 +498,9 @@ class AllocatorPuzzle(Puzzle):
         return ("from paged_tutorial.cache import CacheFullError\n\n\n"
                 f"{self.signature}\n{doc}\n\n"
                 "    def ensure_capacity(self, slot, new_len):\n"
-                f'        """{ENSURE_DOC}\n        """\n        ...   # your code\n\n'
+                f'        """{ENSURE_DOC}\n        """\n        ...   # {STUB_COMMENT}\n\n'
                 "    def release(self, slot):\n"
-                f'        """{RELEASE_DOC}\n        """\n        ...   # your code\n')
+                f'        """{RELEASE_DOC}\n        """\n        ...   # {STUB_COMMENT}\n')
 
     def check_answer(self, answer) -> Verdict | None:
         if not (isinstance(answer, type) and issubclass(answer, AllocatorBase)):
@@ -359,7 +508,7 @@ class AllocatorPuzzle(Puzzle):
                 en=f"the answer is a class that subclasses pt.exercises.AllocatorBase (got "
                    f"{short(answer)}): write `class {self.function_name}"
                    "(pt.exercises.AllocatorBase):` with its ensure_capacity and release",
-                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({short(answer)} 를 "
+                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
                    f"받았습니다): ensure_capacity 와 release 를 가진 `class "
                    f"{self.function_name}(pt.exercises.AllocatorBase):` 를 쓰세요"))
         missing = [m for m in self.parameters if getattr(answer, m) is getattr(AllocatorBase, m)
@@ -413,10 +562,13 @@ PUZZLES = (
                 "규칙 2 (디코드): 위치 p 에 쓰는 토큰은 p % BLOCK_SIZE == 0 일 때만 새 블록이 "
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
                 "슬롯의 표를 훑습니다."),
-        Text(en="a real Engine (torch backend, 2 slots, 2 layers, 8 blocks: too few for its 3 "
-                "requests, so it preempts) whose cache allocates with your class, next to a "
-                "stock engine",
-             ko="직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine (torch 백엔드, 슬롯 2개, "
-                "레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 일어납니다), 표준 엔진과 나란히"),
+        Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
+                "(three or four layers), then a real Engine (torch backend, 2 slots, 2 layers, 8 "
+                "blocks: too few for its 3 requests, so it preempts) whose cache allocates with "
+                "your class, next to a stock engine",
+             ko="채점할 때마다 새로 뽑는 표 배치(레이어 세 개나 네 개)에서 남은 것보다 많은 블록을 "
+                "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
+                "(torch 백엔드, 슬롯 2개, 레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 "
+                "일어납니다)과 표준 엔진을 나란히 돌린 실행"),
         "main.cpp:266-272, 859-865, 1018-1029", grade),
 )

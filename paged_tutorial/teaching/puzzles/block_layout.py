@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -52,7 +52,7 @@ def offsets_of(fn, c) -> np.ndarray:
                         raise Wrong(say(
                             en=f"{label} lands at byte {off}, outside its {c.BLOCK_BYTES}-byte "
                                "block (BLOCK_BYTES): it would overwrite another block",
-                            ko=f"{label} 가 바이트 {off} 에 놓여 {c.BLOCK_BYTES} 바이트짜리 "
+                            ko=f"{particle(label, '이/가')} 바이트 {off} 에 놓여 {c.BLOCK_BYTES} 바이트짜리 "
                                "블록(BLOCK_BYTES) 밖으로 나갑니다: 다른 블록을 덮어씁니다"),
                             figure=None)
                     out[which, t, h, d] = off
@@ -90,7 +90,7 @@ def explain(offsets: np.ndarray, c) -> str:
                 here, other = element_label(which, t, h, d), element_label(*owner[b])
                 return say(en=f"{here} (byte {off}) and {other} overlap: each element takes "
                               f"{c.ITEMSIZE} bytes, so one of them is lost",
-                           ko=f"{here} (바이트 {off}) 와 {other} 가 겹칩니다: 원소마다 "
+                           ko=f"{here} (바이트 {off}) 와 {particle(other, '이/가')} 겹칩니다: 원소마다 "
                               f"{c.ITEMSIZE} 바이트를 차지하므로 하나를 잃습니다")
             owner[b] = (which, t, h, d)
     for which, t, h, d in np.ndindex(offsets.shape):
@@ -99,7 +99,7 @@ def explain(offsets: np.ndarray, c) -> str:
             label, got = element_label(which, t, h, d), int(offsets[which, t, h, d])
             return say(en=f"{label} is written at byte {got} of its block, but the decode kernel "
                           f"reads it at byte {want}",
-                       ko=f"{label} 를 블록의 바이트 {got} 에 썼는데, 디코드 커널은 바이트 {want} "
+                       ko=f"{particle(label, '을/를')} 블록의 바이트 {got} 에 썼는데, 디코드 커널은 바이트 {want} "
                           "에서 읽습니다")
     return say(en="the offsets match the article's layout",
                ko="오프셋이 글의 배치와 같습니다")
@@ -134,7 +134,7 @@ def grade(fn) -> str:
         why = explain(offsets, config)
         raise Wrong(say(en=f"the engine's {step.kind} step {step.index} differs from a stock "
                            f"engine's (its logits read NaN or misplaced values): {why}",
-                        ko=f"엔진의 {step.kind} 스텝 {step.index} 가 표준 엔진과 다릅니다 "
+                        ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다 "
                            f"(logits 가 NaN 이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
                     figure=draw)
     heads = f"{config.num_kv_heads} KV heads x {config.head_dim}"
@@ -169,5 +169,5 @@ PUZZLES = (
                 "the decode attention reads them",
              ko="실제 Engine (torch 백엔드, bf16, KV head 2개): 직접 쓴 오프셋으로 K 와 V 를 "
                 "놓고, 디코드 어텐션이 읽습니다"),
-        "main.cpp:866-872 (and kernels.cu:484-485)", grade),
+        "main.cpp:866-872, kernels.cu:484-485", grade),
 )

@@ -17,7 +17,7 @@ import numpy as np
 
 from paged_tutorial.backends.paged_reads import cache_view
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -49,7 +49,7 @@ class LocatingWriterBackend(TorchBackend):
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise Wrong(say(en=f"{call} returned {got!r}; it must return two integers: "
                                    "(physical_block, row)",
-                                ko=f"{call} 가 {got!r} 를 돌려줬습니다; 정수 두 개 "
+                                ko=f"{particle(call, '이/가')} {particle(repr(got), '을/를')} 돌려줬습니다; 정수 두 개 "
                                    "(physical_block, row) 를 돌려줘야 합니다"))
             phys = need_int(got[0], say(en="the physical block", ko="물리 블록"), call)
             row = need_int(got[1], say(en="the row", ko="행"), call)
@@ -83,7 +83,7 @@ def explain(backend: LocatingWriterBackend, table: np.ndarray, bs: int) -> tuple
             message = say(en=f"layer {layer}, slot {slot}, position {pos} was written to "
                              f"physical block {phys}, row {row}; the decode kernel looks for it "
                              f"in {entry}, row {want[1]}",
-                          ko=f"레이어 {layer}, 슬롯 {slot}, 위치 {pos} 를 물리 블록 {phys} 의 "
+                          ko=f"레이어 {layer}, 슬롯 {slot}, 위치 {particle(pos, '을/를')} 물리 블록 {phys} 의 "
                              f"행 {row} 에 썼는데, 디코드 커널은 {entry} 의 행 {want[1]} 에서 "
                              "찾습니다")
     return message or say(en="every write went where the kernel reads",
@@ -106,7 +106,7 @@ def grade(fn) -> str:
             return plot_placements(config, rows)
         raise Wrong(say(en=f"the engine's {step.kind} step {step.index} differs from a stock "
                            f"engine's: {message}",
-                        ko=f"엔진의 {step.kind} 스텝 {step.index} 가 표준 엔진과 다릅니다: "
+                        ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
                            f"{message}"), figure=draw)
     return say(en="2 slots x 3 layers from a shuffled free list: every token written where the "
                   "decode kernel reads it; logits bit-identical to a stock engine's",
@@ -135,5 +135,5 @@ PUZZLES = (
                 "function places every token, the decode attention reads through the table",
              ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 3개, 섞은 free list): 직접 쓴 "
                 "함수가 모든 토큰을 놓고, 디코드 어텐션이 표를 거쳐 읽습니다"),
-        "main.cpp:265 (prefill) and main.cpp:858 (decode)", grade),
+        "main.cpp:265, 858", grade),
 )

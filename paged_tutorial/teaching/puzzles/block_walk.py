@@ -6,12 +6,14 @@ the calls of ``token_score`` and ``softmax_update`` for every token.
 
 The grader compiles her ``walk_blocks`` into the article's kernel (``KernelParts``) and runs it
 on a poisoned cache (every element and table entry the article's kernel does not read is NaN
-or points at a NaN block): two slots whose batch rows are in the other order (row 0 is cache
-slot 1), two layers (layer 1 is read), two kv heads, one sequence with a
-partly filled last block and one of exactly one full block.  Besides the output, the
+or points at a NaN block), in two launches drawn afresh for every check (``cases``): head_dims
+whose last warp is partly used (threads past head_dim have ``owns_dim`` False and must read
+nothing), GQA ratios other than the article's 4, two or three layers, batch rows in the reverse
+order of their slots, sequences with a partly filled last block and one that fills its last
+block exactly.  Besides the output, the
 simulator's access logs must show, for every thread block, the article's table entries and,
 for every thread, each of its K and V elements of the sequence read exactly once and nothing
-else; a wrong answer is told which block, thread, entry or token went wrong.
+else; a wrong answer is told the shape, and which block, thread, entry or token went wrong.
 
 After every graded run the figure shows which thread read which element of the cache
 (``viz.addresses.plot_thread_reads``).
@@ -23,16 +25,32 @@ from collections import Counter
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_addresses import element_name, entry_name
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
                                                             divergence_message, is_stub,
                                                             prepare, run_body)
 
-CASE = KernelCase("two slots in swapped rows, two layers, two kv heads, a partly filled last block",
-                  rows=((1, 20), (0, 16)), num_kv_heads=2, n_q_heads=2, num_layers=2, layer=1,
-                  max_slots=2, max_seq_len=32, num_blocks=12, seed=30)
+
+
+def cases() -> list[KernelCase]:
+    """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
+    other than 4, three layers then two (and other numbers of logical blocks per sequence, so
+    no table stride can be a constant), a batch whose rows are in the reverse order of their
+    slots, sequences with a partly filled last block and one whose last block is full."""
+    rng, seed = shapes.fresh_rng()
+    dims = shapes.distinct(rng, (24, 40, 48), 2)
+    layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
+    first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
+                        lens=[shapes.partly_filled(rng, 17, 26), int(rng.integers(1, 13))],
+                        num_layers=3, max_seq_len=16 * shapes.pick(rng, (2, 4)))
+    second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
+                         lens=[16 * int(rng.integers(1, 3))], num_layers=2,
+                         max_seq_len=16 * shapes.pick(rng, (3, 5)),
+                         max_slots=2, slots=[1])
+    return [first, second]
 
 
 def _block_name(prep, row: int, h: int) -> str:
@@ -59,7 +77,7 @@ def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 en=f"{who} read {len(got)} block-table entries, but its {trace.seq_len} tokens "
                    f"fill {len(want)} logical block(s) of BLOCK_SIZE {c.BLOCK_SIZE}: check how "
                    "many blocks the loop visits",
-                ko=f"{who} 가 block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
+                ko=f"{particle(who, '이/가')} block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
                    f"BLOCK_SIZE {c.BLOCK_SIZE} 의 논리 블록 {len(want)}개를 채웁니다: 루프가 도는 "
                    "블록 수를 확인하세요"))
         lb = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
@@ -84,6 +102,19 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
     for (row, h), trace in prep.traces.items():
         who = _block_name(prep, row, h)
         by_thread = reads.by_thread((row, h), "R")
+        idle = sorted(t for t, elems in by_thread.items() if t >= c.head_dim and len(elems))
+        if idle:
+            t = idle[0]
+            e = int(by_thread[t][0])
+            raise Wrong(figure=figure_for(row, h), message=say(
+                en=f"{who}: thread {t} read element {e} ({element_name(c, e)}), but the block's "
+                   f"threads from HEAD_DIM = {c.head_dim} on own no dimension (owns_dim is False "
+                   f"in the partly used last warp): threads {idle[0]}-{idle[-1]} must read "
+                   "nothing (on a GPU such a read can leave the buffer)",
+                ko=f"{who}: {t}번 스레드가 {e}번 원소({element_name(c, e)})를 읽었지만, "
+                   f"HEAD_DIM = {c.head_dim} 부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
+                   f"마지막 워프에서 owns_dim 은 False): {idle[0]}-{idle[-1]}번 스레드는 아무것도 "
+                   "읽으면 안 됩니다 (GPU 에서는 그런 읽기가 버퍼를 벗어날 수 있습니다)"))
         for d in range(c.head_dim):
             want = {int(e): (t, half) for half, index in (("K", trace.k_index), ("V",
                                                                                  trace.v_index))
@@ -94,7 +125,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 raise Wrong(figure=figure_for(row, h), message=say(
                     en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
                        "which is not its element of any token of this sequence",
-                    ko=f"{who}: 스레드 {d} 가 원소 {stray} ({element_name(c, stray)}) 를 "
+                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 {stray} ({element_name(c, stray)}) 를 "
                        "읽었는데, 이 시퀀스의 어떤 토큰의 원소도 아닙니다"))
             for e, (t, half) in sorted(want.items(), key=lambda item: item[1]):
                 n = counts.get(e, 0)
@@ -103,7 +134,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} read the {half} element of token {t} (logical "
                            f"block {lb}, row {row_in}; element {e}) {n} times, not once",
-                        ko=f"{who}: 스레드 {d} 가 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
+                        ko=f"{who}: 스레드 {particle(d, '이/가')} 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
                            f"{e}) 의 {half} 원소를 한 번이 아니라 {n}번 읽었습니다"))
 
 
@@ -111,6 +142,7 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
     if not logs:
         return None
     slot, n = prep.case.rows[row]
+    head_dim = prep.case.head_dim
     reads = logs["kv_cache"].by_thread((row, h), "R")
 
     def draw():
@@ -118,7 +150,8 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
 
         return plot_thread_reads(prep.case.config, reads,
                                  title=f"thread block (row {row} = slot {slot}, q head {h}), "
-                                       f"seq_len {n}: which thread read which element")
+                                       f"seq_len {n}, head_dim {head_dim}: which thread read "
+                                       "which element")
     return draw
 
 
@@ -128,35 +161,68 @@ def grade(fn) -> tuple:
     if is_stub(fn):
         raise Unsolved(say(en="walk_blocks has no body yet: write it",
                            ko="walk_blocks 의 본문이 아직 없습니다: 작성하세요"))
-    prep = prepare(CASE)
-    result = run_body(prep, attention.ARTICLE_PARTS.replace(walk_blocks=fn))
+    parts = attention.ARTICLE_PARTS.replace(walk_blocks=fn)
+    drawn = cases()
+    first_figure = None
+    for case in drawn:
+        figure = _grade_case(parts, case)
+        first_figure = first_figure or figure
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en="every thread block of every launch read the article's table entries, "
+                  "every K and V element of each thread exactly once (nothing past head_dim), "
+                  f"and the output equals the torch oracle's.  Shapes run: {shapes_run}",
+               ko="모든 런치의 모든 스레드 블록이 아티클의 block table 항목을 읽었고, 각 스레드가 "
+                  "자기 K·V 원소를 정확히 한 번씩 읽었으며 (head_dim 을 넘는 스레드는 읽지 않음), "
+                  f"출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), first_figure
+
+
+def run_parts(parts, case):
+    """Grade a whole set of kernel parts (the package's, or a chapter's demonstration of a
+    mistake in another part) at one fixed ``case``, with this puzzle's checks: a ``Verdict``."""
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        figure = _grade_case(parts, case)
+    except Wrong as wrong:
+        return Verdict("wrong", f"[{case.label}] {wrong.message}"
+                       if not wrong.message.startswith("[") else wrong.message, wrong.figure)
+    return Verdict("correct", say(en="the article's reads and the oracle's output",
+                                  ko="아티클과 같은 읽기, 오라클과 같은 출력"), figure)
+
+
+def _grade_case(parts, case):
+    """Run one drawn launch; raise Wrong naming the shape, else return its figure."""
+    prep = prepare(case)
+    result = run_body(prep, parts)
     figure = _figure(prep, result.logs)
+    at = say(en=f"[{case.label}] ", ko=f"[{case.label}] ")
     raised = result.error is not None and "sim_shim" not in result.error
     divergence = result.shared.divergence() if result.shared is not None else None
     if divergence is not None and not raised:
-        raise Wrong(divergence_message(divergence) + say(
+        raise Wrong(at + divergence_message(divergence) + say(
             en=" (every thread of a block must visit the same tokens: the loop bounds may "
                "depend on the sequence, not on thread_id)",
             ko=" (블록의 모든 스레드가 같은 토큰을 돌아야 합니다: 루프 범위는 시퀀스에 따라 "
                "정해지고 thread_id 에 따라 달라지면 안 됩니다)"), figure)
     if result.error is not None:
-        raise Wrong(say(en=f"the kernel failed with your walk_blocks: {result.error}",
-                        ko=f"여러분의 walk_blocks 로 커널이 실패했습니다: {result.error}"), figure)
-    if result.logs:
-        def figure_for(row, h):
-            return _figure(prep, result.logs, row, h)
-        check_table_reads(prep, result.logs, figure_for)
-        check_cache_reads(prep, result.logs, figure_for)
+        raise Wrong(at + say(en=f"the kernel failed with your walk_blocks: {result.error}",
+                             ko=f"여러분의 walk_blocks 로 커널이 실패했습니다: {result.error}"),
+                    figure)
+    try:
+        if result.logs:
+            def figure_for(row, h):
+                return _figure(prep, result.logs, row, h)
+            check_table_reads(prep, result.logs, figure_for)
+            check_cache_reads(prep, result.logs, figure_for)
+    except Wrong as wrong:
+        raise Wrong(at + wrong.message, wrong.figure) from None
     if result.bad:
         row, h = result.bad[0]
-        raise Wrong(bad_summary(prep, result) + say(
+        raise Wrong(at + bad_summary(prep, result) + say(
             en=".  The reads were the article's: what happens to each token's score and V?",
             ko=".  읽기는 아티클과 같습니다: 각 토큰의 점수와 V 는 어떻게 쓰였나요?"),
             _figure(prep, result.logs, row, h))
-    return say(en="both rows, both heads: the article's table entries, every K and V "
-                  "element of each thread read exactly once, and the torch oracle's output",
-               ko="두 행, 두 헤드 모두: 아티클의 block table 항목, 각 스레드의 K·V 원소를 "
-                  "정확히 한 번씩 읽었고, 출력이 torch 오라클과 같습니다"), figure
+    return figure
 
 
 DOCSTRING = Text(
@@ -200,7 +266,12 @@ PUZZLES = (
         "def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, "
         "owns_dim, q_val, scale, dot_products, score):",
         DOCSTRING, HINT,
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU), "
-        "two slots, two layers, two kv heads",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), two launches drawn afresh for every check: head_dims with a partly used "
+                "last warp, GQA ratios other than 4, two or three layers, rows in another order "
+                "than their slots",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "채점할 때마다 새로 뽑는 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, 4 가 "
+                "아닌 GQA 비율, 레이어 두세 개, 슬롯과 순서가 다른 배치 행"),
         "kernels.cu:470-485", grade),
 )

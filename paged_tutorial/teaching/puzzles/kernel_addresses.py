@@ -14,17 +14,51 @@ from __future__ import annotations
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, prepare,
                                                             recorded_k_reads, replay, run)
 
-RUNS_IN = "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)"
+RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                  "GPU)",
+               ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU)")
 
-TABLE_CASES = (KernelCase("two slots, three layers", rows=((1, 20), (0, 7)), num_layers=3,
-                          max_slots=2, max_seq_len=64, layer=2, num_blocks=12, seed=1),)
-K_CASES = (KernelCase("two kv heads", rows=((0, 18),), num_kv_heads=2, n_q_heads=2,
-                      max_seq_len=32, num_blocks=6, seed=3),)
+
+
+def table_cases() -> list[KernelCase]:
+    """Two table layouts drawn afresh: slots, layers (the one read among them) and logical
+    blocks per sequence all differ between the two, and no layout has as many layers as
+    logical blocks per sequence."""
+    rng, seed = shapes.fresh_rng()
+    slots = shapes.distinct(rng, (2, 3), 2)
+    layers = shapes.distinct(rng, (2, 3, 4), 2)
+    # MAX_BLOCKS_PER_SEQ: different in the two layouts, and never equal to N_LAYERS (where a
+    # layer stride of N_LAYERS would happen to be right)
+    first = shapes.pick(rng, [m for m in (3, 4, 5) if m != layers[0]])
+    per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
+    out = []
+    for i in range(2):
+        n = slots[i]
+        lens = [int(rng.integers(1, 40)) for _ in range(n)]
+        out.append(shapes.case(rng, seed + i, head_dim=shapes.pick(rng, (16, 24)), gqa=(1, 1),
+                               lens=lens, num_layers=layers[i], max_slots=n,
+                               slots=list(rng.permutation(n)),
+                               max_seq_len=16 * per_seq[i]))
+    return out
+
+
+def k_cases() -> list[KernelCase]:
+    """Two launches drawn afresh with different head_dims (one with a partly used last warp),
+    numbers of KV heads and GQA ratios, so that no stride can be a constant."""
+    rng, seed = shapes.fresh_rng()
+    dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng, (16, 32, 64))]
+    kv_heads = shapes.distinct(rng, (2, 3), 2)
+    layouts = [(kv, shapes.pick(rng, (1, 2))) for kv in kv_heads]
+    return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
+                        lens=[int(rng.integers(17, 33))], max_slots=1, slots=[0])
+            for i in range(2)]
+
 
 SAMPLE_ARGS = {
     "block_table_index": (1, 2, 0, 3, 4),
@@ -96,16 +130,24 @@ def _grade(part: str, fn, cases, explain):
 
     parts = attention.ARTICLE_PARTS.replace(**{part: fn})
     preps = [prepare(case) for case in cases]
-    reps = [replay(prep, parts) for prep in preps]       # refuses reads outside memory
+    reps = []
+    for prep in preps:                                   # refuses reads outside memory
+        try:
+            reps.append(replay(prep, parts))
+        except Wrong as wrong:
+            raise Wrong(f"[{prep.case.label}] {wrong.message}", wrong.figure) from None
     check_compiles(fn, SAMPLE_ARGS[part])
     figure = None
     for prep, rep in zip(preps, reps):
         result = run(prep, parts)
         draw = _table_figure if part == "block_table_index" else _figure
         if not result.ok:
-            raise Wrong(f"{bad_summary(prep, result)}.  {explain(prep, rep, result)}",
-                        figure=draw(prep, rep, result))
-        _no_extra_reads(prep, rep)
+            raise Wrong(f"[{prep.case.label}] {bad_summary(prep, result)}.  "
+                        f"{explain(prep, rep, result)}", figure=draw(prep, rep, result))
+        try:
+            _no_extra_reads(prep, rep)
+        except Wrong as wrong:
+            raise Wrong(f"[{prep.case.label}] {wrong.message}", wrong.figure) from None
         if figure is None:          # the picture of a right run: its first thread block
             figure = draw(prep, rep, result, (0, 0))
     return figure
@@ -150,7 +192,7 @@ def _explain_table(prep, reps, result) -> str:
                        f"{prep.case.layer}, logical block {lb}) is elsewhere in the {shape} "
                        "table",
                     ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb} 에 대해 여러분의 "
-                       f"인덱스는 {entry_name(c, got)} 를 읽습니다; (슬롯 {slot}, 레이어 "
+                       f"인덱스는 {particle(entry_name(c, got), '을/를')} 읽습니다; (슬롯 {slot}, 레이어 "
                        f"{prep.case.layer}, 논리 블록 {lb}) 의 블록은 {shape} 테이블의 다른 "
                        "곳에 있습니다")
     return say(en="The table entries read look right; check what else the function returns",
@@ -158,11 +200,14 @@ def _explain_table(prep, reps, result) -> str:
 
 
 def grade_table_index(fn) -> tuple:
-    figure = _grade("block_table_index", fn, TABLE_CASES, _explain_table)
-    return say(en="every block of 2 slots x 3 layers found through your index: the kernel's "
-                  "output equals the torch oracle's on a poisoned cache",
-               ko="슬롯 2개 x 레이어 3개의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 캐시에서 "
-                  "커널 출력이 torch 오라클과 같습니다"), figure
+    drawn = table_cases()
+    figure = _grade("block_table_index", fn, drawn, _explain_table)
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en="every block of every slot found through your index in two table layouts: "
+                  "the kernel's output equals the torch oracle's on a poisoned cache.  Shapes "
+                  f"run: {shapes_run}",
+               ko="두 가지 표 배치에서 모든 슬롯의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 "
+                  f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), figure
 
 
 # --- 03.k_index ---------------------------------------------------------------------------
@@ -179,7 +224,7 @@ def _explain_k(prep, reps, result) -> str:
                     en=f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
                        f"needs {element_name(c, want[d])}",
-                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {d} 가 "
+                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
                        f"원소 {int(got[d])} ({element_name(c, got[d])}) 를 읽습니다; 필요한 것은 "
                        f"{element_name(c, want[d])}")
     return say(en="The K elements read look right; check what else the function returns",
@@ -187,11 +232,15 @@ def _explain_k(prep, reps, result) -> str:
 
 
 def grade_k_index(fn) -> tuple:
-    figure = _grade("k_index", fn, K_CASES, _explain_k)
-    return say(en="both kv heads' K found for 18 tokens in 2 scattered blocks: the kernel's "
-                  "output equals the torch oracle's on a poisoned cache",
-               ko="흩어진 블록 2개의 토큰 18개에서 두 kv 헤드의 K 를 모두 찾았습니다: 오염된 캐시에서 "
-                  "커널 출력이 torch 오라클과 같습니다"), figure
+    drawn = k_cases()
+    figure = _grade("k_index", fn, drawn, _explain_k)
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en="every kv head's K found in scattered blocks at two head_dims: the kernel's "
+                  f"output equals the torch oracle's on a poisoned cache.  Shapes run: "
+                  f"{shapes_run}",
+               ko="두 가지 head_dim 에서 흩어진 블록의 모든 kv 헤드의 K 를 찾았습니다: 오염된 "
+                  f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), \
+        figure
 
 
 PUZZLES = (
@@ -209,7 +258,11 @@ PUZZLES = (
                 "physical_block = block_table[block_table_index(...)] 를 읽습니다."),
         Text(en="How many entries does one whole slot take?  And one layer of one slot?",
              ko="슬롯 하나 전체는 항목을 몇 개 차지하나요?  슬롯 하나의 레이어 하나는요?"),
-        RUNS_IN + ", 2 slots x 3 layers", "kernels.cu:480", grade_table_index),
+        Text(en=RUNS_IN.en + ", two table layouts drawn afresh for every check (slots, layers, "
+                "logical blocks)",
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 표 배치 두 가지 (슬롯, 레이어, 논리 블록 "
+                "수)"),
+        "kernels.cu:480", grade_table_index),
     Puzzle(
         "03.k_index", Text(en="one thread's K address", ko="스레드 하나의 K 주소"),
         "def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):",
@@ -228,5 +281,9 @@ PUZZLES = (
                 "head's slice starts inside the row, and the thread's own dimension.",
              ko="네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 헤드 구간이 "
                 "시작하는 곳, 그리고 스레드 자신의 차원."),
-        RUNS_IN + ", 2 kv heads", "kernels.cu:484", grade_k_index),
+        Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, kv heads, "
+                "GQA ratio)",
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, kv 헤드 수, GQA "
+                "비율)"),
+        "kernels.cu:484", grade_k_index),
 )

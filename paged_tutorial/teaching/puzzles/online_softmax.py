@@ -2,10 +2,10 @@
 (``kernels.cu:509-519``): fold one token into the running max, denominator and accumulator.
 
 The grader compiles the reader's function into the article's kernel and runs two launches
-against the torch oracle on a poisoned cache: 24 tokens of ordinary scores (the running max
-rises several times), then 8 tokens whose scores differ by hundreds, where exp() of a score
-that is not taken relative to the running max overflows (float32 on a GPU; in the simulator
-Python's math.exp raises beyond 709).  A wrong answer's message and figure come from replaying
+against the torch oracle on a poisoned cache, both drawn afresh for every check: a few dozen
+tokens of ordinary scores (the running max rises several times), then a few tokens whose scores
+reach +-800, where exp() of a score that is not taken relative to the running max overflows
+even a float64 (beyond 709.78: on a GPU it is inf; in the simulator Python's math.exp raises).  A wrong answer's message and figure come from replaying
 the reader's update on the host, token by token, next to the article's.
 """
 
@@ -15,14 +15,47 @@ import math
 
 import numpy as np
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles, host_call, need_real
 from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase, bad_summary, prepare, run
 
-CASES = (KernelCase("24 ordinary tokens", rows=((0, 24),), q_scale=1.5, max_seq_len=32,
-                    num_blocks=4, seed=20),
-         KernelCase("8 tokens with scores hundreds apart", rows=((0, 8),), q_scale=400.0,
-                    max_seq_len=16, num_blocks=3, seed=21))
+#: the widest score of the wide launch is at least this far from 0: exp() of it overflows a
+#: float64 (beyond 709.78), so only an update relative to the running max survives it
+WIDE_SCORE = 720.0
+
+
+#: the wide launch's max rises at least this far above its first score (exp() of 88.7 already
+#: overflows a float32)
+RISE = 200.0
+
+
+def cases() -> list[KernelCase]:
+    """Two launches drawn afresh: a few dozen ordinary tokens (the running max rises several
+    times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
+    relative to the running max overflows even a float64."""
+    rng, seed = shapes.fresh_rng()
+    ordinary = shapes.case(rng, seed, head_dim=shapes.pick(rng, (16, 24, 32)), gqa=(1, 1),
+                           lens=[int(rng.integers(18, 31))], max_slots=1, slots=[0],
+                           q_scale=1.5)
+    return [ordinary, wide_case(rng, seed + 1)]
+
+
+def wide_case(rng, seed: int) -> KernelCase:
+    """A few tokens whose widest score is past ``WIDE_SCORE`` and ``RISE`` above the first
+    token's (redrawn until it is)."""
+    for attempt in range(64):
+        wide = shapes.case(rng, seed + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
+                           gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1, slots=[0],
+                           q_scale=float(rng.uniform(650.0, 800.0)))
+        scores, _ = _scores_and_values(prepare(wide))
+        # the max is past what a double's exp() holds, and it rises far above the first score:
+        # an update that keeps its first max overflows as surely as one that keeps none
+        if scores.max() > WIDE_SCORE and scores.max() - scores[0] > RISE:
+            return wide
+    raise RuntimeError("wide_case: no draw reached the score WIDE_SCORE")
+
+
 NAMES = ["current_max", "d", "acc", "score", "v"]
 
 
@@ -58,7 +91,7 @@ def replay(fn, scores, values):
 def _three_numbers(out) -> str:
     return say(en=f"your function returned {out!r}; it must return three numbers: "
                   "(new_max, new_d, new_acc)",
-               ko=f"여러분의 함수가 {out!r} 를 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
+               ko=f"여러분의 함수가 {particle(repr(out), '을/를')} 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
                   "new_acc) 를 돌려주어야 합니다")
 
 
@@ -94,7 +127,14 @@ def _first_divergence(scores, mine, article) -> str:
                             ko=f"running max 는 {article[t, 0]:.4g} 그대로입니다")
             state = say(en=f" (your d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ",
                         ko=f" (여러분의 d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ")
-            if np.isinf(mine[t]).any():
+            if mine[t, 1] == 0:
+                overflow = state + say(en="d is 0, so acc / d is 0/0: exp() of a score far below "
+                                          "0 underflows to 0 unless it is taken relative to the "
+                                          "running max)",
+                                       ko="d 가 0 이라 acc / d 는 0/0 입니다: 0 보다 한참 작은 점수의 "
+                                          "exp() 는 running max 기준으로 계산하지 않으면 0 으로 "
+                                          "사라집니다)")
+            elif np.isinf(mine[t, 1:]).any():
                 overflow = state + say(en="float32 overflowed: exp() of a score far above the "
                                           "kept max exceeds 3.4e38)",
                                        ko="float32 오버플로: 유지한 최대보다 훨씬 큰 점수의 exp() "
@@ -117,6 +157,46 @@ def _first_divergence(scores, mine, article) -> str:
                ko="호스트 재현은 아티클의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
+def _grade_case(fn, parts, case):
+    """Run one launch with ``parts`` (``fn`` the update in them); raise Wrong naming the shape
+    and the first token that differs, replayed on the host."""
+    prep = prepare(case)
+    failed = None
+    try:
+        result = run(prep, parts)
+    except Wrong as wrong:            # the kernel raised (Python's math.exp in the simulator)
+        failed = wrong.message
+    if failed is not None or not result.ok:
+        scores, values = _scores_and_values(prep)
+        mine, article = replay(fn, scores, values), replay(article_update, scores, values)
+
+        def draw(scores=scores, mine=mine, article=article, label=case.label):
+            from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
+
+            return plot_softmax_replay(scores, mine, article, title=label)
+        summary = failed if failed is not None else bad_summary(
+            prep, result, say(en="an overflow or 0/0", ko="오버플로 또는 0/0"))
+        first = _first_divergence(scores, mine, article)
+        raise Wrong(say(en=f"[{case.label}] {summary}.  First difference, replayed on the "
+                           f"host: {first}",
+                        ko=f"[{case.label}] {summary}.  호스트에서 재현한 첫 차이: {first}"),
+                    figure=draw)
+    return prep
+
+
+def run_parts(fn, case):
+    """Grade the update ``fn`` (the package's, or a chapter's demonstration) at one fixed
+    ``case`` with this puzzle's checks: a ``Verdict``."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        _grade_case(fn, attention.ARTICLE_PARTS.replace(softmax_update=fn), case)
+    except Wrong as wrong:
+        return Verdict("wrong", wrong.message, wrong.figure)
+    return Verdict("correct", say(en="the oracle's output", ko="오라클과 같은 출력"))
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
@@ -126,36 +206,25 @@ def grade(fn) -> tuple:
     f32 = np.float32
     check_compiles(fn, (f32(-np.inf), f32(0.0), f32(0.0), f32(0.5), f32(1.0)))
     parts = attention.ARTICLE_PARTS.replace(softmax_update=fn)
-    for case in CASES:
-        prep = prepare(case)
-        result = run(prep, parts)
-        if not result.ok:
-            scores, values = _scores_and_values(prep)
-            mine, article = replay(fn, scores, values), replay(article_update, scores, values)
-
-            def draw(scores=scores, mine=mine, article=article, label=case.label):
-                from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
-
-                return plot_softmax_replay(scores, mine, article, title=label)
-            summary = bad_summary(prep, result, say(en="an overflow or 0/0",
-                                                    ko="오버플로 또는 0/0"))
-            first = _first_divergence(scores, mine, article)
-            raise Wrong(say(en=f"{case.label}: {summary}.  First difference, replayed on the "
-                               f"host: {first}",
-                            ko=f"{case.label}: {summary}.  호스트에서 재현한 첫 차이: {first}"),
-                        figure=draw)
+    drawn = cases()
+    for case in drawn:
+        prep = _grade_case(fn, parts, case)
     scores, values = _scores_and_values(prep)
     article = replay(article_update, scores, values)
     mine = replay(fn, scores, values)
 
-    def draw(scores=scores, mine=mine, article=article, label=CASES[-1].label):
+    def draw(scores=scores, mine=mine, article=article, label=drawn[-1].label):
         from paged_tutorial.teaching.viz.softmax import plot_softmax_replay
 
         return plot_softmax_replay(scores, mine, article, title=label)
-    return say(en="24 ordinary tokens and 8 with scores hundreds apart: the kernel's output "
-                  "equals the torch oracle's, without overflow",
-               ko="보통 토큰 24개와 점수가 수백씩 차이 나는 토큰 8개: 커널 출력이 오버플로 없이 "
-                  "torch 오라클과 같습니다"), draw
+    top = float(scores.max())
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en=f"ordinary scores, then scores up to {top:.0f} (exp() of that overflows even a "
+                  "float64): the kernel's output equals the torch oracle's, without overflow.  "
+                  f"Shapes run: {shapes_run}",
+               ko=f"보통 점수, 그리고 {top:.0f} 까지 올라가는 점수 (그 exp() 는 float64 도 넘칩니다): "
+                  "커널 출력이 오버플로 없이 torch 오라클과 같습니다.  실행한 모양: "
+                  f"{shapes_run}"), draw
 
 
 PUZZLES = (
@@ -182,6 +251,9 @@ PUZZLES = (
                 "summed so far must be rescaled before the new token is added.",
              ko="d 와 acc 는 running max 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU)",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800 까지의 점수"),
         "kernels.cu:509-519", grade),
 )

@@ -3,8 +3,9 @@ as device code: each thread stores its output dimension, acc / d, over q, at the
 it read its q from (``kernels.cu:469``: the output is in place).
 
 The grader compiles her ``write_output`` into the article's kernel (``KernelParts``) and runs
-it for a batch of two rows with two q heads each, head_dim 40 (64 threads: the last 24 own no
-dimension), against the torch oracle.  The simulator's log of q must show every thread block
+it in two launches drawn afresh for every check (``cases``), each a batch of two rows with one
+to three q heads and a head_dim whose last warp is partly used (head_dim 40 launches 64
+threads: the last 24 own no dimension), against the torch oracle.  The simulator's log of q must show every thread block
 writing exactly its own head's 40 elements, each once, by the thread that owns it; a store
 that lands in another row or head (which that block may not have read yet), a thread past
 HEAD_DIM that writes, or an output that is not acc / d is named.  The figure after every
@@ -15,14 +16,21 @@ from __future__ import annotations
 
 from collections import Counter
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, is_stub,
                                                             prepare, run_body)
 
-CASE = KernelCase("two rows, two q heads, head_dim 40 (a partly used second warp)",
-                  rows=((1, 3), (0, 2)), head_dim=40, n_q_heads=2, max_slots=2, max_seq_len=16,
-                  num_blocks=4, seed=50)
+def cases() -> list[KernelCase]:
+    """Two launches drawn afresh, each with two batch rows and a head_dim whose last warp is
+    partly used (threads past head_dim own nothing), with different numbers of q heads."""
+    rng, seed = shapes.fresh_rng()
+    dims = shapes.distinct(rng, shapes.PARTIAL_WARP_HEAD_DIMS, 2)
+    layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 2)
+    return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
+                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))])
+            for i in range(2)]
 
 
 def q_element_name(case, element: int) -> str:
@@ -48,7 +56,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                             en=f"{who}: thread {r.thread} wrote q element {r.index} "
                                f"({q_element_name(case, r.index)}), but threads from HEAD_DIM "
                                f"= {case.head_dim} on own no dimension and must write nothing",
-                            ko=f"{who}: 스레드 {r.thread} 가 q 원소 {r.index} "
+                            ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
                                f"({q_element_name(case, r.index)}) 에 썼지만, HEAD_DIM = "
                                f"{case.head_dim} 부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
                                "안 됩니다"))
@@ -57,7 +65,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                            f"({q_element_name(case, r.index)}), not the element it read its q "
                            f"from ({base + r.thread}): that element belongs to another block, "
                            "which may not have read its q yet",
-                        ko=f"{who}: 스레드 {r.thread} 가 q 원소 {r.index} "
+                        ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
                            f"({q_element_name(case, r.index)}) 에 썼습니다. 자기 q 를 읽은 원소"
                            f"({base + r.thread})가 아닙니다: 그 원소는 아직 자기 q 를 읽지 않았을 "
                            "수도 있는 다른 블록의 것입니다"))
@@ -67,7 +75,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {d} wrote its output element {counts.get(d, 0)} "
                            "time(s), not once",
-                        ko=f"{who}: 스레드 {d} 가 자기 출력 원소를 한 번이 아니라 "
+                        ko=f"{who}: 스레드 {particle(d, '이/가')} 자기 출력 원소를 한 번이 아니라 "
                            f"{counts.get(d, 0)}번 썼습니다"))
 
 
@@ -89,8 +97,41 @@ def grade(fn) -> tuple:
     if is_stub(fn):
         raise Unsolved(say(en="write_output has no body yet: write it",
                            ko="write_output 의 본문이 아직 없습니다: 작성하세요"))
-    prep = prepare(CASE)
-    result = run_body(prep, attention.ARTICLE_PARTS.replace(write_output=fn))
+    parts = attention.ARTICLE_PARTS.replace(write_output=fn)
+    drawn = cases()
+    first_figure = None
+    for case in drawn:
+        try:
+            figure = _grade_case(parts, case)
+        except Wrong as wrong:
+            raise Wrong(f"[{case.label}] {wrong.message}", wrong.figure) from None
+        first_figure = first_figure or figure
+    shapes_run = "; ".join(case.label for case in drawn)
+    return say(en="every thread of every row and q head wrote acc / d once, over the q element "
+                  "it read; the threads past head_dim wrote nothing; the output equals the torch "
+                  f"oracle's.  Shapes run: {shapes_run}",
+               ko="모든 행·q 헤드의 모든 스레드가 자기가 읽은 q 원소 위에 acc / d 를 한 번 썼고, "
+                  "head_dim 을 넘는 스레드는 아무것도 쓰지 않았으며, 출력이 torch 오라클과 "
+                  f"같습니다.  실행한 모양: {shapes_run}"), first_figure
+
+
+def run_parts(parts, case):
+    """Grade a whole set of kernel parts (the package's, or a chapter's demonstration of a
+    mistake in another part) at one fixed ``case``, with this puzzle's checks: a ``Verdict``."""
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        figure = _grade_case(parts, case)
+    except Wrong as wrong:
+        return Verdict("wrong", f"[{case.label}] {wrong.message}"
+                       if not wrong.message.startswith("[") else wrong.message, wrong.figure)
+    return Verdict("correct", say(en="the article's reads and the oracle's output",
+                                  ko="아티클과 같은 읽기, 오라클과 같은 출력"), figure)
+
+
+def _grade_case(parts, case):
+    prep = prepare(case)
+    result = run_body(prep, parts)
     figure = _figure(prep, result.logs)
     if result.logs:                 # the stores made before a failure say more than the failure
         check_q_writes(prep, result.logs, lambda row, h: _figure(prep, result.logs, row, h))
@@ -107,33 +148,30 @@ def grade(fn) -> tuple:
                "attention output: is it acc / d?",
             ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: acc / d "
                "인가요?"), figure)
-    return say(en="every thread of both rows and both heads wrote acc / d once, over the q "
-                  "element it read; the 24 threads past head_dim 40 wrote nothing; the output "
-                  "equals the torch oracle's",
-               ko="두 행·두 헤드의 모든 스레드가 자기가 읽은 q 원소 위에 acc / d 를 한 번 썼고, "
-                  "head_dim 40 을 넘는 24개 스레드는 아무것도 쓰지 않았으며, 출력이 torch "
-                  "오라클과 같습니다"), figure
+    return figure
 
 
 DOCSTRING = Text(
-    en="Every thread of the block runs this once, after the last token.  q is the flat\n"
-       "[rows][q heads][HEAD_DIM] array the kernel read this thread's q from, at\n"
-       "active_slot * q_row_stride + q_head * HEAD_DIM + thread_id; store this thread's\n"
-       "output dimension, acc / d, over it with store(q, index, value).  The block has\n"
-       "HEAD_DIM threads rounded up to whole warps: threads past HEAD_DIM own no dimension.\n"
+    en="Every thread of the block runs this once, after the last token.  q is flat: batch\n"
+       "row active_slot starts q_row_stride elements after the row before it, and inside a\n"
+       "row the q heads' vectors of HEAD_DIM elements lie one after another.  Store this\n"
+       "thread's output dimension over the very element the kernel read this thread's q\n"
+       "from, with store(q, index, value).  acc and d are this thread's state after the\n"
+       "last token.  The block's thread count is HEAD_DIM rounded up to whole warps.\n"
        "Available by name: store, HEAD_DIM.",
-    ko="블록의 모든 스레드가 마지막 토큰 뒤에 한 번 실행합니다.  q 는 커널이 이 스레드의 q 를\n"
-       "active_slot * q_row_stride + q_head * HEAD_DIM + thread_id 에서 읽은 평평한\n"
-       "[rows][q heads][HEAD_DIM] 배열입니다; 이 스레드의 출력 차원 acc / d 를 그 위치에\n"
-       "store(q, index, value) 로 쓰세요.  블록의 스레드 수는 HEAD_DIM 을 워프 단위로 올린\n"
-       "값이라 HEAD_DIM 을 넘는 스레드는 맡은 차원이 없습니다.  이름만으로 쓸 수 있는 것: store,\n"
-       "HEAD_DIM.")
+    ko="블록의 모든 스레드가 마지막 토큰 뒤에 한 번 실행합니다.  q 는 평평한 배열입니다: 배치\n"
+       "행 active_slot 은 앞 행보다 q_row_stride 원소 뒤에서 시작하고, 한 행 안에는 q 헤드마다\n"
+       "HEAD_DIM 원소짜리 벡터가 차례로 놓입니다.  커널이 이 스레드의 q 를 읽은 바로 그 원소\n"
+       "위에 이 스레드의 출력 차원을 store(q, index, value) 로 쓰세요.  acc 와 d 는 마지막\n"
+       "토큰 뒤 이 스레드의 상태입니다.  블록의 스레드 수는 HEAD_DIM 을 워프 단위로 올린\n"
+       "값입니다.  이름만으로 쓸 수 있는 것: store, HEAD_DIM.")
 
 HINT = Text(
-    en="The output goes exactly where the input came from (in place); a thread without a "
-       "dimension must not write at all.",
-    ko="출력은 입력이 온 바로 그 자리로 갑니다(in-place); 맡은 차원이 없는 스레드는 아무것도 쓰면 "
-       "안 됩니다.")
+    en="The output goes exactly where the input came from (in place): which row, which head, "
+       "which dimension does this thread hold?  And how many threads does a head_dim of 40 "
+       "launch?",
+    ko="출력은 입력이 온 바로 그 자리로 갑니다(in-place): 이 스레드가 맡은 것은 어느 행, 어느 "
+       "헤드, 어느 차원인가요?  그리고 head_dim 이 40 이면 스레드가 몇 개 뜨나요?")
 
 PUZZLES = (
     Puzzle(
@@ -141,7 +179,11 @@ PUZZLES = (
                                 ko="출력을 q 자리에 쓰기 (in-place)"),
         "def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):",
         DOCSTRING, HINT,
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU), "
-        "two rows, two q heads, head_dim 40",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), two launches of two rows drawn afresh for every check: head_dims with a "
+                "partly used last warp, one to three q heads",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, "
+                "q 헤드 한 개에서 세 개"),
         "kernels.cu:522", grade),
 )

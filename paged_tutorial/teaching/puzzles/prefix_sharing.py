@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call
 from paged_tutorial.teaching.puzzles.engine_harness import tiny_model
 
@@ -128,7 +128,7 @@ class ReaderRule:
         mine = host_call(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
             raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
-                            ko=f"can_share 가 {mine!r} 를 돌려줬습니다; True 나 False 를 돌려줘야 "
+                            ko=f"can_share 가 {particle(repr(mine), '을/를')} 돌려줬습니다; True 나 False 를 돌려줘야 "
                                "합니다"))
         mine = bool(mine)
         engine = may_share(*args)
@@ -142,14 +142,31 @@ class ReaderRule:
                    f"logical block {logical_block} (tokens {first}..{last}): every token would "
                    "come from the cache and none would be left to compute, but the first "
                    "generated token comes from the logits of the last token computed.",
-                ko=f"[{name}] 요청 r{r} 은 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
+                ko=f"[{name}] 요청 r{particle(r, '은/는')} 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
                    f"{logical_block} (토큰 {first}..{last}) 을 공유합니다: 모든 토큰이 캐시에서 "
                    "와서 계산할 토큰이 하나도 남지 않지만, 첫 생성 토큰은 마지막으로 계산한 "
                    "토큰의 logits 에서 나옵니다."))
         return mine
 
 
-def _describe(call: Call, scenario: Scenario) -> str:
+def _compares_tokens(fn, args) -> bool:
+    """Whether ``fn`` refuses the block it was asked about once the block's tokens differ from
+    the request's (everything else the same): a probe of the rule, on the host."""
+    import dataclasses
+
+    found, tokens, previous, lb, n_tokens, bs = args
+    other = tuple(t + 1 for t in found.tokens)
+    try:
+        probe = dataclasses.replace(found, tokens=other) if dataclasses.is_dataclass(found) \
+            else None
+        if probe is None:
+            return True
+        return not fn(probe, tokens, previous, lb, n_tokens, bs)
+    except Exception:               # a rule that cannot be asked so: say what the run showed
+        return True
+
+
+def _describe(call: Call, scenario: Scenario, fn) -> str:
     found, tokens, previous, lb, n_tokens, bs = call.args
     name = SCENARIO_NAMES[scenario.name]
     where = say(en=f"[{name}] request r{call.request}, logical block {lb}",
@@ -163,6 +180,16 @@ def _describe(call: Call, scenario: Scenario) -> str:
                        ko=f"{where}: 규칙이 다른 토큰을 담은 캐시 블록을 공유했습니다 "
                           f"(요청은 {own}... 인데 블록은 {theirs}...). 키가 같다고 내용이 같은 "
                           "것은 아닙니다: 키는 해시입니다")
+        if not _compares_tokens(fn, call.args):
+            return say(en=f"{where}: your rule compared neither the tokens nor the parent: it "
+                          "shared a cached block computed after a different block (found.parent "
+                          "is not previous), and asked about a block that holds other tokens it "
+                          "answers True as well.  A key is a hash: only the block's tokens and "
+                          "its parent say whether its K/V are the request's",
+                       ko=f"{where}: 규칙이 토큰도 부모도 비교하지 않았습니다: 다른 블록 뒤에서 "
+                          "계산된 캐시 블록을 공유했고 (found.parent 가 previous 가 아님), 다른 "
+                          "토큰을 담은 블록을 물어도 True 를 돌려줍니다.  키는 해시일 뿐입니다: "
+                          "블록의 K/V 가 요청의 것인지는 블록의 토큰과 부모만이 말해 줍니다")
         return say(en=f"{where}: your rule compared the tokens but not the parent: it shared a "
                       "cached block with the request's own tokens, computed after a different "
                       "block (found.parent is not previous).  K/V depend on every earlier token, "
@@ -189,12 +216,12 @@ def grade(fn) -> str:
             r = call.request
             effect = say(en=f"  Result: r{r} found {mine[r][0]} prompt tokens in the cache (the "
                             f"engine: {stock[r][0]})",
-                         ko=f"  결과: r{r} 가 캐시에서 프롬프트 토큰 {mine[r][0]}개를 찾았습니다 "
+                         ko=f"  결과: r{particle(r, '이/가')} 캐시에서 프롬프트 토큰 {mine[r][0]}개를 찾았습니다 "
                             f"(엔진: {stock[r][0]})")
             if mine[r][1] != stock[r][1]:
                 effect += say(en=f" and generated {mine[r][1]} instead of {stock[r][1]}",
-                              ko=f", 그리고 {stock[r][1]} 대신 {mine[r][1]} 를 생성했습니다")
-            raise Wrong(_describe(call, scenario) + "." + effect + ".")
+                              ko=f", 그리고 {stock[r][1]} 대신 {particle(mine[r][1], '을/를')} 생성했습니다")
+            raise Wrong(_describe(call, scenario, fn) + "." + effect + ".")
         if mine != list(stock):                 # cannot happen without a disagreement
             raise Wrong(say(en=f"[{SCENARIO_NAMES[scenario.name]}] the run differs from the "
                                f"engine's: {mine} vs {list(stock)}",
@@ -239,5 +266,5 @@ PUZZLES = (
                 "asks your rule, next to stock engines, under three hash functions",
              ko="PrefixCachingKVCache 가 직접 쓴 규칙에 묻는 실제 Engine 들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로"),
-        "prefix_cache.may_share, beyond the article", grade),
+        "prefix_cache.may_share", grade),
 )

@@ -6,7 +6,8 @@ limit 3: its kernel hands the score over in ``dot_products[0]``, which the next 
 publish overwrites with no barrier in between).
 
 The grader compiles her ``token_score`` into the article's kernel (``KernelParts``) and runs it
-for head_dim 32 (one warp), 64 (the article's two) and 80 (three, the last one partly filled)
+for head_dim 32 (one warp), 64 (the article's two) and one drawn afresh for every check whose
+last warp is partly filled (72-88: three warps)
 on a poisoned cache, against the torch oracle.  In the simulator it also records every
 shared-memory access with its barrier epoch (``access_log.record_shared_accesses``) and every
 barrier, and rejects, naming threads, cells and lines:
@@ -30,7 +31,8 @@ import math
 import numpy as np
 import torch
 
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
                                                             divergence_message, is_stub,
@@ -38,14 +40,17 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
                                                             threads_text)
 
 WARP_SIZE = 32
-CASES = (
-    KernelCase("head_dim 32 (one warp)", rows=((0, 4),), head_dim=32, max_seq_len=16,
-               num_blocks=4, seed=40),
-    KernelCase("head_dim 64 (two warps, the article's)", rows=((0, 4),), head_dim=64,
-               max_seq_len=16, num_blocks=4, seed=41),
-    KernelCase("head_dim 80 (three warps, the last one partly filled)", rows=((0, 3),),
-               head_dim=80, max_seq_len=16, num_blocks=4, seed=42),
-)
+
+
+def cases() -> list[KernelCase]:
+    """Three launches drawn afresh: one warp (head_dim 32), the article's two (64), and a
+    head_dim of three warps whose last one is partly used, each a few tokens long (so a
+    combine that adds at most two warps fails)."""
+    rng, seed = shapes.fresh_rng()
+    partial = shapes.pick(rng, (72, 80, 88))
+    return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
+                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0])
+            for i, d in enumerate((32, 64, partial))]
 
 
 def warps(head_dim: int) -> int:
@@ -97,7 +102,7 @@ def _lanes_message(counts: np.ndarray) -> str | None:
     if not wrong:
         return None
     parts = [say(en=f"lanes {threads_text(lanes)} counted {n} time(s)",
-                 ko=f"레인 {threads_text(lanes)} 이(가) {n}번 더해짐")
+                 ko=f"레인 {particle(threads_text(lanes), '이/가')} {n}번 더해짐")
              for n, lanes in sorted(wrong.items())]
     return say(en="the shuffle tree of warp 0 does not add each of its 32 lanes once: "
                + "; ".join(parts) + " (a probe where token t's K is 1 in dimension t only)",
@@ -124,6 +129,64 @@ def _figure(result, case):
     return draw
 
 
+def _grade_case(parts, case):
+    """Run one launch with ``parts``; raise Wrong naming the shape, else return its figure."""
+    fn = parts.token_score
+    prep = prepare(case)
+    d = case.head_dim
+    head = say(en=f"head_dim {d} ({warps(d)} warp(s)) [{case.label}]",
+               ko=f"head_dim {d} (워프 {warps(d)}개) [{case.label}]")
+    result = run_body(prep, parts)
+    figure = _figure(result, case)
+    # a thread that raised stops early, which looks like divergence: its error comes first,
+    # except the shuffle emulation's, which a divergent barrier itself causes
+    raised = result.error is not None and "sim_shim" not in result.error
+    divergence = result.shared.divergence() if result.shared is not None else None
+    if divergence is not None and not raised:
+        raise Wrong(f"{head}: {divergence_message(divergence)}", figure)
+    if result.error is not None:
+        raise Wrong(say(en=f"{head}: the kernel failed with your token_score: {result.error}",
+                        ko=f"{head}: 여러분의 token_score 로 커널이 실패했습니다: "
+                           f"{result.error}"), figure)
+    races = result.shared.races() if result.shared is not None else []
+    if races:
+        raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
+    if result.bad:
+        why = [bad_summary(prep, result)]
+        counts = lane_counts(fn)
+        lanes = _lanes_message(counts) if counts is not None else None
+        if lanes:
+            why.append(lanes)
+        elif result.shared is not None:
+            cells = _combined_cells(result)
+            if cells and cells != list(range(warps(d))):
+                why.append(say(
+                    en=f"thread 0 combined dot_products{cells}, but this block has "
+                       f"{warps(d)} warp(s): cells 0..{warps(d) - 1}",
+                    ko=f"스레드 0이 dot_products{particle(cells, '을/를')} 더했지만 이 블록의 "
+                       f"워프는 {warps(d)}개입니다: 칸 0..{warps(d) - 1}"))
+            else:
+                why.append(say(en="every lane and every warp counted once: is the sum "
+                                  "multiplied by scale exactly once?",
+                               ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale 을 "
+                                  "정확히 한 번 곱했나요?"))
+        raise Wrong(f"{head}: " + ".  ".join(why), figure)
+    return figure
+
+
+def run_parts(parts, case):
+    """Grade a whole set of kernel parts (the package's, or a chapter's demonstration) at one
+    fixed ``case``, as the puzzle grades the reader's ``token_score``: a ``Verdict``."""
+    from paged_tutorial.teaching.verdict import Verdict
+
+    try:
+        figure = _grade_case(parts, case)
+    except Wrong as wrong:
+        return Verdict("wrong", wrong.message, wrong.figure)
+    return Verdict("correct", say(en="no race, every barrier reached, the oracle's output",
+                                  ko="race 없음, 모든 배리어 도달, 오라클과 같은 출력"), figure)
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
@@ -132,60 +195,24 @@ def grade(fn) -> tuple:
                            ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     last = None
-    for case in CASES:
-        prep = prepare(case)
-        d = case.head_dim
-        head = say(en=f"head_dim {d} ({warps(d)} warp(s))", ko=f"head_dim {d} (워프 {warps(d)}개)")
-        result = run_body(prep, parts)
-        figure = _figure(result, case)
-        # a thread that raised stops early, which looks like divergence: its error comes first,
-        # except the shuffle emulation's, which a divergent barrier itself causes
-        raised = result.error is not None and "sim_shim" not in result.error
-        divergence = result.shared.divergence() if result.shared is not None else None
-        if divergence is not None and not raised:
-            raise Wrong(f"{head}: {divergence_message(divergence)}", figure)
-        if result.error is not None:
-            raise Wrong(say(en=f"{head}: the kernel failed with your token_score: {result.error}",
-                            ko=f"{head}: 여러분의 token_score 로 커널이 실패했습니다: "
-                               f"{result.error}"), figure)
-        races = result.shared.races() if result.shared is not None else []
-        if races:
-            raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
-        if result.bad:
-            why = [bad_summary(prep, result)]
-            counts = lane_counts(fn)
-            lanes = _lanes_message(counts) if counts is not None else None
-            if lanes:
-                why.append(lanes)
-            elif result.shared is not None:
-                cells = _combined_cells(result)
-                if cells and cells != list(range(warps(d))):
-                    why.append(say(
-                        en=f"thread 0 combined dot_products{cells}, but this block has "
-                           f"{warps(d)} warp(s): cells 0..{warps(d) - 1}",
-                        ko=f"스레드 0 이 dot_products{cells} 를 더했지만 이 블록의 워프는 "
-                           f"{warps(d)}개입니다: 칸 0..{warps(d) - 1}"))
-                else:
-                    why.append(say(en="every lane and every warp counted once: is the sum "
-                                      "multiplied by scale exactly once?",
-                                   ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale 을 "
-                                      "정확히 한 번 곱했나요?"))
-            raise Wrong(f"{head}: " + ".  ".join(why), figure)
-        last = figure
+    drawn = cases()
+    for case in drawn:
+        last = _grade_case(parts, case)
+    dims = ", ".join(str(case.head_dim) for case in drawn)
     if last is None:                # on a GPU: no shared-memory log, the output alone
         return say(
-            en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's on this GPU. "
+            en=f"head_dim {dims}: the kernel's output equals the torch oracle's on this GPU. "
                "Races and divergent barriers are checked in the simulator only: run "
                "viz.races.rerun_racecheck(part=token_score) (compute-sanitizer) or grade it on a "
                "CPU",
-            ko="head_dim 32, 64, 80: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
+            ko=f"head_dim {dims}: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
                "안의 배리어는 시뮬레이터에서만 검사합니다: viz.races.rerun_racecheck("
                "part=token_score) (compute-sanitizer) 를 실행하거나 CPU 에서 채점하세요"), None
     message = say(
-        en="head_dim 32, 64 and 80: the kernel's output equals the torch oracle's, every barrier "
+        en=f"head_dim {dims}: the kernel's output equals the torch oracle's, every barrier "
            "is reached by every thread, and no shared cell is written while another thread may "
            "still access it (no race in the access log)",
-        ko="head_dim 32, 64, 80: 커널 출력이 torch 오라클과 같고, 모든 스레드가 모든 배리어에 "
+        ko=f"head_dim {dims}: 커널 출력이 torch 오라클과 같고, 모든 스레드가 모든 배리어에 "
            "도달하며, 다른 스레드가 아직 접근할 수 있는 공유 메모리 칸에 쓰지 않습니다 "
            "(접근 기록에 race 없음)")
     return message, last
@@ -213,8 +240,8 @@ HINT = Text(
        "lane 0 of each warp publishes it; wait for everyone before thread 0 reads the cells, "
        "and again before anyone reads the score.  Where does the score wait, so that the next "
        "token's publish cannot overwrite it while a slow warp still reads it?",
-    ko="워프의 절반만큼 shfl_down 하고, 다시 그 절반만큼... 레인 0 이 워프의 합을 가질 때까지; "
-       "각 워프의 레인 0 이 그 합을 공유 메모리에 올립니다; 스레드 0 이 칸을 읽기 전에 모두를 "
+    ko="워프의 절반만큼 shfl_down 하고, 다시 그 절반만큼... 레인 0이 워프의 합을 가질 때까지; "
+       "각 워프의 레인 0이 그 합을 공유 메모리에 올립니다; 스레드 0이 칸을 읽기 전에 모두를 "
        "기다리고, 누구든 점수를 읽기 전에 다시 기다립니다.  다음 토큰의 publish 가 느린 워프가 "
        "아직 읽는 점수를 덮어쓰지 않으려면 점수는 어디에 두어야 할까요?")
 
@@ -226,7 +253,11 @@ PUZZLES = (
                                   "전달"),
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
-        "the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a GPU), "
-        "head_dim 32, 64 and 80, with the simulator's shared-memory race check",
+        Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
+                "GPU), head_dim 32, 64 and one of three warps, the last partly used, drawn "
+                "afresh for every check, with the simulator's shared-memory race check",
+             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+                "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 워프 세 개 중 마지막을 "
+                "일부만 쓰는 head_dim 하나; 시뮬레이터의 공유 메모리 race 검사 포함"),
         "kernels.cu:486-508", grade),
 )

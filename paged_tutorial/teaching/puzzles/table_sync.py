@@ -1,6 +1,6 @@
 """Puzzle ``06.table_sync``: the article's fourth limit, written by the reader.  The article's
 engine copies the whole block table host -> device before every decode layer
-(``main.cpp:876``, TODO at ``:551``); this engine sends only the entries that changed, once per
+(``main.cpp:876``; the comment at ``main.cpp:551`` asks for less); this engine sends only the entries that changed, once per
 step (``cache/block_table.py``'s ``device_table``).  The reader writes that sync:
 ``sync_table(host_table, device_table, changed)`` copies the entries listed in ``changed``
 (flat indices whose host value changed since the last sync) from the host table into the device
@@ -10,8 +10,9 @@ The grader runs a real decode (torch backend on the CPU; any backend and device 
 whose cache keeps a device table of its own -- a separate tensor even on the CPU, where the
 stock cache shares memory -- and brings it up to date with the reader's function before every
 step (``SyncedByReader``).  After every sync the device table must equal the host table; the
-tokens must equal a stock engine's.  The verdict reports the entries copied per step against
-the article's whole-table copies.  A sync that copies the whole table gives the right tokens
+tokens must equal a stock engine's.  Reads of the device table are counted as well as writes
+(on a GPU both are copies): a sync that compares the device table with the host's is refused.
+The verdict reports the entries copied per step against the article's whole-table copies.  A sync that copies the whole table gives the right tokens
 but is the article's cost, not the fix: it is refused with that count.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, say
+from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, host_call, is_stub, short
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
@@ -35,11 +36,13 @@ NAMES = ["host_table", "device_table", "changed"]
 class DeviceTable:
     """The device copy of the block table, flat, as the reader's function sees it: index it
     like an array to read or write entries (``device_table[i] = v``, ``device_table[idx] =
-    values``); every entry written is counted."""
+    values``); every entry read and every entry written is counted (on a GPU a read is a
+    device-to-host copy, a write a host-to-device one)."""
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor.view(-1)
         self.writes = 0
+        self.reads = 0
 
     def __len__(self) -> int:
         return self.tensor.numel()
@@ -58,7 +61,10 @@ class DeviceTable:
         return key
 
     def __getitem__(self, key):
-        value = self.tensor[self._index(key)].cpu()
+        index = self._index(key)
+        self.reads += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
+                                               else index].size)
+        value = self.tensor[index].cpu()
         return value.numpy() if value.dim() else int(value)
 
     def __setitem__(self, key, value):
@@ -86,6 +92,7 @@ class SyncedByReader(PagedKVCache):
                                       device=self.device)
         self.last_synced = self.block_table.reshape(-1).copy()
         self.syncs: list[tuple[int, int]] = []
+        self.device_reads: list[int] = []
 
     def device_block_table(self) -> torch.Tensor:
         host = self.block_table.reshape(-1)
@@ -95,6 +102,7 @@ class SyncedByReader(PagedKVCache):
         host_call(self.sync, (host.copy(), device, [int(i) for i in changed]), NAMES,
                   allow_none=True)
         self.syncs.append((len(changed), device.writes))
+        self.device_reads.append(device.reads)
         stale = np.flatnonzero(self.device_copy.view(-1).cpu().numpy() != host)
         if stale.size:
             i = int(stale[0])
@@ -108,7 +116,7 @@ class SyncedByReader(PagedKVCache):
                    + (f", changed but not copied: {short(skipped)}" if skipped else "")
                    + ".  The kernels would follow the stale entry into another request's block",
                 ko=f"{len(self.syncs)}번째 동기화 뒤 (바뀐 항목 {len(changed)}개, 쓴 항목 "
-                   f"{device.writes}개), 디바이스 항목 {i} = block_table{list(where)} 가 "
+                   f"{device.writes}개), 디바이스 항목 {i} = block_table{particle(list(where), '이/가')} "
                    f"{int(self.device_copy.view(-1)[i])} 인데 호스트 표는 {int(host[i])} 입니다; "
                    f"낡은 항목 {len(stale)}개"
                    + (f", 바뀌었는데 복사하지 않은 항목: {short(skipped)}" if skipped else "")
@@ -150,13 +158,26 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
         r = next(i for i, (a, b) in enumerate(zip(tokens, stock)) if a != b)
         raise Wrong(say(en=f"r{r} generated {short(list(tokens[r]))}; the stock engine "
                            f"{short(list(stock[r]))}",
-                        ko=f"r{r} 가 {short(list(tokens[r]))} 를 생성했는데 표준 엔진은 "
+                        ko=f"r{particle(r, '이/가')} {particle(short(list(tokens[r])), '을/를')} 생성했는데 표준 엔진은 "
                            f"{short(list(stock[r]))} 입니다"))
     entries = cache.config.block_table_entries
     layers = cache.config.num_layers
     whole = sum(1 for _, w in syncs if w >= entries)
     article = len(syncs) * entries * layers
     per_step = ", ".join(str(w) for _, w in syncs if w)
+    read = sum(cache.device_reads)
+    if read:
+        worst = max(cache.device_reads)
+        raise Wrong(say(
+            en=f"the tokens are right, but your sync read {read} entries of the device table in "
+               f"all (up to {worst} in one step, {entries} entries in the table): every read is "
+               "a device-to-host copy, so comparing the device table with the host's costs what "
+               "copying the whole table costs.  The host table and `changed` already say what "
+               "to send",
+            ko=f"토큰은 맞지만, 동기화가 디바이스 표의 항목을 모두 {read}칸 읽었습니다 (한 스텝에 "
+               f"최대 {worst}칸, 표 전체는 {entries}칸): 읽기 하나하나가 디바이스에서 호스트로의 "
+               "복사라서, 디바이스 표를 호스트 표와 비교하는 것은 표 전체를 복사하는 것만큼 "
+               "듭니다.  무엇을 보낼지는 호스트 표와 `changed` 가 이미 알려 줍니다"))
     if whole:
         raise Wrong(say(
             en=f"the tokens are right, but {whole} of {len(syncs)} syncs copied the whole table "
@@ -210,9 +231,10 @@ PUZZLES = (
              ko="항목은 블록을 꺼내거나 반납할 때만 바뀝니다; 디바이스 사본의 나머지 항목은 이미 "
                 "맞습니다."),
         Text(en="a real Engine (torch backend, 2 slots, 2 layers) whose device block table is "
-                "its own tensor, updated by your function before every step, next to a stock "
-                "engine",
+                "its own tensor, updated by your function before every step (every entry read "
+                "or written counted), next to a stock engine",
              ko="디바이스 block table 을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
-                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개), 표준 엔진과 나란히"),
-        "main.cpp:552, 876, 1030 (TODO at 551)", grade),
+                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개; 읽고 쓴 항목을 모두 셉니다)과 표준 "
+                "엔진을 나란히 돌린 실행"),
+        "main.cpp:551-552, 876, 1030", grade),
 )

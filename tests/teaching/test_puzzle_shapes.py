@@ -1,0 +1,102 @@
+"""The kernel puzzles' shapes are drawn afresh for every check, cover what a hard-coded answer
+would get wrong, and a failing verdict names the shape; the allocator puzzle's base class gives
+nothing to inherit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from paged_tutorial.cache import CacheFullError
+from paged_tutorial.config import CacheConfig
+from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.teaching.puzzles import (allocator, block_walk, kernel_addresses,
+                                             online_softmax, output_store, score_handoff, shapes)
+
+DRAWS = {"03.walk_blocks": block_walk.cases, "02.table_index": kernel_addresses.table_cases,
+         "03.k_index": kernel_addresses.k_cases, "04.token_score": score_handoff.cases,
+         "05.write_output": output_store.cases, "05.softmax_update": online_softmax.cases}
+
+
+@pytest.mark.parametrize("name", sorted(DRAWS))
+def test_every_check_draws_new_shapes_and_names_them(name):
+    first, second = DRAWS[name](), DRAWS[name]()
+    assert [c.seed for c in first] != [c.seed for c in second]
+    for case in first:
+        assert f"seed {case.seed}" in case.label and f"head_dim {case.head_dim}" in case.label
+
+
+def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
+    for _ in range(20):
+        walk = block_walk.cases()
+        assert all(c.head_dim % 32 for c in walk)                    # partly used last warps
+        assert len({c.head_dim for c in walk}) == 2
+        assert all(c.n_q_heads // c.num_kv_heads != 4 for c in walk)
+        assert len({(c.num_layers, c.max_seq_len) for c in walk}) == 2
+        assert any(n % 16 for c in walk for _, n in c.rows)          # a partly filled block
+        assert any(n % 16 == 0 for c in walk for _, n in c.rows)     # a full last block
+        assert walk[0].rows[0][0] != 0                                # row 0 is not slot 0
+        table = kernel_addresses.table_cases()
+        assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
+        assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
+        assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
+        k = kernel_addresses.k_cases()
+        assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
+        store = output_store.cases()
+        assert len({c.head_dim for c in store}) == 2 and all(c.head_dim % 32 for c in store)
+        dims = sorted(c.head_dim for c in score_handoff.cases())
+        assert dims[:2] == [32, 64] and 64 < dims[2] < 96
+
+
+def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():
+    wide = online_softmax.cases()[1]
+    scores, _ = online_softmax._scores_and_values(online_softmax.prepare(wide))
+    assert scores.max() > online_softmax.WIDE_SCORE > math.log(np.finfo(np.float64).max)
+    assert scores.max() - scores[0] > online_softmax.RISE
+
+
+def _allocator(cls, num_layers=2, blocks=6):
+    config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8, dtype="float32",
+                         kv_cache_bytes=blocks * 2 * 16 * 8 * 4, max_slots=2, max_seq_len=64)
+    return PagedKVCache(config, "cpu", allocator=cls).allocator
+
+
+def test_allocator_base_gives_no_block_moves_to_inherit():
+    class Empty(allocator.AllocatorBase):
+        pass
+    alloc = _allocator(Empty)
+    with pytest.raises(NotImplementedError, match="write ensure_capacity"):
+        alloc.ensure_capacity(0, 5)
+    with pytest.raises(NotImplementedError, match="write release"):
+        alloc.release(0)
+    assert not issubclass(allocator.AllocatorBase, allocator.FreeListAllocator)
+    assert alloc.num_free == 6 and alloc.can_grow(0, 16)     # the accounting is there
+
+
+def test_a_refused_call_must_change_nothing_the_allocator_holds():
+    from helpers.wrong_allocators import ArticleAllocator
+    from paged_tutorial.teaching.puzzles.base import Wrong
+
+    class CountsRefusals(ArticleAllocator):
+        """Right table and free list, but a refused call still bumps its own counter."""
+        refused = 0
+
+        def ensure_capacity(self, slot, new_len):
+            try:
+                super().ensure_capacity(slot, new_len)
+            except CacheFullError:
+                self.refused += 1
+                raise
+    assert "needs" in allocator.probe_full(ArticleAllocator)
+    with pytest.raises(Wrong, match="change nothing"):
+        allocator.probe_full(CountsRefusals)
+
+
+def test_shape_labels_can_rebuild_a_case():
+    rng = np.random.default_rng(0)
+    case = shapes.case(rng, 0, head_dim=40, gqa=(1, 3), lens=[20, 5], num_layers=3)
+    again = shapes.case(np.random.default_rng(0), 0, head_dim=40, gqa=(1, 3), lens=[20, 5],
+                        num_layers=3)
+    assert case == again and case.n_q_heads == 3 and case.rows == ((1, 20), (0, 5))
