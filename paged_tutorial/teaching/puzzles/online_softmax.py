@@ -83,7 +83,8 @@ def replay(fn, scores, values):
                 raise Wrong(_three_numbers(out))
             for x, name in zip(out, ("new_max", "new_d", "new_acc")):
                 need_real(x, name, "softmax_update")
-            state = tuple(out)
+            # the kernel keeps m, d and acc in float32 registers: so does the replay
+            state = tuple(f32(x) for x in out)
             steps.append(tuple(float(x) for x in out))
     return np.array(steps, dtype=np.float64).reshape(-1, 3)
 
