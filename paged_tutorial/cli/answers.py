@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from paged_tutorial.cli.prompts import chat_messages
+from paged_tutorial.cli.prompts import chat_messages, engine_prompt
 from paged_tutorial.cli.startup import UsageError, start_engine, warn_about_korean
 from paged_tutorial.cli.streams import one_line
 from paged_tutorial.cli.timing import compile_stats
@@ -48,12 +48,12 @@ def run(args, prompts: list[str], out, err) -> int:
         return on_token
 
     try:
-        requests = [engine.add_request(chat_messages(prompt, args.system),
+        requests = [engine.add_request(engine_prompt(engine, chat_messages(p, args.system)),
                                        max_new_tokens=args.max_new_tokens,
                                        temperature=args.temperature, top_p=args.top_p,
                                        seed=args.seed, chat=not args.no_chat,
                                        on_token=on_token_for(i))
-                    for i, prompt in enumerate(prompts)]
+                    for i, p in enumerate(prompts)]
     except (ValueError, TypeError) as exc:
         raise UsageError(one_line(exc)) from exc
     too_long = [(i, r) for i, r in enumerate(requests) if r.finish_reason == "prompt_too_long"]

@@ -13,6 +13,7 @@ import sys
 
 from paged_tutorial.cli import ctrl_c
 from paged_tutorial.cli.answers import too_long_message
+from paged_tutorial.cli.prompts import engine_prompt
 from paged_tutorial.cli.startup import UsageError, start_engine, warn_about_korean
 from paged_tutorial.cli.streams import one_line
 
@@ -70,7 +71,8 @@ def answer(engine, messages: list[dict], args, out, err) -> tuple[str, object | 
             out.write(piece)
             out.flush()
 
-    request = engine.add_request(messages, max_new_tokens=args.max_new_tokens,
+    request = engine.add_request(engine_prompt(engine, messages),
+                                 max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p,
                                  seed=args.seed, chat=True, on_token=on_token)
     stopped = False

@@ -86,7 +86,20 @@ def collect_prompts(args, stdin=None) -> list[str]:
 
 
 def chat_messages(prompt: str, system: str | None) -> list[dict] | str:
-    """What the engine gets for one prompt: the prompt itself, or a system message and it."""
+    """One prompt as the engine's chat takes it: the prompt itself, or a system message and
+    it."""
     if system is None:
         return prompt
     return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+
+
+def engine_prompt(engine, prompt: str | list[dict]):
+    """What ``engine.add_request`` takes for a prompt string or a list of chat messages: the
+    string itself, or the token ids of the messages through the model's chat template."""
+    if isinstance(prompt, str):
+        return prompt
+    tokenizer = engine.model.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {engine.model.source!r} has no tokenizer files, so it has no "
+                         "chat template for a conversation or --system")
+    return tokenizer.apply_chat_template(prompt)
