@@ -87,7 +87,7 @@ def answer(engine, messages: list[dict], args, out, err) -> tuple[str, object | 
         while engine.has_unfinished():
             engine.step()
     result = engine.pop_result(request.request_id)
-    if stopped:
+    if stopped or result.finish_reason == "cancelled":   # Ctrl-C inside on_token cancels it
         return "".join(shown), None
     done = "".join(shown)
     out.write(result.text[len(done):] if result.text.startswith(done) else "")
