@@ -81,6 +81,7 @@ runpy.run_module("paged_tutorial", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_on_a_terminal_ctrl_c_stops_an_answer_and_ctrl_d_ends(tiny_gguf):
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(sys.executable, ["-c", SLOW_STEPS, "--chat", "--model",
