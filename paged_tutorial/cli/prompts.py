@@ -79,7 +79,7 @@ def collect_prompts(args, stdin=None) -> list[str]:
     prompts = [read_prompt(STDIN, stdin) if p == STDIN else p for p in args.prompt]
     prompts += [read_prompt(name, stdin) for name in args.file]
     for i, prompt in enumerate(prompts):
-        if not prompt.strip():
+        if not prompt:
             label = "the prompt" if len(prompts) == 1 else f"prompt {i + 1}"
             raise PromptError(f"{label} is empty: nothing to answer")
     return prompts
