@@ -83,15 +83,26 @@ def _is_install_cell(cell: dict) -> bool:
         text.startswith("# Colab only:")
 
 
+def _keys_ordered_like(cell: dict, old: dict | None) -> dict:
+    """``cell`` with its keys in the order ``old`` had them (new keys after, sorted); without
+    an old cell, sorted, as Jupyter writes them.  So a notebook whose install cell is already
+    current is written back byte for byte."""
+    order = list(old) if old is not None else []
+    keys = [k for k in order if k in cell] + sorted(k for k in cell if k not in order)
+    return {k: cell[k] for k in keys}
+
+
 def apply_to_notebook(path: Path, source: str = INSTALL_SOURCE) -> bool:
     """Make the install cell the notebook's first cell (replacing an older one); True if the
-    file changed.  Everything else in the notebook is kept as it is."""
+    file changed.  Everything else in the notebook is kept as it is, and a notebook whose cell
+    is already current is not rewritten (its bytes stay the same)."""
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     cells = notebook["cells"]
     new = make_cell(source)
-    if cells and _is_install_cell(cells[0]):
-        old = cells[0]
+    cells_had_install_cell = bool(cells) and _is_install_cell(cells[0])
+    old = cells[0] if cells_had_install_cell else None
+    if cells_had_install_cell:
         new["execution_count"] = old.get("execution_count")
         if "id" in old:                                   # nbformat 4.5 cell ids stay stable
             new["id"] = old["id"]
@@ -102,6 +113,7 @@ def apply_to_notebook(path: Path, source: str = INSTALL_SOURCE) -> bool:
         cells.insert(0, new)
     if notebook.get("nbformat_minor", 0) >= 5 and "id" not in cells[0]:
         cells[0]["id"] = "colab-install"
+    cells[0] = _keys_ordered_like(cells[0], old)
     updated = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
     if updated == text:
         return False

@@ -25,11 +25,51 @@ from paged_tutorial.loading.text_input import check_text
 
 
 class ChatTemplateError(ValueError):
-    """The chat template refused the messages (its ``raise_exception`` was called)."""
+    """The chat template cannot render these messages: it refused them (its
+    ``raise_exception`` was called), it is not valid Jinja2, or it failed while rendering (an
+    undefined name, a division by zero, the sandbox refusing an attribute, endless recursion).
+    The message names the template's source and the fault."""
+
+
+class ChatMessageError(TypeError, ValueError):
+    """A chat message list that is not one (a message without 'role', or whose 'content' is
+    not a string): refused before the template sees it, naming the message's index."""
+
+
+class _TemplateRefusal(Exception):
+    """What the template's ``raise_exception(message)`` raises inside Jinja."""
 
 
 def _raise_exception(message):
-    raise ChatTemplateError(f"the model's chat template rejected the messages: {message}")
+    raise _TemplateRefusal(message)
+
+
+def _template_line(exc: BaseException) -> int | None:
+    """The template line the render was on when ``exc`` rose (Jinja rewrites its tracebacks
+    so that template frames carry the template's own line numbers), or None."""
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def template_failure(exc: BaseException, where: str) -> ChatTemplateError:
+    """One clear error for a template that failed while rendering."""
+    line = _template_line(exc)
+    at = f" (template line {line})" if line is not None else ""
+    if isinstance(exc, _TemplateRefusal):
+        return ChatTemplateError(f"the chat template of {where} rejected the messages{at}: "
+                                 f"{' '.join(str(exc).split())}")
+    if isinstance(exc, RecursionError):
+        fault = "it recurses without end"
+    else:
+        text = " ".join(str(exc).split())
+        fault = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return ChatTemplateError(
+        f"the chat template of {where} failed while rendering{at}: {fault}; fix the template "
+        "(or pass a different one), or send the prompt as token ids or with chat=False")
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -44,7 +84,8 @@ def _strftime_now(fmt):
 
 @lru_cache(maxsize=16)
 def compile_chat_template(source: str):
-    """A compiled Jinja2 template, in a sandbox (templates from the hub are untrusted code)."""
+    """A compiled Jinja2 template, in a sandbox (templates from the hub are untrusted code).
+    A syntax error is a ChatTemplateError saying what "is not valid Jinja2" and where."""
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -71,27 +112,52 @@ def compile_chat_template(source: str):
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"the model's chat template is not valid Jinja2 (line {exc.lineno}: "
-                         f"{exc.message}); fix the template or pass token ids / chat=False") \
-            from exc
+        raise ChatTemplateError(
+            f"is not valid Jinja2 (line {exc.lineno}: {' '.join(str(exc.message).split())}); "
+            "fix the template, or "
+            "send the prompt as token ids or with chat=False") from exc
 
 
 def as_messages(prompt_or_messages) -> list[dict]:
-    """A prompt string becomes one user message; a message list is checked and copied."""
+    """A prompt string becomes one user message; a message list is checked and copied.  Each
+    message is a dict with a string 'role' and a string 'content' (other keys are kept for the
+    template); anything else is a ChatMessageError naming the message's index."""
     if isinstance(prompt_or_messages, str):
-        return [{"role": "user", "content": check_text(prompt_or_messages, "the prompt")}]
-    if not isinstance(prompt_or_messages, Sequence) or not prompt_or_messages:
-        raise TypeError("a chat is a prompt string or a non-empty list of "
-                        f"{{'role': ..., 'content': ...}} dicts, got {prompt_or_messages!r}")
+        return [{"role": "user", "content": _checked_text(prompt_or_messages, "the prompt")}]
+    if isinstance(prompt_or_messages, (bytes, Mapping)) or \
+            not isinstance(prompt_or_messages, Sequence) or not prompt_or_messages:
+        raise ChatMessageError("a chat is a prompt string or a non-empty list of "
+                               f"{{'role': ..., 'content': ...}} dicts, got "
+                               f"{_shown(prompt_or_messages)}")
     messages = []
     for i, message in enumerate(prompt_or_messages):
-        if not isinstance(message, Mapping) or "role" not in message:
-            raise TypeError(f"chat message {i} must be a dict with 'role' and 'content', "
-                            f"got {message!r}")
-        if isinstance(message.get("content"), str):
-            check_text(message["content"], f"chat message {i}'s content")
+        if not isinstance(message, Mapping):
+            raise ChatMessageError(f"chat message {i} must be a dict with 'role' and 'content', "
+                                   f"got {_shown(message)}")
+        for key in ("role", "content"):
+            if key not in message:
+                raise ChatMessageError(f"chat message {i} has no {key!r}: each message needs "
+                                       f"'role' and 'content', got {_shown(message)}")
+            if not isinstance(message[key], str):
+                raise ChatMessageError(
+                    f"chat message {i}'s {key!r} must be a string, got "
+                    f"{type(message[key]).__name__} {_shown(message[key])}")
+        _checked_text(message["role"], f"chat message {i}'s role")
+        _checked_text(message["content"], f"chat message {i}'s content")
         messages.append(dict(message))
     return messages
+
+
+def _checked_text(text: str, what: str) -> str:
+    try:
+        return check_text(text, what)
+    except ValueError as exc:
+        raise ChatMessageError(str(exc)) from None
+
+
+def _shown(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --- GGUF's byte-level BPE tokenizer -------------------------------------------------------------
@@ -212,24 +278,40 @@ def _token_content(value) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object file's contents ({} when the file is absent); anything else is refused
+    with a ValueError naming the file."""
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}): the file is truncated or corrupt; "
                          "re-download it") from exc
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {_json_kind(data)}, not an object of settings "
+                         "({...}): the file is damaged or is not this model's; re-download it")
+    return data
 
 
-def _pick_template(template) -> str | None:
-    """A template string, or the "default" of a list of {"name", "template"} entries."""
+def _json_kind(value) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _pick_template(template, where: str) -> str | None:
+    """A template string, or the "default" of a list of {"name", "template"} entries; any other
+    value is refused with a ValueError naming ``where`` (the file and field)."""
     if isinstance(template, str) or template is None:
         return template
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
-        return named.get("default") or next(iter(named.values()), None)
-    return None
+        chosen = named.get("default") or next(iter(named.values()), None)
+        if chosen is None or isinstance(chosen, str):
+            return chosen
+        template = chosen
+    raise ValueError(f"{where} is not a string: it is a {_json_kind(template)} "
+                     f"({_shown(template)}), where a Jinja2 template's text belongs; fix the "
+                     "file (or re-download it), or pass prompts with chat=False")
 
 
 def chat_template_from_folder(folder: Path, tokenizer_config: Mapping) -> str | None:
@@ -237,8 +319,11 @@ def chat_template_from_folder(folder: Path, tokenizer_config: Mapping) -> str | 
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
         return jinja_file.read_text(encoding="utf-8")
-    json_template = _read_json(folder / "chat_template.json").get("chat_template")
-    return _pick_template(json_template) or _pick_template(tokenizer_config.get("chat_template"))
+    json_file = folder / "chat_template.json"
+    from_json = _pick_template(_read_json(json_file).get("chat_template"),
+                               f"'chat_template' in {json_file}")
+    return from_json or _pick_template(tokenizer_config.get("chat_template"),
+                                       f"'chat_template' in {folder / 'tokenizer_config.json'}")
 
 
 # --- the tokenizer -------------------------------------------------------------------------------
@@ -323,8 +408,10 @@ class Tokenizer:
             _with_bos_post_processor(backend, special["bos_token"], int(ids["bos_token"]))
         extra_eos = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
                      if meta.get(k) is not None]
-        return cls(backend, chat_template=meta.get("tokenizer.chat_template"),
-                   special_tokens=special, eos_token_ids=extra_eos, source=source)
+        template = _pick_template(meta.get("tokenizer.chat_template"),
+                                  f"tokenizer.chat_template in {source or 'the GGUF metadata'}")
+        return cls(backend, chat_template=template, special_tokens=special,
+                   eos_token_ids=extra_eos, source=source)
 
     # --- properties -----------------------------------------------------------------------
     @property
@@ -354,16 +441,31 @@ class Tokenizer:
     def render_chat(self, prompt_or_messages, add_generation_prompt: bool = True,
                     **template_vars) -> str:
         """The chat template's text for these messages (what apply_chat_template tokenizes)."""
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ChatTemplateError(
+                f"the chat template of {self.source or 'this tokenizer'} is not a string: it is "
+                f"a {type(self.chat_template).__name__}; pass the template's text")
         if not self.chat_template:
             where = f" of {self.source}" if self.source else ""
             raise ValueError(
                 f"the tokenizer{where} has no chat template: pass the prompt as token ids, or "
                 "as text with chat=False to skip the template")
-        template = compile_chat_template(self.chat_template)
+        messages = as_messages(prompt_or_messages)       # checked before Jinja sees them
+        where = self.source or "this tokenizer"
+        try:
+            template = compile_chat_template(self.chat_template)
+        except ChatTemplateError as exc:
+            raise ChatTemplateError(f"the chat template of {where} {exc}") from None
         # As transformers: the special tokens by name, and tools/documents defined (as None).
         variables = {"tools": None, "documents": None, **self.special_tokens, **template_vars}
-        return template.render(messages=as_messages(prompt_or_messages),
-                               add_generation_prompt=add_generation_prompt, **variables)
+        try:
+            text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   **variables)
+        except Exception as exc:     # a template is untrusted code: any fault is the template's
+            raise template_failure(exc, where) from None
+        if not isinstance(text, str):
+            raise ChatTemplateError(f"the chat template of {where} rendered no text")
+        return text
 
     def apply_chat_template(self, prompt_or_messages, add_generation_prompt: bool = True,
                             **template_vars) -> list[int]:

@@ -491,7 +491,7 @@ def test_prefix_caching_argument_and_cli_flag(tiny_model):
     assert "prefix caching on" in engine.describe()
     assert isinstance(engine.cache, PrefixCachingKVCache)
     assert type(make_engine(tiny_model, prefix_caching=False).cache) is pt.PagedKVCache
-    from paged_tutorial.__main__ import build_parser
+    from paged_tutorial.cli.options import build_parser
 
     assert build_parser().parse_args(["hi", "--prefix-caching"]).prefix_caching is True
     assert build_parser().parse_args(["hi"]).prefix_caching is False

@@ -17,7 +17,7 @@ import torch
 
 import paged_tutorial as pt
 from helpers.fixtures_loading import tiny_config, write_tiny_gguf
-from paged_tutorial import __main__ as cli
+from paged_tutorial.cli import answers, main, options, timing
 from paged_tutorial.backends import BACKEND_NAMES
 from paged_tutorial.backends.numba_cuda import SIMULATING
 from paged_tutorial.loading.models import random_model
@@ -33,7 +33,7 @@ def tiny_gguf(tmp_path_factory):
 
 def run_cli(capsys, *argv):
     """(exit status, stdout, stderr lines)."""
-    status = cli.main(list(argv))
+    status = main.main(list(argv))
     captured = capsys.readouterr()
     return status, captured.out, captured.err.splitlines()
 
@@ -50,7 +50,7 @@ def assert_one_error_line(err_lines, *fragments):
 # --- defaults and help -------------------------------------------------------------------------
 
 def test_defaults_are_the_apis():
-    args = cli.build_parser().parse_args(["hi"])
+    args = options.parse(["hi"])
     params = pt.SamplingParams()
     engine = inspect.signature(pt.Engine.__init__).parameters
     assert args.max_tokens == params.max_tokens == 64
@@ -64,7 +64,7 @@ def test_defaults_are_the_apis():
 
 def test_help_lists_backends_models_and_defaults(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--help"])
+        main.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for name in BACKEND_NAMES:
@@ -84,11 +84,11 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
             writes.append(text)
             return super().write(text)
 
-    args = cli.build_parser().parse_args(
+    args = options.parse(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
          "--no-chat", "--max-tokens", "6", "--seed", "0"])
     out, err = Recorder(), io.StringIO()
-    assert cli.run(args, out=out, err=err) == 0
+    assert answers.run(args, args.prompt, out, err) == 0
     engine = pt.Engine(pt.load_model(tiny_gguf, "float32"), backend="torch")
     expected = engine.generate(["abc"], max_tokens=6, chat=False, seed=0)[0]
     assert out.getvalue() == expected.text + "\n"      # nothing held back is lost
@@ -99,11 +99,11 @@ def test_one_prompt_streams_piece_by_piece(tiny_gguf):
 
 
 def test_the_loading_line_says_which_dtype_and_why_and_the_timing_is_split(tiny_gguf):
-    args = cli.build_parser().parse_args(
+    args = options.parse(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
          "--max-tokens", "4", "--seed", "0"])
     err = io.StringIO()
-    assert cli.run(args, out=io.StringIO(), err=err) == 0
+    assert answers.run(args, args.prompt, io.StringIO(), err) == 0
     text = err.getvalue()
     if not torch.cuda.is_available():
         assert text.startswith(f"loading {tiny_gguf} on cpu in float32: the CPU's default")
@@ -119,11 +119,11 @@ def test_kernels_compiled_before_the_run_are_not_reported_as_its_own(tiny_gguf, 
 
     monkeypatch.setattr(kernel_cache, "COMPILE_STATS",
                         kernel_cache.CompileStats(loaded=21, compiled=15, compile_seconds=35.0))
-    args = cli.build_parser().parse_args(
+    args = options.parse(
         ["abc", "--model", str(tiny_gguf), "--backend", "torch", "--no-chat",
          "--max-tokens", "4", "--seed", "0"])
     err = io.StringIO()
-    assert cli.run(args, out=io.StringIO(), err=err) == 0
+    assert answers.run(args, args.prompt, io.StringIO(), err) == 0
     report = err.getvalue().strip().splitlines()[-1]
     assert "compiled in" not in report and "kernels" not in report, report
 
@@ -131,12 +131,12 @@ def test_kernels_compiled_before_the_run_are_not_reported_as_its_own(tiny_gguf, 
 def test_decode_rate_leaves_out_compile_time():
     from types import SimpleNamespace
 
-    timing = cli.StartTiming()
-    timing.load_s = 1.0
+    start = timing.StartTiming()
+    start.load_s = 1.0
     result = SimpleNamespace(token_ids=list(range(11)), time_to_first_token_s=0.5,
                              total_time_s=3.5)                     # 10 decode steps in 3 s
     stats = SimpleNamespace(compiled=3, loaded=2, seconds=2.5)
-    text = timing.report(result, compiling_while_decoding=2.0, stats=stats)
+    text = start.report(result, compiling_while_decoding=2.0, stats=stats)
     assert text == (", loaded in 1.00 s, compiled in 2.50 s (3 kernels compiled, 2 from the "
                     "cache), first token after 0.500 s, 10 tok/s decode")
 
@@ -157,11 +157,11 @@ def test_several_prompts_print_labelled_answers_as_each_finishes(tiny_gguf, monk
             return super().write(text)
 
     prompts = ["ab", "xyz", "q"]
-    args = cli.build_parser().parse_args(
+    args = options.parse(
         [*prompts, "--model", str(tiny_gguf), "--backend", "torch", "--dtype", "float32",
          "--no-chat", "--max-tokens", "4", "--max-slots", "1"])
     out = Recorder()
-    assert cli.run(args, out=out, err=io.StringIO()) == 0
+    assert answers.run(args, args.prompt, out, io.StringIO()) == 0
     monkeypatch.setattr(pt.Engine, "step", real_step)
     engine = pt.Engine(pt.load_model(tiny_gguf, "float32"), backend="torch", max_slots=1)
     expected = engine.generate(prompts, max_tokens=4, chat=False)

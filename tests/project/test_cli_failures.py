@@ -21,7 +21,8 @@ import pytest
 
 from helpers.child_env import child_env
 from helpers.fixtures_loading import tiny_config, write_tiny_gguf
-from paged_tutorial import __main__ as cli
+from paged_tutorial.cli import answers
+from paged_tutorial.cli import main as cli
 from paged_tutorial.loading.models import random_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -194,7 +195,7 @@ def test_bad_numbers_are_one_argparse_error(capsys, option, value, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "run", never)
+    monkeypatch.setattr(answers, "run", never)
     with pytest.raises(SystemExit) as info:
         cli.main(["hi", option, value])
     assert info.value.code == cli.EXIT_USAGE

@@ -180,3 +180,35 @@ def test_write_replaces_or_inserts_the_first_cell_and_keeps_the_rest(tmp_path):
 
 def test_every_stored_notebook_starts_with_the_current_cell():
     assert colab_cell.stale_notebooks() == []
+
+
+def test_write_leaves_current_notebooks_byte_identical(tmp_path):
+    """Every stored notebook already starts with the current cell: --write changes no byte of
+    any (the cell's keys stay where Jupyter wrote them), and a freshly inserted cell has
+    Jupyter's own key order."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        copy = tmp_path / path.name
+        shutil.copy(path, copy)
+        assert colab_cell.apply_to_notebook(copy) is False, path.name
+        assert copy.read_bytes() == path.read_bytes(), path.name
+    notebook = json.loads((ROOT / "notebooks" / "00_overview.ipynb").read_text())
+    notebook["cells"] = notebook["cells"][1:]
+    bare = tmp_path / "bare.ipynb"
+    bare.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    assert colab_cell.apply_to_notebook(bare) is True
+    inserted = json.loads(bare.read_text())["cells"][0]
+    assert list(inserted) == sorted(inserted)
+
+
+def test_write_and_readme_from_the_command_line_change_nothing_when_current(tmp_path):
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks",
+                    ignore=shutil.ignore_patterns("*.py", "*.cfg", "__pycache__"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "notebooks").glob("*.ipynb")}
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
+    for path in sorted((tmp_path / "notebooks").glob("*.ipynb")):
+        colab_cell.apply_to_notebook(path)
+    assert colab_cell.update_readme(readme, tmp_path / "notebooks") is False
+    after = {p.name: p.read_bytes() for p in (tmp_path / "notebooks").glob("*.ipynb")}
+    assert after == before
+    assert readme.read_bytes() == (ROOT / "README.md").read_bytes()
