@@ -71,18 +71,18 @@ class AllocatorBase(BlockAllocator):
 #: the package's allocators: an answer may not call or inherit their methods (nor the worked
 #: solution's, ``exercises.solutions``)
 BORROWED = (FreeListAllocator,)
+#: the worked solutions' module, named rather than imported (it imports this module)
+SOLUTIONS_MODULE = "paged_tutorial.teaching.exercises.solutions"
 
 
 def borrowed_code(cls) -> str | None:
     """The name of a package allocator or of the worked solution that ``cls`` inherits from or
     that its methods name, else None: such an answer hands the work to code it did not write.
     (The worked solution itself, passed as it is, is what ``reveal`` gives: not refused.)"""
-    from paged_tutorial.teaching.exercises import solutions
-
     def borrowed(value) -> bool:
         if isinstance(value, type) and issubclass(value, BORROWED):
             return True
-        return getattr(value, "__module__", None) == solutions.__name__ and value is not cls
+        return getattr(value, "__module__", None) == SOLUTIONS_MODULE and value is not cls
 
     for base in cls.__mro__:
         if base in (AllocatorBase, BlockAllocator, object):
@@ -96,7 +96,7 @@ def borrowed_code(cls) -> str | None:
                 continue
             names = _names(code)
             for name in names:
-                imported = name in ("solutions", solutions.__name__) or \
+                imported = name in ("solutions", SOLUTIONS_MODULE) or \
                     name in {b.__name__ for b in BORROWED}        # imported inside the method
                 if imported or borrowed(fn.__globals__.get(name)):
                     return f"{name} (in {fn.__name__})"
