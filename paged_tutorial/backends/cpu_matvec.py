@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
+
+from paged_tutorial.backends.numba_env import decide_numba_environment
 
 MAX_ROWS = 8             # activation rows up to which a product takes this path
 
+_compiled = None         # _matvec_into compiled by Numba, on the first product
 
-@njit(fastmath=True, nogil=True, cache=True)
+
 def _matvec_into(x, weight, out):
     """out[b, o] = dot(weight[o], x[b]) for x [B, in], weight [out, in], out [B, out]."""
     n_out, n_in = weight.shape
@@ -41,6 +43,19 @@ def _matvec_into(x, weight, out):
             out[b, o] = acc
 
 
+def compiled_matvec():
+    """``_matvec_into`` compiled (once per process; Numba caches the machine code on disk).
+    Numba reads its environment when it is first imported, so the simulator-or-GPU decision
+    (``numba_env.py``) is made before this imports it."""
+    global _compiled
+    if _compiled is None:
+        decide_numba_environment()
+        from numba import njit
+
+        _compiled = njit(fastmath=True, nogil=True, cache=True)(_matvec_into)
+    return _compiled
+
+
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``matvec`` serves ``linear(x, weight)``: float32 on the CPU, a contiguous weight,
     x of at most MAX_ROWS rows, nothing that records gradients."""
@@ -53,5 +68,5 @@ def matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, in] @ weight[out, in].T -> new [B, out] (float32 CPU tensors, B <= MAX_ROWS)."""
     x = x.contiguous()
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-    _matvec_into(x.numpy(), weight.numpy(), out.numpy())
+    compiled_matvec()(x.numpy(), weight.numpy(), out.numpy())
     return out
