@@ -1,22 +1,29 @@
-"""What the benchmark scripts share: their results folder, and the package's measuring helpers
-(``paged_tutorial/measure/``) under the names the scripts import."""
+"""What the benchmark scripts share besides ``paged_tutorial.measure``: their results folder,
+and the commit of a checkout.  Imports nothing from the package at import time, so a script
+comparing several checkouts (``decode_trees.py``, ``torch_backend_decode.py``) can still put
+another tree's package first on the path."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
-
-from paged_tutorial.measure import result_files
-from paged_tutorial.measure.comparison import rel_err
-from paged_tutorial.measure.gpu_machine import ceilings, gpu_info, setup_numba_env
-from paged_tutorial.measure.gpu_timers import events_ms, graph_ms
-from paged_tutorial.measure.result_files import tree_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS", "ceilings", "events_ms", "gpu_info", "graph_ms", "rel_err",
-           "setup_numba_env", "tree_commit", "write_json"]
-
 
 def write_json(data: dict, stem: str, out: str | None) -> Path:
-    """``result_files.write_json`` into ``out``, or into ``benchmarks/results`` without it."""
-    return result_files.write_json(data, stem, out or RESULTS)
+    """``data`` as ``<stem>-<date>.json`` in the folder ``out``, or in ``benchmarks/results``
+    without it (``paged_tutorial.measure.result_files``)."""
+    from paged_tutorial.measure.result_files import write_json as write
+
+    return write(data, stem, out or RESULTS)
+
+
+def tree_commit(folder: Path) -> str | None:
+    """The short git commit of the checkout holding ``folder`` (None outside a git checkout)."""
+    try:
+        res = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return res.stdout.strip() or None

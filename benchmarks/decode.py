@@ -41,7 +41,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import RESULTS, setup_numba_env
+from common import RESULTS
+from paged_tutorial.measure.gpu_machine import setup_numba_env
 
 
 def main(argv=None):
