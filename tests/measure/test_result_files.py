@@ -1,19 +1,15 @@
-"""``measure.result_files`` and ``measure.comparison``: where a run's JSON goes, which commit it
-measured, and the relative error every GPU check reports."""
+"""``measure.result_files`` and ``measure.comparison``: where a run's JSON goes, and the relative
+error every GPU check reports."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from paged_tutorial.measure.comparison import rel_err
-from paged_tutorial.measure.result_files import tree_commit, write_json
-
-REPO = Path(__file__).resolve().parents[2]
+from paged_tutorial.measure.result_files import write_json
 
 
 def test_write_json_names_the_file_by_stem_and_date_and_makes_the_folder(tmp_path):
@@ -27,15 +23,6 @@ def test_write_json_names_the_file_by_stem_and_date_and_makes_the_folder(tmp_pat
 def test_write_json_needs_the_runs_date(tmp_path):
     with pytest.raises(KeyError, match="date"):
         write_json({"rows": []}, "decode", tmp_path)
-
-
-def test_tree_commit_is_the_checkouts_head_and_none_outside_git(tmp_path):
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    if head.returncode != 0:
-        pytest.skip("the tests run outside a git checkout")
-    assert tree_commit(REPO) == head.stdout.strip()
-    assert tree_commit(tmp_path) is None
 
 
 def test_rel_err_is_the_norm_of_the_difference_over_the_reference():
