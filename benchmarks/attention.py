@@ -36,7 +36,10 @@ from pathlib import Path
 
 import torch
 
-from common import ceilings, gpu_info, graph_ms, rel_err, setup_numba_env, write_json
+from common import write_json
+from paged_tutorial.measure.comparison import rel_err
+from paged_tutorial.measure.gpu_machine import ceilings, gpu_info, setup_numba_env
+from paged_tutorial.measure.gpu_timers import graph_ms
 
 setup_numba_env()
 

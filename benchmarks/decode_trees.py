@@ -6,13 +6,14 @@
 Each ``label=folder`` is a checkout of the package (a folder holding ``paged_tutorial/``).
 Every round runs each tree in a fresh child process, in the order given, with the folder in
 front of ``sys.path``, so the trees alternate and share the GPU's state (clocks, heat) as
-fairly as one machine allows.  A child builds ``decode.py``'s model (Llama-3.2-1B shapes,
+fairly as one machine allows.  A child builds the decode ladder's model (Llama-3.2-1B shapes,
 random bf16 weights, seed 0) and, at batch 1 and 64, first generates 24 greedy tokens per
 request (compared with the first tree's: a change meant to be faster must not change them),
-then times ``decode.time_engine`` (the default engine: graphs, overlapped launches), median ms
+then times ``decode_ladder.time_engine`` (the default engine: graphs, overlapped launches), median ms
 per step and the graph replay's GPU time.  Writes ``decode-trees-<date>.json``: per tree its
 folder, git commit, every round's figures, their medians, and whether its tokens equal the
-first tree's.  Needs a GPU.
+first tree's.  Each tree must hold ``paged_tutorial/measure/decode_ladder.py`` (the child
+times with the tree's own copy).  Needs a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import gpu_info, tree_commit, write_json
+from common import tree_commit, write_json
 
 BATCHES = (1, 64)
 CHECK_TOKENS = 24
@@ -35,8 +36,8 @@ CHECK_TOKENS = 24
 def child(folder: str) -> None:
     """In a child process: this tree's tokens and timings, one JSON line on stdout."""
     sys.path.insert(0, str(Path(folder).resolve()))
-    import decode   # noqa: E402  (this script's decode.py; paged_tutorial from the tree)
     import paged_tutorial
+    from paged_tutorial.measure import decode_ladder as decode
 
     here = str(Path(paged_tutorial.__file__).resolve())
     if not here.startswith(str(Path(folder).resolve())):
@@ -94,6 +95,8 @@ def main(argv=None) -> int:
                 else res), flush=True)
     first = next(iter(trees))
     reference = next((x for x in runs[first] if "error" not in x), None)
+    from paged_tutorial.measure.gpu_machine import gpu_info
+
     data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
             "check_tokens": CHECK_TOKENS, "rounds": args.rounds, "trees": {}}
     for label, folder in trees.items():

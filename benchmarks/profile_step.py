@@ -28,12 +28,14 @@ import time
 
 import torch
 
-from common import gpu_info, setup_numba_env, write_json
+from common import write_json
+from paged_tutorial.measure.gpu_machine import gpu_info, setup_numba_env
 
 setup_numba_env()
 
 import paged_tutorial as pt  # noqa: E402
-from decode import PROMPT_LEN, make_engine, prompts_for, random_gpu_model  # noqa: E402
+from paged_tutorial.measure.decode_ladder import (PROMPT_LEN, make_engine, prompts_for,  # noqa: E402
+                                                  random_gpu_model)
 
 TOP = 40
 

@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     if not args.dry_run:
-        from common import setup_numba_env
+        from paged_tutorial.measure.gpu_machine import setup_numba_env
 
         setup_numba_env()
         import torch

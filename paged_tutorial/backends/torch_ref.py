@@ -10,6 +10,9 @@ graphs there as it does the numba backend's.  Each GPU op is a kernel launch, so
 ops are few: q and k rotated together, k and v written by one scatter, K and V read by one
 gather each.
 
+On the CPU the few-row projections of a decode step go to a compiled matrix-vector product
+(``cpu_matvec.py``) rather than to the BLAS, which serves them poorly there.
+
 ``check_inputs`` (default: on the CPU only) checks every block-table entry an op will follow
 before it follows one (``check_block_entries``), reading the tensors in place; on a GPU that
 check would copy the table to the host in every layer.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from paged_tutorial.backends import cpu_matvec
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.backends.paged_reads import (attention, cache_view, decode_attention_rows,
@@ -61,6 +65,11 @@ class TorchBackend(Backend):
         self.device = torch.device(device)
         self.check_inputs = self.device.type == "cpu" if check_inputs is None else \
             bool(check_inputs)
+
+    def linear(self, x, weight):
+        if cpu_matvec.takes(x, weight):
+            return cpu_matvec.matvec(x, weight)
+        return F.linear(x, weight)
 
     # --- per-token ops -----------------------------------------------------------------
     def embed(self, weight, token_ids):

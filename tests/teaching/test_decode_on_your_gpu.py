@@ -5,15 +5,14 @@ process.  Here (no GPU: the simulator) it says so and measures nothing; on a GPU
 from __future__ import annotations
 
 import ast
-from pathlib import Path
+import inspect
 
 import pytest
 
 from paged_tutorial.backends.numba_cuda import SIMULATING
+from paged_tutorial.measure import decode_ladder
 from paged_tutorial.teaching import decode_on_your_gpu
 from paged_tutorial.teaching.viz import performance
-
-DECODE_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "decode.py"
 
 
 @pytest.mark.skipif(not SIMULATING, reason="the simulator's answer")
@@ -28,9 +27,10 @@ def test_not_measured_says_how_to_run_it():
 
 
 def test_the_quick_run_times_every_rung_of_the_ladder():
-    """decode.py (which cannot be imported without a GPU): ``ladder_variants`` names one
-    variant per rung of the notebook's ladder, in its order."""
-    tree = ast.parse(DECODE_PY.read_text())
+    """``decode_ladder`` (whose variants cannot be built without a GPU, so read from its
+    source): ``ladder_variants`` names one variant per rung of the notebook's ladder, in its
+    order."""
+    tree = ast.parse(inspect.getsource(decode_ladder))
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {"quick_run", "ladder_variants", "time_row", "ladder"} <= set(functions)
     ladder = ast.unparse(functions["ladder"])
