@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paged_tutorial.model.step_inputs import StepInputs
+from paged_tutorial.step_inputs import StepInputs
 
 #: backends whose decode step reads nothing back to the host, so a graph can capture it
 GRAPH_BACKENDS = ("numba", "torch")

@@ -1,6 +1,6 @@
 """ModelRunner: turns a scheduled batch into device inputs, runs the network, samples.
 
-A step's inputs are one ``StepInputs`` (``model/step_inputs.py``), sent to the device in one
+A step's inputs are one ``StepInputs`` (``step_inputs.py``), sent to the device in one
 copy.  For a prefill it packs the new tokens of every admitted request into one batch
 (positions from each request's ``num_computed_tokens``, the slot of every token, ``cu_seqlens``
 boundaries) and asks for logits at each sequence's last row only.  A request admitted with part
@@ -31,7 +31,7 @@ from paged_tutorial.model.llama import Llama
 from paged_tutorial.loading.models import Model
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.model.sampling import request_uniform
-from paged_tutorial.model.step_inputs import StepInputPacker, StepInputs
+from paged_tutorial.step_inputs import StepInputPacker, StepInputs
 from paged_tutorial.engine.scheduler import ScheduledBatch
 
 

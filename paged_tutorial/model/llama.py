@@ -20,7 +20,7 @@ from paged_tutorial.config import ModelConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.loading.models import Model
 from paged_tutorial.model.rope import rope_cos_sin
-from paged_tutorial.model.step_inputs import StepInputs
+from paged_tutorial.step_inputs import StepInputs
 from paged_tutorial.loading.weights import EMBED, FINAL_NORM, LAYER_PREFIX, LM_HEAD
 
 
