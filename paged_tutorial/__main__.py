@@ -37,14 +37,6 @@ MAX_KV_CACHE_MIB = 2 ** 24      # 16 TiB
 MAX_TEMPERATURE = 100.0
 HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 
-BACKEND_HELP = {
-    "auto": "numba on an NVIDIA GPU when it starts there (else torch on that GPU, with a "
-            "warning); torch on a CPU",
-    "torch": "every op in plain torch: the reference; GPU if visible, else CPU",
-    "numba": "Numba CUDA kernels + cuBLAS on an NVIDIA GPU (the engine the notebooks take apart)",
-    "numba-sim": "the same kernels in Numba's CUDA simulator on the CPU: every GPU thread is a "
-                 "Python thread, so it is very slow; for small models and a few tokens",
-}
 SIM_WARNING = (
     "warning: numba-sim runs every GPU thread of every kernel as a Python thread: the embedded "
     "SmolLM2 (30 layers) needs about a minute per token on a 2-core machine (4 minutes for a "
@@ -106,10 +98,10 @@ def number_in(low: float, high: float, *, low_open: bool = False):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from paged_tutorial.backends import BACKEND_NAMES
+    from paged_tutorial.backends import BACKEND_NAMES, BACKENDS
 
     d = api_defaults()
-    backends = "\n".join(f"  {name:10s} {text}" for name, text in BACKEND_HELP.items())
+    backends = "\n".join(f"  {name:10s} {entry.help}" for name, entry in BACKENDS.items())
     p = argparse.ArgumentParser(
         prog="python -m paged_tutorial",
         description="Generate text with the paged-attention engine.",

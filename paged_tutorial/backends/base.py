@@ -38,6 +38,15 @@ class Backend(abc.ABC):
     name: str = "abstract"
     device: torch.device
 
+    # --- capabilities: what code that drives a backend may ask of it (never its name) ------
+    #: its decode step reads nothing back to the host, so a CUDA graph can capture it
+    graph_capturable: bool = False
+    #: it checks token ids, positions and block-table entries on the host before using them
+    #: (a host read: a CUDA graph cannot capture it)
+    check_inputs: bool = False
+    #: its kernels run in Numba's CUDA simulator on the CPU
+    simulated: bool = False
+
     # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [T, in] @ weight[out, in].T -> [T, out]."""

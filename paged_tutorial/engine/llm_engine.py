@@ -58,7 +58,6 @@ from paged_tutorial.backends import make_backend
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.engine.cuda_graphs import GRAPH_BACKENDS
 from paged_tutorial.engine.devices import check_device
 from paged_tutorial.engine.interrupts import SIGNALS, from_signal
 from paged_tutorial.engine.model_runner import ModelRunner
@@ -272,12 +271,11 @@ class Engine:
         self.prefix_caching = isinstance(self.cache.allocator, PrefixCache)
         self.scheduler = Scheduler(self.cache.allocator, max_slots, max_seq_len,
                                    eos_token_ids=self.config.eos_token_ids)
-        # decode steps replay CUDA graphs (cuda_graphs.py): by default on the numba backend and
-        # on the torch backend on a GPU
+        # decode steps replay CUDA graphs (cuda_graphs.py): by default on a backend that can
+        # be captured (numba, torch) on a GPU, without host-side input checks
         if cuda_graphs is None:
-            cuda_graphs = (self.backend.name in GRAPH_BACKENDS
-                           and self.backend.device.type == "cuda"
-                           and not getattr(self.backend, "check_inputs", False))
+            cuda_graphs = (self.backend.graph_capturable and self.backend.device.type == "cuda"
+                           and not self.backend.check_inputs)
         self.model_runner = ModelRunner(self.model, self.backend, self.cache, max_slots,
                                         max_seq_len, cuda_graphs=bool(cuda_graphs))
         self.max_slots, self.max_seq_len = max_slots, max_seq_len

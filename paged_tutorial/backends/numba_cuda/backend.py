@@ -59,6 +59,9 @@ class NumbaBackend(Backend):
     fusion with the SwiGLU.
     """
 
+    graph_capturable = True
+    simulated = SIMULATING
+
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
                  attention: str = "fast", prefill: str | None = None, vector: bool = True,
