@@ -6,7 +6,8 @@ checked and encoded), ``request_registry`` (requests and their results), ``engin
 and re-entry), ``output_processor`` (text pieces and on_token callbacks), ``token_stream``,
 ``request`` (one sequence's state), ``sampling_params`` (``SamplingParams``, validated when made),
 ``scheduler`` (which requests run this step, admission, preemption, commit and rollback),
-``model_runner`` (a step's inputs, the forward pass, sampling), ``cuda_graphs`` (captured decode steps), ``interrupts`` (Ctrl-C
+``model_runner`` (a step's inputs, the forward pass, sampling), ``numerical_faults`` (a
+non-finite request named), ``cuda_graphs`` (captured decode steps), ``interrupts`` (Ctrl-C
 deferred through the bookkeeping), ``devices`` (which devices an Engine can use)."""
 
 from paged_tutorial.engine.llm_engine import Engine, GenerationResult, StepReport, TokenStream

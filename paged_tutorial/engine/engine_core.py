@@ -6,9 +6,10 @@
 A step is one critical section (``interrupts.py``), opened for the model run: Ctrl-C there
 rolls the batch back (every request of it preempted, recomputed later with the same tokens),
 and a signal anywhere else waits until the bookkeeping it cut into is whole again.  Tokens are
-appended only after the model run fully succeeded.  A request that cannot go on for a reason
-of its own (``RequestError``: its random stream or its detokenizer fails) is finished with
-finish_reason ``"error"`` and the others are served.
+appended only after the model run fully succeeded.  Three faults finish one request and spare
+the others: its random stream or its detokenizer fails (``RequestError``, finish_reason
+``"error"``), or its row of logits is not finite (finish_reason ``"non_finite"``, with the
+layer where its activations first went non-finite, found by ``numerical_faults.py``).
 
 The core knows nothing of callers: who submitted what, results, threads and callbacks are
 ``llm_engine.py``'s (the frontend); text is ``output_processor.py``'s.
@@ -25,6 +26,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.interrupts import SIGNALS
 from paged_tutorial.engine.model_runner import ModelRunner
+from paged_tutorial.engine.numerical_faults import NON_FINITE, describe_non_finite
 from paged_tutorial.engine.output_processor import OutputProcessor
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.engine.scheduler import Scheduler
@@ -118,7 +120,7 @@ class EngineCore:
                 try:
                     with SIGNALS.open():
                         self.backend.begin_step(self.step_count)
-                        token_ids, logits = self.model_runner.run(batch)
+                        output = self.model_runner.run(batch)
                 except RequestError as failure:     # one request's own fault: drop it alone
                     with SIGNALS.critical():
                         self.scheduler.rollback(batch, count=False)
@@ -131,13 +133,13 @@ class EngineCore:
                 else:
                     phases.update(self.model_runner.phase_seconds)
                     t_post = time.perf_counter()
-                    committed = self.commit(batch, token_ids)
+                    committed = self.commit(batch, output)
                     phases["postprocess"] = time.perf_counter() - t_post
                     report.finished = [r.request_id for r in batch.requests if r.finished]
                     report.new_tokens = dict(zip([r.request_id for r in committed.requests],
                                                  committed.token_ids))
                     if self.record_logits:
-                        report.logits = logits.detach().float().cpu()
+                        report.logits = output.logits.detach().float().cpu()
             self.step_count += 1
             t_release = time.perf_counter()
             self.scheduler.release_retired()   # last: a raising cache listener finds all done
@@ -148,9 +150,17 @@ class EngineCore:
             report.seconds = time.perf_counter() - t0
         return report, committed
 
-    def commit(self, batch, token_ids: list[int]) -> CommittedTokens:
-        """Append the step's tokens (``Scheduler.postprocess``) and their text."""
-        self.scheduler.postprocess(batch, token_ids)
-        committed = CommittedTokens(list(batch.requests), list(token_ids))
+    def commit(self, batch, output) -> CommittedTokens:
+        """Append the step's tokens (``Scheduler.postprocess``) and their text; a request whose
+        logits were not finite gets no token and is finished with ``"non_finite"``."""
+        faulted = [r for r, ok in zip(batch.requests, output.finite) if not ok]
+        self.scheduler.postprocess(batch, output.token_ids, skip=faulted)
+        kept = [(r, t) for r, t, ok in zip(batch.requests, output.token_ids, output.finite)
+                if ok]
+        committed = CommittedTokens([r for r, _ in kept], [t for _, t in kept])
         self.outputs.detokenize(committed.requests, committed.token_ids, self.fail)
+        for request in faulted:
+            self.outputs.flush(request)
+            self.fail(request, describe_non_finite(request, self.model_runner, self.step_count),
+                      reason=NON_FINITE)
         return committed

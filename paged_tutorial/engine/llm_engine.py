@@ -32,6 +32,10 @@ What the engine guarantees, whatever happens mid-run:
   checked before anything is queued.  A request that still cannot go on for a reason of its
   own (``RequestError``: its random stream or its detokenizer fails) is finished with
   ``finish_reason "error"`` and the others are served.
+- **Numerical faults are named.**  A request whose row of logits holds a NaN or an inf is
+  finished with ``finish_reason "non_finite"`` (that token is not appended) and ``error``
+  names the first layer where its activations went non-finite (``numerical_faults.py``); the
+  others are served.
 - **Bounded memory.**  The engine keeps a request until its result is taken: ``generate`` and
   streams take theirs; with ``add_request``, ``pop_result(request_id)`` returns a finished
   request's result and forgets it (``result`` only reads).  A stream dropped unfinished is

@@ -22,6 +22,7 @@ where the host waits for the kernels still running), or ``graph`` for a replayed
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -38,8 +39,10 @@ from paged_tutorial.engine.scheduler import ScheduledBatch
 class ModelRunner:
     def __init__(self, model: Model, backend: Backend, cache: PagedKVCache, max_slots: int,
                  max_seq_len: int, cuda_graphs: bool = False):
+        self.model = model
         self.backend = backend
         self.cache = cache
+        self.max_seq_len = max_seq_len
         self.device = backend.device
         self.llama = Llama(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
@@ -91,24 +94,44 @@ class ModelRunner:
                                   self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
-        """Run the batch; return (one sampled token id per request, logits [B, V] in the model dtype)."""
+    def run(self, batch: ScheduledBatch) -> RunOutput:
+        """Run the batch: one sampled token per request, the logits, and whether each row of
+        logits is finite (read back with the tokens)."""
         requests = batch.requests
         t0 = time.perf_counter()
         if batch.kind == "decode" and self.graphs is not None:
             logits, next_ids = self.graphs.run(*self.decode_rows(requests),
                                                *self.sampling_inputs(requests))
-            tokens = [int(t) for t in next_ids]
+            # the replay has been waited for (its ids were read): one small read more
+            finite = torch.isfinite(logits).all(dim=-1).tolist()
             self.phase_seconds = {"graph": time.perf_counter() - t0}
-            return tokens, logits
+            return RunOutput([int(t) for t in next_ids], logits, finite)
         inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
             self.decode_inputs(requests)
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()
         next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
-                                       inputs.uniforms).tolist()
-        tokens = [int(t) for t in next_ids]
+                                       inputs.uniforms)
+        tokens, finite = read_back(next_ids, torch.isfinite(logits).all(dim=-1))
         self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
                               "sample": time.perf_counter() - t2}
-        return tokens, logits
+        return RunOutput(tokens, logits, finite)
+
+
+@dataclass
+class RunOutput:
+    """What one model run gives the engine."""
+    token_ids: list[int]                 # one sampled token per request
+    logits: torch.Tensor                 # [B, V] in the model dtype
+    finite: list[bool]                   # row b of logits holds no NaN or inf
+
+
+def read_back(token_ids: torch.Tensor, finite: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """The sampled ids and the finite flags as host lists, in one device-to-host copy when
+    both live on the same device (the flags ride along with the read the step makes anyway)."""
+    if token_ids.device == finite.device:
+        both = torch.cat([token_ids.reshape(-1).long(), finite.long()]).tolist()
+        n = len(both) // 2
+        return [int(t) for t in both[:n]], [bool(f) for f in both[n:]]
+    return [int(t) for t in token_ids.tolist()], [bool(f) for f in finite.tolist()]

@@ -44,6 +44,17 @@ class OutputProcessor:
         full = self.tokenizer.decode(request.output_ids)
         return full[len(emitted):] if full.startswith(emitted) else ""
 
+    def flush(self, request: Request) -> None:
+        """A request that finished without a new token: its last piece is what was held."""
+        if request.detokenizer is None or not request.output_ids:
+            return
+        try:
+            rest = self.held_back(request)
+        except Exception:                        # noqa: BLE001 - nothing more to show
+            return
+        if rest:
+            request.text_pieces.append(rest)
+
     @staticmethod
     def dispatch(requests: list[Request], token_ids: list[int],
                  cancel: Callable[[Request], None]) -> None:

@@ -22,14 +22,14 @@ class GenerationResult:
     token_ids: list[int]                 # generated ids only (an EOS that ended it included)
     text: str                            # exactly the concatenation of the streamed pieces
     finish_reason: str                   # eos | length | max_seq_len | prompt_too_long |
-    #                                      cancelled | error (see ``error``)
+    #                                      cancelled | error | non_finite (see ``error``)
     num_preemptions: int = 0
     seed: int | None = None
     time_to_first_token_s: float | None = None
     total_time_s: float | None = None
     decode_tokens_per_s: float | None = None
     num_cached_tokens: int = 0           # prompt tokens served from shared prefix blocks
-    error: str | None = None             # what went wrong, when finish_reason is "error"
+    error: str | None = None             # what went wrong (finish_reason error / non_finite)
 
     @classmethod
     def of(cls, r: Request) -> "GenerationResult":
