@@ -38,13 +38,14 @@ class EngineLock:
         garbage-collected there): a change must wait for the next step."""
         return self.owner == threading.get_ident() and not self.dispatching
 
-    @contextmanager
-    def stepping(self):
-        """Hold the engine for one step (re-entry is checked by the caller, naming itself)."""
+    def step(self, run_step):
+        """``run_step()`` holding the engine (re-entry is checked by the caller, naming
+        itself).  Written out rather than as a generator context manager: an interrupt can
+        then never leave the owner set with no ``finally`` pending to clear it."""
         with self.lock:
             try:
                 self.owner = threading.get_ident()
-                yield
+                return run_step()
             finally:
                 self.owner = None
                 self.dispatching = False
@@ -70,20 +71,18 @@ class EngineLock:
             finally:
                 self.owner = None
 
-    @contextmanager
-    def dispatch(self):
-        """The stepping thread runs the step's on_token callbacks."""
+    def dispatch(self, run_callbacks, *args) -> None:
+        """The stepping thread runs the step's on_token callbacks: ``run_callbacks(*args)``."""
         self.dispatching = True
         try:
-            yield
+            run_callbacks(*args)
         finally:
             self.dispatching = False
 
-    @contextmanager
-    def callback(self):
-        """This thread runs an on_step callback: re-entry is refused while it does."""
+    def call_on_step(self, on_step, report) -> None:
+        """``on_step(report)``, with re-entry into the engine refused while it runs."""
         self.in_callback.depth = getattr(self.in_callback, "depth", 0) + 1
         try:
-            yield
+            on_step(report)
         finally:
             self.in_callback.depth -= 1

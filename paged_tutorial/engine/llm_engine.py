@@ -282,13 +282,16 @@ class Engine:
         """Admit what fits and prefill it; otherwise decode every running request
         (``EngineCore.step``).  The on_token callbacks of the step run after its commit."""
         self.lock.refuse_reentry("step")
-        with self.lock.stepping(), SIGNALS.critical():
+        return self.lock.step(self._step)
+
+    def _step(self) -> StepReport:
+        with SIGNALS.critical():
             self._apply_deferred_cancels()
             report, committed = self.core.step()
             if committed.requests:              # callbacks: after the commit, interruptible
-                with SIGNALS.open(), self.lock.dispatch():
-                    self.outputs.dispatch(committed.requests, committed.token_ids,
-                                          self.core.cancel)
+                with SIGNALS.open():
+                    self.lock.dispatch(self.outputs.dispatch, committed.requests,
+                                       committed.token_ids, self.core.cancel)
         return report
 
     def _apply_deferred_cancels(self) -> None:
@@ -329,8 +332,7 @@ class Engine:
         while self.has_unfinished():
             report = self.step()
             if on_step is not None:
-                with self.lock.callback():
-                    on_step(report)
+                self.lock.call_on_step(on_step, report)
 
     def _run(self, requests: list[Request], on_step) -> None:
         """Step until ``requests`` are all finished (other requests advance with them); an
@@ -343,8 +345,7 @@ class Engine:
                 return
             report = self.step()
             if on_step is not None:
-                with self.lock.callback():
-                    on_step(report)
+                self.lock.call_on_step(on_step, report)
 
     def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams]
                  | None = None, *, max_new_tokens: int | None = None,
