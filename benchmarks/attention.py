@@ -203,7 +203,7 @@ def bench_prefill(g, matmul_tflops):
     k = qkv[:, N_Q * D:(N_Q + N_KV) * D].view(t, N_KV, D)
     v = qkv[:, (N_Q + N_KV) * D:].view(t, N_KV, D)
     from paged_tutorial.backends.torch_ref import TorchBackend
-    from paged_tutorial.model.step_inputs import prefill_layout
+    from paged_tutorial.step_inputs import prefill_layout
     layout = prefill_layout(cu, "cuda")
     ref = TorchBackend("cuda").prefill_attention(q.float(), k.float(), v.float(), layout, SCALE)
     flops = sum(4 * N_Q * D * (n * (n + 1) // 2) for n in (1024, 1024))   # QK^T + PV, causal

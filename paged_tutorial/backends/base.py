@@ -16,7 +16,7 @@ Conventions shared by all backends
   MAX_BLOCKS_PER_SEQ], -1 = unassigned.  Kernels find a token's block themselves, as the
   article's kernel does (``kernels.cu:480``).
 - Integer index tensors (token ids, slots, positions, seq_lens) are int32 on the device.
-  The prefill attention ops take the step's ``StepInputs`` (``model/step_inputs.py``): its
+  The prefill attention ops take the step's ``StepInputs`` (``step_inputs.py``): its
   device tensors, and the host ints (``cu_seqlens_host``, ``max_seq_len``, ...) an op may need
   to size its work.  No op reads a device tensor back to the host (except input checks a
   backend runs on request).
@@ -29,7 +29,7 @@ import abc
 import torch
 
 from paged_tutorial.backends import paged_reads
-from paged_tutorial.model.step_inputs import StepInputs
+from paged_tutorial.step_inputs import StepInputs
 
 
 class Backend(abc.ABC):
@@ -37,6 +37,15 @@ class Backend(abc.ABC):
 
     name: str = "abstract"
     device: torch.device
+
+    # --- capabilities: what code that drives a backend may ask of it (never its name) ------
+    #: its decode step reads nothing back to the host, so a CUDA graph can capture it
+    graph_capturable: bool = False
+    #: it checks token ids, positions and block-table entries on the host before using them
+    #: (a host read: a CUDA graph cannot capture it)
+    check_inputs: bool = False
+    #: its kernels run in Numba's CUDA simulator on the CPU
+    simulated: bool = False
 
     # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
     def linear(self, x: torch.Tensor, weight: torch.Tensor,

@@ -60,6 +60,7 @@ def write_rows(cache, kv, block_table, layer: int, slots, positions) -> None:
 
 class TorchBackend(Backend):
     name = "torch"
+    graph_capturable = True
 
     def __init__(self, device: str | torch.device = "cpu", check_inputs: bool | None = None):
         self.device = torch.device(device)

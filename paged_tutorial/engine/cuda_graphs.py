@@ -34,10 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paged_tutorial.model.step_inputs import StepInputs
+from paged_tutorial.step_inputs import StepInputs
 
-#: backends whose decode step reads nothing back to the host, so a graph can capture it
-GRAPH_BACKENDS = ("numba", "torch")
 ROWS_INT = ("token_ids", "positions", "slots", "seq_lens")
 ROWS_FLOAT = ("temperature", "top_p", "uniforms")
 
@@ -54,10 +52,11 @@ class DecodeGraphs:
 
     def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
         backend = llama.backend
-        if backend.device.type != "cuda" or getattr(backend, "name", "") not in GRAPH_BACKENDS:
-            raise ValueError(f"CUDA graphs are captured for the numba and torch backends on a "
-                             f"GPU only, got {backend.describe()}: pass cuda_graphs=False")
-        if getattr(backend, "check_inputs", False):
+        if backend.device.type != "cuda" or not backend.graph_capturable:
+            raise ValueError(f"CUDA graphs are captured for a graph-capturable backend (numba, "
+                             f"torch) on a GPU only, got {backend.describe()}: pass "
+                             f"cuda_graphs=False")
+        if backend.check_inputs:
             raise ValueError(f"CUDA graphs cannot capture the {backend.name} backend's "
                              "host-side input checks (check_inputs / debug=True): turn them "
                              "off, or pass cuda_graphs=False")

@@ -1,6 +1,6 @@
 """ModelRunner: turns a scheduled batch into device inputs, runs the network, samples.
 
-A step's inputs are one ``StepInputs`` (``model/step_inputs.py``), sent to the device in one
+A step's inputs are one ``StepInputs`` (``step_inputs.py``), sent to the device in one
 copy.  For a prefill it packs the new tokens of every admitted request into one batch
 (positions from each request's ``num_computed_tokens``, the slot of every token, ``cu_seqlens``
 boundaries) and asks for logits at each sequence's last row only.  A request admitted with part
@@ -25,6 +25,7 @@ where the host waits for the kernels still running), or ``graph`` for a replayed
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -35,15 +36,17 @@ from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.model.sampling import request_uniform
-from paged_tutorial.model.step_inputs import StepInputPacker, StepInputs
+from paged_tutorial.step_inputs import StepInputPacker, StepInputs
 from paged_tutorial.engine.scheduler import ScheduledBatch
 
 
 class ModelRunner:
     def __init__(self, model: Model, backend: Backend, cache: PagedKVCache, max_slots: int,
                  max_seq_len: int, cuda_graphs: bool = False):
+        self.model = model
         self.backend = backend
         self.cache = cache
+        self.max_seq_len = max_seq_len
         self.device = backend.device
         self.llama = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
@@ -95,17 +98,19 @@ class ModelRunner:
                                   self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
-        """Run the batch; return (one sampled token id per request, logits [B, V] in the model dtype)."""
+    def run(self, batch: ScheduledBatch) -> RunOutput:
+        """Run the batch: one sampled token per request, the logits, and whether each row of
+        logits is finite (read back with the tokens)."""
         requests = batch.requests
         t0 = time.perf_counter()
         filtered = any(r.params.filters_vocabulary for r in requests)
         if batch.kind == "decode" and self.graphs is not None and not filtered:
             logits, next_ids = self.graphs.run(*self.decode_rows(requests),
                                                *self.sampling_inputs(requests))
-            tokens = [int(t) for t in next_ids]
+            # the replay has been waited for (its ids were read): one small read more
+            finite = torch.isfinite(logits).all(dim=-1).tolist()
             self.phase_seconds = {"graph": time.perf_counter() - t0}
-            return tokens, logits
+            return RunOutput([int(t) for t in next_ids], logits, finite)
         inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
             self.decode_inputs(requests)
         t1 = time.perf_counter()
@@ -116,11 +121,29 @@ class ModelRunner:
                 logits, inputs.temperature, inputs.top_p, inputs.uniforms,
                 top_k=torch.tensor([r.params.top_k for r in requests], device=logits.device),
                 min_p=torch.tensor([r.params.min_p for r in requests], device=logits.device,
-                                   dtype=torch.float32)).tolist()
+                                   dtype=torch.float32))
         else:
             next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
-                                           inputs.uniforms).tolist()
-        tokens = [int(t) for t in next_ids]
+                                           inputs.uniforms)
+        tokens, finite = read_back(next_ids, torch.isfinite(logits).all(dim=-1))
         self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
                               "sample": time.perf_counter() - t2}
-        return tokens, logits
+        return RunOutput(tokens, logits, finite)
+
+
+@dataclass
+class RunOutput:
+    """What one model run gives the engine."""
+    token_ids: list[int]                 # one sampled token per request
+    logits: torch.Tensor                 # [B, V] in the model dtype
+    finite: list[bool]                   # row b of logits holds no NaN or inf
+
+
+def read_back(token_ids: torch.Tensor, finite: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """The sampled ids and the finite flags as host lists, in one device-to-host copy when
+    both live on the same device (the flags ride along with the read the step makes anyway)."""
+    if token_ids.device == finite.device:
+        both = torch.cat([token_ids.reshape(-1).long(), finite.long()]).tolist()
+        n = len(both) // 2
+        return [int(t) for t in both[:n]], [bool(f) for f in both[n:]]
+    return [int(t) for t in token_ids.tolist()], [bool(f) for f in finite.tolist()]

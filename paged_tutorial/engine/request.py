@@ -27,8 +27,13 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+#: the finish_reason of a request whose logits went non-finite (NaN or inf): no token is
+#: appended from them, and ``error`` names the layer where its activations first went
+#: non-finite (``numerical_faults.py``)
+NON_FINITE = "non_finite"
 #: every finish_reason a result can carry ("running" while it is not finished)
-FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled", "error")
+FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled", "error",
+                  NON_FINITE)
 
 
 class RequestError(Exception):

@@ -159,15 +159,20 @@ class Scheduler:
                 # if the victim was this request, running[i] is now the next one (or none)
         return preempted
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Request]:
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
+                    skip: list[Request] = ()) -> list[Request]:
         """Commit a step that ran: every request of the batch now has all its tokens cached,
         gains its sampled token and is retired if it should stop.  Returns the finished
         requests; their blocks go back in ``release_retired()``, once the engine has
-        recorded the step (so a cache listener that raises cannot cut a commit in half)."""
+        recorded the step (so a cache listener that raises cannot cut a commit in half).
+        The requests in ``skip`` gain nothing (their token is not trusted: the engine
+        finishes them)."""
         self.blocks.commit_step()
         finished = []
         now = time.perf_counter()
         for request, token in zip(batch.requests, token_ids):
+            if request in skip:
+                continue
             request.num_computed_tokens = request.total_len
             request.output_ids.append(int(token))
             if request.first_token_time is None:

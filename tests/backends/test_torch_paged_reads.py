@@ -13,7 +13,7 @@ from paged_tutorial.backends.paged_reads import (attention, gather_kv,
                                                  prefill_attention_from_cache)
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.config import CacheConfig
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 
 
 def test_batched_decode_attention_equals_each_sequence_alone():

@@ -19,7 +19,7 @@ from paged_tutorial.backends.base import Backend
 from paged_tutorial.config import CacheConfig, ModelConfig
 from paged_tutorial.cache.events import EVENT_KINDS
 from paged_tutorial.engine.request import Request
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
 from helpers.streams import Boom, SwitchableFailure, drive
 from helpers.threads import generate_in_threads

@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 import paged_tutorial as pt
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.model.step_inputs import StepInputPacker
+from paged_tutorial.step_inputs import StepInputPacker
 
 HOST_READS = {"tolist", "cpu", "numpy", "item", "__int__", "__float__", "__bool__",
               "__index__"}

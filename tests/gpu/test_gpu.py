@@ -24,7 +24,7 @@ from paged_tutorial.backends.numba_cuda.kernels import gemv, prefill_sdpa, sampl
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.backends.paged_reads import attention
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig, llama_3_2_1b_config
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.sampling import sample_reference

@@ -23,7 +23,7 @@ from paged_tutorial.backends.paged_reads import attention, gather_kv
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.config import CacheConfig, ModelConfig
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 
 pytestmark = pytest.mark.gpu
 

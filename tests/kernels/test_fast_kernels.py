@@ -24,7 +24,7 @@ from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.engine.cuda_graphs import default_buckets
 from paged_tutorial.cache.paged_cache import PagedKVCache

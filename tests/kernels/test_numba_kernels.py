@@ -27,7 +27,7 @@ from paged_tutorial.backends.numba_cuda import SIMULATING, KernelOptions, NumbaB
 from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.backends.numba_cuda.device import dtypes
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.model.step_inputs import prefill_layout
+from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.sampling import sample_reference

@@ -2,12 +2,16 @@
 
 Serving (``engine/``, ``cache/``, ``model/``, ``loading/``, ``backends/``, ``config.py``, the CLI)
 never imports ``teaching/``; the package has no import cycle, counting imports made inside
-functions too; and ``import paged_tutorial`` serves a request on a machine without matplotlib.
+functions too; every import points down the layers (``LAYERS``); no module uses another's
+private (``_x``) names; the request path of ``docs/architecture.md`` names functions that exist
+and are called in that order; and ``import paged_tutorial`` serves a request on a machine
+without matplotlib.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "paged_tutorial"
+DOCS = PACKAGE.parent / "docs"
 
 
 def module_name(path: Path) -> str:
@@ -82,6 +87,173 @@ def test_no_import_cycles():
         if node not in state:
             visit(node)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+#: the layers, bottom first: a module may import its own layer and the layers below it.
+#: (the package's root and the command line sit on top with teaching/)
+LAYERS = (
+    ("paged_tutorial.config", "paged_tutorial.step_inputs"),     # contracts: import nothing
+    ("paged_tutorial.cache",),
+    ("paged_tutorial.loading",),
+    ("paged_tutorial.backends",),
+    ("paged_tutorial.model",),
+    ("paged_tutorial.engine",),
+    ("paged_tutorial", "paged_tutorial.__main__", "paged_tutorial.teaching"),
+)
+
+#: arrows that still point up, each with the file that must lose it (emptied as they go)
+UPWARD_ALLOWED = {
+    # model/ and loading/ are being reworked into a model-family seam:
+    # loading/weights.py must stop importing model.rope (what it checks belongs to loading/)
+    ("paged_tutorial.loading.weights", "paged_tutorial.model.rope"),
+    # backends/torch_ref.py must stop importing model.sampling (the sampling rule belongs
+    # below the backends, e.g. beside step_inputs.py)
+    ("paged_tutorial.backends.torch_ref", "paged_tutorial.model.sampling"),
+}
+
+#: private names still reached across modules: (file, name), each with who must lose it
+PRIVATE_ALLOWED = {
+    # teaching/viz/kernel_source.py must not read kernels/attention.py's _build_kernel
+    # (attention.py should expose the kernel's source through a public name)
+    ("teaching/viz/kernel_source.py", "_build_kernel"),
+    # backends/numba_cuda/runtime/access_log.py reads Numba's simulator internals
+    # (t._manager._block_dim): it must get the block's shape from a public hook
+    ("backends/numba_cuda/runtime/access_log.py", "_block_dim"),
+}
+
+
+def layer_of(module: str) -> int:
+    best = max((p for layer in LAYERS for p in layer
+                if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def test_imports_point_down_the_layers():
+    upward = {(m, d) for m, deps in import_graph().items() for d in deps
+              if layer_of(d) > layer_of(m)}
+    assert upward <= UPWARD_ALLOWED, "imports that point up the layers:\n" + "\n".join(
+        f"{m} -> {d}" for m, d in sorted(upward - UPWARD_ALLOWED))
+    assert UPWARD_ALLOWED <= upward, f"fixed, remove from UPWARD_ALLOWED: {UPWARD_ALLOWED - upward}"
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_names_defined(tree: ast.AST) -> set[str]:
+    """Private functions, classes, attributes and variables a module defines."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias) and node.asname:
+            names.add(node.asname)
+    return {n for n in names if is_private(n)}
+
+
+def private_uses_across_modules() -> set[tuple[str, str]]:
+    """(file, name): a private name another module defines, imported from it or reached as an
+    attribute of anything but ``self`` / ``cls``."""
+    trees = {p: ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    defined = {p: private_names_defined(t) for p, t in trees.items()}
+    anywhere = set().union(*defined.values())
+    found = set()
+    for path, tree in trees.items():
+        where = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "paged_tutorial"):
+                found |= {(where, a.name) for a in node.names if is_private(a.name)}
+            elif isinstance(node, ast.Attribute) and is_private(node.attr) \
+                    and node.attr in anywhere and node.attr not in defined[path] \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self",
+                                                                                    "cls")):
+                found.add((where, node.attr))
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    found = private_uses_across_modules()
+    assert found <= PRIVATE_ALLOWED, "private names used across modules (give the owner a " \
+        "public method or attribute):\n" + "\n".join(f"{f}: {n}" for f, n in
+                                                     sorted(found - PRIVATE_ALLOWED))
+    assert PRIVATE_ALLOWED <= found, f"fixed, remove from PRIVATE_ALLOWED: {PRIVATE_ALLOWED - found}"
+
+
+def test_the_private_name_check_catches_a_reach_into_another_module(tmp_path, monkeypatch):
+    """The check itself fails on the kind of reach it exists for."""
+    fake = tmp_path / "paged_tutorial"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "engine" / "core.py").write_text("class Core:\n    def _cancel(self):\n"
+                                             "        pass\n")
+    (fake / "engine" / "stream.py").write_text("class Stream:\n    def close(self):\n"
+                                               "        self.engine._cancel()\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert private_uses_across_modules() == {("engine/stream.py", "_cancel")}
+
+
+# --- the request path of docs/architecture.md --------------------------------------------------
+def documented_hops() -> list[tuple[str, str]]:
+    """(Class.function, file) of each hop of the request path in docs/architecture.md."""
+    text = (DOCS / "architecture.md").read_text()
+    block = text.split("## One request's path", 1)[1].split("```")[1]
+    return re.findall(r"^\s+([A-Z]\w*\.\w+)\s+((?:\w+/)*\w+\.py)\b", block, re.M)
+
+
+def test_the_documented_request_path_names_functions_that_exist():
+    hops = documented_hops()
+    assert len(hops) >= 15, hops
+    for qualname, file in hops:
+        source = PACKAGE / file
+        assert source.exists(), f"docs/architecture.md names {file}, which does not exist"
+        cls, func = qualname.split(".")
+        tree = ast.parse(source.read_text())
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        assert classes, f"docs/architecture.md: {file} defines no class {cls}"
+        assert any(isinstance(n, ast.FunctionDef) and n.name == func for n in classes[0].body), \
+            f"docs/architecture.md: {file}'s {cls} has no method {func}"
+
+
+def test_a_request_walks_the_documented_path_in_order():
+    import paged_tutorial as pt
+    model = pt.random_model(pt.ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        max_position_embeddings=64), dtype="float32", seed=0)
+    engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=32)
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            path = Path(code.co_filename)
+            if PACKAGE in path.parents:
+                calls.append((code.co_qualname, path.relative_to(PACKAGE).as_posix()))
+
+    sys.setprofile(profile)
+    try:
+        request = engine.add_request([1, 2, 3], max_tokens=1, on_token=lambda *a: None)
+        engine.step()
+        result = engine.pop_result(request.request_id)
+    finally:
+        sys.setprofile(None)
+    assert result.finish_reason == "length" and len(result.token_ids) == 1
+    hops = documented_hops()
+    position = 0
+    for hop in hops:
+        try:
+            position = calls.index(hop, position) + 1
+        except ValueError:
+            earlier = hop in calls[:position]
+            raise AssertionError(
+                f"{hop[0]} ({hop[1]}) is " + ("called before the hop the doc puts ahead of it"
+                                               if earlier else "never called") +
+                "; calls after the previous hop: " + ", ".join(
+                    q for q, _ in calls[position:position + 40])) from None
 
 
 @pytest.mark.slow

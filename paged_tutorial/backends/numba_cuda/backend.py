@@ -57,6 +57,9 @@ class NumbaBackend(Backend):
     the kernels use them.  ``options`` (``KernelOptions``) chooses the kernels and fusions.
     """
 
+    graph_capturable = True
+    simulated = SIMULATING
+
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
                  options: KernelOptions | None = None):

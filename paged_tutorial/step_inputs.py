@@ -13,8 +13,9 @@ The few numbers a backend needs on the host to size its work (how many sequences
 sequence, the ``cu_seqlens`` boundaries) are kept as Python ints next to the tensors, computed
 from the host lists while they are built: no backend reads a device tensor back to learn them.
 
-The forward pass owns this contract, so it lives in ``model/`` next to ``llama.py``; the
-runner (``engine/model_runner.py``) fills it and the backends read it.
+It is a contract between three layers, so it lives at the package's base, below all of them:
+the runner (``engine/model_runner.py``) fills it, the forward pass (``model/``) hands it on
+and the backends read it; it imports nothing of the package.
 """
 
 from __future__ import annotations

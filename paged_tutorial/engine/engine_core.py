@@ -1,0 +1,166 @@
+"""EngineCore: the loop itself -- queue requests, step, cancel; each step commits or rolls back.
+
+    Scheduler.schedule -> ModelRunner.run -> Scheduler.postprocess (commit)
+                                          \\-> Scheduler.rollback (anything raised)
+
+A step is one critical section (``interrupts.py``), opened for the model run: Ctrl-C there
+rolls the batch back (every request of it preempted, recomputed later with the same tokens),
+and a signal anywhere else waits until the bookkeeping it cut into is whole again.  Tokens are
+appended only after the model run fully succeeded.  Three faults finish one request and spare
+the others: its random stream or its detokenizer fails (``RequestError``, finish_reason
+``"error"``), or its row of logits is not finite (finish_reason ``"non_finite"``, with the
+layer where its activations first went non-finite, found by ``numerical_faults.py``).
+
+The core knows nothing of callers: who submitted what, results, threads and callbacks are
+``llm_engine.py``'s (the frontend); text is ``output_processor.py``'s.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from paged_tutorial.backends.base import Backend
+from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.engine.interrupts import SIGNALS
+from paged_tutorial.engine.model_runner import ModelRunner
+from paged_tutorial.engine.numerical_faults import NON_FINITE, describe_non_finite
+from paged_tutorial.engine.output_processor import OutputProcessor
+from paged_tutorial.engine.request import Request, RequestError
+from paged_tutorial.engine.scheduler import Scheduler
+
+
+@dataclass
+class StepReport:
+    """What one engine step did (notebooks record these to replay a run)."""
+    index: int
+    kind: str                            # "prefill" | "decode" | "idle"
+    request_ids: list[int]
+    slots: list[int]
+    num_tokens: int
+    preempted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    new_tokens: dict = field(default_factory=dict)     # request_id -> token id
+    num_free_blocks: int = 0
+    num_evictable_blocks: int = 0           # unused blocks kept for their prefix (prefix caching)
+    seconds: float = 0.0
+    #: host seconds per phase of the step: ``schedule`` (admission, preemption, block
+    #: allocation), the model runner's phases (``ModelRunner.phase_seconds``: ``inputs``,
+    #: ``forward``, ``sample``, or ``graph``), ``postprocess`` (tokens appended, the step
+    #: committed, detokenized) and ``release`` (finished requests' blocks given back)
+    phase_seconds: dict = field(default_factory=dict)
+    logits: torch.Tensor | None = None   # float32 [rows, vocab], kept when engine.record_logits
+
+
+@dataclass
+class CommittedTokens:
+    """The tokens a step appended, for the callbacks run after it: request i got token i."""
+    requests: list[Request] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, model_runner: ModelRunner, backend: Backend,
+                 cache: PagedKVCache, outputs: OutputProcessor):
+        self.scheduler = scheduler
+        self.model_runner = model_runner
+        self.backend = backend
+        self.cache = cache
+        self.outputs = outputs
+        self.step_count = 0                  # steps completed
+        self.record_logits = False           # keep each step's logits in its StepReport
+
+    # --- requests in and out ---------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request (or finish it at once when it has no room to answer)."""
+        if len(request.prompt_ids) >= self.scheduler.max_seq_len:
+            self.scheduler.finish(request, "prompt_too_long")
+        elif request.params.max_tokens == 0:
+            self.scheduler.finish(request, "length")
+        else:
+            self.scheduler.add(request)
+
+    def cancel(self, request: Request) -> None:
+        """Finish a request now; a running one gives its slot and blocks back at once."""
+        self.scheduler.finish(request, "cancelled")
+
+    def fail(self, request: Request, message: str, reason: str = "error") -> None:
+        """Finish one request with ``reason`` and ``message`` (the others go on)."""
+        if not request.finished:
+            request.error = message
+            self.scheduler.finish(request, reason)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- one step ----------------------------------------------------------------------------
+    def step(self) -> tuple[StepReport, CommittedTokens]:
+        """Admit what fits and prefill it; otherwise decode every running request.  Returns
+        the report and the tokens committed, for the caller's callbacks."""
+        t0 = time.perf_counter()
+        committed = CommittedTokens()
+        phases = {}
+        with SIGNALS.critical():
+            try:
+                batch = self.scheduler.schedule()
+            except BaseException:            # a cache listener raised: undo the admissions
+                self.scheduler.abort_schedule()
+                raise
+            phases["schedule"] = time.perf_counter() - t0
+            if batch is None:
+                report = StepReport(self.step_count, "idle", [], [], 0)
+            else:
+                report = StepReport(self.step_count, batch.kind,
+                                    [r.request_id for r in batch.requests],
+                                    [r.slot for r in batch.requests], batch.num_tokens,
+                                    preempted=[r.request_id for r in batch.preempted])
+            if batch is not None and batch.requests:
+                try:
+                    with SIGNALS.open():
+                        self.backend.begin_step(self.step_count)
+                        output = self.model_runner.run(batch)
+                except RequestError as failure:     # one request's own fault: drop it alone
+                    with SIGNALS.critical():
+                        self.scheduler.rollback(batch, count=False)
+                        self.fail(failure.request, str(failure))
+                    report.finished = [failure.request.request_id]
+                except BaseException:
+                    with SIGNALS.critical():
+                        self.scheduler.rollback(batch)
+                    raise
+                else:
+                    phases.update(self.model_runner.phase_seconds)
+                    t_post = time.perf_counter()
+                    committed = self.commit(batch, output)
+                    phases["postprocess"] = time.perf_counter() - t_post
+                    report.finished = [r.request_id for r in batch.requests if r.finished]
+                    report.new_tokens = dict(zip([r.request_id for r in committed.requests],
+                                                 committed.token_ids))
+                    if self.record_logits:
+                        report.logits = output.logits.detach().float().cpu()
+            self.step_count += 1
+            t_release = time.perf_counter()
+            self.scheduler.release_retired()   # last: a raising cache listener finds all done
+            phases["release"] = time.perf_counter() - t_release
+            report.num_free_blocks = self.cache.num_free
+            report.num_evictable_blocks = self.cache.num_evictable_blocks
+            report.phase_seconds = phases
+            report.seconds = time.perf_counter() - t0
+        return report, committed
+
+    def commit(self, batch, output) -> CommittedTokens:
+        """Append the step's tokens (``Scheduler.postprocess``) and their text; a request whose
+        logits were not finite gets no token and is finished with ``"non_finite"``."""
+        faulted = [r for r, ok in zip(batch.requests, output.finite) if not ok]
+        self.scheduler.postprocess(batch, output.token_ids, skip=faulted)
+        kept = [(r, t) for r, t, ok in zip(batch.requests, output.token_ids, output.finite)
+                if ok]
+        committed = CommittedTokens([r for r, _ in kept], [t for _, t in kept])
+        self.outputs.detokenize(committed.requests, committed.token_ids, self.fail)
+        for request in faulted:
+            self.outputs.flush(request)
+            self.fail(request, describe_non_finite(request, self.model_runner, self.step_count),
+                      reason=NON_FINITE)
+        return committed
