@@ -32,7 +32,7 @@ from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import gemv  # noqa: E402
 from paged_tutorial.backends.torch_ref import TorchBackend  # noqa: E402
 from paged_tutorial.config import llama_3_2_1b_config  # noqa: E402
-from paged_tutorial.model.sampling import sample_reference  # noqa: E402
+from paged_tutorial.backends.sampling_rule import sample_reference  # noqa: E402
 
 M = llama_3_2_1b_config()
 H, I, V = M.hidden_size, M.intermediate_size, M.vocab_size

@@ -44,7 +44,7 @@ class StepInputs:
     logit_rows: torch.Tensor | None = None     # rows that need logits (None: all)
     temperature: torch.Tensor | None = None    # [S] float32: sampling parameters per sequence
     top_p: torch.Tensor | None = None          # [S] float32
-    uniforms: torch.Tensor | None = None       # [S] float32 (``model/sampling.py``)
+    uniforms: torch.Tensor | None = None       # [S] float32 (``backends/sampling_rule.py``)
     # --- host copies, computed while the lists were built ---------------------------------
     num_seqs: int = 0
     max_seq_len: int | None = None   # longest seq_lens entry (None: not known on the host)

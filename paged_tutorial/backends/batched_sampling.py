@@ -1,6 +1,6 @@
-"""The sampling rule of ``model/sampling.py`` for every row at once, in torch ops on the device.
+"""The sampling rule of ``backends/sampling_rule.py`` for every row at once, in torch ops on the device.
 
-``sample_reference`` (``model/sampling.py``) is the rule one row at a time: it reads each row's
+``sample_reference`` (``backends/sampling_rule.py``) is the rule one row at a time: it reads each row's
 temperature on the host, so on a GPU every row costs a device-to-host sync.  ``sample_batched``
 computes the same token for every row with a fixed number of tensor ops and no host reads
 (so a CUDA graph can capture it): greedy rows take the argmax, the others the top-p draw, and

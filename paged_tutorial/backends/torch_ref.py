@@ -29,7 +29,7 @@ from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.backends.paged_reads import (attention, cache_view, decode_attention_rows,
                                                  gather_kv, gather_kv_rows)
 from paged_tutorial.cache.block_table import check_block_entries
-from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.sampling_rule import sample_reference
 
 
 def rope_factors(positions, cos, sin, dtype):

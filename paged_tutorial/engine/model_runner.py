@@ -7,7 +7,7 @@ boundaries) and asks for logits at each sequence's last row only.  A request adm
 of its prompt found in the prefix cache starts at that ``num_computed_tokens``; its attention
 reads the cached part from the paged cache.  For a decode it takes each running request's last
 token and replays a captured CUDA graph when the engine has them (``cuda_graphs.py``), else runs
-the layers eagerly.  Sampling follows ``model/sampling.py``'s rule with each request's own random
+the layers eagerly.  Sampling follows ``backends/sampling_rule.py``'s rule with each request's own random
 stream, so a request gets the same tokens whatever batch it shares.  A batch in which some
 request narrows its draw with ``top_k`` or ``min_p`` runs eagerly and is sampled by
 ``backends/batched_sampling.py`` (the same rule in torch ops, on any device), whatever the
@@ -35,7 +35,7 @@ from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
 from paged_tutorial.engine.request import Request, RequestError
-from paged_tutorial.model.sampling import request_uniform
+from paged_tutorial.backends.sampling_rule import request_uniform
 from paged_tutorial.step_inputs import StepInputPacker, StepInputs
 from paged_tutorial.engine.scheduler import ScheduledBatch
 

@@ -26,7 +26,7 @@ that names the argument, the value and the accepted range:
 - ``n``: how many answers to sample for each prompt (an integer >= 1).
 
 ``pt.LLM`` and the server apply ``stop``, ``stop_token_ids`` and ``n`` (``serving/``); the
-sampler (``model/sampling.py``) applies ``temperature``, ``top_p``, ``top_k`` and ``min_p``.
+sampler (``backends/sampling_rule.py``) applies ``temperature``, ``top_p``, ``top_k`` and ``min_p``.
 
 ``check_sample_key`` does the same for ``Engine.add_request``'s ``sample_key`` (an integer in
 [0, 2**64), like a seed: the two key the request's random stream together).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from paged_tutorial.backends.batched_sampling import sample_batched
-from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.sampling_rule import sample_reference
 
 
 def test_every_row_picks_the_reference_token():

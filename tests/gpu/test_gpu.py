@@ -27,7 +27,7 @@ from paged_tutorial.backends.paged_reads import attention
 from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig, llama_3_2_1b_config
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.sampling_rule import sample_reference
 
 pytestmark = pytest.mark.gpu
 

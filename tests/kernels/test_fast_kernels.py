@@ -310,7 +310,7 @@ def test_greedy_sampling_split_over_blocks(nb, dtype):
     """The greedy path over several blocks per row, reading the logits in their own dtype
     (bf16 logits are not copied to float32 first)."""
     from paged_tutorial.backends.numba_cuda.kernels import sampling
-    from paged_tutorial.model.sampling import sample_reference
+    from paged_tutorial.backends.sampling_rule import sample_reference
 
     g = gen(40)
     vocab = 700

@@ -30,7 +30,7 @@ from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.sampling_rule import sample_reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

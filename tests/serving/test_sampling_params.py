@@ -8,7 +8,7 @@ import torch
 
 from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.engine.sampling_params import SamplingParams
-from paged_tutorial.model.sampling import sample_reference
+from paged_tutorial.backends.sampling_rule import sample_reference
 
 
 def test_vllm_field_names_are_accepted_and_normalised():

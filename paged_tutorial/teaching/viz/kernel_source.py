@@ -63,7 +63,7 @@ def section_of(line: int) -> str:
 
 
 def _kernel_text() -> str:
-    source = inspect.getsource(attention._build_kernel)
+    source = inspect.getsource(attention.build_kernel)
     start = source.index("    @cached_kernel")
     end = source.index("    return paged_attention_kernel")
     return textwrap.dedent(source[start:end]).rstrip() + "\n"

@@ -408,12 +408,12 @@ def make_paged_attention_kernel(dtype_name: str, HEAD_DIM: int, BLOCK_SIZE: int,
         raise TypeError(f"make_paged_attention_kernel: parts must be a KernelParts, got "
                         f"{type(parts).__name__}")
     check_build_options(lineinfo)
-    return _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+    return build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
                          BLOCK_ELEMS, V_OFFSET_ELEMS, parts, lineinfo)
 
 
 @functools.lru_cache(maxsize=64)
-def _build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
+def build_kernel(dtype_name, HEAD_DIM, BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM,
                   BLOCK_ELEMS, V_OFFSET_ELEMS, parts, lineinfo):
     from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 

@@ -1,6 +1,6 @@
 """Sampling without sorting: thread blocks per row of logits, block-wide reductions only.
 
-The rule is ``paged_tutorial.model.sampling`` (``sample_reference``):
+The rule is ``paged_tutorial.backends.sampling_rule`` (``sample_reference``):
 
 - temperature 0: greedy, the first index of the largest logit.  One block reading a
   128256-entry row alone is slow (a single SM's bandwidth), so the row is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``;
