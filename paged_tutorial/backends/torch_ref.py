@@ -67,10 +67,10 @@ class TorchBackend(Backend):
         self.check_inputs = self.device.type == "cpu" if check_inputs is None else \
             bool(check_inputs)
 
-    def linear(self, x, weight):
-        if cpu_matvec.takes(x, weight):
+    def linear(self, x, weight, bias=None):
+        if bias is None and cpu_matvec.takes(x, weight):
             return cpu_matvec.matvec(x, weight)
-        return F.linear(x, weight)
+        return F.linear(x, weight, bias)
 
     # --- per-token ops -----------------------------------------------------------------
     def embed(self, weight, token_ids):

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 #: the engine's finish reasons (``engine/request.py``) in vLLM's words
 FINISH_REASON_OF_ENGINE = {"eos": "stop", "length": "length", "max_seq_len": "length",
-                           "cancelled": "abort", "error": "error"}
+                           "prompt_too_long": "length", "cancelled": "abort", "error": "error",
+                           "non_finite": "error"}
 
 
 @dataclass

@@ -125,3 +125,17 @@ def test_a_stream_ends_with_the_fault():
     assert list(stream) == []
     assert stream.result.finish_reason == "non_finite" and "layer 0" in stream.result.error
     assert_idle(engine)
+
+
+def test_llm_reports_a_non_finite_answer_as_an_error_with_the_layer():
+    """vLLM's surface (``pt.LLM``) maps every engine finish reason: a non-finite answer is
+    ``finish_reason="error"`` with the engine's message, not a KeyError or a stream of zeros."""
+    from paged_tutorial.engine.request import FINISH_REASONS
+    from paged_tutorial.serving.outputs import FINISH_REASON_OF_ENGINE
+
+    assert set(FINISH_REASONS) <= set(FINISH_REASON_OF_ENGINE)
+    llm = pt.LLM(model_with({"model.layers.1.mlp.down_proj.weight": math.nan}), backend="torch")
+    [output] = llm.generate([{"prompt_token_ids": PROMPT}], pt.SamplingParams(max_tokens=4))
+    completion = output.outputs[0]
+    assert completion.finish_reason == "error" and completion.token_ids == []
+    assert "layer 1" in completion.error
