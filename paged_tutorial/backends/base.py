@@ -46,6 +46,8 @@ class Backend(abc.ABC):
     check_inputs: bool = False
     #: its kernels run in Numba's CUDA simulator on the CPU
     simulated: bool = False
+    #: it compiles GPU kernels before it can run (worth doing before the first request)
+    compiles_kernels: bool = False
 
     # --- GEMMs: cuBLAS (or the CPU BLAS) through torch, as the article's engine used cuBLAS.
     def linear(self, x: torch.Tensor, weight: torch.Tensor,

@@ -63,7 +63,7 @@ def check_model_is_there(source: str) -> None:
 def _warm_up(engine, err, progress: bool) -> None:
     """On the GPU numba backend: compile (or load from the disk cache) the kernels before
     the first request, with a progress bar while any compiles."""
-    if engine.backend.name != "numba":
+    if not engine.backend.compiles_kernels:
         return
     from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import compile_progress
 
@@ -86,7 +86,7 @@ def start_engine(args, err):
 
         CudaStart().start()
     backend = choose_backend(args.backend)
-    if backend.name == "numba-sim":
+    if backend.simulated:
         print(SIM_WARNING, file=err)
     device = backend.device
     try:

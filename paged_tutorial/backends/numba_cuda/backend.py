@@ -59,6 +59,7 @@ class NumbaBackend(Backend):
 
     graph_capturable = True
     simulated = SIMULATING
+    compiles_kernels = not SIMULATING
 
     def __init__(self, name: str | None = None, device: str | torch.device | None = None,
                  check_inputs: bool | None = None, simulate: bool | None = None,
