@@ -21,7 +21,7 @@ def ulps(a, b) -> float:
 
 
 def rel_err(a, b) -> float:
-    a, b = a.float(), b.float()
+    a, b = a.float(), b.float().to(a.device)
     return float((a - b).norm() / b.norm())
 
 

@@ -69,7 +69,9 @@ def test_a_conversation_longer_than_max_seq_len_says_so_and_goes_on(tiny_gguf):
 
 
 SLOW_STEPS = """
-import runpy, sys, time
+import runpy, signal, sys, time
+# SIGINT as a terminal gives it: a pytest-xdist worker ignores SIGINT, and its children inherit that
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 from paged_tutorial.engine.llm_engine import Engine
 real_step = Engine.step
 def step(self):

@@ -87,7 +87,11 @@ def test_the_numba_backend_serves_top_k_and_min_p_through_the_torch_rule():
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                          rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
                          tie_word_embeddings=False, bos_token_id=None, eos_token_ids=())
-    engine = pt.Engine(pt.random_model(config, seed=1), backend="numba-sim", max_slots=2,
+    from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+
+    device = "cpu" if SIMULATING else "cuda"      # Numba runs one way per process
+    engine = pt.Engine(pt.random_model(config, seed=1).to(device),
+                       backend="numba-sim" if SIMULATING else "numba", max_slots=2,
                        max_seq_len=32)
     prompts = [[1, 2, 3], [4, 5]]
     greedy = engine.generate(prompts, pt.SamplingParams(max_tokens=3), chat=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers.child_env import child_env
 from tiny_chat_model import save_tiny_chat_model
 
 pytest.importorskip("fastapi")
@@ -48,7 +49,7 @@ def test_sigterm_drains_the_request_in_flight_and_exits_cleanly(tmp_path, chat_t
     folder = save_tiny_chat_model(tmp_path / "tiny", chat_tokenizer)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()                 # this checkout first, then the caller's PYTHONPATH
     process = subprocess.Popen(
         [sys.executable, "-m", "paged_tutorial.serving", "--model", str(folder),
          "--served-model-name", "tiny", "--backend", "torch", "--dtype", "float32",
