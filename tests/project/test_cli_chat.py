@@ -70,8 +70,9 @@ def test_a_conversation_longer_than_max_seq_len_says_so_and_goes_on(tiny_gguf):
 
 SLOW_STEPS = """
 import runpy, signal, sys, time
-# SIGINT as a terminal gives it: a pytest-xdist worker ignores SIGINT, and its children inherit that
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+# SIGINT as Python started from a terminal has it (a pytest-xdist worker ignores SIGINT, and
+# its children inherit that, so Python would not have installed its handler)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from paged_tutorial.engine.llm_engine import Engine
 real_step = Engine.step
 def step(self):
