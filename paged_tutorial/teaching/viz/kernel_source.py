@@ -173,21 +173,31 @@ def kernel_source(lines: int | str | None = None, with_parts: bool = True,
     return KernelListing(pieces)
 
 
+def _told(d) -> str:
+    """A departure's text for the page: how the port does it, unless that is what the reader
+    writes in a puzzle (then the puzzle is named and the fix stays hers to find)."""
+    if d.puzzle:
+        return (f"{d.text}  How the port does it is yours to write in puzzle {d.puzzle} "
+                f"(pt.exercises.reveal({d.puzzle!r}) shows it).")
+    return f"{d.text}  {d.fix}" if d.fix else d.text
+
+
 class DepartureList:
-    """``attention.DEPARTURES`` as a numbered list (HTML in Jupyter, text elsewhere)."""
+    """``attention.DEPARTURES`` as a numbered list (HTML in Jupyter, text elsewhere); a fix the
+    reader writes in a puzzle is named, not shown."""
 
     def __init__(self, items=attention.DEPARTURES):
         self.items = tuple(items)
 
     def __str__(self) -> str:
-        return "\n".join(f"{i}. {d.title} ({d.article}): {d.text}"
+        return "\n".join(f"{i}. {d.title} ({d.article}): {_told(d)}"
                          for i, d in enumerate(self.items, start=1))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<li><b>{html.escape(d.title)}</b> (<code>{html.escape(d.article)}"
-                       f"</code>): {html.escape(d.text)}</li>" for d in self.items)
+                       f"</code>): {html.escape(_told(d))}</li>" for d in self.items)
         return f"<ol>{rows}</ol>"
 
 

@@ -55,3 +55,14 @@ def test_departures_of_some_lines():
     assert not any("storage dtypes" in t for t in titles)           # kernels.cu:461 only
     assert [d.title for d in departures(468).items] == ["any GQA ratio"]
     assert departures("900-901").items == ()
+
+
+def test_a_fix_she_writes_in_a_puzzle_is_named_not_shown():
+    """The race-free hand-off and the partial last warp are what 04.token_score asks of her:
+    the page names the puzzle and keeps the port's fix (attention.py has it) off the page."""
+    shown = str(departures()) + departures()._repr_html_()
+    hidden = [d for d in attention.DEPARTURES if d.puzzle]
+    assert hidden and all(d.fix for d in hidden)
+    for d in hidden:
+        assert d.fix not in shown and f"puzzle {d.puzzle}" in shown
+    assert "score[0]" not in shown and "zero product" not in shown

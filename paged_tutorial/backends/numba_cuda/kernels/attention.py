@@ -59,18 +59,22 @@ class Departure(NamedTuple):
 
     title: str
     article: str            # the article's lines (``kernels.cu:...``) it concerns
-    text: str
+    text: str               # what the article does, and what is wrong with it or limited
+    fix: str = ""           # how the port does it instead
+    puzzle: str = ""        # the puzzle in which the reader writes that fix herself
 
 
 DEPARTURES: tuple[Departure, ...] = (
     Departure(
         "any head_dim (the article's limit 2)", "kernels.cu:494-507",
         "The article's reduction hard-codes two warps (dot_products[0..1], threads 0 and 32), "
-        "valid only for HEAD_DIM = 64.  Here the block has head_dim threads rounded up to whole "
-        "warps (block_threads) and one shared float per warp; the extra lanes of a partial last "
-        "warp hold a zero product and write nothing.  Any head_dim from 1 to 1024 works (16, "
-        "64, 80, 128, ...); for 64 it is exactly the article's two-warp path.  Larger head dims "
-        "(more than 1024 threads per block) are refused with a ValueError."),
+        "valid only for HEAD_DIM = 64.  Any head_dim from 1 to 1024 works here (16, 64, 80, "
+        "128, ...); for 64 it is exactly the article's two-warp path.  Larger head dims (more "
+        "than 1024 threads per block) are refused with a ValueError.",
+        fix="The block has head_dim threads rounded up to whole warps (block_threads) and one "
+            "shared float per warp; the extra lanes of a partial last warp hold a zero product "
+            "and write nothing.",
+        puzzle="04.token_score"),
     Departure(
         "any GQA ratio", "kernels.cu:468",
         "kv_head = q_head // q_per_kv for any ratio; the article divides by 4."),
@@ -83,11 +87,12 @@ DEPARTURES: tuple[Departure, ...] = (
         "The article stores the summed score back into dot_products[0].  In the next token's "
         "step, thread 0 writes its warp's partial sum into that same dot_products[0], possibly "
         "before warp 1 has read the previous score: nothing orders warp 1's read after the "
-        "second barrier against warp 0's next write.  The score here lives in its own shared "
-        "cell, score[0]; every write is then separated from the last read of the same cell by "
-        "a barrier, with no extra barrier per token.  The article's layout can still be built "
+        "second barrier against warp 0's next write.  The article's layout can still be built "
         "(ARTICLE_LAYOUT_PARTS), only to show the race: the simulator's shared-memory "
-        "access log and benchmarks/racecheck.py (compute-sanitizer) both flag it."),
+        "access log and benchmarks/racecheck.py (compute-sanitizer) both flag it.",
+        fix="The score lives in its own shared cell, score[0]; every write is then separated "
+            "from the last read of the same cell by a barrier, with no extra barrier per token.",
+        puzzle="04.token_score"),
     Departure(
         "constants from one definition, addresses in elements", "kernels.cu:6, 16-19, 484-485",
         "BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, KV_DIM, BLOCK_ELEMS, V_OFFSET_ELEMS and "
