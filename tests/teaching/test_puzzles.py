@@ -50,6 +50,10 @@ WRONG = {
             lambda t, h, d, isv, BS, KV, HD, IT: (t * KV + h * KV + d) * IT + (BS * KV * IT if isv else 0),
         "head-major rows (head, token, dim)":
             lambda t, h, d, isv, BS, KV, HD, IT: (h * BS * HD + t * HD + d) * IT + (BS * KV * IT if isv else 0),
+        "hard-coded to the chapter's shape (bf16, 2 KV heads x 8)":
+            lambda t, h, d, isv, BS, KV, HD, IT: (t * 16 + h * 8 + d) * 2 + (512 if isv else 0),
+        "ITEMSIZE taken as 2 (bf16 only)":
+            lambda t, h, d, isv, BS, KV, HD, IT: (t * KV + h * HD + d) * 2 + (BS * KV * 2 if isv else 0),
     },
     "02.locate": {
         "position used as the logical block": lambda t, s, l, p, BS: (t[s, l, p], p % BS),

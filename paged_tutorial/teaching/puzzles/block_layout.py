@@ -17,8 +17,9 @@ import torch
 
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
-from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
+from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run
 
 REQUESTS = (((tuple(range(3, 23))), 4),)        # 20 prompt tokens: two blocks, then 3 decodes
 NAMES = ["token_in_block", "kv_head", "dim", "is_value", "BLOCK_SIZE", "KV_DIM", "HEAD_DIM",
@@ -108,17 +109,57 @@ def explain(offsets: np.ndarray, c) -> str:
 ENGINE = dict(device="cpu", max_slots=1, max_seq_len=32)
 
 
-@lru_cache(maxsize=1)
-def stock_run():
-    """(cache config, steps) of a stock engine serving REQUESTS."""
-    engine = engine_with_cache(tiny_model(), backend="torch", **ENGINE)
+#: the chapter's engine shape: (dtype, KV heads, head_dim)
+CHAPTER_SHAPE = ("bfloat16", 2, 8)
+
+
+def shapes_to_run() -> list[tuple[str, int, int]]:
+    """The engine shapes one check runs: the chapter's, then one drawn afresh in float32
+    (4-byte elements) with another KV-head count and head_dim, so that no constant of the first
+    can stand in for BLOCK_SIZE, KV_DIM, HEAD_DIM or ITEMSIZE."""
+    rng, _ = shapes.fresh_rng()
+    return [CHAPTER_SHAPE, ("float32", shapes.pick(rng, (1, 3)), shapes.pick(rng, (4, 12, 16)))]
+
+
+@lru_cache(maxsize=8)
+def shaped_model(dtype: str, kv_heads: int, head_dim: int):
+    from paged_tutorial.config import ModelConfig
+    from paged_tutorial.loading.models import random_model
+
+    config = ModelConfig(num_hidden_layers=2, vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_attention_heads=2 * kv_heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim)
+    return random_model(config, dtype=dtype, seed=0)
+
+
+@lru_cache(maxsize=8)
+def stock_run(shape=CHAPTER_SHAPE):
+    """(cache config, steps) of a stock engine of ``shape`` serving REQUESTS."""
+    engine = engine_with_cache(shaped_model(*shape), backend="torch", **ENGINE)
     return engine.cache_config, run(engine, REQUESTS)
 
 
 def grade(fn) -> str:
-    config, stock = stock_run()
-    offsets = offsets_of(fn, config)
-    engine = engine_with_cache(tiny_model(), backend=OffsetWriterBackend(offsets), **ENGINE)
+    for shape in shapes_to_run():
+        grade_shape(fn, shape)
+    return say(en="a 20-token prompt and 3 decode steps through your layout at two engine shapes "
+                  "(bf16 with 2 KV heads x 8, and one drawn afresh in float32): logits "
+                  "bit-identical to a stock engine's",
+               ko="20 토큰 프롬프트와 디코드 3 스텝을 직접 쓴 배치로, 엔진 모양 두 가지에서 (bf16, KV "
+                  "head 2개 x 8, 그리고 float32 로 새로 뽑은 모양): logits 가 표준 엔진과 비트 단위로 "
+                  "같습니다")
+
+
+def grade_shape(fn, shape) -> None:
+    config, stock = stock_run(shape)
+    where = say(en=f"[{shape[0]}, {shape[1]} KV head(s) x {shape[2]}] ",
+                ko=f"[{shape[0]}, KV head {shape[1]}개 x {shape[2]}] ")
+    try:
+        offsets = offsets_of(fn, config)
+    except Wrong as wrong:
+        raise Wrong(where + wrong.message, figure=wrong.figure) from None
+    engine = engine_with_cache(shaped_model(*shape), backend=OffsetWriterBackend(offsets),
+                               **ENGINE)
     mine, diff = run(engine, REQUESTS, poison=True, against=stock)
 
     if diff is not None:
@@ -132,16 +173,12 @@ def grade(fn) -> str:
                 expected[which, t, h, d] = article_offset(config, t, h, d, which)
             return plot_block_layout(config, offsets, expected)
         why = explain(offsets, config)
-        raise Wrong(say(en=f"the engine's {step.kind} step {step.index} differs from a stock "
-                           f"engine's (its logits read NaN or misplaced values): {why}",
-                        ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다 "
-                           f"(logits 가 NaN 이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
-                    figure=draw)
-    heads = f"{config.num_kv_heads} KV heads x {config.head_dim}"
-    return say(en=f"a 20-token prompt and 3 decode steps through your layout (bf16, {heads}): "
-                  "logits bit-identical to a stock engine's",
-               ko=f"20 토큰 프롬프트와 디코드 3 스텝을 직접 쓴 배치로 (bf16, {heads}): logits 가 "
-                  "표준 엔진과 비트 단위로 같습니다")
+        raise Wrong(where + say(
+            en=f"the engine's {step.kind} step {step.index} differs from a stock engine's (its "
+               f"logits read NaN or misplaced values): {why}",
+            ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다 "
+               f"(logits 가 NaN 이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
+            figure=draw)
 
 
 PUZZLES = (
@@ -165,9 +202,9 @@ PUZZLES = (
                 "article's V_OFFSET).",
              ko="V 는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
                 "V_OFFSET 입니다)."),
-        Text(en="a real Engine (torch backend, bf16, 2 KV heads): your offsets place K and V, "
-                "the decode attention reads them",
-             ko="실제 Engine (torch 백엔드, bf16, KV head 2개): 직접 쓴 오프셋으로 K 와 V 를 "
-                "놓고, 디코드 어텐션이 읽습니다"),
+        Text(en="a real Engine (torch backend, bf16, 2 KV heads, then a float32 shape drawn "
+                "afresh): your offsets place K and V, the decode attention reads them",
+             ko="실제 Engine (torch 백엔드, bf16, KV head 2개, 이어서 float32 로 새로 뽑은 "
+                "모양): 직접 쓴 오프셋으로 K 와 V 를 놓고, 디코드 어텐션이 읽습니다"),
         "main.cpp:866-872, kernels.cu:484-485", grade),
 )
