@@ -18,13 +18,12 @@ import numpy as np
 from paged_tutorial.backends.paged_reads import cache_view
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 
 REQUESTS = ((tuple(range(3, 23)), 3), (tuple(range(30, 37)), 3))   # 20 and 7 prompt tokens
 ENGINE = dict(device="cpu", max_slots=2, max_seq_len=32)
-NUM_LAYERS = 3
-SHUFFLE = 5
 NAMES = ["block_table", "slot", "layer", "position", "BLOCK_SIZE"]
 
 
@@ -65,10 +64,18 @@ class LocatingWriterBackend(TorchBackend):
             view[phys, 1, row] = v[i].reshape(-1).to(view.dtype)
 
 
-@lru_cache(maxsize=1)
-def stock_run():
-    engine = engine_with_cache(tiny_model(NUM_LAYERS), backend="torch", **ENGINE)
-    return engine.cache_config, run(engine, REQUESTS, shuffle_seed=SHUFFLE)
+def draw_run() -> tuple[int, int]:
+    """(layers, free-list shuffle seed) of one check, drawn afresh: the table's layout and the
+    blocks each token gets change from check to check, so no remembered block stands in for
+    the table lookup."""
+    rng, _ = shapes.fresh_rng()
+    return shapes.pick(rng, (2, 3, 4)), int(rng.integers(1, 2 ** 31))
+
+
+@lru_cache(maxsize=4)
+def stock_run(num_layers: int, shuffle: int):
+    engine = engine_with_cache(tiny_model(num_layers), backend="torch", **ENGINE)
+    return engine.cache_config, run(engine, REQUESTS, shuffle_seed=shuffle)
 
 
 def explain(backend: LocatingWriterBackend, table: np.ndarray, bs: int) -> tuple[str, list]:
@@ -91,10 +98,11 @@ def explain(backend: LocatingWriterBackend, table: np.ndarray, bs: int) -> tuple
 
 
 def grade(fn) -> str:
-    config, stock = stock_run()
+    num_layers, shuffle = draw_run()
+    config, stock = stock_run(num_layers, shuffle)
     backend = LocatingWriterBackend(fn)
-    engine = engine_with_cache(tiny_model(NUM_LAYERS), backend=backend, **ENGINE)
-    mine, diff = run(engine, REQUESTS, shuffle_seed=SHUFFLE, poison=True, against=stock)
+    engine = engine_with_cache(tiny_model(num_layers), backend=backend, **ENGINE)
+    mine, diff = run(engine, REQUESTS, shuffle_seed=shuffle, poison=True, against=stock)
 
     if diff is not None:
         step = mine[diff[0]]
@@ -104,14 +112,17 @@ def grade(fn) -> str:
             from paged_tutorial.teaching.viz.layout import plot_placements
 
             return plot_placements(config, rows)
-        raise Wrong(say(en=f"the engine's {step.kind} step {step.index} differs from a stock "
+        raise Wrong(say(en=f"[{num_layers} layers, free list shuffled with seed {shuffle}] the "
+                           f"engine's {step.kind} step {step.index} differs from a stock "
                            f"engine's: {message}",
-                        ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
+                        ko=f"[레이어 {num_layers}개, 시드 {shuffle} 로 섞은 free list] 엔진의 "
+                           f"{step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
                            f"{message}"), figure=draw)
-    return say(en="2 slots x 3 layers from a shuffled free list: every token written where the "
-                  "decode kernel reads it; logits bit-identical to a stock engine's",
-               ko="슬롯 2개 x 레이어 3개, 섞은 free list 에서: 모든 토큰을 디코드 커널이 읽는 "
-                  "자리에 썼고, logits 가 표준 엔진과 비트 단위로 같습니다")
+    return say(en=f"2 slots x {num_layers} layers from a free list shuffled afresh: every token "
+                  "written where the decode kernel reads it; logits bit-identical to a stock "
+                  "engine's",
+               ko=f"슬롯 2개 x 레이어 {num_layers}개, 새로 섞은 free list 에서: 모든 토큰을 디코드 "
+                  "커널이 읽는 자리에 썼고, logits 가 표준 엔진과 비트 단위로 같습니다")
 
 
 PUZZLES = (
