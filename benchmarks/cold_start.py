@@ -293,11 +293,9 @@ def main(argv=None) -> int:
     second = results["cli"]["second_process"].get("first_token_after_torch_s")
     results["target"] = {"second_process_first_token_after_torch_s": second,
                          "goal_s": 3.0, "met": second is not None and second <= 3.0}
-    folder = Path(args.out) if args.out else RESULTS
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"cold-start-{results['date']}.json"
-    path.write_text(json.dumps(results, indent=1))
-    print(f"wrote {path}", file=sys.stderr)
+    from paged_tutorial.measure.result_files import write_json
+
+    write_json(results, "cold-start", args.out or RESULTS)
     return 0
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def write_json(data: dict, stem: str, out: str | None) -> Path:
-    """``data`` as ``<stem>-<date>.json`` in the folder ``out``, or in ``benchmarks/results``
-    without it (``paged_tutorial.measure.result_files``)."""
+def write_json(data: dict, stem: str, out: str | None, indent: int = 1) -> Path:
+    """``data`` as ``<stem>-<date>.json`` in the folder ``out`` (or as the file ``out`` when it
+    ends in ``.json``), in ``benchmarks/results`` without it
+    (``paged_tutorial.measure.result_files``)."""
     from paged_tutorial.measure.result_files import write_json as write
 
-    return write(data, stem, out or RESULTS)
+    return write(data, stem, out or RESULTS, indent=indent)
 
 
 def tree_commit(folder: Path) -> str | None:

@@ -1,6 +1,6 @@
 """CPU speed: our torch backend against HF ``generate`` on SmolLM2-135M, float32, greedy.
 
-    python benchmarks/cpu_generate.py [--repeats 3] [--new-tokens 64] [--out FILE]
+    python benchmarks/cpu_generate.py [--repeats 3] [--new-tokens 64] [--out FILE.json|DIR]
 
 Three chat prompts x ``--new-tokens`` new tokens (EOS stops neither side, so the work is the
 same).  HF serves the prompts one after another; ours serves them through max_slots slots (1:
@@ -19,12 +19,13 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import paged_tutorial as pt
+from common import write_json
+from paged_tutorial.measure.wall_clock import timed_call
 
 PROMPTS = ["What is the capital of France?",
            "Write a short poem about autumn leaves.",
@@ -34,26 +35,28 @@ SLOTS = (1, 3)
 
 def run_ours(engines, slots, new_tokens):
     params = pt.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    results = engines[slots].generate(PROMPTS, params)
-    return time.perf_counter() - t0, [r.token_ids for r in results]
+    seconds, results = timed_call(lambda: engines[slots].generate(PROMPTS, params))
+    return seconds, [r.token_ids for r in results]
 
 
 def run_hf(hf, ids_list, new_tokens):
-    t0 = time.perf_counter()
-    outs = []
-    for ids in ids_list:
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        outs.append(out[0, len(ids):].tolist())
-    return time.perf_counter() - t0, outs
+    def generate_each():
+        outs = []
+        for ids in ids_list:
+            out = hf.generate(torch.tensor([ids]),
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            outs.append(out[0, len(ids):].tolist())
+        return outs
+    return timed_call(generate_each)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="a .json file, or a folder for "
+                    "cpu-generate-<date>.json (default benchmarks/results)")
     args = ap.parse_args()
     from transformers import LlamaForCausalLM
 
@@ -112,12 +115,8 @@ def write_result(args, times, same, repeats_done):
               "prompts": PROMPTS, "new_tokens_per_prompt": args.new_tokens,
               "repeats": repeats_done,
               "hf": "transformers LlamaForCausalLM.generate, one prompt at a time", "rows": rows}
-    text = json.dumps(result, indent=2)
-    print(text, flush=True)
-    out = Path(args.out or f"benchmarks/results/cpu-generate-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    print(f"wrote {out}")
+    print(json.dumps(result, indent=2), flush=True)
+    write_json(result, "cpu-generate", args.out, indent=2)
 
 
 if __name__ == "__main__":

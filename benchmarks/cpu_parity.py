@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 import paged_tutorial as pt
+from common import write_json
 from paged_tutorial.loading.models import find_embedded_smollm2
 
 PROMPTS = ["What is the capital of France?",
@@ -46,7 +46,8 @@ def hf_run(hf, ids):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="a .json file, or a folder for "
+                    "cpu-parity-<date>.json (default benchmarks/results)")
     args = ap.parse_args()
     from transformers import LlamaForCausalLM
 
@@ -84,14 +85,10 @@ def main():
               "model": "SmolLM2-135M-Instruct Q4_1 GGUF (embedded)", "new_tokens": NEW_TOKENS,
               "reference": "transformers LlamaForCausalLM.from_pretrained(gguf_file=...), greedy",
               "results": rows}
-    text = json.dumps(result, indent=2, ensure_ascii=False)
-    out = Path(args.out or f"benchmarks/results/cpu-parity-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    write_json(result, "cpu-parity", args.out, indent=2)
     for dtype, per in rows.items():
         print(dtype, [p["first_difference"] for p in per],
               [p["first_step_logits_rel_error_vs_hf_float32"] for p in per])
-    print("wrote", out)
 
 
 if __name__ == "__main__":

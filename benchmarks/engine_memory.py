@@ -23,6 +23,8 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from common import write_json  # noqa: E402
 MODELS = ("smollm2_135m_config", "llama_3_2_1b_config")
 
 CHILD = r"""
@@ -60,7 +62,8 @@ def measure(package_root: Path, config_name: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--before", help="git revision to measure as 'before' (e.g. 556fb72)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="a .json file, or a folder for "
+                    "engine-memory-<date>.json (default benchmarks/results)")
     args = ap.parse_args()
     result = {"what": "peak host RSS (MiB) of random float32 weights + Engine(torch backend, "
                       "1 slot, 16 MiB cache) + one 2-token generate, each in a fresh process",
@@ -82,9 +85,7 @@ def main() -> None:
     finally:
         if tmp:
             subprocess.run(["git", "worktree", "remove", "--force", tmp], cwd=ROOT, check=False)
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"engine-memory-{result['date']}.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(result, "engine-memory", args.out, indent=2)
 
 
 if __name__ == "__main__":

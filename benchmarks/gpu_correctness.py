@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 import paged_tutorial as pt
+from common import write_json
 from paged_tutorial.config import llama_3_2_1b_config, smollm2_135m_config
 from paged_tutorial.loading.models import save_hf_folder
 
@@ -250,9 +251,7 @@ def main():
     if "sanitizer" not in skip:
         result["sanitizer"] = run_sanitizers(("memcheck", "racecheck"), args.sanitizer_timeout,
                                              Path(args.out))
-    out = Path(args.out) / f"gpu-correctness-{result['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(result, "gpu-correctness", args.out, indent=2)
     summary = {k: v for k, v in result.items() if k not in ("kernels", "models", "sanitizer")}
     print(json.dumps(summary, indent=1))
     for m in result.get("models", []):

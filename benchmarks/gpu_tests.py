@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+
+from common import RESULTS, write_json  # noqa: E402
+
 #: notebooks that load the embedded SmolLM2 model (``pt.load_model("smollm2-135m")``)
 NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "05b_your_kernel",
               "06_block_lifetime", "07_full_model", "09_prefix_sharing")
@@ -160,9 +162,7 @@ def main(argv=None):
     os.chdir(ROOT)
     if args.merge:
         data = merge([json.loads(Path(f).read_text()) for f in args.merge])
-        out = Path(args.out) if args.out else RESULTS
-        path = out / f"{args.name}-{data['date']}.json"
-        path.write_text(json.dumps(data, indent=1))
+        path = write_json(data, args.name, args.out)
         print(f"wrote {path}: {data['counts']}, finished {data['finished_within_limit']}")
         return 0 if data["all_ran_tests_pass"] else 1
     gguf = model_file()
@@ -198,8 +198,7 @@ def main(argv=None):
         if jsonl.exists() else []
     jsonl.unlink(missing_ok=True)
     data = summarize(records, finished, returncode, seconds, not_run, gguf, args.workers)
-    path = out / f"{args.name}-{data['date']}.json"
-    path.write_text(json.dumps(data, indent=1))
+    path = write_json(data, args.name, args.out)
     print(f"wrote {path}: {data['counts']}, finished {finished}, "
           f"{len(data['failures'])} failures", flush=True)
     for f in data["failures"]:

@@ -18,9 +18,7 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +32,11 @@ from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.config import CacheConfig
+from paged_tutorial.measure.result_files import write_json
+from paged_tutorial.measure.wall_clock import fastest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N_WAITS = 200
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def fastest(fn, repeats: int) -> dict:
-    best = None
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), cpu_seconds()
-        fn()
-        run = {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0}
-        if best is None or run["cpu_s"] < best["cpu_s"]:
-            best = run
-    return {k: round(v, 3) for k, v in best.items()}
 
 
 def smollm2_layer(repeats: int) -> dict:
@@ -134,10 +118,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if not args.no_write:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"sim-speed-{result['date']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
+        write_json(result, "sim-speed", args.out, indent=2)
 
 
 if __name__ == "__main__":

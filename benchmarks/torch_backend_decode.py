@@ -41,9 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import tree_commit
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from common import tree_commit, write_json
 
 
 def device_name(device: str) -> str:
@@ -184,11 +182,7 @@ def main(argv=None):
         data["trees"] = measure_trees(args, argv)
     else:
         data["result"] = measure(args)
-    folder = Path(args.out) if args.out else RESULTS
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"torch-decode-{data['date']}.json"
-    path.write_text(json.dumps(data, indent=1))
-    print(f"wrote {path}", file=sys.stderr)
+    write_json(data, "torch-decode", args.out)
     summary = data.get("trees") or {"this tree": data["result"]}
     for label, result in summary.items():
         for model, runs in result["models"].items():

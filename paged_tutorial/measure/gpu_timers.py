@@ -7,6 +7,18 @@ import statistics
 
 import torch
 
+#: calls captured in one timing graph
+N_INNER = 10
+#: bytes the calls of one timing graph read in all, at least: more than the L2 cache (50 MB on
+#: an H200), so that repeated calls do not read their inputs from it
+ROTATE_BYTES = 256 * 2**20
+
+
+def copies_for(nbytes: int) -> int:
+    """Input sets to rotate among so that one graph's ``N_INNER`` calls, each reading
+    ``nbytes``, read >= ``ROTATE_BYTES`` in all."""
+    return max(1, min(N_INNER, -(-ROTATE_BYTES // max(1, nbytes))))
+
 
 def events_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median milliseconds of ``fn()`` (already compiled), timed with CUDA events."""
@@ -23,7 +35,7 @@ def events_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def graph_ms(fn, n_inner: int = 10, reps: int = 20) -> float:
+def graph_ms(fn, n_inner: int = N_INNER, reps: int = 20) -> float:
     """Median milliseconds per call of ``fn(i)``: ``n_inner`` calls (i = 0..n_inner-1, e.g. to
     rotate among input sets) are captured in one CUDA graph, whose replays are timed."""
     side = torch.cuda.Stream()

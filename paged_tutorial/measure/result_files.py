@@ -1,4 +1,4 @@
-"""Where a run's JSON goes: ``<stem>-<date>.json`` in a folder."""
+"""Where a run's JSON goes: ``<stem>-<date>.json`` in a folder, or a file the caller names."""
 
 from __future__ import annotations
 
@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 
-def write_json(data: dict, stem: str, folder: str | Path) -> Path:
-    """``data`` as ``<folder>/<stem>-<data['date']>.json`` (the folder made if missing); prints
-    where it went."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{stem}-{data['date']}.json"
-    path.write_text(json.dumps(data, indent=1))
+def result_path(stem: str, date: str, out: str | Path) -> Path:
+    """``out`` itself when it names a ``.json`` file, else ``<out>/<stem>-<date>.json``."""
+    out = Path(out)
+    return out if out.suffix == ".json" else out / f"{stem}-{date}.json"
+
+
+def write_json(data: dict, stem: str, out: str | Path, indent: int = 1) -> Path:
+    """``data`` as ``result_path(stem, data['date'], out)`` (its folder made if missing);
+    prints where it went, on stderr."""
+    path = result_path(stem, data["date"], out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
     print(f"wrote {path}", file=sys.stderr)
     return path
-

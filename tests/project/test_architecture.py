@@ -269,3 +269,59 @@ print('served')
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=PACKAGE.parent, timeout=300)
     assert run.returncode == 0 and "served" in run.stdout, run.stderr
+
+
+def script_path_uses(tree: ast.AST, scripts: set[str]) -> list[str]:
+    """What in a module's code loads a file by its path or names a ``benchmarks/`` script as a
+    path: runpy, ``spec_from_file_location``, ``sys.path`` edits, a script's file name used as
+    a path (joined with ``/``, in a command list, passed to a call) and a ``benchmarks/...py``
+    path anywhere outside docstrings."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    # constants used as a path or a command's part: a ``/`` operand, a list item, an argument
+    as_paths = {id(c) for node in ast.walk(tree) for c in (
+        [node.left, node.right] if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+        else node.elts if isinstance(node, (ast.List, ast.Tuple))
+        else node.args if isinstance(node, ast.Call) else [])}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            found += [f"imports {n}" for n in names if n.split(".")[0] == "runpy"]
+        elif isinstance(node, ast.Attribute) and node.attr in ("spec_from_file_location",
+                                                               "run_path"):
+            found.append(node.attr)
+        elif isinstance(node, ast.Attribute) and node.attr in ("insert", "append", "extend") \
+                and ast.unparse(node.value) == "sys.path":
+            found.append(f"sys.path.{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings:
+            text = node.value.strip()
+            if (text in scripts and id(node) in as_paths) \
+                    or re.fullmatch(r"(\S*/)?benchmarks/\S+\.py", text):
+                found.append(repr(node.value))
+    return found
+
+
+def test_the_package_loads_no_file_by_path_and_no_benchmark_script():
+    scripts = {p.name for p in (PACKAGE.parent / "benchmarks").glob("*.py")}
+    offenders = {p.relative_to(PACKAGE).as_posix(): uses for p in PACKAGE.rglob("*.py")
+                 if (uses := script_path_uses(ast.parse(p.read_text()), scripts))}
+    assert not offenders, offenders
+
+
+def test_the_script_path_check_catches_a_script_run_by_path():
+    scripts = {"racecheck.py"}
+    caught = script_path_uses(ast.parse(
+        'import runpy, sys\n'
+        'sys.path.insert(0, "x")\n'
+        'script = results_dir().parent / "racecheck.py"\n'
+        'run(["python", "benchmarks/decode.py"])\n'
+        'named = "racecheck.py" in text\n'), scripts)
+    assert sorted(caught) == sorted(["imports runpy", "sys.path.insert", "'racecheck.py'",
+                                     "'benchmarks/decode.py'"])
+    shown = 'COMMAND = "python benchmarks/decode.py --quick"\n'
+    assert script_path_uses(ast.parse('"""Run benchmarks/decode.py."""\n' + shown), scripts) == []

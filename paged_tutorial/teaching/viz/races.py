@@ -7,22 +7,20 @@ kernel, read from ``benchmarks/results/racecheck-<date>.json`` (written on a GPU
 - ``summary``: one paragraph per shared-memory layout: hazards, on which shared cell, between
   which two lines of ``attention.py``;
 - ``plot_hazards``: hazards per layout and shared cell;
-- ``rerun_racecheck``: runs ``benchmarks/racecheck.py`` into a temporary folder when this process
-  is on a GPU with compute-sanitizer, else says why it does not.
+- ``rerun_racecheck``: runs the check again (``paged_tutorial.teaching.racecheck``, what the
+  script calls) when this process is on a GPU with compute-sanitizer, else says why it does not.
 
 matplotlib is imported inside the plotting function only.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from paged_tutorial.teaching.results import Measured, newest, results_dir
+from paged_tutorial.teaching import racecheck
+from paged_tutorial.teaching.results import Measured, newest
 
 __all__ = ["LAYOUT_NAMES", "load_racecheck", "part_spec", "summary", "plot_hazards",
            "rerun_racecheck"]
@@ -124,35 +122,27 @@ def part_spec(fn, folder, part: str = "token_score") -> str:
 
 
 def rerun_racecheck(timeout: float = 500, part=None) -> tuple[dict | None, str]:
-    """Run ``benchmarks/racecheck.py`` into a temporary folder when this process runs kernels on
-    a GPU and compute-sanitizer is installed; returns (its JSON or None, a message).  ``part``:
-    the reader's ``token_score`` function, checked as a third layout, "yours"."""
+    """Check the layouts again (``racecheck.run``) when this process runs kernels on a GPU and
+    compute-sanitizer is installed; returns (the result, as racecheck.py's JSON, or None; a
+    message).  ``part``: the reader's ``token_score`` function, checked as a third layout,
+    "yours".  ``timeout``: seconds each layout's run may take."""
     from paged_tutorial.backends.numba_cuda import SIMULATING
 
     if SIMULATING:
         return None, ("kernels run in the simulator here, so racecheck is not re-run: it "
                       "needs an NVIDIA GPU and compute-sanitizer")
-    try:
-        script = results_dir().parent / "racecheck.py"
-    except FileNotFoundError:
-        script = None
-    if script is None or not script.is_file():
-        return None, "benchmarks/racecheck.py is not beside the package: not re-run"
-    sanitizer = shutil.which("compute-sanitizer") or next(
-        (str(p) for p in (Path("/usr/local/cuda/bin/compute-sanitizer"),) if p.is_file()), None)
-    if sanitizer is None:
+    if racecheck.find_sanitizer() is None:
         return None, ("compute-sanitizer (part of the CUDA toolkit) is not installed here, so "
                       "racecheck is not re-run")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            extra = ["--part", part_spec(part, tmp)] if part is not None else []
-            proc = subprocess.run([sys.executable, str(script), "--out", tmp, *extra],
-                                  capture_output=True, text=True, timeout=timeout)
+            spec = part_spec(part, tmp) if part is not None else None
+            data = racecheck.run(part=spec, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return None, f"racecheck.py did not finish within {timeout:.0f} s: not re-run"
-        found = sorted(Path(tmp).glob("racecheck-*.json"))
-        if not found:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"racecheck.py failed (exit {proc.returncode}): {tail}"
-        data = json.loads(found[-1].read_text())
+            return None, f"a racecheck layout did not finish within {timeout:.0f} s: not re-run"
+        except SystemExit as exc:                      # no GPU for torch, a bad part
+            return None, f"racecheck not re-run: {exc}"
+    failed = racecheck.failed_layouts(data)
+    if failed:
+        return data, f"racecheck re-run now, on this GPU; failed: {', '.join(failed)}"
     return data, "racecheck re-run now, on this GPU"

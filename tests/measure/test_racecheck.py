@@ -1,27 +1,18 @@
-"""``benchmarks/racecheck.py``: its reading of compute-sanitizer's racecheck report (both report
-modes, on lines of the real ``attention.py``), and its dry run, which runs the article's
-layout and the port's in the simulator through the same child processes the GPU run uses."""
+"""``measure.racecheck`` and ``measure.sanitizer_report``: the reading of compute-sanitizer's
+racecheck report (both report modes, on lines of the real ``attention.py``), and the dry run,
+which runs the article's layout and the port's in the simulator through the same child
+processes the GPU run uses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from paged_tutorial.backends.numba_cuda.kernels import attention
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def racecheck():
-    spec = importlib.util.spec_from_file_location("racecheck", ROOT / "benchmarks" /
-                                                  "racecheck.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from paged_tutorial.teaching import racecheck
+from paged_tutorial.measure import sanitizer_report
 
 
 def line_of(code: str) -> int:
@@ -45,8 +36,8 @@ def analysis_report(kernel="paged_attention_kernel",
 """
 
 
-def test_analysis_mode_counts_hazards_per_shared_cell(racecheck):
-    parsed = racecheck.parse_report(analysis_report(), racecheck.kernel_source_lines())
+def test_analysis_mode_counts_hazards_per_shared_cell():
+    parsed = sanitizer_report.parse_report(analysis_report(), sanitizer_report.kernel_source_lines())
     assert parsed["summary"] == {"displayed": 2, "errors": 2, "warnings": 0}
     assert parsed["hazards"] == 256 and parsed["counted_from"].startswith("races")
     assert parsed["by_cell"] == {"dot_products[0]": 256}
@@ -56,7 +47,7 @@ def test_analysis_mode_counts_hazards_per_shared_cell(racecheck):
     assert first["first"]["file"] == "attention.py"
 
 
-def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
+def test_hazard_mode_names_the_element_from_the_writing_thread():
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
     read = line_of("return dot_products[0]")
     text = "\n".join(
@@ -65,7 +56,7 @@ def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
 =========     Write Thread (0,0,0) at paged_attention_kernel+0x1a0 in attention.py:{publish}:k
 =========     Current Value : 0, Incoming Value : 0""" for byte in range(4))
     text += "\n========= RACECHECK SUMMARY: 4 hazards displayed (4 errors, 0 warnings)\n"
-    parsed = racecheck.parse_report(text, racecheck.kernel_source_lines())
+    parsed = sanitizer_report.parse_report(text, sanitizer_report.kernel_source_lines())
     assert parsed["hazards"] == 4 and parsed["counted_from"].startswith("single")
     assert parsed["by_cell"] == {"dot_products[0]": 4}
     assert parsed["single_hazard_kinds"] == {"WAR": 4}
@@ -74,7 +65,7 @@ def test_hazard_mode_names_the_element_from_the_writing_thread(racecheck):
     assert example["block"] == [1, 7, 0] and example["accesses"][1]["thread"] == [0, 0, 0]
 
 
-def test_warp_level_warnings_are_read_too(racecheck):
+def test_warp_level_warnings_are_read_too():
     read = line_of("return dot_products[0]")
     publish = line_of("dot_products[thread_id // WARP_SIZE] = qk")
     text = f"""========= WARN:(Warp Level Programming) Potential WAR hazard detected at __shared__ 0x0 in block (0, 0, 0) :
@@ -83,24 +74,24 @@ def test_warp_level_warnings_are_read_too(racecheck):
 =========     Current Value : 0, Incoming Value : 0
 ========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
 """
-    parsed = racecheck.parse_report(text, racecheck.kernel_source_lines())
+    parsed = sanitizer_report.parse_report(text, sanitizer_report.kernel_source_lines())
     assert parsed["summary"] == {"displayed": 1, "errors": 0, "warnings": 1}
     assert parsed["by_cell"] == {"dot_products[0]": 1}
     assert parsed["single_hazard_examples"][0]["severity"] == "WARN"
 
 
-def test_a_clean_report_and_other_kernels(racecheck):
+def test_a_clean_report_and_other_kernels():
     clean = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
-    parsed = racecheck.parse_report(clean, racecheck.kernel_source_lines())
+    parsed = sanitizer_report.parse_report(clean, sanitizer_report.kernel_source_lines())
     assert parsed["hazards"] == 0 and parsed["by_cell"] == {}
     assert parsed["summary"]["displayed"] == 0
-    other = racecheck.parse_report(analysis_report(kernel="reduce_kernel", where="Reduce.cuh"),
-                                   racecheck.kernel_source_lines())
-    assert other["by_cell"] == {racecheck.OUTSIDE: 256}
-    assert racecheck.parse_report("no summary at all", {})["summary"] is None
+    other = sanitizer_report.parse_report(analysis_report(kernel="reduce_kernel", where="Reduce.cuh"),
+                                   sanitizer_report.kernel_source_lines())
+    assert other["by_cell"] == {sanitizer_report.OUTSIDE: 256}
+    assert sanitizer_report.parse_report("no summary at all", {})["summary"] is None
 
 
-def test_the_gpu_command_names_both_layouts(racecheck):
+def test_the_gpu_command_names_both_layouts():
     assert racecheck.LAYOUTS == {"article": "article", "port": "own"}
     for layout in racecheck.LAYOUTS:
         command = racecheck.sanitizer_command(layout)
@@ -126,7 +117,7 @@ def my_score(q_val, k, thread_id, scale, dot_products, score):
 '''
 
 
-def test_a_readers_part_is_loaded_from_its_file(racecheck, tmp_path):
+def test_a_readers_part_is_loaded_from_its_file(tmp_path):
     mine = tmp_path / "mine.py"
     mine.write_text(MY_PART)
     name, fn = racecheck.load_part(f"{mine}:my_score=token_score")
@@ -138,16 +129,18 @@ def test_a_readers_part_is_loaded_from_its_file(racecheck, tmp_path):
         racecheck.load_part(f"{mine}:other")
     command = racecheck.sanitizer_command("yours", part=f"{mine}:my_score=token_score")
     assert command.endswith(f"--child yours --part {mine}:my_score=token_score")
-    assert "mine.py" in racecheck.kernel_source_lines(f"{mine}:my_score")
+    assert "mine.py" in sanitizer_report.kernel_source_lines(f"{mine}:my_score")
 
 
-def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(racecheck, tmp_path):
+def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(tmp_path):
     mine = tmp_path / "mine.py"
     mine.write_text(MY_PART)
     part = f"{mine}:my_score=token_score"
-    assert racecheck.main(["--dry-run", "--out", str(tmp_path), "--part", part]) == 0
+    returned = racecheck.run(dry_run=True, part=part, out=tmp_path)
+    assert racecheck.failed_layouts(returned) == []
     (path,) = tmp_path.glob("racecheck-dryrun-*.json")
     data = json.loads(path.read_text())
+    assert data == returned
     assert data["dry_run"] is True and data["sanitizer"] is None
     assert set(data["layouts"]) == {"article", "port", "yours"} and data["part"] == part
     assert data["layouts"]["yours"]["parts_replaced"] == ["token_score"]
@@ -161,7 +154,7 @@ def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(racecheck
     assert data["layouts"]["port"]["score_cell"] == "own"
 
 
-def test_a_notebook_function_becomes_a_part_spec(racecheck, tmp_path):
+def test_a_notebook_function_becomes_a_part_spec(tmp_path):
     from paged_tutorial.teaching.viz.races import part_spec
 
     namespace = {}
