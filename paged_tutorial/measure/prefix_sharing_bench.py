@@ -19,6 +19,7 @@ from paged_tutorial.measure.prefix_sharing_workload import Workload
 from paged_tutorial.measure.result_files import write_json
 from paged_tutorial.measure.wall_clock import timed_call
 
+
 class BlockUsage:
     """Peak blocks referenced / cached, from the cache's listener events (every change)."""
 
