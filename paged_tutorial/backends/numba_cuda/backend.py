@@ -583,9 +583,14 @@ class NumbaBackend(Backend):
         part_i = launch.persistent_buffer(dev, "sample.part_i", n_rows * parts, torch.int32)
         tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
                                            zero=True)
-        la, l_rs = rows(logits, "logits")
-        self._launch(sampling.sample_kernel_for(ops_for(logits.dtype).name), (n_rows, parts),
-                launch.SAMPLE_THREADS, la, l_rs, vocab,
-                flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
-                flat(out), flat(part_v), flat(part_i), flat(tickets))
+        vector = self._vec_rows(logits)            # bf16 rows for 16-byte loads
+        if vector:
+            la, l_words = rows(logits, "logits", words=True)
+            l_rs = 2 * l_words                     # the kernel counts the stride in logits
+        else:
+            la, l_rs = rows(logits, "logits")
+        self._launch(sampling.sample_kernel_for(ops_for(logits.dtype).name, vector),
+                     (n_rows, parts), launch.SAMPLE_THREADS, la, l_rs, vocab,
+                     flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)),
+                     flat(probs), flat(out), flat(part_v), flat(part_i), flat(tickets))
         return out
