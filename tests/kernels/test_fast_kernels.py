@@ -149,35 +149,8 @@ def test_fast_decode_attention_variants(nb, variant):
     assert rel_err(got, want) < 5e-3
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_fast_decode_attention_prefetch_reads_the_newest_token_after_the_wait(nb, dtype):
-    """With ``prefetch`` every warp loads its first past K/V rows before the wait and the
-    newest token's row (position seq_len - 1) after it.  The newest token as the first row
-    of a split's first block (17), inside its first load (21), in a later load (32), and
-    alone (1): the oracle's output, and bit for bit the kernel without prefetch."""
-    g = gen(21)
-    cache = make_cache(g, dtype, n_kv=1, head_dim=16, device=nb.device)
-    lens = {0: 17, 1: 21, 2: 32, 3: 1}
-    assign(g, cache, lens)
-    q = torch.randn(len(lens), 2, 16, generator=g).to(DTYPES[dtype])
-    slots = torch.tensor(list(lens), dtype=torch.int32)
-    seq_lens = torch.tensor(list(lens.values()), dtype=torch.int32)
-    want = q.float().clone()
-    twin = float32_twin(cache)
-    TorchBackend("cpu").decode_attention(want, twin, twin.device_block_table(), 1, seq_lens,
-                                         slots, 0.25)
-    got = {}
-    for prefetch in (True, False):
-        got[prefetch] = attention_fast.decode_attention_fast(
-            q.clone().to(nb.device), cache, cache.device_block_table(), 1,
-            seq_lens.to(nb.device), slots.to(nb.device), 0.25, num_warps=1, n_splits=2,
-            prefetch=prefetch).cpu()
-    assert rel_err(got[True], want) < (1e-5 if dtype == "float32" else 5e-3)
-    assert torch.equal(got[True], got[False])
-
-
 def test_fast_kernel_is_the_backend_default(nb):
-    assert nb.options.attention == "fast" and nb.options.attention_prefetch
+    assert nb.options.attention == "fast"
     article = NumbaBackend(options=KernelOptions(attention="article"))
     assert article.options.attention == "article"
     with pytest.raises(ValueError, match="attention="):

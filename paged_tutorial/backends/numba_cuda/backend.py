@@ -556,9 +556,8 @@ class NumbaBackend(Backend):
         if q.shape[0] == 0:
             return q
         if use_fast:
-            return attention_fast.decode_attention_fast(
-                q, cache, block_table, layer, lens32, slots32, scale, overlap=self.overlap,
-                prefetch=self.options.attention_prefetch)
+            return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
+                                                        slots32, scale, overlap=self.overlap)
         return attention.launch_decode(kernel, q, cache, block_table, layer, lens32, slots32,
                                        scale)
 

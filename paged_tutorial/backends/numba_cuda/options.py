@@ -36,9 +36,6 @@ class KernelOptions:
       issued) and the residual adds in the output and down projections' epilogues; False
       (the default: on the H200 it measured slower, ``docs/measured.md``): the adds and
       norms as one ``add_rms_norm`` kernel before each of those GEMVs;
-    - ``attention_prefetch``: the fast decode attention kernel issues each warp's first load
-      of past K/V rows before it waits for the QKV kernel (only q and the newest token's K/V
-      are that kernel's output); False: every K/V load after the wait;
     - ``overlap``: kernels written for it start under the previous kernel's tail
       (``device/grid_dependency.py``; on GPUs older than compute capability 9.0 they are
       launched plainly whatever this says).
@@ -50,7 +47,6 @@ class KernelOptions:
     gemv: bool | None = None
     fuse_epilogues: bool = True
     fuse_norms: bool = False
-    attention_prefetch: bool = True
     overlap: bool = True
 
     def __post_init__(self):

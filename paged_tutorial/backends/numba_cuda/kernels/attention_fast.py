@@ -32,11 +32,10 @@ This kernel
    them: no second kernel launch.
 5. **overlaps the kernels around it** (``@overlapping``, ``device/grid_dependency.py``): a
    block reads its sequence's length, slot and first block-table entry (step inputs, written
-   before the step's first kernel) and issues each warp's first load of past K/V rows (every
-   position before the newest, written by earlier steps), then waits for the previous kernel
-   before it reads q or the newest token's K and V (that kernel has just written them), and
-   at once lets the next kernel, the output projection, start and issue its weight loads.
-   K and V are read with coherent loads.
+   before the step's first kernel), then waits for the previous kernel before it reads q or
+   the cache (that kernel has just written this token's K and V), and at once lets the next
+   kernel, the output projection, start and issue its weight loads.  K and V are therefore
+   read with coherent loads.
 
 Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``.  Partials
 ``part_acc`` [B, nH, n_splits, D] and ``part_ml`` [B, nH, n_splits, 2] (float32) and the
@@ -177,10 +176,9 @@ def kv_view(buffer, wide: bool):
 def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOCK_SIZE: int,
                             N_LAYERS: int, MAX_BLOCKS_PER_SEQ: int, KV_DIM: int,
                             BLOCK_ELEMS: int, V_OFFSET_ELEMS: int, NUM_WARPS: int = 4,
-                            shape: KernelShape = CHOSEN_SHAPE, prefetch: bool = True):
-    """Compile (once per cache layout, warps, shape and ``prefetch``) the fast decode kernel;
-    see the module docstring.  ``GQA_GROUP``: query heads per KV head.  ``prefetch``: each
-    warp loads its first past K/V rows before the wait (point 5 of the module docstring)."""
+                            shape: KernelShape = CHOSEN_SHAPE):
+    """Compile (once per cache layout, warps and shape) the fast decode kernel; see the
+    module docstring.  ``GQA_GROUP``: query heads per KV head."""
     if not supports(HEAD_DIM):
         raise ValueError(f"fast decode attention needs head_dim % {NARROW_LOAD_ELEMS} == 0, "
                          f"got {HEAD_DIM}")
@@ -230,7 +228,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         word, unpack, MASKED = _index_word, _make_unpack4_scalar(load), -1
     THREADS = NUM_WARPS * WARP_SIZE
     OUT_ELEMS = GQA_GROUP * HEAD_DIM
-    PREFETCH = prefetch
 
     @cuda.jit(device=True)
     def table_entry(block_table, table_base, lb, lb_end):
@@ -241,17 +238,15 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         return phys
 
     @cuda.jit(device=True)
-    def load_block(kv, kw, vw, phys, lb, lb_end, pos_lo, pos_hi, kv_head, token_in_pass,
-                   row_part, load_index, patch):
+    def load_block(kv, kw, vw, phys, lb, lb_end, seq_len, kv_head, token_in_pass, row_part,
+                   load_index):
         """This lane's K and V words of passes load_index * PASSES_PER_LOAD .. of logical
-        block lb, for the tokens at positions pos_lo <= pos < pos_hi; the other tokens' words
-        are masked (zeros), or with ``patch`` left as they are."""
+        block lb (masked tokens: zeros)."""
         base = phys * BLOCK_ELEMS + kv_head * HEAD_DIM
         for pp in range(PASSES_PER_LOAD):
             p = load_index * PASSES_PER_LOAD + pp
             t_in = p * TOKENS_PER_PASS + token_in_pass
-            pos = lb * BLOCK_SIZE + t_in
-            ok = lb < lb_end and t_in < BLOCK_SIZE and pos_lo <= pos and pos < pos_hi
+            ok = lb < lb_end and t_in < BLOCK_SIZE and lb * BLOCK_SIZE + t_in < seq_len
             for c in range(LOADS_PER_ROW):
                 e = base + t_in * KV_DIM + (row_part * LOADS_PER_ROW + c) * ELEMS_PER_LOAD
                 w0 = (pp * LOADS_PER_ROW + c) * WORDS_PER_LOAD
@@ -261,19 +256,18 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
                         y0, y1, y2, y3 = load_u32x4(kv, (e + V_OFFSET_ELEMS) >> 1)
                     else:
                         x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = int32(0)
-                    if ok or not patch:
-                        kw[w0] = x0
-                        kw[w0 + 1] = x1
-                        kw[w0 + 2] = x2
-                        kw[w0 + 3] = x3
-                        vw[w0] = y0
-                        vw[w0 + 1] = y1
-                        vw[w0 + 2] = y2
-                        vw[w0 + 3] = y3
+                    kw[w0] = x0
+                    kw[w0 + 1] = x1
+                    kw[w0 + 2] = x2
+                    kw[w0 + 3] = x3
+                    vw[w0] = y0
+                    vw[w0 + 1] = y1
+                    vw[w0 + 2] = y2
+                    vw[w0 + 3] = y3
                 elif ok:
                     kw[w0] = word(kv, e)
                     vw[w0] = word(kv, e + V_OFFSET_ELEMS)
-                elif not patch:
+                else:
                     kw[w0] = MASKED
                     vw[w0] = MASKED
 
@@ -468,16 +462,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         # kernel: read while the previous kernel (the QKV projection) still writes q and this
         # token's K/V, which are read only after the wait
         phys_next = table_entry(block_table, table_base, lb_start + warp, lb_end)
-        kc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # raw K / V words of one load
-        vc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)
-        newest = seq_len - 1                      # the position this step's QKV kernel writes
-        if PREFETCH:
-            # the cache rows before it were written by earlier steps' kernels, all finished
-            # (a kernel starts only once the one before the previous kernel has ended): the
-            # warp's first load of them is issued before the wait, its latency under the
-            # previous kernel's tail
-            load_block(kv, kc, vc, phys_next, lb_start + warp, lb_end, 0, newest, kv_head,
-                       token_in_pass, row_part, 0, False)
         wait_for_previous_grid()
         allow_next_grid()
 
@@ -493,18 +477,16 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         # bottleneck, so loads are issued as early as possible: the block-table entry one
         # iteration ahead, and PASSES_PER_LOAD passes of K and V words at once.
         n_iters = (lb_end - lb_start + NUM_WARPS - 1) // NUM_WARPS   # block-uniform
+        kc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)   # raw K / V words of one load
+        vc = cuda.local.array(WORDS_PER_LANE, WORD_TYPE)
         for it in range(n_iters):
             lb = lb_start + it * NUM_WARPS + warp
             block_ok = lb < lb_end
             phys = phys_next
             phys_next = table_entry(block_table, table_base, lb + NUM_WARPS, lb_end)
             for load_index in range(LOADS_PER_BLOCK):
-                if PREFETCH and it == 0 and load_index == 0:   # only the newest token left
-                    load_block(kv, kc, vc, phys, lb, lb_end, newest, seq_len, kv_head,
-                               token_in_pass, row_part, 0, True)
-                else:
-                    load_block(kv, kc, vc, phys, lb, lb_end, 0, seq_len, kv_head,
-                               token_in_pass, row_part, load_index, False)
+                load_block(kv, kc, vc, phys, lb, lb_end, seq_len, kv_head, token_in_pass,
+                           row_part, load_index)
                 for update in range(UPDATES_PER_LOAD):    # PASSES_PER_UPDATE passes each
                     token_scores(kv, kc, qr, s, update, load_index, lb, block_ok, seq_len,
                                  token_in_pass)
@@ -573,14 +555,12 @@ def num_warps_for(batch: int, n_kv_heads: int) -> int:
 
 def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, scale,
                           num_warps: int | None = None, n_splits: int | None = None,
-                          shape: KernelShape | None = None, overlap: bool = True,
-                          prefetch: bool = True):
+                          shape: KernelShape | None = None, overlap: bool = True):
     """Launch the fast kernel: output written over q (as the article's kernel does).
     ``seq_lens`` / ``active_slots``: int32 on q's device; ``block_table`` as in base.py.
     ``num_warps``, ``n_splits`` and ``shape`` (default ``CHOSEN_SHAPE``) override the
     package's launch policy, for the benchmarks that time the alternatives; ``overlap``: the
-    launch may start under the previous kernel's tail (``launch.launch``); ``prefetch``: the
-    first past K/V rows are loaded before the wait for that kernel."""
+    launch may start under the previous kernel's tail (``launch.launch``)."""
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
@@ -588,7 +568,7 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     shape = CHOSEN_SHAPE if shape is None else shape
     kernel = make_fast_decode_kernel(c.dtype, head_dim, n_q_heads // n_kv, c.BLOCK_SIZE,
                                      c.num_layers, c.MAX_BLOCKS_PER_SEQ, c.KV_DIM,
-                                     c.BLOCK_ELEMS, c.V_OFFSET_ELEMS, nw, shape, prefetch)
+                                     c.BLOCK_ELEMS, c.V_OFFSET_ELEMS, nw, shape)
     if n_seqs == 0:
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
