@@ -333,8 +333,8 @@ def test_greedy_sampling_split_over_blocks(nb, dtype):
 
 
 def test_greedy_sampling_with_16_byte_loads_matches_the_scalar_path(nb):
-    """bf16 logits whose rows allow it, in parts longer than one round of scalar loads, are
-    scanned eight per 16-byte load: the same ids as the scalar path and ``sample_reference``
+    """bf16 logits whose rows allow it are scanned eight per 16-byte load (parts of several
+    rounds of loads per thread here): the same ids as the scalar path and ``sample_reference``
     -- ties across parts, inside a 4-byte word and inside a chunk go to the smaller id, NaN
     wins, a row of -inf gives id 0 -- and a top-p row in the same launch (its logits read from
     the words) draws the scalar path's token."""
@@ -358,8 +358,7 @@ def test_greedy_sampling_with_16_byte_loads_matches_the_scalar_path(nb):
     temperature = torch.tensor([0.0] * 6 + [0.8])
     top_p = torch.tensor([1.0] * 6 + [0.9])
     uniforms = torch.rand(n_rows, generator=g)
-    assert nb._vec_rows(logits) and sampling.wide_loads_pay(vocab, parts, threads), \
-        "the 16-byte path is taken"
+    assert nb._vec_rows(logits), "the 16-byte path is taken"
     scalar = NumbaBackend(options=KernelOptions(vector=False))
     args = [t.to(nb.device) for t in (temperature, top_p, uniforms)]
     got = nb.sample(logits, *args).cpu().tolist()

@@ -2,13 +2,13 @@
 
     python benchmarks/results/attempts/kernel_rungs.py [--engine] [--rounds 3] [--out DIR]
 
-1. **The greedy sampler's 16-byte loads** (``sampling.wide_loads_pay``): the ``sample`` op
-   alone on the LM head's bf16 logits, and the LM head GEMV/GEMM followed by it (the sampler
-   launched to overlap it, as in the engine), each captured ten times in a CUDA graph
-   (``gpu_timers.graph_ms``), against the LM head alone: what is left after the LM head ends
-   is what the sampler costs the step.  ``vector`` forces the 16-byte scan, ``scalar`` the
-   one-logit scan (``KernelOptions(vector=False)``), ``default`` is what the backend chooses.
-   Ids checked against ``torch.argmax``.
+1. **The greedy sampler's 16-byte loads**: the ``sample`` op alone on the LM head's bf16
+   logits, and the LM head GEMV/GEMM followed by it (the sampler launched to overlap it, as
+   in the engine), each captured ten times in a CUDA graph (``gpu_timers.graph_ms``), against
+   the LM head alone: what is left after the LM head ends is what the sampler costs the step.
+   ``SAMPLERS``: the 16-byte scan and the one-logit scan.  Ids checked against
+   ``torch.argmax``.  (The run at 47d654c, ``kernel-rungs-2026-12-02-sampler.json``, timed
+   each variant after its own backend's LM head: at batch 1 the ``scalar`` row's is cuBLAS.)
 2. With ``--engine``, the engine's decode step (``decode_ladder.time_engine``: Llama-3.2-1B
    shapes, random bf16 weights, CUDA graphs, overlapped launches) for each of
    ``ENGINE_VARIANTS``, at batch 1 and 64, alternating for ``--rounds`` rounds; each variant's
@@ -43,22 +43,10 @@ SAMPLER_BATCHES = (1, 8, 16, 64)
 ENGINE_VARIANTS = {"default": KernelOptions(), "scalar_kernels": KernelOptions(vector=False)}
 
 
-class WideSampler(NumbaBackend):
-    """The backend with the greedy scan's 16-byte loads at every batch size."""
-
-    def sample(self, logits, temperature, top_p, uniforms):
-        from paged_tutorial.backends.numba_cuda.kernels import sampling
-
-        pays = sampling.wide_loads_pay
-        sampling.wide_loads_pay = lambda vocab, parts, threads: True
-        try:
-            return super().sample(logits, temperature, top_p, uniforms)
-        finally:
-            sampling.wide_loads_pay = pays
-
-
-SAMPLERS = {"default": lambda: NumbaBackend(), "vector": WideSampler,
-            "scalar": lambda: NumbaBackend(options=KernelOptions(vector=False))}
+#: the sampler's scans: 16-byte loads where the rows allow (the default), or one logit per
+#: load (``vector=False``; that backend's LM head would be cuBLAS at batch 1, so the LM head
+#: is always the default backend's)
+SAMPLERS = {"vector": KernelOptions(), "scalar": KernelOptions(vector=False)}
 
 
 def engine_rows(model, rounds: int) -> dict:
@@ -91,6 +79,7 @@ def engine_rows(model, rounds: int) -> dict:
 
 def sampler_rows(model) -> dict:
     w = model.output_weight
+    lm = NumbaBackend()
     out = {}
     for batch in SAMPLER_BATCHES:
         g = torch.Generator(device="cuda").manual_seed(batch)
@@ -98,21 +87,20 @@ def sampler_rows(model) -> dict:
         temp = torch.zeros(batch, device="cuda")
         top_p = torch.ones(batch, device="cuda")
         u = torch.rand(batch, generator=g, device="cuda")
-        row = {}
-        for name, make in SAMPLERS.items():
-            be = make()
-            logits = be.linear(x, w)
+        logits = lm.linear(x, w)
+        want = logits.float().argmax(dim=1)
+        row = {"lm_head_us": graph_ms(lambda i: lm.linear(x, w)) * 1e3}
+        for name, opts in SAMPLERS.items():
+            be = NumbaBackend(options=opts)
             ids = be.sample(logits, temp, top_p, u)
-            want = logits.float().argmax(dim=1)
             row[name] = {
                 "ids_equal_torch_argmax": bool(torch.equal(ids, want)),
-                "lm_head_us": graph_ms(lambda i: be.linear(x, w)) * 1e3,
                 "sample_us": graph_ms(lambda i: be.sample(logits, temp, top_p, u)) * 1e3,
                 "lm_head_then_sample_us":
-                    graph_ms(lambda i: be.sample(be.linear(x, w), temp, top_p, u)) * 1e3,
+                    graph_ms(lambda i: be.sample(lm.linear(x, w), temp, top_p, u)) * 1e3,
             }
-            r = row[name]
-            r["sample_after_lm_head_us"] = r["lm_head_then_sample_us"] - r["lm_head_us"]
+            row[name]["sample_after_lm_head_us"] = \
+                row[name]["lm_head_then_sample_us"] - row["lm_head_us"]
         out[f"batch_{batch}"] = row
         print(f"sampler batch {batch}: " + json.dumps(row), flush=True)
     return out

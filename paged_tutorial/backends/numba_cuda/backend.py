@@ -582,8 +582,7 @@ class NumbaBackend(Backend):
         part_i = launch.persistent_buffer(dev, "sample.part_i", n_rows * parts, torch.int32)
         tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
                                            zero=True)
-        vector = (self._vec_rows(logits)           # bf16 rows for 16-byte loads
-                  and sampling.wide_loads_pay(vocab, parts, launch.SAMPLE_THREADS))
+        vector = self._vec_rows(logits)            # bf16 rows for 16-byte loads
         if vector:
             la, l_words = rows(logits, "logits", words=True)
             l_rs = 2 * l_words                     # the kernel counts the stride in logits

@@ -6,8 +6,7 @@ The rule is ``paged_tutorial.backends.sampling_rule`` (``sample_reference``):
   128256-entry row alone is slow (a single SM's bandwidth), so the row is split over
   ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``; every thread
   issues ``GREEDY_UNROLL`` loads before it compares: 16-byte loads of eight bf16 logits where
-  the rows allow and the parts are long, ``vector`` below, else one logit each) and
-  publishes it, and the last block
+  the rows allow, ``vector`` below, else one logit each) and publishes it, and the last block
   to finish (an atomic ticket per row, as in ``attention_fast.py``) picks the winner of the
   winners, one part per thread (``beats``: ties to the smaller id, NaN above everything).
 - otherwise (one block per row; the other blocks of the row return at once)
@@ -68,15 +67,6 @@ def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
 #: loads a thread of the greedy path issues at once (independent loads in flight, then the
 #: comparisons): a loop of one load and one comparison waits for every load in turn
 GREEDY_UNROLL = 8
-
-
-def wide_loads_pay(vocab: int, parts: int, threads: int) -> bool:
-    """Does the greedy scan gain from 16-byte loads?  Only when a part holds more logits than
-    one round of scalar loads covers (``threads * GREEDY_UNROLL``): with one round either
-    way the loads are in flight together, and the wide scan's extra comparisons cost (on the
-    H200: batch 64, 4 parts of 32064 logits, 25.5 -> 18.8 us after the LM head; batch 1, 64
-    parts of 2004, 8.8 -> 12.2 us; ``benchmarks/results/attempts/``)."""
-    return -(-vocab // max(1, parts)) > threads * GREEDY_UNROLL
 
 
 @cuda.jit(device=True)
