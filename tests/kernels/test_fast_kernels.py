@@ -332,6 +332,42 @@ def test_greedy_sampling_split_over_blocks(nb, dtype):
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
 
+def test_greedy_sampling_with_16_byte_loads_matches_the_scalar_path(nb):
+    """bf16 logits whose rows allow it are scanned eight per 16-byte load (parts of several
+    rounds of loads per thread here): the same ids as the scalar path and ``sample_reference``
+    -- ties across parts, inside a 4-byte word and inside a chunk go to the smaller id, NaN
+    wins, a row of -inf gives id 0 -- and a top-p row in the same launch (its logits read from
+    the words) draws the scalar path's token."""
+    from paged_tutorial.backends.numba_cuda.kernels import sampling
+    from paged_tutorial.backends.sampling_rule import sample_reference
+
+    n_rows, threads = 7, launch_module().SAMPLE_THREADS
+    parts = sampling.greedy_parts(n_rows)
+    vocab = parts * (threads * sampling.GREEDY_UNROLL + 8)      # a multiple of 8
+    span = -(-vocab // parts)                     # the parts start at multiples of 8
+    span += -span % 8
+    g = gen(41)
+    logits = torch.randn(n_rows, vocab, generator=g) * 3
+    logits[0, vocab - 100] = logits[0, 20] = 50.0  # a tie across the parts
+    logits[1, span + 2] = logits[1, span + 3] = 40.0   # a tie inside one word: the even id
+    logits[2, span + 9] = logits[2, span + 13] = 40.0  # a tie inside one chunk
+    logits[3, vocab - 1] = 60.0                   # the row's last logit
+    logits[4, 301] = float("nan")
+    logits[5] = float("-inf")
+    logits = logits.to(torch.bfloat16).to(nb.device)
+    temperature = torch.tensor([0.0] * 6 + [0.8])
+    top_p = torch.tensor([1.0] * 6 + [0.9])
+    uniforms = torch.rand(n_rows, generator=g)
+    assert nb._vec_rows(logits), "the 16-byte path is taken"
+    scalar = NumbaBackend(options=KernelOptions(vector=False))
+    args = [t.to(nb.device) for t in (temperature, top_p, uniforms)]
+    got = nb.sample(logits, *args).cpu().tolist()
+    assert got == scalar.sample(logits, *args).cpu().tolist()
+    assert got[:6] == [20, span + 2, span + 9, vocab - 1, 301, 0]
+    assert got[:6] == sample_reference(logits.cpu().float()[:6], temperature[:6], top_p[:6],
+                                       uniforms[:6]).tolist()
+
+
 def launch_module():
     from paged_tutorial.backends.numba_cuda.runtime import launch
 

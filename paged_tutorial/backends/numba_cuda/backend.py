@@ -189,8 +189,8 @@ class NumbaBackend(Backend):
         out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
         self._launch(gemv.linear_silu_mul_kernel(x.shape[0], k), gemv.pair_grid(inter),
-                     32 * gemv.WARPS, xa, x_rs, words(gate_up_weight, "gate_up_weight"),
-                     flat(out), inter)
+                     32 * gemv.WARPS, xa, x_rs, xa, 0.0,    # no norm: x in its place
+                     words(gate_up_weight, "gate_up_weight"), flat(out), inter)
         return out
 
     def _fuse_norms(self, residual, *weights) -> bool:
@@ -399,11 +399,12 @@ class NumbaBackend(Backend):
         out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
         self._launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
-                     32 * gemv.WARPS, xa, x_rs, words(qkv_weight, "qkv_weight"), flat(out),
-                     n_out, flat(pos32), flat(cos), flat(sin), n_q_heads, c.num_kv_heads,
-                     c.head_dim, flat(cache.buffer, "cache.buffer"),
-                     as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
-                     c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+                     32 * gemv.WARPS, xa, x_rs, xa, 0.0,    # no norm: x in its place
+                     words(qkv_weight, "qkv_weight"), flat(out), n_out, flat(pos32),
+                     flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
+                     flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table),
+                     int(layer), flat(slots32), c.KV_DIM, c.BLOCK_SIZE, c.BLOCK_ELEMS,
+                     c.V_OFFSET_ELEMS)
         return self._qkv_views(out, n_q_heads, c)
 
     @staticmethod
@@ -581,9 +582,14 @@ class NumbaBackend(Backend):
         part_i = launch.persistent_buffer(dev, "sample.part_i", n_rows * parts, torch.int32)
         tickets = launch.persistent_buffer(dev, "sample.tickets", n_rows, torch.int32,
                                            zero=True)
-        la, l_rs = rows(logits, "logits")
-        self._launch(sampling.sample_kernel_for(ops_for(logits.dtype).name), (n_rows, parts),
-                launch.SAMPLE_THREADS, la, l_rs, vocab,
-                flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)), flat(probs),
-                flat(out), flat(part_v), flat(part_i), flat(tickets))
+        vector = self._vec_rows(logits)            # bf16 rows for 16-byte loads
+        if vector:
+            la, l_words = rows(logits, "logits", words=True)
+            l_rs = 2 * l_words                     # the kernel counts the stride in logits
+        else:
+            la, l_rs = rows(logits, "logits")
+        self._launch(sampling.sample_kernel_for(ops_for(logits.dtype).name, vector),
+                     (n_rows, parts), launch.SAMPLE_THREADS, la, l_rs, vocab,
+                     flat(f32(temperature)), flat(f32(top_p)), flat(f32(uniforms)),
+                     flat(probs), flat(out), flat(part_v), flat(part_i), flat(tickets))
         return out

@@ -393,108 +393,89 @@ def rotated_pair_store(T: int):
     return store_rotated_pair
 
 
+def shared_rows_shape(T: int, K: int, normalize: bool) -> tuple:
+    """The shape of the shared array the norm variant stages its normalised rows in
+    ([T, 4, CHUNKS], ``PairDot.normalize_rows``); a single word for the plain variant."""
+    return (T, CHUNK_WORDS, K // CHUNK_ELEMS) if normalize else (1, 1, 1)
+
+
+def _qkv_kernel(T: int, K: int, normalize: bool):
+    """The QKV GEMV with RoPE and the cache write in its epilogue, the RMSNorm of x in its
+    prologue when ``normalize``: ``qkv_rope_write_kv_kernel`` /
+    ``norm_qkv_rope_write_kv_kernel``."""
+    pd = pair_dot(T, K)
+    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
+    normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
+    store_rotated_pair = rotated_pair_store(T)
+    PER_LANE = pd.PER_LANE
+    X_SH = shared_rows_shape(T, K, normalize)
+    NORMALIZE = normalize
+
+    def qkv_rope_write_kv(x, x_row_words, norm_weight, eps, w, out, n_out, positions, cos, sin,
+                          n_q_heads, n_kv_heads, head_dim, kv_cache, block_table, layer, slots,
+                          KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
+        warps = cuda.blockDim.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        half = head_dim // 2
+        scratch = cuda.shared.array(MAX_WARPS, float32)
+        x_sh = cuda.shared.array(X_SH, int32)   # the normalised rows (norm variant)
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        n_pair_blocks = (n_out // 2 + warps - 1) // warps
+        first = True
+        for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
+            pair = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = pair < n_out // 2
+            h = pair // half
+            i = pair - h * half
+            n0 = h * head_dim + i
+            n1 = n0 + half
+            load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; x is an earlier kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                if NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                first = False
+            if NORMALIZE:
+                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            else:
+                dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
+            if lane == 0 and valid:
+                store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
+                                   n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
+                                   layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,
+                                   V_OFFSET_ELEMS)
+        if first:                                 # no pairs here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
+
+    # the variants go by their own names (in profiles, and in the tests that look for them)
+    qkv_rope_write_kv.__name__ = qkv_rope_write_kv.__qualname__ = \
+        ("norm_" if normalize else "") + "qkv_rope_write_kv"
+    return cached_kernel(overlapping(qkv_rope_write_kv))
+
+
 @functools.lru_cache(maxsize=None)
 def qkv_rope_write_kv_kernel(T: int, K: int):
     """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode: a warp
     computes the rows n and n + D/2 of one head with ``PairDot.dot_rows``, and lane 0 stores
     them (``rotated_pair_store``).  ``out`` is what ``linear`` returns ([T, N] bf16 bits),
-    with q and k already rotated.  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
-    pd = pair_dot(T, K)
-    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
-    store_rotated_pair = rotated_pair_store(T)
-    PER_LANE = pd.PER_LANE
-
-    @cached_kernel
-    @overlapping
-    def qkv_rope_write_kv(x, x_row_words, w, out, n_out, positions, cos, sin, n_q_heads,
-                          n_kv_heads, head_dim, kv_cache, block_table, layer, slots, KV_DIM,
-                          BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
-        warps = cuda.blockDim.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
-        half = head_dim // 2
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
-        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        n_pair_blocks = (n_out // 2 + warps - 1) // warps
-        first = True
-        for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
-            pair = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
-            valid = pair < n_out // 2
-            h = pair // half
-            i = pair - h * half
-            n0 = h * head_dim + i
-            n1 = n0 + half
-            load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
-            if first:                             # weights in flight; x is the last kernel's
-                wait_for_previous_grid()
-                allow_next_grid()
-                first = False
-            dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
-            if lane == 0 and valid:
-                store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
-                                   n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
-                                   layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,
-                                   V_OFFSET_ELEMS)
-        if first:                                 # no pairs here: still ordered after the last
-            wait_for_previous_grid()
-            allow_next_grid()
-
-    return qkv_rope_write_kv
+    with q and k already rotated.  Arguments as ``norm_qkv_rope_write_kv_kernel``'s, where
+    this kernel reads neither ``norm_weight`` nor ``eps`` (launch it with x's words and 0.0
+    there).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
+    return _qkv_kernel(T, K, False)
 
 
 @functools.lru_cache(maxsize=None)
 def norm_qkv_rope_write_kv_kernel(T: int, K: int):
     """``rms_norm`` + ``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode:
-    ``qkv_rope_write_kv_kernel`` with the norm of the residual r in its prologue
+    ``qkv_rope_write_kv_kernel`` with the norm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
     waited).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
-    pd = pair_dot(T, K)
-    load_two_rows, normalize_rows, dot_staged_rows = \
-        pd.load_two_rows, pd.normalize_rows, pd.dot_staged_rows
-    store_rotated_pair = rotated_pair_store(T)
-    PER_LANE, CHUNKS = pd.PER_LANE, pd.CHUNKS
-
-    @cached_kernel
-    @overlapping
-    def norm_qkv_rope_write_kv(r, r_row_words, norm_weight, eps, w, out, n_out, positions, cos,
-                               sin, n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
-                               layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
-        warps = cuda.blockDim.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
-        half = head_dim // 2
-        scratch = cuda.shared.array(MAX_WARPS, float32)
-        x_sh = cuda.shared.array((T, CHUNK_WORDS, CHUNKS), int32)     # the normalised rows
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
-        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        n_pair_blocks = (n_out // 2 + warps - 1) // warps
-        first = True
-        for pair_block in range(cuda.blockIdx.x, n_pair_blocks, cuda.gridDim.x):
-            pair = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
-            valid = pair < n_out // 2
-            h = pair // half
-            i = pair - h * half
-            n0 = h * head_dim + i
-            n1 = n0 + half
-            load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
-            if first:                             # weights in flight; r is an earlier kernel's
-                wait_for_previous_grid()
-                allow_next_grid()
-                normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh)
-                first = False
-            dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
-            if lane == 0 and valid:
-                store_rotated_pair(acc0, acc1, h, i, n0, n1, out, n_out, positions, cos, sin,
-                                   n_q_heads, n_kv_heads, head_dim, kv_cache, block_table,
-                                   layer, slots, KV_DIM, BLOCK_SIZE, BLOCK_ELEMS,
-                                   V_OFFSET_ELEMS)
-        if first:                                 # no pairs here: still ordered after the last
-            wait_for_previous_grid()
-            allow_next_grid()
-
-    return norm_qkv_rope_write_kv
+    return _qkv_kernel(T, K, True)
 
 
 def qkv_grid(n_out: int, warps: int = WARPS) -> int:
@@ -511,84 +492,69 @@ def silu_mul_bits(g_acc, u_acc):
     return float_to_bf16_bits(silu * u)
 
 
+def _silu_mul_kernel(T: int, K: int, normalize: bool):
+    """The gate/up GEMV with the SwiGLU in its epilogue, the RMSNorm of x in its prologue
+    when ``normalize``: ``linear_silu_mul_kernel`` / ``norm_linear_silu_mul_kernel``."""
+    pd = pair_dot(T, K)
+    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
+    normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
+    PER_LANE = pd.PER_LANE
+    X_SH = shared_rows_shape(T, K, normalize)
+    NORMALIZE = normalize
+
+    def linear_silu_mul(x, x_row_words, norm_weight, eps, w, out, inter):
+        warps = cuda.blockDim.x // WARP_SIZE
+        lane = cuda.threadIdx.x % WARP_SIZE
+        scratch = cuda.shared.array(MAX_WARPS, float32)
+        x_sh = cuda.shared.array(X_SH, int32)   # the normalised rows (norm variant)
+        acc0 = cuda.local.array(T, float32)
+        acc1 = cuda.local.array(T, float32)
+        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
+        first = True
+        for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
+            n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
+            valid = n < inter
+            load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
+            if first:                             # weights in flight; x is an earlier kernel's
+                wait_for_previous_grid()
+                allow_next_grid()
+                if NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                first = False
+            if NORMALIZE:
+                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            else:
+                dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
+            if lane == 0 and valid:
+                for t in range(T):
+                    out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
+        if first:                                 # no rows here: still ordered after the last
+            wait_for_previous_grid()
+            allow_next_grid()
+
+    # the variants go by their own names (in profiles, and in the tests that look for them)
+    linear_silu_mul.__name__ = linear_silu_mul.__qualname__ = \
+        ("norm_" if normalize else "") + "linear_silu_mul"
+    return cached_kernel(overlapping(linear_silu_mul))
+
+
 @functools.lru_cache(maxsize=None)
 def linear_silu_mul_kernel(T: int, K: int):
     """``silu_mul(linear(x, w_gate_up))`` in one kernel, for bf16 decode: a warp computes gate
     row n and up row n + I (``PairDot.dot_rows``), and lane 0 stores ``silu_mul_bits``.
-    out is [T, I] bf16 bits.  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
-    pd = pair_dot(T, K)
-    load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
-    PER_LANE = pd.PER_LANE
-
-    @cached_kernel
-    @overlapping
-    def linear_silu_mul(x, x_row_words, w, out, inter):
-        warps = cuda.blockDim.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
-        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        first = True
-        for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
-            n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
-            valid = n < inter
-            load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
-            if first:                             # weights in flight; x is the last kernel's
-                wait_for_previous_grid()
-                allow_next_grid()
-                first = False
-            dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
-            if lane == 0 and valid:
-                for t in range(T):
-                    out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
-        if first:                                 # no rows here: still ordered after the last
-            wait_for_previous_grid()
-            allow_next_grid()
-
-    return linear_silu_mul
+    out is [T, I] bf16 bits.  Arguments ``(x, x_row_words, norm_weight, eps, w, out,
+    inter)``, where this kernel reads neither ``norm_weight`` nor ``eps`` (launch it with x's
+    words and 0.0 there).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
+    return _silu_mul_kernel(T, K, False)
 
 
 @functools.lru_cache(maxsize=None)
 def norm_linear_silu_mul_kernel(T: int, K: int):
-    """``linear_silu_mul_kernel`` with the RMSNorm of the residual r in its prologue
+    """``linear_silu_mul_kernel`` with the RMSNorm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
     waited).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
-    pd = pair_dot(T, K)
-    load_two_rows, normalize_rows, dot_staged_rows = \
-        pd.load_two_rows, pd.normalize_rows, pd.dot_staged_rows
-    PER_LANE, CHUNKS = pd.PER_LANE, pd.CHUNKS
-
-    @cached_kernel
-    @overlapping
-    def norm_linear_silu_mul(r, r_row_words, norm_weight, eps, w, out, inter):
-        warps = cuda.blockDim.x // WARP_SIZE
-        lane = cuda.threadIdx.x % WARP_SIZE
-        scratch = cuda.shared.array(MAX_WARPS, float32)
-        x_sh = cuda.shared.array((T, CHUNK_WORDS, CHUNKS), int32)     # the normalised rows
-        acc0 = cuda.local.array(T, float32)
-        acc1 = cuda.local.array(T, float32)
-        w0v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        w1v = cuda.local.array((PER_LANE, CHUNK_WORDS), int32)
-        first = True
-        for pair_block in range(cuda.blockIdx.x, (inter + warps - 1) // warps, cuda.gridDim.x):
-            n = pair_block * warps + cuda.threadIdx.x // WARP_SIZE
-            valid = n < inter
-            load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
-            if first:                             # weights in flight; r is an earlier kernel's
-                wait_for_previous_grid()
-                allow_next_grid()
-                normalize_rows(r, r_row_words, norm_weight, eps, scratch, x_sh)
-                first = False
-            dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
-            if lane == 0 and valid:
-                for t in range(T):
-                    out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
-        if first:                                 # no rows here: still ordered after the last
-            wait_for_previous_grid()
-            allow_next_grid()
-
-    return norm_linear_silu_mul
+    return _silu_mul_kernel(T, K, True)
 
 
 def pair_grid(n_pairs: int, warps: int = WARPS) -> int:

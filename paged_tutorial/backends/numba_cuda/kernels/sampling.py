@@ -3,10 +3,12 @@
 The rule is ``paged_tutorial.backends.sampling_rule`` (``sample_reference``):
 
 - temperature 0: greedy, the first index of the largest logit.  One block reading a
-  128256-entry row alone is slow (a single SM's bandwidth), so the row is split over ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``;
-  every thread issues ``GREEDY_UNROLL`` loads before it compares) and publishes it, and the
-  last block to finish (an atomic ticket per row, as in ``attention_fast.py``) picks the
-  winner of the winners, one part per thread (``beats``: ties to the smaller id).
+  128256-entry row alone is slow (a single SM's bandwidth), so the row is split over
+  ``greedy_parts(B)`` blocks, each finds its part's winner (``block_argmax``; every thread
+  issues ``GREEDY_UNROLL`` loads before it compares: 16-byte loads of eight bf16 logits where
+  the rows allow, ``vector`` below, else one logit each) and publishes it, and the last block
+  to finish (an atomic ticket per row, as in ``attention_fast.py``) picks the winner of the
+  winners, one part per thread (``beats``: ties to the smaller id, NaN above everything).
 - otherwise (one block per row; the other blocks of the row return at once)
   p = softmax(logits / T) (a max reduction, then a sum reduction of the exps; the
   probabilities go to a float32 scratch row).  Top-p keeps token i when the mass of the tokens
@@ -20,7 +22,9 @@ The rule is ``paged_tutorial.backends.sampling_rule`` (``sample_reference``):
   running mass reaches u * (kept total); that chunk's owner walks its ids to the first kept,
   non-zero token where it does.
 
-The logits are read in the dtype the LM head wrote them (``sample_kernel_for``), and the kernel
+The logits are read in the dtype the LM head wrote them (``sample_kernel_for``); bf16 rows whose
+length and stride are multiples of 8 and that start 16-byte aligned are handed over as int32
+words (``vector``), so the greedy scan loads a 16-byte chunk per load.  The kernel
 is launched overlapped with the LM head (``device/grid_dependency.py``): it reads its row's
 temperature, then waits for the logits.
 
@@ -41,6 +45,8 @@ from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_nex
                                                                         wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.device.reduce import MAX_WARPS, beats, block_argmax, block_max, block_sum
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
+from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS,
+                                                                  load_u32x4, unpack2)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 from paged_tutorial.backends.numba_cuda.runtime.launch import overlapping
 
@@ -58,19 +64,92 @@ def greedy_parts(batch: int, simulating: bool = SIMULATING) -> int:
 
 
 
-#: logits a thread of the greedy path loads at once (independent loads in flight, then the
+#: loads a thread of the greedy path issues at once (independent loads in flight, then the
 #: comparisons): a loop of one load and one comparison waits for every load in turn
 GREEDY_UNROLL = 8
 
 
+@cuda.jit(device=True)
+def bf16_from_words(words, i):
+    """Element i of bf16 values stored two to an int32 word (element 2j in the low half)."""
+    lo, hi = unpack2(words[i >> 1])
+    return hi if i & 1 else lo
+
+
+def part_argmax_elements(load):
+    """Device function ``(logits, base, lo, hi, vocab, tid, n_threads) -> (value, index)``:
+    this thread's winner (``beats``) among the logits lo <= i < hi of the row at ``base``,
+    one ``load`` per logit (index ``vocab``: none)."""
+
+    @cuda.jit(device=True)
+    def part_argmax(logits, base, lo, hi, vocab, tid, n_threads):
+        vals = cuda.local.array(GREEDY_UNROLL, float32)
+        best = float32(-math.inf)
+        best_i = int32(vocab)                      # "nothing yet": loses every tie
+        for i0 in range(lo + tid, hi, n_threads * GREEDY_UNROLL):
+            for u in range(GREEDY_UNROLL):         # every load first ...
+                i = i0 + u * n_threads
+                vals[u] = load(logits, base + i) if i < hi else float32(-math.inf)
+            for u in range(GREEDY_UNROLL):         # ... then the comparisons
+                i = int32(i0 + u * n_threads)      # (ties go to the smaller id)
+                if i < hi and beats(vals[u], i, best, best_i):
+                    best = vals[u]
+                    best_i = i
+        return best, best_i
+
+    return part_argmax
+
+
+@cuda.jit(device=True)
+def part_argmax_words(logits, base, lo, hi, vocab, tid, n_threads):
+    """``part_argmax_elements`` for bf16 logits as int32 words, a 16-byte chunk of eight per
+    load: ``base``, ``lo`` and ``hi`` are multiples of 8 (``hi`` may be ``vocab``, itself one)."""
+    words = cuda.local.array((GREEDY_UNROLL, CHUNK_WORDS), int32)
+    best = float32(-math.inf)
+    best_i = int32(vocab)
+    c_lo = lo // CHUNK_ELEMS
+    c_hi = hi // CHUNK_ELEMS
+    w_base = base // 2
+    for c0 in range(c_lo + tid, c_hi, n_threads * GREEDY_UNROLL):
+        for u in range(GREEDY_UNROLL):             # every load first ...
+            c = c0 + u * n_threads
+            if c < c_hi:
+                w0, w1, w2, w3 = load_u32x4(logits, w_base + c * CHUNK_WORDS)
+            else:
+                w0 = w1 = w2 = w3 = int32(0)
+            words[u, 0] = w0
+            words[u, 1] = w1
+            words[u, 2] = w2
+            words[u, 3] = w3
+        for u in range(GREEDY_UNROLL):             # ... then the comparisons
+            c = c0 + u * n_threads
+            if c < c_hi:
+                for k in range(CHUNK_WORDS):
+                    a, b = unpack2(words[u, k])
+                    i = int32(c * CHUNK_ELEMS + 2 * k)
+                    if beats(a, i, best, best_i):
+                        best = a
+                        best_i = i
+                    if beats(b, i + 1, best, best_i):
+                        best = b
+                        best_i = i + 1
+    return best, best_i
+
+
 @functools.lru_cache(maxsize=None)
-def sample_kernel_for(dtype_name: str):
+def sample_kernel_for(dtype_name: str, vector: bool = False):
     """The sampling kernel for logits stored as ``dtype_name`` (bf16 logits are read as they
-    are: no float32 copy of the [B, vocab] row first).
+    are: no float32 copy of the [B, vocab] row first).  ``vector`` (bf16 only): ``logits`` is
+    the rows as int32 words, ``vocab`` and ``logits_row_stride`` (in logits, as always)
+    multiples of 8, the rows 16-byte aligned.
     Launch: ``grid = (B, parts)``, ``block`` = a multiple of 32, at most 1024.  ``part_v`` /
     ``part_i``: float32 / int32 scratch of B * parts entries; ``tickets``: int32, B entries,
     zero before the launch (left at zero)."""
-    load = DTYPE_OPS[dtype_name].load
+    if vector and dtype_name != "bfloat16":
+        raise ValueError(f"sample_kernel_for: 16-byte loads are for bf16 logits, not {dtype_name}")
+    load = bf16_from_words if vector else DTYPE_OPS[dtype_name].load
+    part_argmax = part_argmax_words if vector else part_argmax_elements(load)
+    ALIGN = CHUNK_ELEMS if vector else 1           # a part starts at a multiple of this
 
     @cached_kernel
     @overlapping
@@ -87,7 +166,6 @@ def sample_kernel_for(dtype_name: str):
         chosen_chunk = cuda.shared.array(1, int32)
         chosen_prefix = cuda.shared.array(2, float32)  # [running mass before, target]
         is_last = cuda.shared.array(1, int32)
-        vals = cuda.local.array(GREEDY_UNROLL, float32)
         base = row * logits_row_stride
         t = float32(temperature[row])                  # a step input, read before the wait;
         wait_for_previous_grid()                       # the logits are the previous kernel's
@@ -95,20 +173,10 @@ def sample_kernel_for(dtype_name: str):
 
         if t == float32(0.0):
             # --- greedy: first index of the maximum, the row split over ``parts`` blocks ---
-            span = (vocab + n_parts - 1) // n_parts
+            span = ((vocab + n_parts - 1) // n_parts + ALIGN - 1) // ALIGN * ALIGN
             lo = part * span
             hi = min(lo + span, vocab)
-            best = float32(-math.inf)
-            best_i = int32(vocab)                      # "nothing yet": loses every tie
-            for i0 in range(lo + tid, hi, n_threads * GREEDY_UNROLL):
-                for u in range(GREEDY_UNROLL):         # every load first ...
-                    i = i0 + u * n_threads
-                    vals[u] = load(logits, base + i) if i < hi else float32(-math.inf)
-                for u in range(GREEDY_UNROLL):         # ... then the comparisons
-                    i = int32(i0 + u * n_threads)      # (ties go to the smaller id)
-                    if i < hi and beats(vals[u], i, best, best_i):
-                        best = vals[u]
-                        best_i = i
+            best, best_i = part_argmax(logits, base, lo, hi, vocab, tid, n_threads)
             best_i = block_argmax(best, best_i, red_v, red_i)
             if n_parts == 1:
                 if tid == 0:
