@@ -26,11 +26,17 @@ def pytest_configure(config):
                                        "CUDA GPU (skipped, with the reason, in the simulator)")
 
 
+GPU_TESTS = Path(__file__).parent / "gpu"      # every test in here carries the gpu marker
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if GPU_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.gpu)
     if SIMULATING:
         skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:
                 item.add_marker(skip)
 
 
