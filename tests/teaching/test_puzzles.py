@@ -116,6 +116,8 @@ WRONG = {
         "shares the last token's block too":
             lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * BS <= n,
         "never shares": lambda f, t, p, lb, n, BS: False,
+        "hard-coded BLOCK_SIZE 16 (the last-block rule)":
+            lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * 16 < n,
         "compares a list with the tuple":
             lambda f, t, p, lb, n, BS: list(f.tokens) == t and f.parent is p and (lb + 1) * BS < n,
     },
