@@ -94,19 +94,46 @@ def draw_scenario() -> Scenario:
 NAMES = ["host_table", "device_table", "changed"]
 
 
+@dataclass
+class _Counts:
+    """What the grader keeps of one sync: the device tensor and the entries read and written."""
+
+    tensor: torch.Tensor
+    reads: int = 0
+    writes: int = 0
+
+
+#: the live device tables, by key: the grader's side of each ``DeviceTable`` (her function sees
+#: only the table's indexing, never the tensor or the counts)
+_LIVE: dict[int, _Counts] = {}
+_keys = __import__("itertools").count()
+
+
 class DeviceTable:
     """The device copy of the block table, flat, as the reader's function sees it: index it
     like an array to read or write entries (``device_table[i] = v``, ``device_table[idx] =
     values``); every entry read and every entry written is counted (on a GPU a read is a
-    device-to-host copy, a write a host-to-device one)."""
+    device-to-host copy, a write a host-to-device one).  It holds no tensor and no count of
+    its own, and lives only during the sync it was made for."""
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor.view(-1)
-        self.writes = 0
-        self.reads = 0
+    __slots__ = ("_key",)
+
+    def __init__(self, key: int):
+        object.__setattr__(self, "_key", key)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the device table has indexing only; set entries with "
+                             f"device_table[i] = value (not .{name})")
+
+    def _counts(self) -> _Counts:
+        counts = _LIVE.get(self._key)
+        if counts is None:
+            raise RuntimeError("this device table belonged to an earlier sync: use the one "
+                               "your function is given")
+        return counts
 
     def __len__(self) -> int:
-        return self.tensor.numel()
+        return self._counts().tensor.numel()
 
     @property
     def shape(self) -> tuple[int]:
@@ -121,24 +148,26 @@ class DeviceTable:
             return torch.from_numpy(key.astype(bool if key.dtype == bool else np.int64))
         return key
 
+    def _size(self, index) -> int:
+        return int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
+                                        else index].size)
+
     def __getitem__(self, key):
-        index = self._index(key)
-        self.reads += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
-                                               else index].size)
-        value = self.tensor[index].cpu()
+        counts, index = self._counts(), self._index(key)
+        counts.reads += self._size(index)
+        value = counts.tensor[index].cpu()
         return value.numpy() if value.dim() else int(value)
 
     def __setitem__(self, key, value):
-        index = self._index(key)
-        self.writes += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
-                                                else index].size)
+        counts, index = self._counts(), self._index(key)
+        counts.writes += self._size(index)
         if isinstance(value, torch.Tensor):
             value = value.cpu().numpy()
-        self.tensor[index] = torch.as_tensor(np.asarray(value).astype(np.int32)).to(
-            self.tensor.device)
+        counts.tensor[index] = torch.as_tensor(np.asarray(value).astype(np.int32)).to(
+            counts.tensor.device)
 
     def __repr__(self) -> str:
-        return f"DeviceTable({len(self)} entries on {self.tensor.device})"
+        return f"DeviceTable({len(self)} entries)"
 
 
 class SyncedByReader(PagedKVCache):
@@ -159,9 +188,13 @@ class SyncedByReader(PagedKVCache):
         host = self.block_table.reshape(-1)
         changed = np.flatnonzero(host != self.last_synced)
         self.last_synced = host.copy()
-        device = DeviceTable(self.device_copy)
-        host_call(self.sync, (host.copy(), device, [int(i) for i in changed]), NAMES,
-                  allow_none=True)
+        key = next(_keys)
+        device = _LIVE[key] = _Counts(self.device_copy.view(-1))
+        try:
+            host_call(self.sync, (host.copy(), DeviceTable(key), [int(i) for i in changed]),
+                      NAMES, allow_none=True)
+        finally:
+            del _LIVE[key]
         self.syncs.append((len(changed), device.writes))
         self.device_reads.append(device.reads)
         stale = np.flatnonzero(self.device_copy.view(-1).cpu().numpy() != host)
