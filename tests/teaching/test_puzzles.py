@@ -52,6 +52,13 @@ def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK
     return False
 
 
+def _patches_through_sys_modules(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    import sys
+    sys.modules["paged_tutorial.teaching.puzzles.prefix_sharing"].may_share = \
+        lambda *args: args[0].tokens == args[1]
+    return False
+
+
 def _copies_around_the_counter(host, device, changed):
     device.tensor[:] = device.tensor.new_tensor(host)
 
@@ -160,6 +167,7 @@ WRONG = {
         "calls the engine's own rule (prefix_cache.may_share)": _shares_by_the_engines_rule,
         "imports the engine's rule by name at run time": _shares_by_a_dynamic_import,
         "patches the checker's comparison": _changes_the_checker,
+        "patches the checker through sys.modules": _patches_through_sys_modules,
         "hard-coded BLOCK_SIZE 16 (the last-block rule)":
             lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * 16 < n,
         "compares a list with the tuple":
