@@ -99,10 +99,18 @@ WRONG = {
         "returns the block only": lambda t, s, l, p, BS: t[s, l, p // BS],
     },
     "02.table_index": {
-        "slot and layer terms swapped": lambda s, l, lb, L, M: l * L * M + s * M + lb,
-        "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
-        "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
-        "hard-coded layout (3 layers, 4 logical blocks)": lambda s, l, lb, L, M: s * 12 + l * 4 + lb,
+        "slot and layer terms swapped":
+            lambda s, l, lb, L, T, BS: l * L * -(-T // BS) + s * -(-T // BS) + lb,
+        "layer stride N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * L * -(-T // BS) + l * L + lb,
+        "slot stride without N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * -(-T // BS) + l * L + lb,
+        "row length truncated (the article's MAX_SEQ_LEN / BLOCK_SIZE)":
+            lambda s, l, lb, L, T, BS: s * L * (T // BS) + l * (T // BS) + lb,
+        "row length in tokens, not blocks":
+            lambda s, l, lb, L, T, BS: s * L * T + l * T + lb,
+        "hard-coded layout (3 layers, 4 logical blocks)":
+            lambda s, l, lb, L, T, BS: s * 12 + l * 4 + lb,
     },
     "03.k_index": {
         "kv_head term missing": lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + d,
