@@ -48,7 +48,8 @@ def _shares_by_a_dynamic_import(found, tokens, previous, logical_block, n_tokens
 
 
 def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
-    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = lambda self, *args: args[0].tokens == args[1]
+    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = \
+        lambda self, *args: args[0].tokens == args[1]
     return False
 
 

@@ -14,8 +14,9 @@ calls smaller steps; two of them are puzzles too (``STEP_PUZZLES``: the table in
 address), and a body of hers that calls them gets her versions when she solved them, the
 article's otherwise (her K address, which starts from the query head, through
 ``kernel_addresses.kernel_part``; her table index, which starts from MAX_SEQ_LEN, through
-``kernel_addresses.table_part`` when the kernel is built for a cache).  ``your_kernel(use_solutions=True)`` takes every part from the worked
-solutions (the article's code, as ``solutions.reveal`` shows it: what the tests run), and
+``kernel_addresses.table_part`` when the kernel is built for a cache).
+``your_kernel(use_solutions=True)`` takes every part from the worked solutions (the article's
+code, as ``solutions.reveal`` shows it: what the tests run), and
 ``your_kernel(fill_unsolved=True)`` takes hers where she has one and the worked solution for
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
 she did not.

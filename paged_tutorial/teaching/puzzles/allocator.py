@@ -361,8 +361,8 @@ def probe_full(cls, bs: int = 16) -> str:
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
         where = (f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 "
-                 f"holding {first} tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs {need} blocks "
-                 f"with {len(allocator.free_blocks)} free (seed {seed})")
+                 f"holding {first} tokens; ensure_capacity(slot={slot}, new_len={new_len}) "
+                 f"needs {need} blocks with {len(allocator.free_blocks)} free (seed {seed})")
         try:
             allocator.ensure_capacity(slot, new_len)
         except CacheFullError:
@@ -533,13 +533,13 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
     preempted = sum(engine.result(i).num_preemptions for i in range(len(requests)))
     popped = sum(1 for kind, _ in life if kind == "pop")
     pushes = len(life) - popped
-    return say(en=f"{scenario.describe()}, with your allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
-                  f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
+    return say(en=f"{scenario.describe()}, with your allocator: {len(mine)} steps, "
+                  f"{preempted} preemption(s), {popped} pops and {pushes} pushes; the table and free_blocks equal the article's engine's after "
                   "every step, the invariants held, and every request's tokens equal its solo "
                   f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
                   f"nothing ({probed})",
-               ko=f"{scenario.describe()}, 직접 쓴 할당기로: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
-                  f"{pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
+               ko=f"{scenario.describe()}, 직접 쓴 할당기로: {len(mine)} 스텝, 선점 "
+                  f"{preempted}번, pop {popped}번, push {pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
                   f"CacheFullError 를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 
