@@ -37,6 +37,43 @@ def _softmax(rescale_acc=True, rescale_d=True, inverted=False, keep_first_max=Fa
     return update
 
 
+def _shares_by_the_engines_rule(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    from paged_tutorial.cache.prefix_cache import may_share
+    return may_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
+
+
+def _shares_by_a_dynamic_import(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    module = __import__("importlib").import_module("paged_tutorial.cache.prefix_cache")
+    return module.may_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
+
+
+def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = \
+        lambda self, *args: args[0].tokens == args[1]
+    return False
+
+
+def _patches_through_sys_modules(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    import sys
+    sys.modules["paged_tutorial.teaching.puzzles.prefix_sharing"].may_share = \
+        lambda *args: args[0].tokens == args[1]
+    return False
+
+
+def _copies_around_the_counter(host, device, changed):
+    device.tensor[:] = device.tensor.new_tensor(host)
+
+
+def _resets_the_count(host, device, changed):
+    device[:] = host
+    device.writes = 0
+
+
+def _k_index_from_the_kernel(p, t, h, d, Q, BE, KV, HD):
+    import paged_tutorial.backends.numba_cuda.kernels.attention as kernel
+    return kernel.k_index(p, t, h // Q, d, BE, KV, HD)
+
+
 #: puzzle -> {what the wrong answer does: function}; each must be refused
 WRONG = {
     "01.kv_offset": {
@@ -63,21 +100,39 @@ WRONG = {
         "returns the block only": lambda t, s, l, p, BS: t[s, l, p // BS],
     },
     "02.table_index": {
-        "slot and layer terms swapped": lambda s, l, lb, L, M: l * L * M + s * M + lb,
-        "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
-        "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
-        "hard-coded layout (3 layers, 4 logical blocks)": lambda s, l, lb, L, M: s * 12 + l * 4 + lb,
+        "slot and layer terms swapped":
+            lambda s, l, lb, L, T, BS: l * L * -(-T // BS) + s * -(-T // BS) + lb,
+        "layer stride N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * L * -(-T // BS) + l * L + lb,
+        "slot stride without N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * -(-T // BS) + l * L + lb,
+        "row length truncated (the article's MAX_SEQ_LEN / BLOCK_SIZE)":
+            lambda s, l, lb, L, T, BS: s * L * (T // BS) + l * (T // BS) + lb,
+        "row length in tokens, not blocks":
+            lambda s, l, lb, L, T, BS: s * L * T + l * T + lb,
+        "hard-coded layout (3 layers, 4 logical blocks)":
+            lambda s, l, lb, L, T, BS: s * 12 + l * 4 + lb,
     },
     "03.k_index": {
-        "kv_head term missing": lambda p, t, h, d, BE, KV, HD: p * BE + t * KV + d,
-        "token stride HEAD_DIM": lambda p, t, h, d, BE, KV, HD: p * BE + t * HD + h * HD + d,
+        "kv_head term missing": lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + d,
+        "token stride HEAD_DIM":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * HD + h // Q * HD + d,
         "bytes instead of elements":
-            lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) * 2,
-        "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
+            lambda p, t, h, d, Q, BE, KV, HD: (p * BE + t * KV + h // Q * HD + d) * 2,
+        "a float index": lambda p, t, h, d, Q, BE, KV, HD: (p * BE + t * KV + h // Q * HD + d) / 1,
+        "the query head used as the KV head":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h * HD + d,
+        "the article's ratio: q_head // 4":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h // 4 * HD + d,
+        "query heads dealt round-robin (q_head % kv heads)":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h % (KV // HD) * HD + d,
+        "multiplies by the ratio (q_head * Q_PER_KV)":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h * Q * HD + d,
         "hard-coded to one shape (head_dim 32, two kv heads)":
-            lambda p, t, h, d, BE, KV, HD: p * 2048 + t * 64 + h * 32 + d,
+            lambda p, t, h, d, Q, BE, KV, HD: p * 2048 + t * 64 + h // Q * 32 + d,
+        "imports the engine's kernel and calls its k_index": _k_index_from_the_kernel,
         "hard-coded to the article's shape (head_dim 64, eight kv heads)":
-            lambda p, t, h, d, BE, KV, HD: p * BE + t * 512 + h * 64 + d,
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * 512 + h // Q * 64 + d,
     },
     "05.softmax_update": {
         "acc not rescaled": _softmax(rescale_acc=False),
@@ -104,6 +159,8 @@ WRONG = {
         "ignores changed and compares the whole device table every step":
             lambda host, device, changed: [device.__setitem__(i, host[i])
                                            for i in range(len(device)) if device[i] != host[i]],
+        "writes the device tensor around the counted indexing": _copies_around_the_counter,
+        "copies the whole table, then resets the write count": _resets_the_count,
         "reads the whole device table in one slice to find the stale entries":
             lambda host, device, changed: [device.__setitem__(int(i), host[int(i)])
                                            for i in (device[:] != host).nonzero()[0]],
@@ -116,6 +173,12 @@ WRONG = {
         "shares the last token's block too":
             lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * BS <= n,
         "never shares": lambda f, t, p, lb, n, BS: False,
+        "calls the engine's own rule (prefix_cache.may_share)": _shares_by_the_engines_rule,
+        "imports the engine's rule by name at run time": _shares_by_a_dynamic_import,
+        "patches the checker's comparison": _changes_the_checker,
+        "patches the checker through sys.modules": _patches_through_sys_modules,
+        "hard-coded BLOCK_SIZE 16 (the last-block rule)":
+            lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * 16 < n,
         "compares a list with the tuple":
             lambda f, t, p, lb, n, BS: list(f.tokens) == t and f.parent is p and (lb + 1) * BS < n,
     },
@@ -184,14 +247,16 @@ def test_stub_is_not_solved_and_signature_is_checked(name):
 
 
 def test_unsolved_stub_prints_the_not_solved_line(capsys):
-    def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                HEAD_DIM):
         ...
     assert ex.check("03.k_index", k_index) is False
     assert capsys.readouterr().out.startswith("✘ not solved yet [03.k_index]: ")
 
 
 def test_reader_errors_are_reported_with_the_call():
-    def raises(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    def raises(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+               HEAD_DIM):
         return [token][thread_id + 5]
     verdict = ex.grade("03.k_index", raises)
     assert verdict.status == "wrong" and "IndexError" in verdict.message

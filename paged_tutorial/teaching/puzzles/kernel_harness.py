@@ -215,7 +215,11 @@ class Replay:
 PART_ARGS = {
     "blocks_to_read": ["seq_len", "BLOCK_SIZE"],
     "block_table_index": ["slot", "layer", "logical_block", "N_LAYERS", "MAX_BLOCKS_PER_SEQ"],
+    "table_index_from_max_seq_len": ["slot", "layer", "logical_block", "N_LAYERS",
+                                     "MAX_SEQ_LEN", "BLOCK_SIZE"],
     "tokens_in_block": ["seq_len", "logical_block", "BLOCK_SIZE"],
+    "q_head_k_index": ["physical_block", "token", "q_head", "thread_id", "Q_PER_KV",
+                       "BLOCK_ELEMS", "KV_DIM", "HEAD_DIM"],
     "k_index": ["physical_block", "token", "kv_head", "thread_id", "BLOCK_ELEMS", "KV_DIM",
                 "HEAD_DIM"],
 }
@@ -224,12 +228,19 @@ PART_ARGS = {
 def _call_int(fn, args, part: str, what: str) -> int:
     names = PART_ARGS[part]
     value = host_call(fn, args, names)
-    return need_int(value, what, f"{part}({', '.join(f'{n}={a}' for n, a in zip(names, args))})")
+    shown = {"q_head_k_index": "k_index",
+             "table_index_from_max_seq_len": "block_table_index"}.get(part, part)
+    return need_int(value, what, f"{shown}({', '.join(f'{n}={a}' for n, a in zip(names, args))})")
 
 
-def replay(prep: Prepared, parts) -> list[Replay]:
+def replay(prep: Prepared, parts, q_head_k_index=None,
+           max_seq_len_table_index=None) -> list[Replay]:
     """The kernel's address arithmetic with ``parts``, on the host, over the poisoned table the
-    launch will read; raises ``Wrong`` for a read outside the table or the cache buffer."""
+    launch will read; raises ``Wrong`` for a read outside the table or the cache buffer.
+    ``q_head_k_index``: 03.k_index's answer, which takes the query head and the q heads per KV
+    head where the kernel's ``k_index`` takes the KV head (``kernel_addresses.kernel_part``);
+    ``max_seq_len_table_index``: 02.table_index's answer, which takes MAX_SEQ_LEN and
+    BLOCK_SIZE where the kernel's takes MAX_BLOCKS_PER_SEQ (``kernel_addresses.table_part``)."""
     case, c = prep.case, prep.case.config
     table = prep.poisoned.block_table.reshape(-1)
     n_elems = c.NUM_BLOCKS * c.BLOCK_ELEMS
@@ -241,9 +252,15 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                           "the number of blocks")
             rep = Replay(row, h, kv_head, seq_len, n, [], [], [], [])
             for lb in range(max(n, 0)):
-                ti = _call_int(parts.block_table_index,
-                               (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
-                               "block_table_index", "the table index")
+                if max_seq_len_table_index is None:
+                    ti = _call_int(parts.block_table_index,
+                                   (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
+                                   "block_table_index", "the table index")
+                else:
+                    ti = _call_int(max_seq_len_table_index,
+                                   (slot, case.layer, lb, c.num_layers, c.max_seq_len,
+                                    c.BLOCK_SIZE), "table_index_from_max_seq_len",
+                                   "the table index")
                 if not 0 <= ti < table.size:
                     shape = (f"{c.max_slots} slots x {c.num_layers} layers x "
                              f"{c.MAX_BLOCKS_PER_SEQ} logical blocks")
@@ -271,10 +288,18 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                 rep.physical_block.append(phys)
                 rep.tokens.append(t)
                 for token in range(max(t, 0)):
-                    idx = np.array([_call_int(parts.k_index,
-                                              (phys, token, kv_head, d, c.BLOCK_ELEMS, c.KV_DIM,
-                                               c.head_dim), "k_index", "the K element")
-                                    for d in range(c.head_dim)], dtype=np.int64)
+                    if q_head_k_index is None:
+                        idx = np.array([_call_int(parts.k_index,
+                                                  (phys, token, kv_head, d, c.BLOCK_ELEMS,
+                                                   c.KV_DIM, c.head_dim), "k_index",
+                                                  "the K element")
+                                        for d in range(c.head_dim)], dtype=np.int64)
+                    else:
+                        idx = np.array([_call_int(q_head_k_index,
+                                                  (phys, token, h, d, prep.q_per_kv,
+                                                   c.BLOCK_ELEMS, c.KV_DIM, c.head_dim),
+                                                  "q_head_k_index", "the K element")
+                                        for d in range(c.head_dim)], dtype=np.int64)
                     worst = idx[(idx < 0) | (idx + c.V_OFFSET_ELEMS >= n_elems)]
                     if worst.size:
                         d = int(np.flatnonzero(idx == worst[0])[0])
