@@ -64,9 +64,11 @@ class ModelRunner:
         """Host lists (temperature, top_p, uniform) per request.  Greedy requests get
         temperature 0 and never use their uniform, so it is not drawn for them."""
         temperature = [r.params.effective_temperature for r in requests]
-        return (temperature, [r.params.top_p for r in requests],
-                [ModelRunner.uniform(r) if t > 0 else 0.0
-                 for r, t in zip(requests, temperature)])
+        top_p = [r.params.top_p for r in requests]
+        if not any(temperature):                 # all greedy: no uniform is drawn
+            return temperature, top_p, [0.0] * len(requests)
+        return (temperature, top_p, [ModelRunner.uniform(r) if t > 0 else 0.0
+                                     for r, t in zip(requests, temperature)])
 
     @staticmethod
     def uniform(request: Request) -> float:
@@ -92,10 +94,12 @@ class ModelRunner:
         return ([r.output_ids[-1] for r in requests], [r.num_computed_tokens for r in requests],
                 [r.slot for r in requests])
 
-    def decode_inputs(self, requests: list[Request]) -> StepInputs:
-        """Each running request's last token, at its next position."""
+    def decode_inputs(self, requests: list[Request], sampling: tuple | None = None
+                      ) -> StepInputs:
+        """Each running request's last token, at its next position (``sampling``: the
+        requests' ``sampling_inputs`` when the caller has them already)."""
         return self.packer.decode(*self.decode_rows(requests), self.cache.device_block_table(),
-                                  self.sampling_inputs(requests))
+                                  sampling or self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> RunOutput:
@@ -103,16 +107,20 @@ class ModelRunner:
         logits is finite (read back with the tokens)."""
         requests = batch.requests
         t0 = time.perf_counter()
-        filtered = any(r.params.filters_vocabulary for r in requests)
-        if batch.kind == "decode" and self.graphs is not None and not filtered:
-            logits, next_ids = self.graphs.run(*self.decode_rows(requests),
-                                               *self.sampling_inputs(requests))
+        decode = batch.kind == "decode"
+        sampling = self.sampling_inputs(requests) if decode else None
+        # only a request that samples (temperature > 0) can narrow its draw
+        filtered = any(r.params.filters_vocabulary for r, t in zip(requests, sampling[0])
+                       if t > 0) if decode else \
+            any(r.params.filters_vocabulary for r in requests)
+        if decode and self.graphs is not None and not filtered:
+            logits, next_ids = self.graphs.run(*self.decode_rows(requests), *sampling)
             # the replay has been waited for (its ids were read): one small read more
             finite = torch.isfinite(logits).all(dim=-1).tolist()
             self.phase_seconds = {"graph": time.perf_counter() - t0}
             return RunOutput([int(t) for t in next_ids], logits, finite)
-        inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
-            self.decode_inputs(requests)
+        inputs = self.decode_inputs(requests, sampling) if decode else \
+            self.prefill_inputs(requests)
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()

@@ -144,19 +144,25 @@ class Scheduler:
 
     def _reserve_decode_blocks(self) -> list[Request]:
         """Give every running request room for the token it writes this step, preempting the
-        most recently admitted requests while blocks run short.  Returns the preempted."""
+        most recently admitted requests while blocks run short.  Returns the preempted.
+
+        The allocator says at once which requests may need a block (``slots_to_grow``: on
+        most steps none, since a block holds BLOCK_SIZE tokens); only those are grown, in
+        admission order."""
+        running = self.running
+        growing = [running[i] for i in self.blocks.slots_to_grow(
+            [r.slot for r in running], [r.num_computed_tokens + 1 for r in running])]
         preempted = []
-        i = 0
-        while i < len(self.running):
-            request = self.running[i]
-            try:
-                self.blocks.ensure_capacity(request.slot, request.num_computed_tokens + 1)
-                i += 1
-            except CacheFullError:
-                victim = self.running[-1]
-                self.preempt(victim)
-                preempted.append(victim)
-                # if the victim was this request, running[i] is now the next one (or none)
+        for request in growing:
+            while request.status is Status.RUNNING:
+                try:
+                    self.blocks.ensure_capacity(request.slot, request.num_computed_tokens + 1)
+                    break
+                except CacheFullError:
+                    victim = self.running[-1]
+                    self.preempt(victim)
+                    preempted.append(victim)
+                    # the victim may be this request (then it waits, and the loop ends)
         return preempted
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
@@ -166,20 +172,30 @@ class Scheduler:
         requests; their blocks go back in ``release_retired()``, once the engine has
         recorded the step (so a cache listener that raises cannot cut a commit in half).
         The requests in ``skip`` gain nothing (their token is not trusted: the engine
-        finishes them)."""
+        finishes them).
+
+        One pass over the batch, the stop rules (``stop_reason``) tested inline: most
+        requests go on, and only those that stop are asked for their reason."""
         self.blocks.commit_step()
         finished = []
         now = time.perf_counter()
+        skip = set(skip)
+        eos = self.eos_token_ids
+        max_seq_len = self.max_seq_len
         for request, token in zip(batch.requests, token_ids):
-            if request in skip:
+            if skip and request in skip:
                 continue
-            request.num_computed_tokens = request.total_len
-            request.output_ids.append(int(token))
+            token = int(token)
+            output = request.output_ids
+            total = len(request.prompt_ids) + len(output)
+            request.num_computed_tokens = total
+            output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self.stop_reason(request)
-            if reason is not None:
-                self._retire(request, reason)
+            params = request.params
+            if (token in eos and not params.ignore_eos) or len(output) >= params.max_tokens \
+                    or total + 1 >= max_seq_len:
+                self._retire(request, self.stop_reason(request))
                 finished.append(request)
         return finished
 
