@@ -110,15 +110,12 @@ class ModelRunner:
         decode = batch.kind == "decode"
         sampling = self.sampling_inputs(requests) if decode else None
         # only a request that samples (temperature > 0) can narrow its draw
-        filtered = any(r.params.filters_vocabulary for r, t in zip(requests, sampling[0])
-                       if t > 0) if decode else \
+        filtered = (not decode or any(sampling[0])) and \
             any(r.params.filters_vocabulary for r in requests)
         if decode and self.graphs is not None and not filtered:
-            logits, next_ids = self.graphs.run(*self.decode_rows(requests), *sampling)
-            # the replay has been waited for (its ids were read): one small read more
-            finite = torch.isfinite(logits).all(dim=-1).tolist()
+            logits, next_ids, finite = self.graphs.run(*self.decode_rows(requests), *sampling)
             self.phase_seconds = {"graph": time.perf_counter() - t0}
-            return RunOutput([int(t) for t in next_ids], logits, finite)
+            return RunOutput(next_ids, logits, finite)
         inputs = self.decode_inputs(requests, sampling) if decode else \
             self.prefill_inputs(requests)
         t1 = time.perf_counter()
