@@ -15,7 +15,9 @@ callback, as ``benchmarks/decode.py`` times the GPU.
 Host microseconds per step = the wall time of ``generate``'s steps (each ``Engine.step``
 and the loop around it) minus the model runner's ``forward`` and ``sample`` phases (the part
 a CUDA graph replays on the GPU); of a round's steps the 20th percentile (other processes
-only ever slow a step down), of the rounds the least disturbed one, the median beside it.  Each tree runs in its own process, the trees alternating
+only ever slow a step down), of the rounds the least disturbed one, the median beside it.
+``cpu_us_per_step`` is the thread's CPU time per step, forward included (the same forward
+in every tree): a second view that other processes do not inflate.  Each tree runs in its own process, the trees alternating
 round by round (``--baseline DIR``: another checkout, e.g. ``git worktree add /tmp/main-base
 main``), so that both see the same machine.  ``--text`` gives the requests a tokenizer (the
 embedded SmolLM2's, its vocabulary sizing the model) and an ``on_token`` callback, so the
@@ -91,8 +93,11 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
     params = pt.SamplingParams(max_tokens=WARMUP_STEPS + steps, ignore_eos=True)
     marks, reports = [], []
 
+    cpu_marks = []
+
     def on_step(report):
         marks.append(time.perf_counter())
+        cpu_marks.append(time.thread_time())
         reports.append(report)
 
     on_token = (lambda i, token, piece: None) if text else None
@@ -111,7 +116,7 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
 
     engine.generate(prompts, params, chat=False, on_step=on_step, on_token=on_token)
     # step i's wall time: from the end of step i-1 to the end of step i (the loop included)
-    host, wall, model = [], [], []
+    host, wall, model, cpu = [], [], [], []
     for i in range(WARMUP_STEPS + 1, len(reports)):
         report = reports[i]
         if report.kind != "decode" or report.num_tokens != batch:
@@ -119,6 +124,7 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
         w = marks[i] - marks[i - 1]
         m = report.phase_seconds.get("forward", 0.0) + report.phase_seconds.get("sample", 0.0)
         wall.append(w)
+        cpu.append(cpu_marks[i] - cpu_marks[i - 1])
         model.append(m)
         host.append(w - m)
     phases = {}
@@ -131,6 +137,7 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
            "host_us_median": statistics.median(host) * 1e6,
            "wall_us_per_step": low(wall) * 1e6,
            "forward_and_sample_us": low(model) * 1e6,
+           "cpu_us_per_step": statistics.median(cpu) * 1e6,
            "phase_us": {k: low(v) * 1e6 for k, v in phases.items()}}
     if profiler is not None:
         out["profile_top"] = top_functions(profiler)
@@ -213,6 +220,7 @@ def main() -> None:
                          "host_us_median_round": statistics.median(r["host_us_per_step"]
                                                                    for r in rs),
                          "wall_us_per_step": best["wall_us_per_step"],
+                         "cpu_us_per_step": min(r["cpu_us_per_step"] for r in rs),
                          "rounds": [round(r["host_us_per_step"], 1) for r in rs],
                          "phase_us": {k: round(v, 1) for k, v in best["phase_us"].items()}})
         data["trees"][name] = {"commit": tree_commit(tree), "rows": rows}
