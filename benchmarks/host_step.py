@@ -15,14 +15,13 @@ callback, as ``benchmarks/decode.py`` times the GPU.
 Host microseconds per step = the wall time of ``generate``'s steps (each ``Engine.step``
 and the loop around it) minus the model runner's ``forward`` and ``sample`` phases (the part
 a CUDA graph replays on the GPU); of a round's steps the 20th percentile (other processes
-only ever slow a step down), of the rounds the least disturbed one, the median beside it.
-``cpu_us_per_step`` is the thread's CPU time per step, forward included (the same forward
-in every tree): a second view that other processes do not inflate.  Each tree runs in its own process, the trees alternating
+only ever slow a step down), of the rounds the least disturbed one, the median beside it.  Each tree runs in its own process, the trees alternating
 round by round (``--baseline DIR``: another checkout, e.g. ``git worktree add /tmp/main-base
 main``), so that both see the same machine.  ``--text`` gives the requests a tokenizer (the
 embedded SmolLM2's, its vocabulary sizing the model) and an ``on_token`` callback, so the
 text is produced too.  ``--profile``: the top functions of a cProfile of 100 decode steps at
-the largest batch, for this checkout.  Writes ``host-step-<date>.json``.
+the largest batch, for this checkout, all of them and the host's alone (the model's code
+left out; cProfile's own cost per call inflates loops of small calls).  Writes ``host-step-<date>.json``.
 """
 
 from __future__ import annotations
@@ -93,11 +92,8 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
     params = pt.SamplingParams(max_tokens=WARMUP_STEPS + steps, ignore_eos=True)
     marks, reports = [], []
 
-    cpu_marks = []
-
     def on_step(report):
         marks.append(time.perf_counter())
-        cpu_marks.append(time.thread_time())
         reports.append(report)
 
     on_token = (lambda i, token, piece: None) if text else None
@@ -116,7 +112,7 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
 
     engine.generate(prompts, params, chat=False, on_step=on_step, on_token=on_token)
     # step i's wall time: from the end of step i-1 to the end of step i (the loop included)
-    host, wall, model, cpu = [], [], [], []
+    host, wall, model = [], [], []
     for i in range(WARMUP_STEPS + 1, len(reports)):
         report = reports[i]
         if report.kind != "decode" or report.num_tokens != batch:
@@ -124,7 +120,6 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
         w = marks[i] - marks[i - 1]
         m = report.phase_seconds.get("forward", 0.0) + report.phase_seconds.get("sample", 0.0)
         wall.append(w)
-        cpu.append(cpu_marks[i] - cpu_marks[i - 1])
         model.append(m)
         host.append(w - m)
     phases = {}
@@ -137,10 +132,10 @@ def child(batch: int, steps: int, text: bool, profile: bool) -> dict:
            "host_us_median": statistics.median(host) * 1e6,
            "wall_us_per_step": low(wall) * 1e6,
            "forward_and_sample_us": low(model) * 1e6,
-           "cpu_us_per_step": statistics.median(cpu) * 1e6,
            "phase_us": {k: low(v) * 1e6 for k, v in phases.items()}}
     if profiler is not None:
         out["profile_top"] = top_functions(profiler)
+        out["profile_top_host"] = top_functions(profiler, host_only=True)
     return out
 
 
@@ -150,13 +145,30 @@ def low(values: list[float]) -> float:
     return statistics.quantiles(values, n=5)[0]
 
 
-def top_functions(profiler) -> list[dict]:
-    """The functions with the most time of their own (tottime), file paths shortened."""
+#: code a CUDA graph replays on the GPU (the forward and sampling), left out of the host view
+MODEL_CODE = ("/paged_tutorial/model/", "/paged_tutorial/backends/", "/torch/")
+
+
+def top_functions(profiler, host_only: bool = False) -> list[dict]:
+    """The functions with the most time of their own (tottime), file paths shortened.
+    ``host_only``: without the model's code (``MODEL_CODE``), and a built-in function
+    counted only for the time it spent called from the rest."""
     import pstats
+
+    def is_model(path: str) -> bool:
+        return any(part in path for part in MODEL_CODE)
 
     stats = pstats.Stats(profiler).stats
     rows = []
-    for (path, line, func), (cc, nc, tt, ct, _callers) in stats.items():
+    for (path, line, func), (cc, nc, tt, ct, callers) in stats.items():
+        if host_only:
+            if is_model(path):
+                continue
+            if path == "~":                  # a built-in: its time from host callers only
+                parts = [v for caller, v in callers.items() if not is_model(caller[0])]
+                nc, tt, ct = (sum(v[i] for v in parts) for i in (1, 2, 3))
+                if not nc:
+                    continue
         where = path.split("paged_tutorial/")[-1] if "paged_tutorial/" in path else \
             Path(path).name if path != "~" else ""
         rows.append({"function": f"{where}:{line}({func})" if where else func,
@@ -220,14 +232,14 @@ def main() -> None:
                          "host_us_median_round": statistics.median(r["host_us_per_step"]
                                                                    for r in rs),
                          "wall_us_per_step": best["wall_us_per_step"],
-                         "cpu_us_per_step": min(r["cpu_us_per_step"] for r in rs),
                          "rounds": [round(r["host_us_per_step"], 1) for r in rs],
                          "phase_us": {k: round(v, 1) for k, v in best["phase_us"].items()}})
         data["trees"][name] = {"commit": tree_commit(tree), "rows": rows}
     if args.profile:
         prof = run_child(trees["this"], max(args.batches), 120, args.text, True)
         data["profile"] = {"batch": max(args.batches), "steps": 100,
-                           "top_by_tottime": prof["profile_top"]}
+                           "top_by_tottime": prof["profile_top"],
+                           "top_host_by_tottime": prof["profile_top_host"]}
     for name, tree in data["trees"].items():
         for row in tree["rows"]:
             print(f"{name} ({tree['commit']}) B={row['batch']}: "
