@@ -145,8 +145,10 @@ def low(values: list[float]) -> float:
     return statistics.quantiles(values, n=5)[0]
 
 
-#: code a CUDA graph replays on the GPU (the forward and sampling), left out of the host view
-MODEL_CODE = ("/paged_tutorial/model/", "/paged_tutorial/backends/", "/torch/")
+#: code a CUDA graph replays on the GPU (the forward and sampling, this script's backend
+#: among them), left out of the host view
+MODEL_CODE = ("/paged_tutorial/model/", "/paged_tutorial/backends/", "/torch/",
+              "/benchmarks/host_step.py")
 
 
 def top_functions(profiler, host_only: bool = False) -> list[dict]:
