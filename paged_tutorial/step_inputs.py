@@ -128,11 +128,10 @@ class StepInputPacker:
                 self._copied.record()
             self.copies += 1
         self.packs += 1
-        views, offset = {}, 0
-        for name, n in sizes.items():
-            view = packed[offset:offset + n]
-            views[name] = view.view(torch.float32) if name in SAMPLING_ROWS else view
-            offset += n
+        views = dict(zip(sizes, packed.split(list(sizes.values()))))   # one call, all views
+        for name in SAMPLING_ROWS:
+            if name in views:
+                views[name] = views[name].view(torch.float32)
         return views
 
     # --- the two kinds of step ------------------------------------------------------------

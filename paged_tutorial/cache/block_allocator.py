@@ -33,7 +33,8 @@ class BlockAllocator(ABC):
     - admission: ``prefix_in_flight(request)`` (wait one step?), ``can_allocate_prompt(slot,
       request)``, ``allocate_prompt(slot, request)`` -> prompt tokens already cached;
     - growth: ``can_grow(slot, new_len)``, ``ensure_capacity(slot, new_len)`` (raises
-      ``CacheFullError``, changing nothing);
+      ``CacheFullError``, changing nothing), ``slots_to_grow(slots, new_lens)`` (which of a
+      decode step's slots need ``ensure_capacity`` at all);
     - retirement and preemption: ``release(slot)``;
     - the step's end: ``commit_step()`` (the model ran) or ``discard_uncommitted()`` (it
       failed, the batch is rolled back);
@@ -74,6 +75,13 @@ class BlockAllocator(ABC):
     @property
     def num_evictable_blocks(self) -> int:
         return len(self.evictable_blocks())
+
+    def slots_to_grow(self, slots: list[int], new_lens: list[int]) -> list[int]:
+        """The indices i for which ``ensure_capacity(slots[i], new_lens[i])`` may have
+        something to do (take blocks, or refuse the length), in order: a decode step calls it
+        for those only.  Here every index; an allocator that can tell at once which slots
+        already hold their blocks answers fewer."""
+        return list(range(len(slots)))
 
     # --- the contract each allocator fills in -----------------------------------------------
     @abstractmethod
@@ -157,6 +165,18 @@ class FreeListAllocator(BlockAllocator):
         events = []
         self._grow(slot, n_logical, events)
         self.events.emit(events)
+
+    def slots_to_grow(self, slots: list[int], new_lens: list[int]) -> list[int]:
+        """A decode step grows each slot by one token, whose positions before it already
+        have their blocks (all layers grow together, in logical order): only a token that
+        opens a logical block (``(new_len - 1) % BLOCK_SIZE == 0``) can need one, and a
+        length past max_seq_len is refused by ``ensure_capacity``.  Tested in Python, no
+        table read: on most steps no index is returned.  A subclass with its own
+        ``ensure_capacity`` gets every index, as from the contract."""
+        if type(self).ensure_capacity is not FreeListAllocator.ensure_capacity:
+            return super().slots_to_grow(slots, new_lens)
+        size, limit = self.config.BLOCK_SIZE, self.config.max_seq_len
+        return [i for i, n in enumerate(new_lens) if (n - 1) % size == 0 or n > limit]
 
     def _grow(self, slot: int, n_logical: int, events: list) -> None:
         """Fill the slot's -1 entries below ``n_logical`` (every layer) with blocks taken by

@@ -37,6 +37,9 @@ class BlockTable:
         self._device_entries = host.to(device) if device.type != "cpu" else host
         #: True where an entry changed since the last sync
         self._changed = np.zeros(self.entries.shape, dtype=bool)
+        #: whether any entry of ``_changed`` may be True: most decode steps change nothing,
+        #: and the sync then skips scanning the whole table
+        self._any_changed = False
         # Entries changed since the previous sync, summed over syncs: what a separate device
         # copy receives (on a GPU, what is sent; on the CPU the device table shares memory).
         self.entries_synced = 0
@@ -50,12 +53,14 @@ class BlockTable:
     def assign(self, slot: int, layer: int, logical_block: int, block: int) -> None:
         self.entries[slot, layer, logical_block] = block
         self._changed[slot, layer, logical_block] = True
+        self._any_changed = True
 
     def assign_entries(self, slot: int, layers: np.ndarray, logical_blocks: np.ndarray,
                        blocks) -> None:
         """``entries[slot, layers[i], logical_blocks[i]] = blocks[i]`` for every i, at once."""
         self.entries[slot, layers, logical_blocks] = blocks
         self._changed[slot, layers, logical_blocks] = True
+        self._any_changed = True
 
     def assign_columns(self, slot: int, first_logical: int, blocks: np.ndarray) -> None:
         """Point (slot, every layer, logical blocks first_logical ..) at ``blocks``
@@ -63,12 +68,14 @@ class BlockTable:
         end = first_logical + blocks.shape[1]
         self.entries[slot, :, first_logical:end] = blocks
         self._changed[slot, :, first_logical:end] = True
+        self._any_changed = True
 
     def unassign(self, slot: int, layer: int, logical_block: int) -> int:
         """Reset the entry to -1; returns the block it held."""
         block = int(self.entries[slot, layer, logical_block])
         self.entries[slot, layer, logical_block] = -1
         self._changed[slot, layer, logical_block] = True
+        self._any_changed = True
         return block
 
     def unassign_column(self, slot: int, logical_block: int) -> np.ndarray:
@@ -77,6 +84,7 @@ class BlockTable:
         blocks = self.entries[slot, :, logical_block].copy()
         self.entries[slot, :, logical_block] = -1
         self._changed[slot, :, logical_block] = True
+        self._any_changed = True
         return blocks
 
     def unassign_slot(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,6 +95,7 @@ class BlockTable:
         blocks = rows[layers, logicals]
         rows[layers, logicals] = -1
         self._changed[slot, layers, logicals] = True
+        self._any_changed = True
         return layers, logicals, blocks
 
     def mark_changed(self, slot: int | None = None, layer: int | None = None,
@@ -97,17 +106,21 @@ class BlockTable:
             self._changed[...] = True
         else:
             self._changed[slot, layer, logical_block] = True
+        self._any_changed = True
 
     @property
     def num_changed(self) -> int:
         """Entries the next ``device_table()`` will send."""
-        return int(np.count_nonzero(self._changed))
+        return int(np.count_nonzero(self._changed)) if self._any_changed else 0
 
     # --- the device copy ----------------------------------------------------------------
     def device_table(self) -> torch.Tensor:
         """The device block table, brought up to date by sending only changed entries."""
+        if not self._any_changed:
+            return self._device_entries
         idx = np.flatnonzero(self._changed.reshape(-1))
         self.entries_synced += idx.size
+        self._any_changed = False
         if idx.size:
             self._changed[...] = False
         if self.device.type == "cpu":            # shares memory with the host table

@@ -372,6 +372,8 @@ class PrefixCache(FreeListAllocator):
 
     # --- step boundaries -------------------------------------------------------------------
     def commit_step(self) -> None:
+        if not self.pending:                 # a decode step registers nothing
+            return
         for record in self.pending:
             record.pending = False
         self._index_changed()

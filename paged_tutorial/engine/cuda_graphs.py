@@ -14,7 +14,8 @@ What a graph needs, and how this module provides it:
   replay reads what the copy wrote.  The block table is already a persistent device tensor that
   ``PagedKVCache.device_block_table()`` updates in place (only the dirty entries).
 - **Static outputs.**  The logits and the sampled ids are tensors allocated during capture;
-  each replay overwrites them.
+  each replay overwrites them.  The graph also packs the ids and, per row, whether its logits
+  are all finite into one small tensor, so that the host reads both with one copy.
 - **Buckets.**  One graph per batch size in ``buckets`` (1, 2, 4, 8, then steps of 16); a step
   with B sequences runs the smallest bucket >= B.  The extra rows repeat row 0 (same token,
   slot and position), so they write the very K/V values row 0 writes and read only what row 0
@@ -120,21 +121,25 @@ class DecodeGraphs:
         # the process (a second engine, a notebook's widgets, a test) may use CUDA meanwhile
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits, next_ids = self._forward(bucket)
+            read_back = torch.stack((next_ids.reshape(-1).long(),
+                                     torch.isfinite(logits).all(dim=-1).long()))
         if self._pool is None:
             self._pool = graph.pool()
-        self.graphs[bucket] = (graph, logits, next_ids)
+        self.graphs[bucket] = (graph, logits, read_back)
 
     def run(self, token_ids, positions, slots, temperature, top_p, uniforms):
         """One decode step for n = len(token_ids) sequences (host lists).  Returns
         (logits [n, V] in the model dtype on the device, a view into the graph's output, valid
-        until the next replay; the sampled token ids as a host list)."""
+        until the next replay; the sampled token ids and, per row, whether its logits are all
+        finite: host lists, read back by one copy)."""
         n = len(token_ids)
         bucket = self.bucket_for(n)
         self._fill(n, bucket, token_ids, positions, slots, temperature, top_p, uniforms)
         self.cache.device_block_table()         # send dirty entries before the replay
         if bucket not in self.graphs:
             self._capture(bucket)
-        graph, logits, next_ids = self.graphs[bucket]
+        graph, logits, read_back = self.graphs[bucket]
         graph.replay()
         self.replays += 1
-        return logits[:n], next_ids[:n].tolist()
+        ids, finite = read_back.tolist()           # the whole bucket: one contiguous copy
+        return logits[:n], ids[:n], [bool(f) for f in finite[:n]]

@@ -28,7 +28,7 @@ from paged_tutorial.engine.interrupts import SIGNALS
 from paged_tutorial.engine.model_runner import ModelRunner
 from paged_tutorial.engine.numerical_faults import NON_FINITE, describe_non_finite
 from paged_tutorial.engine.output_processor import OutputProcessor
-from paged_tutorial.engine.request import Request, RequestError
+from paged_tutorial.engine.request import Request, RequestError, Status
 from paged_tutorial.engine.scheduler import Scheduler
 
 
@@ -135,9 +135,12 @@ class EngineCore:
                     t_post = time.perf_counter()
                     committed = self.commit(batch, output)
                     phases["postprocess"] = time.perf_counter() - t_post
-                    report.finished = [r.request_id for r in batch.requests if r.finished]
-                    report.new_tokens = dict(zip([r.request_id for r in committed.requests],
-                                                 committed.token_ids))
+                    report.finished = [r.request_id for r in batch.requests
+                                       if r.status is Status.FINISHED]
+                    committed_ids = report.request_ids if \
+                        len(committed.requests) == len(batch.requests) else \
+                        [r.request_id for r in committed.requests]
+                    report.new_tokens = dict(zip(committed_ids, committed.token_ids))
                     if self.record_logits:
                         report.logits = output.logits.detach().float().cpu()
             self.step_count += 1
@@ -153,11 +156,15 @@ class EngineCore:
     def commit(self, batch, output) -> CommittedTokens:
         """Append the step's tokens (``Scheduler.postprocess``) and their text; a request whose
         logits were not finite gets no token and is finished with ``"non_finite"``."""
-        faulted = [r for r, ok in zip(batch.requests, output.finite) if not ok]
+        if all(output.finite):                   # the usual step: every row is kept
+            faulted = []
+            committed = CommittedTokens(list(batch.requests), list(output.token_ids))
+        else:
+            faulted = [r for r, ok in zip(batch.requests, output.finite) if not ok]
+            kept = [(r, t) for r, t, ok in zip(batch.requests, output.token_ids,
+                                               output.finite) if ok]
+            committed = CommittedTokens([r for r, _ in kept], [t for _, t in kept])
         self.scheduler.postprocess(batch, output.token_ids, skip=faulted)
-        kept = [(r, t) for r, t, ok in zip(batch.requests, output.token_ids, output.finite)
-                if ok]
-        committed = CommittedTokens([r for r, _ in kept], [t for _, t in kept])
         self.outputs.detokenize(committed.requests, committed.token_ids, self.fail)
         for request in faulted:
             self.outputs.flush(request)

@@ -337,11 +337,14 @@ class Engine:
     def _run(self, requests: list[Request], on_step) -> None:
         """Step until ``requests`` are all finished (other requests advance with them); an
         on_token exception of theirs is re-raised here."""
+        unfinished = 0                  # requests before this index have finished
         while True:
             for request in requests:
                 if request.callback_error is not None:
                     raise request.callback_error
-            if all(r.finished for r in requests):
+            while unfinished < len(requests) and requests[unfinished].finished:
+                unfinished += 1
+            if unfinished == len(requests):
                 return
             report = self.step()
             if on_step is not None:

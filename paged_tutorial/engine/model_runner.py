@@ -6,8 +6,9 @@ copy.  For a prefill it packs the new tokens of every admitted request into one 
 boundaries) and asks for logits at each sequence's last row only.  A request admitted with part
 of its prompt found in the prefix cache starts at that ``num_computed_tokens``; its attention
 reads the cached part from the paged cache.  For a decode it takes each running request's last
-token and replays a captured CUDA graph when the engine has them (``cuda_graphs.py``), else runs
-the layers eagerly.  Sampling follows ``backends/sampling_rule.py``'s rule with each request's own random
+token, position, slot and sampling parameters from the batch's ``DecodeRows`` (kept by the
+scheduler from one step to the next, ``decode_rows.py``) and replays a captured CUDA graph
+when the engine has them (``cuda_graphs.py``), else runs the layers eagerly.  Sampling follows ``backends/sampling_rule.py``'s rule with each request's own random
 stream, so a request gets the same tokens whatever batch it shares.  A batch in which some
 request narrows its draw with ``top_k`` or ``min_p`` runs eagerly and is sampled by
 ``backends/batched_sampling.py`` (the same rule in torch ops, on any device), whatever the
@@ -34,6 +35,7 @@ from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
+from paged_tutorial.engine.decode_rows import DecodeRows
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.backends.sampling_rule import request_uniform
 from paged_tutorial.step_inputs import StepInputPacker, StepInputs
@@ -65,8 +67,13 @@ class ModelRunner:
         temperature 0 and never use their uniform, so it is not drawn for them."""
         temperature = [r.params.effective_temperature for r in requests]
         return (temperature, [r.params.top_p for r in requests],
-                [ModelRunner.uniform(r) if t > 0 else 0.0
-                 for r, t in zip(requests, temperature)])
+                ModelRunner.uniforms(requests, temperature))
+
+    @staticmethod
+    def uniforms(requests: list[Request], temperature: list[float]) -> list[float]:
+        """Each request's uniform for its next token, 0.0 for the greedy ones (temperature
+        0), whose uniform is not drawn."""
+        return [ModelRunner.uniform(r) if t > 0 else 0.0 for r, t in zip(requests, temperature)]
 
     @staticmethod
     def uniform(request: Request) -> float:
@@ -103,16 +110,22 @@ class ModelRunner:
         logits is finite (read back with the tokens)."""
         requests = batch.requests
         t0 = time.perf_counter()
-        filtered = any(r.params.filters_vocabulary for r in requests)
-        if batch.kind == "decode" and self.graphs is not None and not filtered:
-            logits, next_ids = self.graphs.run(*self.decode_rows(requests),
-                                               *self.sampling_inputs(requests))
-            # the replay has been waited for (its ids were read): one small read more
-            finite = torch.isfinite(logits).all(dim=-1).tolist()
-            self.phase_seconds = {"graph": time.perf_counter() - t0}
-            return RunOutput([int(t) for t in next_ids], logits, finite)
-        inputs = self.prefill_inputs(requests) if batch.kind == "prefill" else \
-            self.decode_inputs(requests)
+        if batch.kind == "decode":
+            rows = batch.rows if batch.rows is not None else DecodeRows.of(requests)
+            sampling = (rows.temperature, rows.top_p,
+                        self.uniforms(requests, rows.temperature) if rows.samples
+                        else [0.0] * len(requests))
+            filtered = rows.filters
+            if self.graphs is not None and not filtered:
+                logits, next_ids, finite = self.graphs.run(rows.token_ids, rows.positions,
+                                                           rows.slots, *sampling)
+                self.phase_seconds = {"graph": time.perf_counter() - t0}
+                return RunOutput(next_ids, logits, finite)
+            inputs = self.packer.decode(rows.token_ids, rows.positions, rows.slots,
+                                        self.cache.device_block_table(), sampling)
+        else:
+            filtered = any(r.params.filters_vocabulary for r in requests)
+            inputs = self.prefill_inputs(requests)
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from paged_tutorial.engine.interrupts import SIGNALS, from_signal
-from paged_tutorial.engine.request import Request, RequestError
+from paged_tutorial.engine.request import Request, RequestError, Status
 
 
 class OutputProcessor:
@@ -29,7 +29,7 @@ class OutputProcessor:
                 continue
             try:
                 piece = request.detokenizer.step(int(token))
-                if request.finished:
+                if request.status is Status.FINISHED:
                     piece += self.held_back(request, piece)
             except Exception as exc:             # noqa: BLE001 - this request's own fault
                 request.text_pieces.append("")

@@ -120,20 +120,15 @@ class SamplingParams:
         object.__setattr__(self, "top_p", top_p)
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
-
-    @property
-    def filters_vocabulary(self) -> bool:
-        """top_k or min_p narrows the draw (the sampler then needs those two per row)."""
-        return not self.greedy and (self.top_k > 0 or self.min_p > 0.0)
-
-    @property
-    def effective_temperature(self) -> float:
-        """What the sampler receives: 0.0 for greedy requests."""
-        return 0.0 if self.greedy else self.temperature
+        # what the engine reads at every step, derived once (the fields are frozen)
+        greedy = self.temperature < GREEDY_BELOW
+        #: the request samples nothing: it takes the most likely token
+        object.__setattr__(self, "greedy", greedy)
+        #: top_k or min_p narrows the draw (the sampler then needs those two per row)
+        object.__setattr__(self, "filters_vocabulary",
+                           not greedy and (self.top_k > 0 or self.min_p > 0.0))
+        #: what the sampler receives: 0.0 for greedy requests
+        object.__setattr__(self, "effective_temperature", 0.0 if greedy else self.temperature)
 
     def with_seed(self, seed: int | None = None) -> "SamplingParams":
         """This, with ``seed`` (or one drawn from the OS) when it has none, so that a result

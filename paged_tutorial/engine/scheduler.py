@@ -27,16 +27,19 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from paged_tutorial.cache.block_allocator import BlockAllocator, CacheFullError
+from paged_tutorial.engine.decode_rows import DecodeRows
 from paged_tutorial.engine.request import Request, Status
 
 
 @dataclass
 class ScheduledBatch:
     """What one step runs: a prefill of newly admitted requests or a decode of all running
-    ones.  ``preempted`` lists requests the scheduler preempted to make room this step."""
+    ones.  ``preempted`` lists requests the scheduler preempted to make room this step;
+    ``rows``, for a decode, the host lists the model runner feeds it (``decode_rows.py``)."""
     kind: str                                   # "prefill" | "decode"
     requests: list[Request]
     preempted: list[Request] = field(default_factory=list)
+    rows: DecodeRows | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +61,7 @@ class Scheduler:
         self.free_slots: list[int] = list(range(max_slots - 1, -1, -1))   # pop() gives slot 0 first
         self._admitting: list[Request] = []       # admitted by the schedule() in progress
         self._to_release: list[int] = []          # slots of retired requests, blocks not freed
+        self._next_rows: DecodeRows | None = None  # made by the last decode commit
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -76,6 +80,7 @@ class Scheduler:
         listener raises, the state is consistent and ``abort_schedule`` undoes the admissions
         of this call."""
         self._admitting = []
+        rows, self._next_rows = self._next_rows, None     # good for this call only
         admitted = self._admit()
         if admitted:
             return ScheduledBatch("prefill", admitted)
@@ -84,7 +89,9 @@ class Scheduler:
         preempted = self._reserve_decode_blocks()
         if not self.running:
             return ScheduledBatch("decode", [], preempted)
-        return ScheduledBatch("decode", list(self.running), preempted)
+        if rows is None or rows.requests != self.running:     # the same requests, in order
+            rows = DecodeRows.of(self.running)
+        return ScheduledBatch("decode", rows.requests, preempted, rows)
 
     def _admit(self) -> list[Request]:
         """Move waiting requests into free slots while their tokens fit in free blocks.
@@ -144,19 +151,25 @@ class Scheduler:
 
     def _reserve_decode_blocks(self) -> list[Request]:
         """Give every running request room for the token it writes this step, preempting the
-        most recently admitted requests while blocks run short.  Returns the preempted."""
+        most recently admitted requests while blocks run short.  Returns the preempted.
+
+        The allocator says at once which requests may need a block (``slots_to_grow``: on
+        most steps none, since a block holds BLOCK_SIZE tokens); only those are grown, in
+        admission order."""
+        running = self.running
+        growing = [running[i] for i in self.blocks.slots_to_grow(
+            [r.slot for r in running], [r.num_computed_tokens + 1 for r in running])]
         preempted = []
-        i = 0
-        while i < len(self.running):
-            request = self.running[i]
-            try:
-                self.blocks.ensure_capacity(request.slot, request.num_computed_tokens + 1)
-                i += 1
-            except CacheFullError:
-                victim = self.running[-1]
-                self.preempt(victim)
-                preempted.append(victim)
-                # if the victim was this request, running[i] is now the next one (or none)
+        for request in growing:
+            while request.status is Status.RUNNING:
+                try:
+                    self.blocks.ensure_capacity(request.slot, request.num_computed_tokens + 1)
+                    break
+                except CacheFullError:
+                    victim = self.running[-1]
+                    self.preempt(victim)
+                    preempted.append(victim)
+                    # the victim may be this request (then it waits, and the loop ends)
         return preempted
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
@@ -166,21 +179,43 @@ class Scheduler:
         requests; their blocks go back in ``release_retired()``, once the engine has
         recorded the step (so a cache listener that raises cannot cut a commit in half).
         The requests in ``skip`` gain nothing (their token is not trusted: the engine
-        finishes them)."""
+        finishes them).
+
+        One pass over the batch, the stop rules (``stop_reason``) tested inline: most
+        requests go on, and only those that stop are asked for their reason."""
         self.blocks.commit_step()
         finished = []
         now = time.perf_counter()
-        for request, token in zip(batch.requests, token_ids):
-            if request in skip:
+        skip = set(skip)
+        eos = self.eos_token_ids
+        max_seq_len = self.max_seq_len
+        next_tokens, next_positions, dropped = [], [], []   # the next decode step's rows
+        for i, (request, token) in enumerate(zip(batch.requests, token_ids)):
+            if skip and request in skip:
+                dropped.append(i)
                 continue
-            request.num_computed_tokens = request.total_len
-            request.output_ids.append(int(token))
+            token = int(token)
+            output = request.output_ids
+            total = len(request.prompt_ids) + len(output)
+            request.num_computed_tokens = total
+            output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self.stop_reason(request)
-            if reason is not None:
-                self._retire(request, reason)
+            params = request.params
+            if (token in eos and not params.ignore_eos) or len(output) >= params.max_tokens \
+                    or total + 1 >= max_seq_len:
+                self._retire(request, self.stop_reason(request))
                 finished.append(request)
+                dropped.append(i)
+            else:
+                next_tokens.append(token)
+                next_positions.append(total)
+        if batch.rows is not None:
+            kept = None
+            if dropped:
+                gone = set(dropped)
+                kept = [i for i in range(len(batch.requests)) if i not in gone]
+            self._next_rows = batch.rows.advanced(next_tokens, next_positions, kept)
         return finished
 
     def stop_reason(self, request: Request) -> str | None:

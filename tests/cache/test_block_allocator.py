@@ -95,3 +95,27 @@ def test_check_invariants_finds_a_block_both_owned_and_free():
     cache.free_blocks.append(int(cache.block_table[0, 0, 0]))
     with pytest.raises(AssertionError, match="free_blocks holds a block twice|owned and free"):
         cache.check_invariants()
+
+
+def test_slots_to_grow_names_exactly_the_slots_a_decode_token_makes_grow():
+    for n in range(1, CONFIG.max_seq_len + 1):
+        cache = PagedKVCache(CONFIG)
+        cache.allocator.ensure_capacity(0, n)
+        predicted = cache.allocator.slots_to_grow([0], [n + 1]) == [0]
+        before = (cache.block_table.copy(), list(cache.free_blocks))
+        try:
+            cache.allocator.ensure_capacity(0, n + 1)
+            changed = not np.array_equal(before[0], cache.block_table) or \
+                before[1] != cache.free_blocks
+        except ValueError:                   # past max_seq_len
+            changed = True
+        assert predicted == changed, (n, predicted, changed)
+
+
+def test_an_allocator_with_its_own_growth_is_asked_for_every_slot():
+    class OwnGrowth(FreeListAllocator):
+        def ensure_capacity(self, slot, new_len):
+            super().ensure_capacity(slot, new_len)
+
+    cache = PagedKVCache(CONFIG, allocator=OwnGrowth)
+    assert cache.allocator.slots_to_grow([0, 1], [5, 6]) == [0, 1]
