@@ -25,7 +25,7 @@ import numpy as np
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
                                                   short)
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
@@ -99,7 +99,7 @@ def borrowed_code(cls) -> str | None:
                 imported = name in ("solutions", SOLUTIONS_MODULE) or \
                     name in {b.__name__ for b in BORROWED}        # imported inside the method
                 if imported or borrowed(fn.__globals__.get(name)):
-                    return f"{name} (in {fn.__name__})"
+                    return say(en=f"{name} (in {fn.__name__})", ko=f"{fn.__name__} 안의 {name}")
     return None
 
 
@@ -121,10 +121,10 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} "
                       f"with {int(after[slot, layer, lb])}: that block is lost (pop only "
                       "where the entry is -1)",
-                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 "
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len})가 "
                       f"block_table[{slot}, {layer}, {lb}] = {particle(int(before[slot, layer, lb]), '을/를')} "
                       f"{particle(int(after[slot, layer, lb]), '으로/로')} 덮어썼습니다: 그 블록은 잃어버립니다 "
-                      "(항목이 -1 일 때만 꺼내세요)")
+                      "(항목이 -1일 때만 꺼내세요)")
     beyond = np.argwhere(after[slot, :, n_logical:] >= 0)
     if beyond.size:
         layer, lb = int(beyond[0][0]), int(beyond[0][1]) + n_logical
@@ -132,8 +132,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"(layer {layer}) a block, but positions < {new_len} need only "
                       f"{n_logical} logical blocks: a decode step pops only when its token is "
                       "the first row of a new block (rule 2)",
-                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 논리 블록 {lb} "
-                      f"(레이어 {layer}) 에 블록을 줬지만, {new_len} 보다 작은 위치에는 논리 블록 "
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len})가 논리 블록 {lb} "
+                      f"(레이어 {layer})에 블록을 줬지만, {new_len}보다 작은 위치에는 논리 블록 "
                       f"{n_logical}개면 충분합니다: 디코드는 쓰는 토큰이 새 블록의 첫 행일 때만 "
                       "꺼냅니다 (규칙 2)")
     missing = np.argwhere(after[slot, :, :n_logical] < 0)
@@ -146,8 +146,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       "for each -1 entry, rule 1; a decode step for a token that starts a "
                       "block, rule 2)",
                    ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 뒤에도 "
-                      f"block_table[{slot}, {layer}, {lb}] 가 -1 인데, 위치 {new_len - 1} 까지 "
-                      f"씁니다: 모든 레이어의 논리 블록 0..{n_logical - 1} 에 블록이 있어야 "
+                      f"{particle(f'block_table[{slot}, {layer}, {lb}]', '이/가')} -1인데, 위치 {new_len - 1}까지 "
+                      f"씁니다: 모든 레이어의 논리 블록 0..{n_logical - 1}에 블록이 있어야 "
                       "합니다 (프리필은 -1 항목마다 꺼내고(규칙 1), 디코드는 토큰이 블록을 "
                       "시작할 때 꺼냅니다(규칙 2))")
     return None
@@ -175,7 +175,7 @@ def checked(cls):
                         en=f"{call} raised CacheFullError after changing the table or "
                            "free_blocks: the scheduler preempts and retries, so the failed call "
                            "must change nothing (count first, then pop)",
-                        ko=f"{particle(call, '이/가')} 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
+                        ko=f"{particle(call, '이/가')} 테이블이나 free_blocks를 바꾼 뒤 CacheFullError를 "
                            "냈습니다: 스케줄러는 선점하고 다시 부르므로, 실패한 호출은 아무것도 "
                            "바꾸지 않아야 합니다 (먼저 세고 나서 꺼내세요)")) from None
                 if need <= len(free):
@@ -183,13 +183,13 @@ def checked(cls):
                         en=f"{call} raised CacheFullError with {len(free)} blocks free and "
                            f"{need} needed",
                         ko=f"{particle(call, '이/가')} 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
-                           "CacheFullError 를 냈습니다")) from None
+                           "CacheFullError를 냈습니다")) from None
                 raise
             except (Wrong, Unsolved):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
-                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+                                   ko="ensure_capacity와 release를 작성하세요")) from None
             except IndexError as exc:
                 if len(free) < need:
                     raise Wrong(say(
@@ -198,14 +198,14 @@ def checked(cls):
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
                         ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
-                           f"free_blocks 에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
-                           "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError 를 내세요; "
+                           f"free_blocks에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
+                           "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
-                                ko=f"{call} 에서 IndexError 발생: {exc}")) from None
+                                ko=f"{call}에서 IndexError 발생: {exc}")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
             after = self.table.entries
             problem = _wrong_rule(slot, new_len, before, after, c)
             if problem is None:
@@ -218,7 +218,7 @@ def checked(cls):
                        "(changing nothing); the scheduler then preempts a request",
                     ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
                        "그냥 돌아왔습니다: 이 할당기는 선점을 일으키지 못합니다.  (아무것도 "
-                       "바꾸지 말고) CacheFullError 를 내세요; 그러면 스케줄러가 요청 하나를 "
+                       "바꾸지 말고) CacheFullError를 내세요; 그러면 스케줄러가 요청 하나를 "
                        "선점합니다")
             raise Wrong(problem)
 
@@ -231,15 +231,15 @@ def checked(cls):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
-                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+                                   ko="ensure_capacity와 release를 작성하세요")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
             walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
                                    "pushes onto the end of free_blocks",
-                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
+                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks를 바꿨습니다: 반납은 "
                                    "free_blocks 끝에 밀어 넣기만 합니다"))
             pushed = [int(b) for b in self.free_blocks[len(free):]]
             twice = sorted({b for b in pushed if pushed.count(b) > 1 or b in free})
@@ -247,12 +247,12 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
                                    "(a double free): the next two pops would hand the same block "
                                    "to two owners",
-                                ko=f"{particle(call, '이/가')} 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
-                                   "넣었습니다 (이중 반납): 다음 두 번의 pop 이 같은 블록을 두 "
+                                ko=f"{particle(call, '이/가')} 이미 free인 블록 {particle(twice[:6], '을/를')} 또 밀어 "
+                                   "넣었습니다 (이중 반납): 다음 두 번의 pop이 같은 블록을 두 "
                                    "주인에게 줍니다"))
             if -1 in pushed:
                 raise Wrong(say(en=f"{call} pushed -1: that entry is unassigned, not a block",
-                                ko=f"{particle(call, '이/가')} -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
+                                ko=f"{particle(call, '이/가')} -1을 밀어 넣었습니다: -1은 블록이 아니라 빈 "
                                    "항목입니다"))
             lost = sorted(set(walk) - set(pushed))
             if lost or (self.table.entries[slot] >= 0).any():
@@ -266,7 +266,7 @@ def checked(cls):
                                    f"{len(pushed)}개만 돌려줬습니다" +
                                    (f"; 돌려주지 않은 블록 {lost[:6]} (새어 나갑니다)" if lost else
                                     "") +
-                                   ("; 슬롯의 항목이 아직 남아 있습니다 (table.unassign 으로 -1 로 "
+                                   ("; 슬롯의 항목이 아직 남아 있습니다 (table.unassign으로 -1로 "
                                     "되돌리세요)" if (self.table.entries[slot] >= 0).any()
                                     else "")))
             if pushed != walk:
@@ -276,14 +276,14 @@ def checked(cls):
                                    f"{short(walk)}: they part at push {first}, so the next "
                                    "request pops other blocks than in the article's engine",
                                 ko=f"{particle(call, '이/가')} {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
-                                   f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)} 입니다: "
-                                   f"{first}번째 push 부터 달라서, 다음 요청이 글의 엔진과 다른 "
+                                   f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)}입니다: "
+                                   f"{first}번째 push부터 달라서, 다음 요청이 글의 엔진과 다른 "
                                    "블록을 꺼냅니다"))
             if returned is None or [int(b) for b in returned] != pushed:
                 raise Wrong(say(en=f"{call} returned {short(returned)}; it must return the list "
                                    "of blocks it pushed, in order (the contract of release)",
                                 ko=f"{particle(call, '이/가')} {particle(short(returned), '을/를')} 돌려줬습니다; 밀어 넣은 블록의 "
-                                   "리스트를 그 순서대로 돌려줘야 합니다 (release 의 약속)"))
+                                   "리스트를 그 순서대로 돌려줘야 합니다 (release의 약속)"))
             self.life.extend(("push", b) for b in pushed)
             return returned
 
@@ -354,9 +354,12 @@ def probe_full(cls) -> str:
         slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
-        where = (f"{num_layers} layers, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 holding {first} "
-                 f"tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs {need} blocks "
-                 f"with {len(allocator.free_blocks)} free (seed {seed})")
+        where = say(en=f"{num_layers} layers, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 holding "
+                       f"{first} tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs "
+                       f"{need} blocks with {len(allocator.free_blocks)} free (seed {seed})",
+                    ko=f"레이어 {num_layers}개, NUM_BLOCKS {config.NUM_BLOCKS}, 슬롯 0에 토큰 "
+                       f"{first}개; ensure_capacity(slot={slot}, new_len={new_len})에 블록 "
+                       f"{need}개가 필요하고 {len(allocator.free_blocks)}개가 남음 (시드 {seed})")
         try:
             allocator.ensure_capacity(slot, new_len)
         except CacheFullError:
@@ -365,7 +368,7 @@ def probe_full(cls) -> str:
         except Wrong as wrong:
             raise Wrong(f"[{where}] {wrong.message}") from None
         raise Wrong(say(en=f"[{where}] it returned without raising CacheFullError",
-                        ko=f"[{where}] CacheFullError 를 내지 않고 돌아왔습니다"))
+                        ko=f"[{where}] CacheFullError를 내지 않고 돌아왔습니다"))
     return "; ".join(probed)
 
 
@@ -410,8 +413,8 @@ def grade(cls) -> str:
             en=f"your allocator hands its work to the package's own allocator ({borrowed}): "
                "write ensure_capacity and release yourself, with self.free_blocks and "
                "self.table",
-            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity 와 "
-               "release 를 self.free_blocks 와 self.table 로 직접 작성하세요"))
+            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity와 "
+               "release를 self.free_blocks와 self.table로 직접 작성하세요"))
     probed = probe_full(cls)
     stock, stock_tokens = stock_run()
     solo = solo_tokens()
@@ -437,8 +440,8 @@ def grade(cls) -> str:
     for r, (got, alone) in enumerate(zip(tokens, solo)):
         if got != alone:
             raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
-                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 {short(alone)} "
-                               "입니다"))
+                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 "
+                               f"{short(alone)}입니다"))
     preempted = sum(engine.result(i).num_preemptions for i in range(len(REQUESTS)))
     popped = sum(1 for kind, _ in life if kind == "pop")
     pushes = len(life) - popped
@@ -450,9 +453,9 @@ def grade(cls) -> str:
                   f"nothing ({probed})",
                ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
                   f"처리했습니다: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
-                  f"{pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
+                  f"{pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
-                  f"CacheFullError 를 내고 아무것도 바꾸지 않았습니다 ({probed})")
+                  f"CacheFullError를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 
 
 def _describe_difference(mine, stock, i, what) -> str:
@@ -469,17 +472,17 @@ def _describe_difference(mine, stock, i, what) -> str:
                       f"{int(m.block_table[slot, layer, lb])}; in the article's engine it is "
                       f"{int(s.block_table[slot, layer, lb])} (pops take the last block of "
                       "free_blocks, layer by layer, logical block by logical block)",
-                   ko=f"스텝 {m.index} ({m.kind}) 뒤 block_table[{slot}, {layer}, {lb}] 가 "
-                      f"{int(m.block_table[slot, layer, lb])} 인데, 글의 엔진에서는 "
-                      f"{int(s.block_table[slot, layer, lb])} 입니다 (pop 은 free_blocks 의 맨 "
+                   ko=f"스텝 {m.index} ({term(m.kind)}) 뒤 {particle(f'block_table[{slot}, {layer}, {lb}]', '이/가')} "
+                      f"{int(m.block_table[slot, layer, lb])}인데, 글의 엔진에서는 "
+                      f"{int(s.block_table[slot, layer, lb])}입니다 (pop은 free_blocks의 맨 "
                       "끝 블록을, 레이어 순서, 논리 블록 순서로 꺼냅니다)")
     if what == "free":
         return say(en=f"after {step}, free_blocks ends with {m.free_blocks[-6:]}; in the "
                       f"article's engine it ends with {s.free_blocks[-6:]}",
-                   ko=f"스텝 {m.index} ({m.kind}) 뒤 free_blocks 의 끝이 {m.free_blocks[-6:]} "
-                      f"인데, 글의 엔진에서는 {s.free_blocks[-6:]} 입니다")
+                   ko=f"스텝 {m.index} ({term(m.kind)}) 뒤 free_blocks의 끝이 {m.free_blocks[-6:]}인데, "
+                      f"글의 엔진에서는 {s.free_blocks[-6:]}입니다")
     return say(en=f"{step} differs from the article's engine ({what})",
-               ko=f"스텝 {m.index} ({m.kind}) 가 글의 엔진과 다릅니다 ({what})")
+               ko=f"스텝 {particle(f'{m.index} ({term(m.kind)})', '이/가')} 글의 엔진과 다릅니다 ({what})")
 
 
 class AllocatorPuzzle(Puzzle):
@@ -508,15 +511,15 @@ class AllocatorPuzzle(Puzzle):
                 en=f"the answer is a class that subclasses pt.exercises.AllocatorBase (got "
                    f"{short(answer)}): write `class {self.function_name}"
                    "(pt.exercises.AllocatorBase):` with its ensure_capacity and release",
-                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
-                   f"받았습니다): ensure_capacity 와 release 를 가진 `class "
-                   f"{self.function_name}(pt.exercises.AllocatorBase):` 를 쓰세요"))
+                ko=f"답은 pt.exercises.AllocatorBase를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
+                   f"받았습니다): ensure_capacity와 release를 가진 `class "
+                   f"{self.function_name}(pt.exercises.AllocatorBase):`을 쓰세요"))
         missing = [m for m in self.parameters if getattr(answer, m) is getattr(AllocatorBase, m)
                    or is_stub(getattr(answer, m))]
         if missing:
             return Verdict("unsolved", say(
                 en=f"write {' and '.join(missing)} (the stub's body is still ...)",
-                ko=f"{', '.join(missing)} 의 본문을 작성하세요 (아직 ... 입니다)"))
+                ko=f"{', '.join(missing)}의 본문을 작성하세요 (아직 ... 입니다)"))
         return None
 
 
@@ -525,15 +528,15 @@ ENSURE_DOC = Text(
        "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
        "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
        "        CacheFullError, changing nothing.",
-    ko="위치 0..new_len-1 에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
+    ko="위치 0..new_len-1에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
        "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
-       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError 를 냅니다.")
+       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
 RELEASE_DOC = Text(
     en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
        "        logical block by logical block), reset its entries to -1; return the\n"
        "        pushed blocks in order.",
-    ko="`slot` 이 가진 모든 블록을 self.free_blocks 에 (레이어 바깥, 논리 블록 안쪽\n"
-       "        순서로) 밀어 넣고 그 항목을 -1 로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
+    ko="`slot`이 가진 모든 블록을 self.free_blocks에 (레이어 바깥, 논리 블록 안쪽\n"
+       "        순서로) 밀어 넣고 그 항목을 -1로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
        "        돌려줍니다.")
 
 PUZZLES = (
@@ -548,25 +551,25 @@ PUZZLES = (
                 "    (self.table.entries, -1 = none); self.config has num_layers, BLOCK_SIZE,\n"
                 "    MAX_BLOCKS_PER_SEQ and blocks_for_tokens(n).  CacheFullError comes from\n"
                 "    paged_tutorial.cache.",
-             ko="글의 엔진의 블록 관리자.  self.free_blocks 는 빈 물리 블록의 스택;\n"
-                "    self.table.assign(slot, layer, logical, block) 과\n"
-                "    self.table.unassign(slot, layer, logical) 이 block table 을 고칩니다\n"
-                "    (self.table.entries, -1 = 없음); self.config 에 num_layers, BLOCK_SIZE,\n"
-                "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n) 이 있습니다.  CacheFullError 는\n"
-                "    paged_tutorial.cache 에 있습니다."),
+             ko="글의 엔진의 블록 관리자.  self.free_blocks는 빈 물리 블록의 스택;\n"
+                "    self.table.assign(slot, layer, logical, block)과\n"
+                "    self.table.unassign(slot, layer, logical)이 블록 테이블을 고칩니다\n"
+                "    (self.table.entries, -1 = 없음); self.config에 num_layers, BLOCK_SIZE,\n"
+                "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n)가 있습니다.  CacheFullError는\n"
+                "    paged_tutorial.cache에 있습니다."),
         Text(en="Rule 1 (prefill): a -1 entry below the prompt's last logical block gets a block. "
                 "Rule 2 (decode): the token written at position p needs a new block only when p % "
                 "BLOCK_SIZE == 0.  Count what you need before you pop; release walks the slot's "
                 "table in the article's loop order.",
-             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1 인 항목마다 블록 하나. "
-                "규칙 2 (디코드): 위치 p 에 쓰는 토큰은 p % BLOCK_SIZE == 0 일 때만 새 블록이 "
+             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1인 항목마다 블록 하나. "
+                "규칙 2 (디코드): 위치 p에 쓰는 토큰은 p % BLOCK_SIZE == 0일 때만 새 블록이 "
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
-                "슬롯의 표를 훑습니다."),
+                "슬롯의 테이블을 훑습니다."),
         Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
                 "(three or four layers), then a real Engine (torch backend, 2 slots, 2 layers, 8 "
                 "blocks: too few for its 3 requests, so it preempts) whose cache allocates with "
                 "your class, next to a stock engine",
-             ko="채점할 때마다 새로 뽑는 표 배치(레이어 세 개나 네 개)에서 남은 것보다 많은 블록을 "
+             ko="채점할 때마다 새로 뽑는 테이블 배치(레이어 세 개나 네 개)에서 남은 것보다 많은 블록을 "
                 "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
                 "(torch 백엔드, 슬롯 2개, 레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 "
                 "일어납니다)과 표준 엔진을 나란히 돌린 실행"),

@@ -22,7 +22,7 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                   "GPU)",
-               ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU)")
+               ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU)")
 
 
 
@@ -73,14 +73,16 @@ def element_name(config, element: int) -> str:
     half = "K" if rem < c.V_OFFSET_ELEMS else "V"
     row, col = divmod(rem % c.V_OFFSET_ELEMS, c.KV_DIM)
     head, dim = divmod(col, c.head_dim)
-    return f"{half} of row {row} of physical block {block}, kv head {head}, dim {dim}"
+    return say(en=f"{half} of row {row} of physical block {block}, kv head {head}, dim {dim}",
+               ko=f"물리 블록 {block}의 {row}번 행, KV 헤드 {head}, 차원 {dim}의 {half}")
 
 
 def entry_name(config, index: int) -> str:
     c = config
     slot, rem = divmod(int(index), c.num_layers * c.MAX_BLOCKS_PER_SEQ)
     layer, logical = divmod(rem, c.MAX_BLOCKS_PER_SEQ)
-    return f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})"
+    return say(en=f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})",
+               ko=f"(슬롯 {slot}, 레이어 {layer}, 논리 블록 {logical})의 항목 {index}")
 
 
 def _figure(prep, reps, result, block=None):
@@ -166,13 +168,13 @@ def _no_extra_reads(prep, reps) -> None:
                 en=f"the output is right, but for slot {slot} (seq_len {n}) the kernel also "
                    f"reads {entry_name(c, extra[0])}, which holds no token of the sequence (-1 "
                    "in the engine's table); at max_seq_len it would lie past the slot's row",
-                ko=f"출력은 맞지만, 슬롯 {slot} (seq_len {n}) 에 대해 커널이 "
-                   f"{entry_name(c, extra[0])} 도 읽습니다. 이 항목은 시퀀스의 토큰을 담지 않습니다 "
-                   "(엔진 테이블에서 -1); max_seq_len 에서는 슬롯의 행을 넘어섭니다"))
+                ko=f"출력은 맞지만, 슬롯 {slot} (seq_len {n})에 대해 커널이 "
+                   f"{entry_name(c, extra[0])}도 읽습니다. 이 항목은 시퀀스의 토큰을 담지 않습니다 "
+                   "(엔진 테이블에서 -1); max_seq_len에서는 슬롯의 행을 넘어섭니다"))
         if not set(rep.elements().tolist()) <= set(trace.k_index.ravel().tolist()):
             raise Wrong(say(en="the output is right, but the kernel reads cache elements the "
                                "article's kernel does not read",
-                            ko="출력은 맞지만, 커널이 아티클의 커널이 읽지 않는 캐시 원소를 "
+                            ko="출력은 맞지만, 커널이 글의 커널이 읽지 않는 캐시 원소를 "
                                "읽습니다"))
 
 
@@ -191,9 +193,9 @@ def _explain_table(prep, reps, result) -> str:
                        f"reads {entry_name(c, got)}; the block of (slot {slot}, layer "
                        f"{prep.case.layer}, logical block {lb}) is elsewhere in the {shape} "
                        "table",
-                    ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb} 에 대해 여러분의 "
+                    ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb}에 대해 여러분의 "
                        f"인덱스는 {particle(entry_name(c, got), '을/를')} 읽습니다; (슬롯 {slot}, 레이어 "
-                       f"{prep.case.layer}, 논리 블록 {lb}) 의 블록은 {shape} 테이블의 다른 "
+                       f"{prep.case.layer}, 논리 블록 {lb})의 블록은 {shape} 테이블의 다른 "
                        "곳에 있습니다")
     return say(en="The table entries read look right; check what else the function returns",
                ko="읽은 테이블 항목은 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
@@ -206,7 +208,7 @@ def grade_table_index(fn) -> tuple:
     return say(en="every block of every slot found through your index in two table layouts: "
                   "the kernel's output equals the torch oracle's on a poisoned cache.  Shapes "
                   f"run: {shapes_run}",
-               ko="두 가지 표 배치에서 모든 슬롯의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 "
+               ko="두 가지 테이블 배치에서 모든 슬롯의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 "
                   f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), figure
 
 
@@ -224,8 +226,8 @@ def _explain_k(prep, reps, result) -> str:
                     en=f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
                        f"needs {element_name(c, want[d])}",
-                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
-                       f"원소 {int(got[d])} ({element_name(c, got[d])}) 를 읽습니다; 필요한 것은 "
+                    ko=f"q 헤드 {rep.q_head} (KV 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
+                       f"원소 {particle(f'{int(got[d])} ({element_name(c, got[d])})', '을/를')} 읽습니다; 필요한 것은 "
                        f"{element_name(c, want[d])}")
     return say(en="The K elements read look right; check what else the function returns",
                ko="읽은 K 원소는 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
@@ -238,7 +240,7 @@ def grade_k_index(fn) -> tuple:
     return say(en="every kv head's K found in scattered blocks at two head_dims: the kernel's "
                   f"output equals the torch oracle's on a poisoned cache.  Shapes run: "
                   f"{shapes_run}",
-               ko="두 가지 head_dim 에서 흩어진 블록의 모든 kv 헤드의 K 를 찾았습니다: 오염된 "
+               ko="두 가지 head_dim에서 흩어진 블록의 모든 KV 헤드의 K를 찾았습니다: 오염된 "
                   f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), \
         figure
 
@@ -246,21 +248,21 @@ def grade_k_index(fn) -> tuple:
 PUZZLES = (
     Puzzle(
         "02.table_index", Text(en="the three-term block-table index, inside the kernel",
-                               ko="커널 안의 세 항 block table 인덱스"),
+                               ko="커널 안의 세 항 블록 테이블 인덱스"),
         "def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):",
         Text(en="Return the position, in the flat block table, of the entry for (cache slot,\n"
                 "layer, logical block).  The table is laid out as [slot][layer][logical block]:\n"
                 "every slot has N_LAYERS rows of MAX_BLOCKS_PER_SEQ entries.  The kernel then\n"
                 "reads physical_block = block_table[block_table_index(...)].",
-             ko="평평한 block table 에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
-                "테이블은 [slot][layer][logical block] 순서입니다: 슬롯마다 MAX_BLOCKS_PER_SEQ\n"
-                "항목짜리 행이 N_LAYERS 개 있습니다.  커널은 그다음\n"
-                "physical_block = block_table[block_table_index(...)] 를 읽습니다."),
+             ko="평평한 블록 테이블에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
+                "테이블은 [슬롯][레이어][논리 블록] 순서입니다: 슬롯마다 MAX_BLOCKS_PER_SEQ\n"
+                "항목짜리 행이 N_LAYERS개 있습니다.  커널은 그다음\n"
+                "physical_block = block_table[block_table_index(...)]를 읽습니다."),
         Text(en="How many entries does one whole slot take?  And one layer of one slot?",
              ko="슬롯 하나 전체는 항목을 몇 개 차지하나요?  슬롯 하나의 레이어 하나는요?"),
         Text(en=RUNS_IN.en + ", two table layouts drawn afresh for every check (slots, layers, "
                 "logical blocks)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 표 배치 두 가지 (슬롯, 레이어, 논리 블록 "
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 테이블 배치 두 가지 (슬롯, 레이어, 논리 블록 "
                 "수)"),
         "kernels.cu:480", grade_table_index),
     Puzzle(
@@ -272,10 +274,10 @@ PUZZLES = (
                 "divided by 2 for bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of\n"
                 "K, each KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which\n"
                 "the kernel finds V_OFFSET_ELEMS further).",
-             ko="스레드 `thread_id` 가 q 와 곱하는 캐시 버퍼의 원소 번호를 돌려주세요: physical_block\n"
-                "의 토큰 행 `token`, kv 헤드 kv_head, 차원 thread_id 의 K 값입니다.  바이트가 아니라\n"
-                "원소 단위입니다 (아티클의 바이트 주소를 bf16 이면 2 로 나눈 값).  블록 하나는\n"
-                "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE 개 (행마다 KV_DIM = n_kv_heads x\n"
+             ko="스레드 `thread_id`가 q와 곱하는 캐시 버퍼의 원소 번호를 돌려주세요: physical_block\n"
+                "의 토큰 행 `token`, KV 헤드 kv_head, 차원 thread_id의 K 값입니다.  바이트가 아니라\n"
+                "원소 단위입니다 (글의 바이트 주소를 bf16이면 2로 나눈 값).  블록 하나는\n"
+                "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE개 (행마다 KV_DIM = n_kv_heads x\n"
                 "HEAD_DIM 원소), 그 뒤에 같은 수의 V 행 (커널은 V_OFFSET_ELEMS 뒤에서 찾습니다)."),
         Text(en="Four terms: where the block starts, where the row starts inside it, where the "
                 "head's slice starts inside the row, and the thread's own dimension.",
@@ -283,7 +285,7 @@ PUZZLES = (
                 "시작하는 곳, 그리고 스레드 자신의 차원."),
         Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, kv heads, "
                 "GQA ratio)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, kv 헤드 수, GQA "
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, KV 헤드 수, GQA "
                 "비율)"),
         "kernels.cu:484", grade_k_index),
 )
