@@ -111,7 +111,7 @@ PLACEHOLDER = "\x00"
 ALTERNATING = r"(?:은|는|이|가|을|를|과|와|으로|로)"
 #: particles, endings and counters that attach to the word before them
 ATTACHED = (ALTERNATING[3:-1] + "|의|에|에서|에서는|에는|에도|에서만|입니다|인|인데|이면|이지만|"
-            "도|만|까지|부터|보다|마다|만큼|개|개의|짜리|번째")
+            "인가요|도|만|까지|까지의|부터|부터의|보다|마다|만큼|개|개의|짜리|번째|쌍")
 
 
 def _text(node) -> str | None:
@@ -163,7 +163,7 @@ def test_every_text_has_a_korean_side_that_is_korean():
 
 def test_no_particle_stands_apart_from_its_noun():
     """'스레드 0 이', 'K 와 V 를', '{value} 는': a particle is written against its noun."""
-    apart = re.compile(r"[A-Za-z0-9_)\]`'%\x00] (?:" + ATTACHED + r")(?=[ .,:;)!?\n]|$)")
+    apart = re.compile(r"[A-Za-z0-9_)\]`'%\x00] (?:" + ATTACHED + r")(?=[ .,:;)!?\n\x00]|$)")
     apart_ones = []
     for where, _, ko in TEXTS:
         text = _outside_code(ko)
@@ -201,6 +201,8 @@ ENGLISH_ALLOWED = {"nan", "inf", "bf16", "float32", "float64", "int32", "int", "
 def english_sentence(text: str) -> str | None:
     """The first run of three or more English words in ``text`` outside code (backticks, names
     with _ or digits, calls), or None."""
+    text = re.sub(r"\b[A-Z]\w*(?:Error|Exception|Interrupt)\b(?:[가이] 발생했습니다)?: .*?"
+                  r"(?= \(호출 인자|\.  |$)", " ", text)     # Python's own message, quoted
     plain = re.sub(r"`[^`]*`|\S*[_\d(=\[.]\S*", " ", text)
     words = [w for w in re.findall(r"[A-Za-z]+|[^\sA-Za-z]+", plain)]
     run = []

@@ -92,7 +92,7 @@ EXERCISES = (
                          ko="d // 32는 내림입니다: 스레드 80개에는 덜 찬 셋째 워프가 필요합니다")),
             Mistake(lambda: (2, 2, 2), Text(
                 en="that is the article's fixed layout; the port has one float per warp",
-                ko="그것은 글의 고정 배치입니다; 포트는 워프마다 float 하나를 둡니다")),
+                ko="그것은 글의 고정 배치입니다; 이 패키지의 커널은 워프마다 float 하나를 둡니다")),
         )),
     Exercise(
         "04.scale_error_128",
@@ -104,9 +104,9 @@ EXERCISES = (
         explain=lambda e: say(en=f"1/8 against 1/sqrt(128): sqrt(128)/8 = {e:.4f}, a sharper "
                                  "softmax",
                               ko=f"1/8 대 1/sqrt(128): sqrt(128)/8 = {e:.4f}, 더 뾰족한 "
-                                 "softmax"),
+                                 "소프트맥스"),
         hint=Text(en="the right scale is 1/sqrt(head_dim); compare it with 1/8",
-                  ko="올바른 scale은 1/sqrt(head_dim)입니다; 1/8과 비교해 보세요"),
+                  ko="올바른 스케일은 1/sqrt(head_dim)입니다; 1/8과 비교해 보세요"),
         mistakes=(
             Mistake(lambda: 8 / math.sqrt(128), Text(
                 en="that is the inverse: 1/8 is larger than 1/sqrt(128), so the scores come out "
@@ -114,6 +114,6 @@ EXERCISES = (
                 ko="그것은 역수입니다: 1/8이 1/sqrt(128)보다 크므로 점수가 너무 커집니다")),
             Mistake(lambda: 128 / 64, Text(
                 en="the scale goes with the square root of head_dim, not head_dim itself",
-                ko="scale은 head_dim 자체가 아니라 그 제곱근을 따릅니다")),
+                ko="스케일은 head_dim 자체가 아니라 그 제곱근을 따릅니다")),
         )),
 )

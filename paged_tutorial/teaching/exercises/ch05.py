@@ -36,7 +36,7 @@ EXERCISES = (
     Exercise(
         "05.corrections",
         Text(en=f"The correction factor applied at each of the 4 steps for scores {SCORES}.",
-             ko=f"점수 {SCORES}에 대해 4 스텝 각각에서 곱해지는 보정 인자."),
+             ko=f"점수 {SCORES}에 대해 스텝 4번 각각에서 곱해지는 보정 인자."),
         Numbers(Real(), len(SCORES), tuple(Text(en=f"step {i}", ko=f"스텝 {i}")
                                           for i in range(len(SCORES)))),
         lambda: tuple(float(x) for x in _trace()["correction"]),

@@ -121,7 +121,7 @@ EXERCISES = (
         explain=lambda e: say(
             en=f"{e}: 40 + 8 = 48 tokens reach the cache (3 blocks x 30 layers); the 9th "
                "generated token ends the request before any step writes its K/V",
-            ko=f"{e}: 40 + 8 = 48 토큰이 캐시에 들어갑니다 (블록 3개 x 레이어 30개); 9번째로 "
+            ko=f"{e}: 40 + 8 = 48토큰이 캐시에 들어갑니다 (블록 3개 x 레이어 30개); 9번째로 "
                "생성한 토큰은 어떤 스텝도 그 K/V를 쓰기 전에 요청을 끝냅니다"),
         hint=Text(en="count the tokens whose K/V are written, then blocks per layer x layers",
                   ko="K/V가 실제로 쓰이는 토큰을 센 다음, 레이어당 블록 수 x 레이어 수"),

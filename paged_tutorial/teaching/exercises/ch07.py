@@ -69,7 +69,7 @@ EXERCISES = (
     Exercise(
         "07.sequences_in_2gib",
         Text(en="How many full 2048-token sequences fit in the article's 2 GiB cache at once?",
-             ko="글의 2 GiB 캐시에 2048 토큰짜리 꽉 찬 시퀀스가 동시에 몇 개 들어갈까요?"),
+             ko="글의 2 GiB 캐시에 2048토큰짜리 꽉 찬 시퀀스가 동시에 몇 개 들어갈까요?"),
         Integer(), sequences_in_article_cache,
         explain=lambda e: say(
             en=f"{e}: 65536 blocks / (128 logical blocks x 16 layers); the article's engine "

@@ -100,7 +100,7 @@ EXERCISES = (
             en=f"{e}: the 6 full blocks of the shared 100 tokens are held once instead of 8 "
                "times, in each of the 30 layers: 7 x 6 x 30; the 7th block (tokens 96-111) mixes "
                "shared and own tokens, so each request has its own",
-            ko=f"{e}: 공유하는 100 토큰의 꽉 찬 블록 6개를 8번이 아니라 한 번만, 30개 레이어 "
+            ko=f"{e}: 공유하는 100토큰의 꽉 찬 블록 6개를 8번이 아니라 한 번만, 30개 레이어 "
                "각각에 둡니다: 7 x 6 x 30; 7번째 블록 (토큰 96-111)은 공유 토큰과 자기 토큰이 "
                "섞여 있어 요청마다 따로 가집니다"),
         hint=Text(en="count the full blocks of the shared part, the copies saved, and the layers",

@@ -145,9 +145,9 @@ def grade(fn) -> str:
     return say(en="a 20-token prompt and 3 decode steps through your layout at two engine shapes "
                   "(bf16 with 2 KV heads x 8, and one drawn afresh in float32): logits "
                   "bit-identical to a stock engine's",
-               ko="20 토큰 프롬프트와 디코드 3 스텝을 직접 쓴 배치로, 엔진 모양 두 가지에서 (bf16, KV "
-                  "헤드 2개 x 8, 그리고 float32로 새로 뽑은 모양): 로짓이 표준 엔진과 비트 단위로 "
-                  "같습니다")
+               ko="20토큰 프롬프트와 디코드 스텝 3번을 여러분의 배치로 엔진 모양 두 가지에서 "
+                  "돌렸습니다 (bf16에 KV 헤드 2개 x 8, 그리고 float32로 새로 뽑은 모양): 로짓이 "
+                  "표준 엔진과 비트 단위로 같습니다")
 
 
 def grade_shape(fn, shape) -> None:

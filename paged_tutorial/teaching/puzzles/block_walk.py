@@ -112,7 +112,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                    f"in the partly used last warp): threads {idle[0]}-{idle[-1]} must read "
                    "nothing (on a GPU such a read can leave the buffer)",
                 ko=f"{who}: {t}번 스레드가 {e}번 원소({element_name(c, e)})를 읽었지만, "
-                   f"HEAD_DIM = {c.head_dim} 부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
+                   f"HEAD_DIM = {c.head_dim}부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
                    f"마지막 워프에서 owns_dim은 False): {idle[0]}-{idle[-1]}번 스레드는 아무것도 "
                    "읽으면 안 됩니다 (GPU에서는 그런 읽기가 버퍼를 벗어날 수 있습니다)"))
         for d in range(c.head_dim):

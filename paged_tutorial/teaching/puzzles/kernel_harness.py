@@ -563,5 +563,5 @@ def race_message(race, count: int) -> str:
            f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 "
            f"{particle(str(o.thread), '이/가')} {other_op}습니다"
            f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
-           f"{w.block}의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU에서는 읽는 "
+           f"{w.block}의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count}쌍.  GPU에서는 읽는 "
            "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")

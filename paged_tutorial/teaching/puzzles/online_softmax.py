@@ -152,7 +152,7 @@ def _first_divergence(scores, mine, article) -> str:
                           f"{out_article[t]:.4g} with the article's{overflow}",
                        ko=f"토큰 {t} (점수 {scores[t]:.4g}; {event}): 차원 0의 지금까지 출력 "
                           f"acc/d가 여러분의 업데이트로는 {out_mine[t]:.4g}, 글의 것으로는 "
-                          f"{out_article[t]:.4g} 입니다{overflow}")
+                          f"{out_article[t]:.4g}입니다{overflow}")
     return say(en="the host replay agrees with the article's update; compare the types you "
                   "return",
                ko="호스트 재현은 글의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
@@ -255,6 +255,6 @@ PUZZLES = (
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 보통 점수와 +-800 까지의 점수"),
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수"),
         "kernels.cu:509-519", grade),
 )

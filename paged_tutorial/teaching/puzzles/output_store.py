@@ -58,7 +58,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                                f"= {case.head_dim} on own no dimension and must write nothing",
                             ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
                                f"({q_element_name(case, r.index)})에 썼지만, HEAD_DIM = "
-                               f"{case.head_dim} 부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
+                               f"{case.head_dim}부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
                                "안 됩니다"))
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {r.thread} wrote q element {r.index} "
@@ -146,8 +146,8 @@ def _grade_case(parts, case):
         raise Wrong(bad_summary(prep, result) + say(
             en=f".  Every store landed in place; the values are about {ratio:.3g} times the "
                "attention output: is it acc / d?",
-            ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: acc / d "
-               "인가요?"), figure)
+            ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: "
+               "acc / d로 나눴나요?"), figure)
     return figure
 
 
