@@ -88,7 +88,7 @@ EXERCISES = (
         Integer(), lambda: small_article_cache().v_byte_offset(*V_AT),
         explain=lambda e: say(
             en=f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {e} bytes",
-            ko=f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {e} 바이트"),
+            ko=f"3*BLOCK_BYTES + V_OFFSET + 5*KV_DIM*2 + 2*64*2 + 10*2 = {e}바이트"),
         hint=Text(en="block start + V_OFFSET + token row + head slice + element, all in bytes "
                      "(bf16 = 2)",
                   ko="블록 시작 + V_OFFSET + 토큰 행 + 헤드 구간 + 원소, 모두 바이트 단위 "

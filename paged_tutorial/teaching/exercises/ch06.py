@@ -114,7 +114,7 @@ EXERCISES = (
         Text(en="A request with a {prompt_len}-token prompt and max_tokens {max_tokens} "
                 "runs alone on a {num_layers}-layer model (no EOS).  The most physical blocks it "
                 "owns at once?".format(**PEAK),
-             ko="프롬프트 {prompt_len} 토큰, max_tokens {max_tokens}인 요청 하나가 "
+             ko="프롬프트 {prompt_len}토큰, max_tokens {max_tokens}인 요청 하나가 "
                 "레이어 {num_layers}개 모델에서 혼자 돕니다 (EOS 없음).  한때 가장 많이 가진 물리 "
                 "블록 수는?".format(**PEAK)),
         Integer(), peak_blocks,
@@ -129,7 +129,7 @@ EXERCISES = (
             Mistake(lambda: 4 * PEAK["num_layers"], Text(
                 en="49 tokens would need a 4th block, but is the last sampled token ever "
                    "written to the cache?",
-                ko="49 토큰이면 4번째 블록이 필요하지만, 마지막에 뽑은 토큰이 캐시에 쓰이기는 "
+                ko="49토큰이면 4번째 블록이 필요하지만, 마지막에 뽑은 토큰이 캐시에 쓰이기는 "
                    "할까요?")),
             Mistake(lambda: 3, Text(
                 en="every layer owns its own blocks: multiply by the 30 layers",

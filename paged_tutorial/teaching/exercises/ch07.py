@@ -52,7 +52,7 @@ EXERCISES = (
         explain=lambda e: say(
             en=f"{e} steps: 1 prefill (r0, r1) + 9 decodes until r0 is done, 1 prefill for r2 in "
                "which r1 waits, then 20 decodes for r1 (r2 needs 19 of them)",
-            ko=f"{e} 스텝: 프리필 1번 (r0, r1) + r0이 끝날 때까지 디코드 9번, r1이 기다리는 "
+            ko=f"스텝 {e}번: 프리필 1번 (r0, r1) + r0이 끝날 때까지 디코드 9번, r1이 기다리는 "
                "r2의 프리필 1번, 그리고 r1의 디코드 20번 (r2는 그중 19번이 필요)"),
         hint=Text(en="walk the steps: a prefill gives each admitted request its first token",
                   ko="스텝을 하나씩 따라가 보세요: 프리필은 받아들인 요청마다 첫 토큰을 줍니다"),

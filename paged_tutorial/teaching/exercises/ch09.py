@@ -58,7 +58,7 @@ EXERCISES = (
         Text(en="With prefix caching, the same {prompt_len}-token prompt is served twice, one "
                 "request after the other.  How many tokens does the second prefill "
                 "compute?".format(**SECOND),
-             ko="프리픽스 캐싱을 켜고, 같은 {prompt_len} 토큰 프롬프트를 요청 두 개로 차례로 "
+             ko="프리픽스 캐싱을 켜고, 같은 {prompt_len}토큰 프롬프트를 요청 두 개로 차례로 "
                 "처리합니다.  두 번째 프리필은 토큰 몇 개를 계산할까요?".format(**SECOND)),
         Integer(), second_prefill_tokens,
         explain=lambda e: say(
@@ -92,7 +92,7 @@ EXERCISES = (
         Text(en="{requests} requests whose prompts share their first {shared} tokens (then {own} "
                 "tokens of their own) are all running on a {num_layers}-layer model, BLOCK_SIZE "
                 "16.  How many physical blocks does prefix caching save?".format(**SAVED),
-             ko="프롬프트의 앞 {shared} 토큰이 같고 (그 뒤 {own} 토큰은 각자의 것인) 요청 "
+             ko="프롬프트의 앞 {shared}토큰이 같고 (그 뒤 {own}토큰은 각자의 것인) 요청 "
                 "{requests}개가 레이어 {num_layers}개 모델에서 함께 돕니다, BLOCK_SIZE 16.  "
                 "프리픽스 캐싱이 아끼는 물리 블록은 몇 개일까요?".format(**SAVED)),
         Integer(), blocks_saved,

@@ -110,11 +110,11 @@ def read_cells(path: Path) -> list[str]:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise refuse(f"its bytes are not UTF-8 text (byte {exc.start})",
-                     f"바이트가 UTF-8 글이 아닙니다 (바이트 {exc.start})") from None
+                     f"바이트가 UTF-8 텍스트가 아닙니다 (바이트 {exc.start})") from None
     except ValueError as exc:
         line = getattr(exc, "lineno", "?")
         raise refuse(f"its text is not JSON (line {line}: {getattr(exc, 'msg', exc)})",
-                     f"글이 JSON이 아닙니다 ({line}번 줄: {getattr(exc, 'msg', exc)})") from None
+                     f"내용이 JSON이 아닙니다 ({line}번 줄: {getattr(exc, 'msg', exc)})") from None
     except OSError as exc:
         raise refuse(f"it cannot be read ({exc.strerror or exc})",
                      f"읽을 수 없습니다 ({exc.strerror or exc})") from None
@@ -134,7 +134,7 @@ def read_cells(path: Path) -> list[str]:
             source = "".join(source)
         if not isinstance(source, str):
             raise refuse(f"cell {number}'s source is not text",
-                         f"{number}번 셀의 source가 글이 아닙니다")
+                         f"{number}번 셀의 source가 문자열이 아닙니다")
         sources.append(source)
     return sources
 

@@ -78,7 +78,7 @@ def entry_problem(name, entry) -> str | None:
                    ko=f"{name!r} 항목에 채점 결과 줄(\"line\")이 없습니다")
     if not isinstance(entry.get("later", ""), str):
         return say(en=f"the entry {name!r} has a \"later\" that is not text",
-                   ko=f"{name!r} 항목의 \"later\" 가 글이 아닙니다")
+                   ko=f"{name!r} 항목의 \"later\"가 문자열이 아닙니다")
     return None
 
 

@@ -63,7 +63,7 @@ class Exercise:
         what = self.kind.what
         if unsolved(answer):
             return Verdict("unsolved", say(en=f"replace ... with your answer ({what})",
-                                           ko=f"... 을 답으로 바꾸세요 ({what})"))
+                                           ko=f"`...` 자리에 답을 쓰세요 ({what})"))
         problem = self.kind.type_problem(answer)
         if problem:
             return Verdict("wrong", say(en=f"{problem}.  Expected {what}.",

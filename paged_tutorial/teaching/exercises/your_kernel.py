@@ -241,8 +241,8 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                    "text.  Its puzzle's checks passed, so the difference is one they do not "
                    f"cover: compare it with reveal({puzzle!r}) line by line",
                 ko=f"{where}.  여러분의 {part} 자리에 풀이 예시를 넣고 (퍼즐 {puzzle}, 노트북 "
-                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 기본 엔진의 토큰을 씁니다: 글을 "
-                   f"바꾸는 것은 여러분의 {particle(part, '이다/다')}.  퍼즐의 채점은 통과했으니 "
+                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 기본 엔진과 같은 토큰을 생성합니다: "
+                   f"텍스트를 바꾸는 것은 여러분의 {part}입니다.  퍼즐의 채점은 통과했으니 "
                    f"채점이 다루지 않는 차이입니다: reveal({puzzle!r})과 한 줄씩 비교해 보세요")
     if not yours:
         return say(en=f"{where}.  Every part of the body is a worked solution here, so no part "
@@ -256,5 +256,5 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                   "differs from the article's, or the steps they call (the table index, the K "
                   "address) do",
                ko=f"{where}.  여러분의 부분({names}) 중 어느 하나를 풀이 예시로 바꿔도 그 토큰 "
-                  "전에 글이 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
+                  "전에 텍스트가 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
                   "부르는 단계(테이블 인덱스, K 주소)가 다릅니다")

@@ -247,7 +247,7 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
                                    "(a double free): the next two pops would hand the same block "
                                    "to two owners",
-                                ko=f"{particle(call, '이/가')} 이미 free인 블록 {particle(twice[:6], '을/를')} 또 밀어 "
+                                ko=f"{particle(call, '이/가')} 빈 블록 목록에 이미 있는 블록 {particle(twice[:6], '을/를')} 또 밀어 "
                                    "넣었습니다 (이중 반납): 다음 두 번의 pop이 같은 블록을 두 "
                                    "주인에게 줍니다"))
             if -1 in pushed:
@@ -452,7 +452,7 @@ def grade(cls) -> str:
                   f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
                   f"nothing ({probed})",
                ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
-                  f"처리했습니다: {len(mine)} 스텝, 선점 {preempted}번, pop {popped}번, push "
+                  f"처리했습니다: 스텝 {len(mine)}번, 선점 {preempted}번, pop {popped}번, push "
                   f"{pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
                   f"CacheFullError를 내고 아무것도 바꾸지 않았습니다 ({probed})")
@@ -462,8 +462,8 @@ def _describe_difference(mine, stock, i, what) -> str:
     if what == "length":
         return say(en=f"the run took {len(mine)} steps or more; the article's engine took "
                       f"{len(stock)}",
-                   ko=f"실행이 {len(mine)} 스텝 이상 걸렸습니다; 글의 엔진은 {len(stock)} "
-                      "스텝입니다")
+                   ko=f"실행이 스텝 {len(mine)}번 이상 걸렸습니다; 글의 엔진은 스텝 "
+                      f"{len(stock)}번입니다")
     m, s = mine[i], stock[i]
     step = f"step {m.index} ({m.kind})"
     if what == "table":

@@ -106,7 +106,7 @@ class Puzzle:
         if unsolved(answer):
             return Verdict("unsolved", say(
                 en=f"write {self.function_name} and pass the function itself",
-                ko=f"{particle(self.function_name, '을/를')} 작성하고 그 함수 자체를 넘기세요"))
+                ko=f"{particle(self.function_name, '을/를')} 작성해 그대로 넘기세요 (호출 결과가 아니라 그 자체)"))
         refused = self.check_answer(answer)
         if refused is None and not worked:
             borrowed = ends_the_program(answer) or borrowed_code(answer)

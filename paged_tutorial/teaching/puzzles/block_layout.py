@@ -53,7 +53,7 @@ def offsets_of(fn, c) -> np.ndarray:
                         raise Wrong(say(
                             en=f"{label} lands at byte {off}, outside its {c.BLOCK_BYTES}-byte "
                                "block (BLOCK_BYTES): it would overwrite another block",
-                            ko=f"{particle(label, '이/가')} 바이트 {off}에 놓여 {c.BLOCK_BYTES} 바이트짜리 "
+                            ko=f"{particle(label, '이/가')} 바이트 {off}에 놓여 {c.BLOCK_BYTES}바이트짜리 "
                                "블록(BLOCK_BYTES) 밖으로 나갑니다: 다른 블록을 덮어씁니다"),
                             figure=None)
                     out[which, t, h, d] = off
@@ -92,7 +92,7 @@ def explain(offsets: np.ndarray, c) -> str:
                 return say(en=f"{here} (byte {off}) and {other} overlap: each element takes "
                               f"{c.ITEMSIZE} bytes, so one of them is lost",
                            ko=f"{particle(f'{here} (바이트 {off})', '과/와')} {particle(other, '이/가')} 겹칩니다: 원소마다 "
-                              f"{c.ITEMSIZE} 바이트를 차지하므로 하나를 잃습니다")
+                              f"{c.ITEMSIZE}바이트를 차지하므로 하나를 잃습니다")
             owner[b] = (which, t, h, d)
     for which, t, h, d in np.ndindex(offsets.shape):
         want = article_offset(c, t, h, d, which)

@@ -269,7 +269,7 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                            f"would read {t} token rows from one {c.BLOCK_SIZE}-token block, far "
                            "past its end",
                         ko=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: 커널이 "
-                           f"{c.BLOCK_SIZE} 토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
+                           f"{c.BLOCK_SIZE}토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
                            "블록 끝을 한참 넘습니다"))
                 rep.table_index.append(ti)
                 rep.physical_block.append(phys)

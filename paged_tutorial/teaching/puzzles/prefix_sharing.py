@@ -178,7 +178,7 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
                           f"({theirs}... where the request has {own}...). Equal keys do not "
                           "prove equal contents: a key is a hash",
                        ko=f"{where}: 규칙이 다른 토큰을 담은 캐시 블록을 공유했습니다 "
-                          f"(요청은 {own}... 인데 블록은 {theirs}...). 키가 같다고 내용이 같은 "
+                          f"(요청의 토큰은 {own}..., 블록의 토큰은 {theirs}...). 키가 같다고 내용이 같은 "
                           "것은 아닙니다: 키는 해시입니다")
         if not _compares_tokens(fn, call.args):
             return say(en=f"{where}: your rule compared neither the tokens nor the parent: it "
@@ -201,8 +201,8 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
     return say(en=f"{where}: your rule refused a cached block with the same tokens, computed "
                   "after the same block (found.parent is previous), leaving one token or more to "
                   "compute; the request computed tokens it could have shared",
-               ko=f"{where}: 규칙이 같은 토큰을 같은 블록 뒤에서 계산한 캐시 블록을 (found.parent가 "
-                  "previous) 거절했습니다. 계산할 토큰이 하나 이상 남는데도요; 요청은 공유할 수 "
+               ko=f"{where}: 계산할 토큰이 하나 이상 남는데도, 규칙이 같은 토큰을 같은 블록 뒤에서 "
+                  "계산한 캐시 블록(found.parent가 previous)을 거절했습니다; 요청은 공유할 수 "
                   "있던 토큰을 다시 계산했습니다")
 
 
@@ -238,7 +238,7 @@ def grade(fn) -> str:
 PUZZLES = (
     Puzzle(
         "09.can_share", Text(en="may a request use the cached block its hash key found?",
-                             ko="요청이 해시 키로 찾은 캐시 블록을 써도 될까?"),
+                             ko="요청이 해시 키로 찾은 캐시 블록을 써도 되는지"),
         "def can_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):",
         Text(en="The prefix cache found `found` under the hash key of the request's logical\n"
                 "block `logical_block`, a full block of its prompt.  found.tokens: the token ids\n"
@@ -264,7 +264,7 @@ PUZZLES = (
                 "토큰의 로짓에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
         Text(en="real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache "
                 "asks your rule, next to stock engines, under three hash functions",
-             ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine 들 (torch 백엔드, 슬롯 "
+             ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로"),
         "prefix_cache.may_share", grade),
 )

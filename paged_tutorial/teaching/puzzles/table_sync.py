@@ -200,10 +200,10 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
            f"anything, 0 in the other {sum(1 for _, w in syncs if not w)}); copying the whole "
            f"table before each layer's attention, as the article does, sends {entries} entries "
            f"x {layers} layers per step, {article:,} in all",
-        ko=f"요청 {len(REQUESTS)}개, {len(syncs)} 스텝, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
+        ko=f"요청 {len(REQUESTS)}개, 스텝 {len(syncs)}번, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
            f"동기화는 모두 {written}칸을 복사했습니다 (무언가 바뀐 스텝에서 {per_step}, 나머지 "
-           f"{sum(1 for _, w in syncs if not w)} 스텝에서는 0); 글처럼 레이어마다 어텐션 전에 테이블 "
-           f"전체를 복사하면 스텝마다 {entries}칸 x {layers} 레이어, 모두 {article:,}칸입니다")
+           f"스텝 {sum(1 for _, w in syncs if not w)}번에서는 0); 글처럼 레이어마다 어텐션 전에 테이블 "
+           f"전체를 복사하면 스텝마다 {entries}칸 x 레이어 {layers}개, 모두 {article:,}칸입니다")
 
 
 def grade(fn) -> str:
