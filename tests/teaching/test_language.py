@@ -1,9 +1,13 @@
 """The checker speaks Korean as well as English: every prompt, hint and verdict of the
 exercises and puzzles of chapters 00, 01, 02, 06, 07 and 09 and every generic message exists in
-both, and a Korean verdict is Korean."""
+both, and a Korean verdict is Korean.  The Korean text as a whole, read from every say(...) and
+Text(...) of the learner's tools: particles written against their noun and chosen by particle()
+after a computed value, the glossary's terms only (docs/korean-review.md)."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import re
 
 import pytest
@@ -11,7 +15,7 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import answers, registry
 from paged_tutorial.teaching.exercises.registry import Exercise
-from paged_tutorial.teaching.language import Text, set_language
+from paged_tutorial.teaching.language import GLOSSARY, Text, set_language
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
 CHAPTERS = ("00.", "01.", "02.", "06.", "07.", "09.")
@@ -100,18 +104,13 @@ def test_puzzle_verdicts_in_korean(name):
 
 
 # -- the Korean text as a whole: static checks over every say(...) and Text(...) -----------------
-import ast  # noqa: E402
-import pathlib  # noqa: E402
-
-from paged_tutorial.teaching.language import GLOSSARY  # noqa: E402
-
 TEACHING = pathlib.Path(ex.__file__).resolve().parents[1]
 PLACEHOLDER = "\x00"
 #: a particle whose form depends on the noun before it
 ALTERNATING = r"(?:은|는|이|가|을|를|과|와|으로|로)"
 #: particles, endings and counters that attach to the word before them
 ATTACHED = (ALTERNATING[3:-1] + "|의|에|에서|에서는|에는|에도|에서만|입니다|인|인데|이면|이지만|"
-            "인가요|도|만|까지|까지의|부터|부터의|보다|마다|만큼|개|개의|짜리|번째|쌍")
+            "인가요|이나|나|도|만|까지|까지의|부터|부터의|보다|마다|만큼|개|개의|짜리|번째|쌍")
 
 
 def _text(node) -> str | None:

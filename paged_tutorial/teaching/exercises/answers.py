@@ -52,13 +52,15 @@ def _type_problem_integer(value) -> str | None:
 def _type_problem_real(value) -> str | None:
     v, kind = _describe(value), type(value).__name__
     if isinstance(value, (bool, np.bool_)):
-        return say(en=f"{value!r} is a bool, not a number", ko=f"{particle(repr(value), '은/는')} bool이지 수가 아닙니다")
+        return say(en=f"{value!r} is a bool, not a number",
+                   ko=f"{particle(repr(value), '은/는')} bool이지 수가 아닙니다")
     if isinstance(value, str):
         return say(en=f"{v} is text (a str), not a number: drop the quotes",
                    ko=f"{particle(v, '은/는')} 문자열(str)이지 수가 아닙니다: 따옴표를 빼세요")
     if isinstance(value, numbers.Real):
         return None
-    return say(en=f"{v} is a {kind}, not a real number", ko=f"{particle(v, '은/는')} {kind}이지 실수가 아닙니다")
+    return say(en=f"{v} is a {kind}, not a real number",
+               ko=f"{particle(v, '은/는')} {kind}이지 실수가 아닙니다")
 
 
 def agrees_to_digits(got: float, expected: float, digits: int = SIGNIFICANT_DIGITS) -> bool:
@@ -151,7 +153,9 @@ class Numbers(Kind):
     def type_problem(self, value):
         v, what = _describe(value), self.what
         if isinstance(value, (str, bytes)):
-            return say(en=f"{v} is text (a str), not {what}", ko=f"{particle(v, '은/는')} 문자열(str)입니다: {particle(what, '으로/로')} 답하세요")
+            return say(en=f"{v} is text (a str), not {what}",
+                       ko=f"{particle(v, '은/는')} 문자열(str)입니다: "
+                          f"{particle(what, '으로/로')} 답하세요")
         if isinstance(value, np.ndarray):
             if value.ndim != 1:
                 return say(en=f"an array of shape {value.shape}: give {what}",
@@ -161,7 +165,8 @@ class Numbers(Kind):
             items = list(value)
         else:
             return say(en=f"{v} is a {type(value).__name__}: give {what}",
-                       ko=f"{particle(v, '은/는')} {type(value).__name__}입니다: {particle(what, '으로/로')} 답하세요")
+                       ko=f"{particle(v, '은/는')} {type(value).__name__}입니다: "
+                          f"{particle(what, '으로/로')} 답하세요")
         if len(items) != self.length:
             return say(en=f"{len(items)} element(s) given: give {what}",
                        ko=f"원소 {len(items)}개를 줬습니다: {particle(what, '으로/로')} 답하세요")

@@ -379,7 +379,8 @@ def need_real(value, what: str, call: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {short(value)} ({type(value).__name__}); the kernel "
                            f"needs a number ({call})",
-                        ko=f"{particle(str(what), '이/가')} {short(value)} ({type(value).__name__})입니다; "
+                        ko=f"{particle(str(what), '이/가')} {short(value)} "
+                           f"({type(value).__name__})입니다; "
                            f"커널에는 "
                            f"수가 필요합니다 ({call})"))
     return float(value)

@@ -91,7 +91,8 @@ def explain(offsets: np.ndarray, c) -> str:
                 here, other = element_label(which, t, h, d), element_label(*owner[b])
                 return say(en=f"{here} (byte {off}) and {other} overlap: each element takes "
                               f"{c.ITEMSIZE} bytes, so one of them is lost",
-                           ko=f"{particle(f'{here} (바이트 {off})', '과/와')} {particle(other, '이/가')} 겹칩니다: 원소마다 "
+                           ko=f"{particle(f'{here} (바이트 {off})', '과/와')} "
+                              f"{particle(other, '이/가')} 겹칩니다: 원소마다 "
                               f"{c.ITEMSIZE}바이트를 차지하므로 하나를 잃습니다")
             owner[b] = (which, t, h, d)
     for which, t, h, d in np.ndindex(offsets.shape):

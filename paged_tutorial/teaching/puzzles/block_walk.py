@@ -125,7 +125,8 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 raise Wrong(figure=figure_for(row, h), message=say(
                     en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
                        "which is not its element of any token of this sequence",
-                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 {particle(f'{stray} ({element_name(c, stray)})', '을/를')} "
+                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 "
+                       f"{particle(f'{stray} ({element_name(c, stray)})', '을/를')} "
                        "읽었는데, 이 시퀀스의 어떤 토큰의 원소도 아닙니다"))
             for e, (t, half) in sorted(want.items(), key=lambda item: item[1]):
                 n = counts.get(e, 0)

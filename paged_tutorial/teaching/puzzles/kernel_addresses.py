@@ -227,7 +227,8 @@ def _explain_k(prep, reps, result) -> str:
                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
                        f"needs {element_name(c, want[d])}",
                     ko=f"q 헤드 {rep.q_head} (KV 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
-                       f"원소 {particle(f'{int(got[d])} ({element_name(c, got[d])})', '을/를')} 읽습니다; 필요한 것은 "
+                       f"원소 {particle(f'{int(got[d])} ({element_name(c, got[d])})', '을/를')} "
+                       f"읽습니다; 필요한 것은 "
                        f"{element_name(c, want[d])}")
     return say(en="The K elements read look right; check what else the function returns",
                ko="읽은 K 원소는 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")

@@ -119,7 +119,8 @@ def _first_divergence(scores, mine, article) -> str:
             if rose:
                 event = say(en=f"the running max rises from {article[t - 1, 0]:.4g} to "
                                f"{article[t, 0]:.4g}",
-                            ko=f"누적 최댓값이 {article[t - 1, 0]:.4g}에서 {particle(format(article[t, 0], '.4g'), '으로/로')} "
+                            ko=f"누적 최댓값이 {article[t - 1, 0]:.4g}에서 "
+                               f"{particle(format(article[t, 0], '.4g'), '으로/로')} "
                                "오릅니다")
             elif t == 0:
                 event = say(en="the first token", ko="첫 토큰")

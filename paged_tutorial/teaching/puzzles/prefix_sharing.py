@@ -128,7 +128,7 @@ class ReaderRule:
         mine = host_call(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
             raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
-                            ko=f"can_share가 {particle(repr(mine), '을/를')} 돌려줬습니다; True 나 False를 돌려줘야 "
+                            ko=f"can_share가 {particle(repr(mine), '을/를')} 돌려줬습니다; True나 False를 돌려줘야 "
                                "합니다"))
         mine = bool(mine)
         engine = may_share(*args)
