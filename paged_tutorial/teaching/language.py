@@ -109,6 +109,7 @@ GLOSSARY = {
     "stride": ("보폭", ("stride",)),
     "sync (of the device table)": ("동기화", ()),
     "cache": ("캐시", ()),
+    "stock engine": ("표준 엔진", ("기본 엔진",)),
     "your code": ("여기에 코드를 쓰세요", ("your code", "TODO")),
 }
 

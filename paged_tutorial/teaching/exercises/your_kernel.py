@@ -221,7 +221,7 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
     at = first_difference(mine, stock)
     if at is None:
         return say(en="your kernel's answer is the stock engine's, token for token",
-                   ko="여러분 커널의 답은 기본 엔진의 답과 토큰 하나하나까지 같습니다")
+                   ko="여러분 커널의 답은 표준 엔진의 답과 토큰 하나하나까지 같습니다")
 
     def shown(tokens, i):
         return repr(token_text(tokens[i])) if i < len(tokens) else say(en="nothing (it stopped)",
@@ -229,7 +229,7 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
     where = say(en=f"the answers part at generated token {at + 1}: {kernel.label} wrote "
                    f"{shown(mine, at)} where the stock engine wrote {shown(stock, at)}",
                 ko=f"생성된 {at + 1}번째 토큰에서 답이 갈립니다: {particle(kernel.label, '은/는')} "
-                   f"{shown(mine, at)}, 기본 엔진은 {particle(shown(stock, at), '을/를')} 썼습니다")
+                   f"{shown(mine, at)}, 표준 엔진은 {particle(shown(stock, at), '을/를')} 썼습니다")
     yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
              if origin == YOURS and part in BODY_PUZZLES]
     for part, puzzle in yours:
@@ -241,7 +241,7 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                    "text.  Its puzzle's checks passed, so the difference is one they do not "
                    f"cover: compare it with reveal({puzzle!r}) line by line",
                 ko=f"{where}.  여러분의 {part} 자리에 풀이 예시를 넣고 (퍼즐 {puzzle}, 노트북 "
-                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 기본 엔진과 같은 토큰을 생성합니다: "
+                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 표준 엔진과 같은 토큰을 생성합니다: "
                    f"텍스트를 바꾸는 것은 여러분의 {part}입니다.  퍼즐의 채점은 통과했으니 "
                    f"채점이 다루지 않는 차이입니다: reveal({puzzle!r})과 한 줄씩 비교해 보세요")
     if not yours:
