@@ -185,7 +185,23 @@ class InheritsTheWorkedSolution(AllocatorBase):
         return solutions.ArticleAllocator.release(self, slot)
 
 
+class HardCodedBlockSize(ArticleAllocator):
+    """Counts logical blocks with BLOCK_SIZE taken as 16, the size of every cache the grader
+    used to run: right there, wrong at any other BLOCK_SIZE."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        needed = [(layer, logical) for layer in range(c.num_layers)
+                  for logical in range(-(-new_len // 16))
+                  if self.table.entries[slot, layer, logical] == -1]
+        if len(needed) > len(self.free_blocks):
+            raise CacheFullError(f"slot {slot} needs {len(needed)} blocks")
+        for layer, logical in needed:
+            self.table.assign(slot, layer, logical, self.free_blocks.pop())
+
+
 WRONG = {
+    "hard-coded BLOCK_SIZE 16": HardCodedBlockSize,
     "delegates to the worked solution": InheritsTheWorkedSolution,
     "pops some blocks, then raises CacheFullError (0 < free < needed)": PopsThenFails,
     "delegates to the package's allocator": DelegatesToThePackage,

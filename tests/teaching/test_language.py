@@ -92,14 +92,14 @@ def test_puzzle_verdicts_in_korean(name):
     set_language("ko")
     right = ex.grade(name, ex.reveal(name))
     assert right.ok and korean(right.message), right.message
-    what, wrong = next(iter(WRONG[name].items()))
-    verdict = ex.grade(name, wrong)
-    assert verdict.status == "wrong" and korean(verdict.message), (what, verdict.message)
+    wrong_verdicts = [ex.grade(name, wrong) for wrong in WRONG[name].values()]
+    for (what, _), verdict in zip(WRONG[name].items(), wrong_verdicts):
+        assert verdict.status == "wrong" and korean(verdict.message), (what, verdict.message)
     assert korean(ex.grade(name, ...).message)
     assert korean(ex.puzzle(name).describe())
     prose = "\n".join(line for line in ex.puzzle(name).describe().splitlines()
                       if not re.match(r"\s*(def|class|from|import|\.\.\.)\b", line))
-    for text in (right.message, verdict.message, prose):
+    for text in [right.message, prose] + [v.message for v in wrong_verdicts]:
         assert english_sentence(text) is None, text
 
 
@@ -110,7 +110,7 @@ PLACEHOLDER = "\x00"
 ALTERNATING = r"(?:은|는|이|가|을|를|과|와|으로|로)"
 #: particles, endings and counters that attach to the word before them
 ATTACHED = (ALTERNATING[3:-1] + "|의|에|에서|에서는|에는|에도|에서만|입니다|인|인데|이면|이지만|"
-            "인가요|이나|나|도|만|까지|까지의|부터|부터의|보다|마다|만큼|개|개의|짜리|번째|쌍")
+            "인가요|이나|나|들|도|만|까지|까지의|부터|부터의|보다|마다|만큼|개|개의|짜리|번째|쌍")
 
 
 def _text(node) -> str | None:

@@ -37,6 +37,35 @@ def _softmax(rescale_acc=True, rescale_d=True, inverted=False, keep_first_max=Fa
     return update
 
 
+def _shares_by_the_engines_rule(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    from paged_tutorial.cache.prefix_cache import may_share
+    return may_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
+
+
+def _shares_by_a_dynamic_import(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    module = __import__("importlib").import_module("paged_tutorial.cache.prefix_cache")
+    return module.may_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
+
+
+def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = lambda self, *args: args[0].tokens == args[1]
+    return False
+
+
+def _copies_around_the_counter(host, device, changed):
+    device.tensor[:] = device.tensor.new_tensor(host)
+
+
+def _resets_the_count(host, device, changed):
+    device[:] = host
+    device.writes = 0
+
+
+def _k_index_from_the_kernel(p, t, h, d, BE, KV, HD):
+    import paged_tutorial.backends.numba_cuda.kernels.attention as kernel
+    return kernel.k_index(p, t, h, d, BE, KV, HD)
+
+
 #: puzzle -> {what the wrong answer does: function}; each must be refused
 WRONG = {
     "01.kv_offset": {
@@ -76,6 +105,7 @@ WRONG = {
         "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
         "hard-coded to one shape (head_dim 32, two kv heads)":
             lambda p, t, h, d, BE, KV, HD: p * 2048 + t * 64 + h * 32 + d,
+        "imports the engine's kernel and calls its k_index": _k_index_from_the_kernel,
         "hard-coded to the article's shape (head_dim 64, eight kv heads)":
             lambda p, t, h, d, BE, KV, HD: p * BE + t * 512 + h * 64 + d,
     },
@@ -104,6 +134,8 @@ WRONG = {
         "ignores changed and compares the whole device table every step":
             lambda host, device, changed: [device.__setitem__(i, host[i])
                                            for i in range(len(device)) if device[i] != host[i]],
+        "writes the device tensor around the counted indexing": _copies_around_the_counter,
+        "copies the whole table, then resets the write count": _resets_the_count,
         "reads the whole device table in one slice to find the stale entries":
             lambda host, device, changed: [device.__setitem__(int(i), host[int(i)])
                                            for i in (device[:] != host).nonzero()[0]],
@@ -116,6 +148,11 @@ WRONG = {
         "shares the last token's block too":
             lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * BS <= n,
         "never shares": lambda f, t, p, lb, n, BS: False,
+        "calls the engine's own rule (prefix_cache.may_share)": _shares_by_the_engines_rule,
+        "imports the engine's rule by name at run time": _shares_by_a_dynamic_import,
+        "patches the checker's comparison": _changes_the_checker,
+        "hard-coded BLOCK_SIZE 16 (the last-block rule)":
+            lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * 16 < n,
         "compares a list with the tuple":
             lambda f, t, p, lb, n, BS: list(f.tokens) == t and f.parent is p and (lb + 1) * BS < n,
     },

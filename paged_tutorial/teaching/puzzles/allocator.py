@@ -11,32 +11,35 @@ preemption) and ``release`` (push a finished slot's blocks back layer by layer, 
 by logical block, ``main.cpp:1018-1029``).
 
 The grader builds the engine's cache with a subclass of her class that checks every call as
-it returns (``Checked``), runs the requests next to a stock engine (the article's
+it returns (``Checked``), draws a scenario (``draw_scenario``: layers, BLOCK_SIZE, slots, a too
+small NUM_BLOCKS and a request stream under which the article's engine meets 0 < free <
+needed), runs its requests next to a stock engine (the article's
 ``FreeListAllocator``), compares tokens, block table and free list after every step, checks the
 invariants after every step, and finally compares every request's tokens with its solo run.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
 
 import numpy as np
 
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, particle, say, term
+from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
                                                   short)
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
-#: (prompt, max_tokens): r0 and r1 run together and outgrow the cache, r2 waits for blocks
-REQUESTS = ((tuple(range(3, 8)), 30),          # 5 tokens, grows to 34: 3 logical blocks
-            (tuple(range(20, 36)), 22),        # 16 tokens (one full block), grows to 37
-            (tuple(range(40, 60)), 6))         # 20 tokens: waits, then reuses freed blocks
-NUM_BLOCKS = 8                                 # 4 logical blocks of 2 layers: too few for all
-ENGINE = dict(device="cpu", max_slots=2, max_seq_len=48)
+#: what an engine run draws from: layers, tokens per block, slots
+LAYER_CHOICES = (2, 3)
+BLOCK_SIZE_CHOICES = (8, 16)
+SLOT_CHOICES = (2, 3)
+#: how many streams are drawn, at most, before one meets 0 < free < needed
+DRAW_ATTEMPTS = 40
 DTYPE = "float32"                              # recomputing a preempted request is exact
 
 
@@ -198,7 +201,7 @@ def checked(cls):
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
                         ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
-                           f"free_blocks에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
+                           f"free_blocks에서 꺼냈습니다 (IndexError: {exc}): 이 할당기는 선점을 일으키지 "
                            "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
@@ -323,17 +326,16 @@ def _same_state(a: dict, b: dict) -> bool:
     return True
 
 
-def probe_full(cls) -> str:
-    """Two calls where 0 < free blocks < needed, at a table layout drawn afresh: a prompt that
-    needs more blocks than are free, and a decode step that starts a new block in every layer
-    with one block fewer free than layers.  Each must raise CacheFullError and change nothing;
-    returns the layouts probed."""
+def probe_full(cls, bs: int = 16) -> str:
+    """Two calls where 0 < free blocks < needed, at a table layout drawn afresh with ``bs``
+    tokens per block: a prompt that needs more blocks than are free, and a decode step that
+    starts a new block in every layer with one block fewer free than layers.  Each must raise
+    CacheFullError and change nothing; returns the layouts probed."""
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.teaching.puzzles import shapes
 
     rng, seed = shapes.fresh_rng()
-    num_layers = int(rng.integers(3, 5))              # the engine run has 2 layers
-    bs = 16
+    num_layers = int(rng.integers(4, 6))              # the engine run has 2 or 3 layers
     first = int(rng.integers(1, 3 * bs))              # slot 0's tokens
     owned = -(-first // bs) * num_layers
     grow_to = -(-first // bs) * bs + 1                # slot 0's next token starts a block
@@ -345,21 +347,26 @@ def probe_full(cls) -> str:
         free = int(rng.integers(1, num_layers)) if call == "prompt" else num_layers - 1
         config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
                              dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
-                             max_slots=2, max_seq_len=4 * bs)
+                             max_slots=2, max_seq_len=4 * bs, block_size=bs)
         Checked = checked(cls)
         cache = PagedKVCache(config, "cpu", allocator=lambda c, t, e: Checked(c, t, e))
         allocator = cache.allocator
         allocator.life = []
-        allocator.ensure_capacity(0, first)
+        try:
+            allocator.ensure_capacity(0, first)
+        except Wrong as wrong:
+            raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
+                        f"seed {seed}] {wrong.message}") from None
         slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
-        where = say(en=f"{num_layers} layers, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 holding "
-                       f"{first} tokens; ensure_capacity(slot={slot}, new_len={new_len}) needs "
-                       f"{need} blocks with {len(allocator.free_blocks)} free (seed {seed})",
-                    ko=f"레이어 {num_layers}개, NUM_BLOCKS {config.NUM_BLOCKS}, 슬롯 0에 토큰 "
-                       f"{first}개; ensure_capacity(slot={slot}, new_len={new_len})에 블록 "
-                       f"{need}개가 필요하고 {len(allocator.free_blocks)}개가 남음 (시드 {seed})")
+        where = say(en=f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
+                       f"slot 0 holding {first} tokens; ensure_capacity(slot={slot}, "
+                       f"new_len={new_len}) needs {need} blocks with "
+                       f"{len(allocator.free_blocks)} free (seed {seed})",
+                    ko=f"레이어 {num_layers}개, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
+                       f"슬롯 0에 토큰 {first}개; ensure_capacity(slot={slot}, new_len={new_len})에 "
+                       f"블록 {need}개가 필요하고 {len(allocator.free_blocks)}개가 남음 (시드 {seed})")
         try:
             allocator.ensure_capacity(slot, new_len)
         except CacheFullError:
@@ -372,35 +379,108 @@ def probe_full(cls) -> str:
     return "; ".join(probed)
 
 
-def _engine(allocator_class=None):
+@dataclass(frozen=True)
+class Scenario:
+    """One engine run of the grader, drawn afresh for every check: the table layout (layers,
+    BLOCK_SIZE, slots), a cache of ``num_blocks`` blocks too small for the request stream, and
+    the stream itself (prompt and new tokens of each request, in arrival order), such that the
+    article's engine meets a decode step that needs more blocks than are free while some are
+    (0 < free < needed): that call must raise CacheFullError and change nothing."""
+
+    requests: tuple                     # ((prompt ids, max_tokens), ...) in arrival order
+    num_layers: int
+    block_size: int
+    max_slots: int
+    max_seq_len: int
+    num_blocks: int
+    seed: int
+
+    def describe(self) -> str:
+        lens = ", ".join(f"{len(p)}+{m}" for p, m in self.requests)
+        return say(en=f"{self.num_layers} layers, BLOCK_SIZE {self.block_size}, "
+                      f"{self.max_slots} slots, NUM_BLOCKS {self.num_blocks}, "
+                      f"{len(self.requests)} requests in this order (prompt + new tokens: "
+                      f"{lens}), seed {self.seed}",
+                   ko=f"레이어 {self.num_layers}개, BLOCK_SIZE {self.block_size}, 슬롯 "
+                      f"{self.max_slots}개, NUM_BLOCKS {self.num_blocks}, 이 순서로 온 요청 "
+                      f"{len(self.requests)}개 (프롬프트 + 새 토큰: {lens}), 시드 {self.seed}")
+
+
+class _FindsShortfall(FreeListAllocator):
+    """The article's allocator, noting every refused call made while blocks were free."""
+
+    shortfalls = 0
+
+    def ensure_capacity(self, slot, new_len):
+        try:
+            super().ensure_capacity(slot, new_len)
+        except CacheFullError:
+            if self.free_blocks:
+                type(self).shortfalls += 1
+            raise
+
+
+def _draw_candidate(rng, seed: int, block_size: int | None) -> Scenario:
+    layers = shapes.pick(rng, LAYER_CHOICES)
+    bs = block_size or shapes.pick(rng, BLOCK_SIZE_CHOICES)
+    slots = shapes.pick(rng, SLOT_CHOICES)
+    per_seq = int(rng.integers(3, 5))                   # logical blocks one request may reach
+    max_seq_len = per_seq * bs
+    requests = []
+    for _ in range(slots + int(rng.integers(0, 2))):
+        prompt = int(rng.integers(1, max_seq_len - bs))
+        total = int(rng.integers(prompt + 2, max_seq_len + 1))
+        ids = tuple(int(t) for t in rng.integers(3, 64, prompt))
+        requests.append((ids, total - prompt))
+    largest = max(-(-(len(p) + m) // bs) for p, m in requests) * layers
+    # room for the largest request alone (and one more block), short of all of them at once
+    num_blocks = largest + int(rng.integers(1, layers + 1))
+    return Scenario(tuple(requests), layers, bs, slots, max_seq_len, num_blocks, seed)
+
+
+def draw_scenario(block_size: int | None = None) -> Scenario:
+    """A scenario no earlier check ran (with ``block_size`` tokens per block, if given), in
+    which the article's engine meets 0 < free < needed at least once."""
+    rng, seed = shapes.fresh_rng()
+    for _ in range(DRAW_ATTEMPTS):
+        scenario = _draw_candidate(rng, seed, block_size)
+        _FindsShortfall.shortfalls = 0
+        engine = _engine(scenario, lambda c, t, e: _FindsShortfall(c, t, e))
+        run(engine, scenario.requests)
+        if _FindsShortfall.shortfalls:
+            return scenario
+    raise RuntimeError(f"no request stream drawn from seed {seed} made the article's engine "
+                       f"run short of blocks in {DRAW_ATTEMPTS} tries")
+
+
+def _engine(scenario: Scenario, allocator_class=None, max_slots: int | None = None):
     from paged_tutorial.config import CacheConfig
 
-    model = tiny_model(dtype=DTYPE)
-    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype).BLOCK_BYTES
+    model = tiny_model(scenario.num_layers, dtype=DTYPE)
+    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype,
+                                        block_size=scenario.block_size).BLOCK_BYTES
     factory = None
     if allocator_class is not None:
         def factory(config, device):
             return PagedKVCache(config, device, allocator=allocator_class)
-    return engine_with_cache(model, factory, backend="torch",
-                             **{**ENGINE, "kv_cache_bytes": NUM_BLOCKS * block_bytes})
+    return engine_with_cache(model, factory, backend="torch", device="cpu",
+                             max_slots=max_slots or scenario.max_slots,
+                             max_seq_len=scenario.max_seq_len, block_size=scenario.block_size,
+                             kv_cache_bytes=scenario.num_blocks * block_bytes)
 
 
-@lru_cache(maxsize=1)
-def stock_run():
-    engine = _engine()
-    states = run(engine, REQUESTS)
-    return states, [engine.result(i).token_ids for i in range(len(REQUESTS))]
+def stock_run(scenario: Scenario):
+    engine = _engine(scenario)
+    states = run(engine, scenario.requests)
+    return states, [engine.result(i).token_ids for i in range(len(scenario.requests))]
 
 
-@lru_cache(maxsize=1)
-def solo_tokens() -> tuple:
-    """Each request served alone, with room to spare: the tokens every run must give."""
-    from paged_tutorial.engine.llm_engine import Engine
-
+def solo_tokens(scenario: Scenario) -> tuple:
+    """Each request served alone, in a cache of the same layout: the tokens every run must
+    give."""
     out = []
-    for prompt, max_new in REQUESTS:
-        engine = Engine(tiny_model(dtype=DTYPE), backend="torch", device="cpu", max_slots=1,
-                        max_seq_len=ENGINE["max_seq_len"])
+    for prompt, max_new in scenario.requests:
+        engine = _engine(scenario, max_slots=1)
         out.append(engine.generate([list(prompt)], max_tokens=max_new, temperature=0.0,
                                    seed=0)[0].token_ids)
     return tuple(out)
@@ -415,17 +495,29 @@ def grade(cls) -> str:
                "self.table",
             ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity와 "
                "release를 self.free_blocks와 self.table로 직접 작성하세요"))
-    probed = probe_full(cls)
-    stock, stock_tokens = stock_run()
-    solo = solo_tokens()
+    # the probe and the engine run use different block sizes: BLOCK_SIZE is not a constant
+    rng, _ = shapes.fresh_rng()
+    probe_bs, run_bs = shapes.distinct(rng, BLOCK_SIZE_CHOICES, 2)
+    probed = probe_full(cls, probe_bs)
+    scenario = draw_scenario(run_bs)
+    try:
+        return _run_engine(cls, scenario, probed)
+    except Wrong as wrong:
+        raise Wrong(f"[{scenario.describe()}] {wrong.message}", wrong.figure) from None
+
+
+def _run_engine(cls, scenario: Scenario, probed: str) -> str:
+    requests = scenario.requests
+    stock, stock_tokens = stock_run(scenario)
+    solo = solo_tokens(scenario)
     Checked = checked(cls)
-    engine = _engine(lambda config, table, events: Checked(config, table, events))
+    engine = _engine(scenario, lambda config, table, events: Checked(config, table, events))
     life = engine.cache.allocator.life = []
 
     def after_step(state):
         engine.cache.check_invariants()
     try:
-        mine, diff = run(engine, REQUESTS, against=stock, compare_blocks=True,
+        mine, diff = run(engine, requests, against=stock, compare_blocks=True,
                          after_step=after_step)
     except AssertionError as exc:
         raise Wrong(say(en=f"the cache's invariants broke: {exc}",
@@ -436,23 +528,22 @@ def grade(cls) -> str:
     if diff is not None:
         i, what = diff
         raise Wrong(_describe_difference(mine, stock, i, what))
-    tokens = [engine.result(i).token_ids for i in range(len(REQUESTS))]
+    tokens = [engine.result(i).token_ids for i in range(len(requests))]
     for r, (got, alone) in enumerate(zip(tokens, solo)):
         if got != alone:
             raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
                             ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 "
                                f"{short(alone)}입니다"))
-    preempted = sum(engine.result(i).num_preemptions for i in range(len(REQUESTS)))
+    preempted = sum(engine.result(i).num_preemptions for i in range(len(requests)))
     popped = sum(1 for kind, _ in life if kind == "pop")
     pushes = len(life) - popped
-    return say(en=f"{len(REQUESTS)} requests through 2 slots and {NUM_BLOCKS} blocks with your "
-                  f"allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
+    return say(en=f"{scenario.describe()}, with your allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
                   f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
                   "every step, the invariants held, and every request's tokens equal its solo "
                   f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
                   f"nothing ({probed})",
-               ko=f"요청 {len(REQUESTS)}개를 슬롯 2개와 블록 {NUM_BLOCKS}개로, 직접 쓴 할당기로 "
-                  f"처리했습니다: 스텝 {len(mine)}번, 선점 {preempted}번, pop {popped}번, push "
+               ko=f"{scenario.describe()}, 직접 쓴 할당기로: 스텝 {len(mine)}번, 선점 "
+                  f"{preempted}번, pop {popped}번, push "
                   f"{pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
                   f"CacheFullError를 내고 아무것도 바꾸지 않았습니다 ({probed})")
@@ -566,12 +657,16 @@ PUZZLES = (
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
                 "슬롯의 테이블을 훑습니다."),
         Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
-                "(three or four layers), then a real Engine (torch backend, 2 slots, 2 layers, 8 "
-                "blocks: too few for its 3 requests, so it preempts) whose cache allocates with "
-                "your class, next to a stock engine",
-             ko="채점할 때마다 새로 뽑는 테이블 배치(레이어 세 개나 네 개)에서 남은 것보다 많은 블록을 "
+                "(four or five layers), then a real Engine (torch backend) whose cache allocates "
+                "with your class, next to a stock engine; its layout (2-3 layers, 2-3 slots, "
+                "BLOCK_SIZE 8 or 16: the probe uses the other one), its too small NUM_BLOCKS and "
+                "its request stream are drawn afresh for every check, so that a decode step "
+                "finds fewer blocks free than it needs, but not none, and the scheduler preempts",
+             ko="채점할 때마다 새로 뽑는 테이블 배치(레이어 네 개나 다섯 개)에서 남은 것보다 많은 블록을 "
                 "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
-                "(torch 백엔드, 슬롯 2개, 레이어 2개, 블록 8개: 요청 3개에 모자라서 선점이 "
-                "일어납니다)과 표준 엔진을 나란히 돌린 실행"),
+                "(torch 백엔드)과 표준 엔진을 나란히 돌린 실행; 엔진의 배치 (레이어 2-3개, 슬롯 "
+                "2-3개, BLOCK_SIZE 8 또는 16: 앞의 호출은 다른 쪽), 모자란 NUM_BLOCKS, 요청 흐름은 "
+                "채점할 때마다 새로 뽑아서, 디코드 스텝이 필요한 것보다 적은 (그러나 0은 아닌) "
+                "블록을 만나고 스케줄러가 선점하게 합니다"),
         "main.cpp:266-272, 859-865, 1018-1029", grade),
 )

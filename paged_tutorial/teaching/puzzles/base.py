@@ -50,7 +50,14 @@ GRADE_LIMIT_S = 900.0
 #: modules whose code an answer may not call: the engine's kernels and backends, and the
 #: worked solutions
 BORROWED_MODULES = ("paged_tutorial.backends", "paged_tutorial.teaching.exercises.solutions",
-                    "paged_tutorial.teaching.exercises.solution_code")
+                    "paged_tutorial.teaching.exercises.solution_code",
+                    "paged_tutorial.cache.prefix_cache")
+#: the checker's own modules: an answer that reaches a function or a module of theirs could
+#: read or change how it is graded (a class of theirs, like AllocatorBase, is no way in)
+GRADER_MODULES = ("paged_tutorial.teaching.puzzles", "paged_tutorial.teaching.exercises",
+                  "paged_tutorial.teaching.verdict", "paged_tutorial.teaching.time_limit")
+#: names that import a module at run time
+DYNAMIC_IMPORTS = ("__import__", "importlib", "import_module")
 
 
 @dataclass(frozen=True)
@@ -190,8 +197,13 @@ def _code_objects(answer):
         yield getattr(fn, "__name__", "your function"), fn
 
 
+def _within(module: str, modules) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in modules)
+
+
 def _borrowed(value) -> str | None:
-    """The module of the engine or the worked solutions ``value`` is part of, or None."""
+    """The module of the engine, the worked solutions or the checker ``value`` is part of (a
+    class of the checker's excepted), or None."""
     if inspect.ismodule(value):
         module = value.__name__
     else:
@@ -200,8 +212,30 @@ def _borrowed(value) -> str | None:
         if not isinstance(module, str) or not (inspect.isfunction(target) or
                                                inspect.isclass(target)):
             return None
-    if any(module == m or module.startswith(m + ".") for m in BORROWED_MODULES):
+        if inspect.isclass(target) and not _within(module, BORROWED_MODULES):
+            return None
+    if _within(module, BORROWED_MODULES) or _within(module, GRADER_MODULES):
         return module
+    return None
+
+
+def _imports(code) -> str | None:
+    """A module of the package that ``code`` (or code nested in it) imports, or a name it
+    uses to import at run time, or None."""
+    import dis
+    import types
+
+    codes = [code]
+    while codes:
+        current = codes.pop()
+        codes += [c for c in current.co_consts if isinstance(c, types.CodeType)]
+        for instruction in dis.get_instructions(current):
+            if instruction.opname == "IMPORT_NAME" and \
+                    str(instruction.argval).split(".")[0] == "paged_tutorial":
+                return str(instruction.argval)
+        used = set(current.co_names) & set(DYNAMIC_IMPORTS)
+        if used:
+            return sorted(used)[0]
     return None
 
 
@@ -240,6 +274,15 @@ def borrowed_code(answer) -> str | None:
     for where, fn in _code_objects(answer):
         if _borrowed(fn):
             return _borrowed_message(where, fn.__name__, _borrowed(fn))
+        imported = _imports(fn.__code__)
+        if imported is not None:
+            return say(en=f"{where} imports {imported} as it runs: a puzzle's answer is your own "
+                          "arithmetic on its arguments; it needs no module of the package (and "
+                          "may not reach the engine's code, the worked solutions or the checker)",
+                       ko=f"{particle(str(where), '이/가')} 실행 중에 "
+                          f"{particle(imported, '을/를')} 가져옵니다(import): 퍼즐의 답은 인자만 "
+                          "가지고 하는 여러분 자신의 계산입니다. 패키지의 모듈은 필요 없습니다 (엔진의 "
+                          "코드, 풀이 예시, 채점기에 닿아서도 안 됩니다)")
         names = global_names(fn.__code__)
         # the kernel's build binds its own names (load, the constants, the other parts)
         values = [(n, fn.__globals__[n]) for n in names if n in fn.__globals__
@@ -270,6 +313,12 @@ def _has_contents(cell) -> bool:
 
 
 def _borrowed_message(where: str, name: str, module: str) -> str:
+    if _within(module, GRADER_MODULES) and "solution" not in module:
+        return say(en=f"{where} uses {name} from the checker ({module}): an answer computes its "
+                      "result from its arguments; it may not read or change how it is graded",
+                   ko=f"{particle(str(where), '이/가')} 채점기({module})의 "
+                      f"{particle(name, '을/를')} 씁니다: 답은 인자로 결과를 계산할 뿐, 채점 "
+                      "방식을 읽거나 바꾸면 안 됩니다")
     if "solution" in module:
         return say(en=f"{where} uses {name} from the worked solutions ({module}): the puzzle "
                       "asks for your own code; write it without them",

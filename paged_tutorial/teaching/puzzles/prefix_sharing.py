@@ -4,13 +4,14 @@
 The prefix cache finds a block by a hash key; the reader's function decides whether the
 request may point its table entry at what the key found.  The grader runs real engines whose
 ``PrefixCachingKVCache`` asks the reader's rule (``share_rule``), next to stock engines, on
-scenarios chosen to cross each edge of the rule:
+three scenarios chosen to cross each edge of the rule, their tokens, lengths and BLOCK_SIZE
+drawn afresh for every check (``draw_scenarios``, the seed named in the verdict):
 
 - *the hash ignores the chain*: a hash of a block's own tokens only, so "X Y" finds the Y that
   was computed after V;
 - *every key collides*: a hash under which every block has the same key, so a key finds a block
   that holds other tokens;
-- *the same system prompt*: ordinary sharing, and a prompt of exactly two blocks (its last
+- *the same system prompt*: ordinary sharing, and a prompt of exactly its full blocks (its last
   block must be computed: the first generated token comes from the last token's logits).
 
 In that order, a rule that compares the tokens but not the parent fails on the first scenario
@@ -26,26 +27,21 @@ did to the run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
 from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call
 from paged_tutorial.teaching.puzzles.engine_harness import tiny_model
 
-BLOCK = 16
 PARAMS = ["found", "tokens", "previous", "logical_block", "n_tokens", "BLOCK_SIZE"]
-
-
-def _ids(seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 64, n).tolist()
-
-
-SYSTEM = _ids(1, 2 * BLOCK)                  # a two-block "system prompt"
-V, X, Y = _ids(2, BLOCK), _ids(3, BLOCK), _ids(4, BLOCK)
+#: the tokens per block a scenario draws from; every check has both
+BLOCK_SIZE_CHOICES = (8, 16)
+MAX_SEQ_LEN = 64
+MAX_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -53,17 +49,75 @@ class Scenario:
     name: str
     hash_fn: Callable
     prompts: tuple                     # served one after another (one slot), greedy
-    max_tokens: int = 4
+    block_size: int
+    seed: int
+    max_tokens: int = MAX_TOKENS
+
+    def label(self) -> str:
+        lens = ", ".join(str(len(p)) for p in self.prompts)
+        return say(en=f"{SCENARIO_NAMES[self.name]}; BLOCK_SIZE {self.block_size}, prompts of "
+                      f"{lens} tokens, seed {self.seed}",
+                   ko=f"{SCENARIO_NAMES[self.name]}; BLOCK_SIZE {self.block_size}, 프롬프트 "
+                      f"토큰 {lens}개, 시드 {self.seed}")
 
 
-SCENARIOS = (
-    Scenario("the hash ignores the chain", lambda parent, tokens: chain_hash(None, tokens),
-             (V + Y + [1], X + Y + [2], X + Y + [3])),
-    Scenario("every key collides", lambda parent, tokens: 0,
-             (X + Y + [1, 2, 3], V + _ids(8, 20), X + Y + [4, 5])),
-    Scenario("the same system prompt", chain_hash,
-             (SYSTEM + _ids(5, 5), SYSTEM + _ids(6, 9), SYSTEM, SYSTEM[:BLOCK] + _ids(7, 20))),
-)
+def _chain_blind(parent, tokens):
+    return chain_hash(None, tokens)
+
+
+def _colliding(parent, tokens):
+    return 0
+
+
+def draw_scenarios() -> tuple[Scenario, ...]:
+    """The three scenarios of one check, drawn afresh: their token chains (which blocks follow
+    which parents), the prompts' lengths and BLOCK_SIZE (8 or 16, both in every check).  In
+    this order:
+
+    - *the hash ignores the chain*: a hash of a block's own tokens only; a block Y is computed
+      after a block V, then asked for after a block X (the first time X is computed, the
+      second X is shared and Y's key finds the Y computed after V), then after V again;
+    - *every key collides*: a hash under which every block has the same key, so a key finds
+      a block that holds other tokens;
+    - *the same system prompt*: ordinary sharing behind a system prompt of two or three full
+      blocks, and that system prompt alone (its last block must be computed: the first
+      generated token comes from the last token's logits)."""
+    rng, seed = shapes.fresh_rng()
+    # the first and the third scenario share blocks after the first: one runs at each size
+    first, third = (int(x) for x in rng.permutation(BLOCK_SIZE_CHOICES))
+    sizes = [first, shapes.pick(rng, BLOCK_SIZE_CHOICES), third]
+
+    def ids(n):
+        return [int(t) for t in rng.integers(0, 64, n)]
+
+    def tail(bs, used):                 # a few tokens past the full blocks, within the slot
+        return ids(int(rng.integers(1, min(bs, MAX_SEQ_LEN - MAX_TOKENS - used))))
+
+    bs = sizes[0]
+    n_pre = int(rng.integers(1, 3 if bs == 16 else 4))     # blocks before the shared one
+    v, x, y = (ids(n_pre * bs) for _ in range(3))
+    y = ids(bs)
+    used = (n_pre + 1) * bs
+    # Y computed after V; X computed; X Y: Y found under V (refused: another parent); V Y:
+    # Y found under V again (shared)
+    blind = (v + y + tail(bs, used), x + y + tail(bs, used), x + y + tail(bs, used),
+             v + y + tail(bs, used))
+
+    bs = sizes[1]
+    x, y, v = ids(bs), ids(bs), ids(bs)
+    collide = (x + y + tail(bs, 2 * bs), v + ids(int(rng.integers(bs + 1, 2 * bs))),
+               x + y + tail(bs, 2 * bs))
+
+    bs = sizes[2]
+    system = ids(bs * (2 if bs == 16 else int(rng.integers(2, 4))))
+    used = len(system)
+    share = (system + tail(bs, used), system + tail(bs, used), system,
+             system[:bs] + ids(int(rng.integers(bs + 1, MAX_SEQ_LEN - MAX_TOKENS - bs))))
+    return (Scenario("the hash ignores the chain", _chain_blind, blind, sizes[0], seed),
+            Scenario("every key collides", _colliding, collide, sizes[1], seed),
+            Scenario("the same system prompt", chain_hash, share, sizes[2], seed))
+
+
 #: the scenarios' names as the verdicts say them
 SCENARIO_NAMES = {"the hash ignores the chain": Text(en="the hash ignores the chain",
                                                      ko="체인을 무시하는 해시"),
@@ -75,17 +129,20 @@ SCENARIO_NAMES = {"the hash ignores the chain": Text(en="the hash ignores the ch
 NUM_BLOCKS = 64                      # room for every scenario's blocks: nothing is evicted
 
 
-def _engine(hash_fn, share_rule):
+def _engine(scenario: Scenario, share_rule):
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.engine.llm_engine import Engine
 
     def factory(config, device):
-        return PrefixCachingKVCache(config, device, hash_fn=hash_fn, share_rule=share_rule)
+        return PrefixCachingKVCache(config, device, hash_fn=scenario.hash_fn,
+                                    share_rule=share_rule)
 
     model = tiny_model(dtype="float32")
-    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype).BLOCK_BYTES
-    return Engine(model, backend="torch", device="cpu", max_slots=1, max_seq_len=64,
-                  kv_cache_bytes=NUM_BLOCKS * block_bytes, cache_factory=factory)
+    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype,
+                                        block_size=scenario.block_size).BLOCK_BYTES
+    return Engine(model, backend="torch", device="cpu", max_slots=1, max_seq_len=MAX_SEQ_LEN,
+                  block_size=scenario.block_size, kv_cache_bytes=NUM_BLOCKS * block_bytes,
+                  cache_factory=factory)
 
 
 def _serve(engine, scenario: Scenario, rule=None) -> list[tuple[int, list[int]]]:
@@ -100,10 +157,8 @@ def _serve(engine, scenario: Scenario, rule=None) -> list[tuple[int, list[int]]]
     return out
 
 
-@lru_cache(maxsize=None)
-def stock_results(i: int) -> tuple:
-    scenario = SCENARIOS[i]
-    return tuple(_serve(_engine(scenario.hash_fn, may_share), scenario))
+def stock_results(scenario: Scenario) -> tuple:
+    return tuple(_serve(_engine(scenario, may_share), scenario))
 
 
 @dataclass
@@ -135,7 +190,7 @@ class ReaderRule:
         if mine != engine and self.first_disagreement is None:
             self.first_disagreement = Call(self.request, args, mine, engine)
         if mine and (logical_block + 1) * BLOCK_SIZE >= n_tokens:
-            name, r = SCENARIO_NAMES[self.scenario.name], self.request
+            name, r = self.scenario.label(), self.request
             first, last = logical_block * BLOCK_SIZE, (logical_block + 1) * BLOCK_SIZE - 1
             raise Wrong(say(
                 en=f"[{name}] request r{r} has {n_tokens} tokens and your rule shares its "
@@ -168,7 +223,7 @@ def _compares_tokens(fn, args) -> bool:
 
 def _describe(call: Call, scenario: Scenario, fn) -> str:
     found, tokens, previous, lb, n_tokens, bs = call.args
-    name = SCENARIO_NAMES[scenario.name]
+    name = scenario.label()
     where = say(en=f"[{name}] request r{call.request}, logical block {lb}",
                 ko=f"[{name}] 요청 r{call.request}, 논리 블록 {lb}")
     if call.mine:
@@ -207,10 +262,11 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
 
 
 def grade(fn) -> str:
-    for i, scenario in enumerate(SCENARIOS):
-        stock = stock_results(i)
+    drawn = draw_scenarios()
+    for scenario in drawn:
+        stock = stock_results(scenario)
         rule = ReaderRule(fn, scenario)
-        mine = _serve(_engine(scenario.hash_fn, rule), scenario, rule)
+        mine = _serve(_engine(scenario, rule), scenario, rule)
         if rule.first_disagreement is not None:
             call = rule.first_disagreement
             r = call.request
@@ -223,16 +279,15 @@ def grade(fn) -> str:
                               ko=f", 그리고 {stock[r][1]} 대신 {particle(mine[r][1], '을/를')} 생성했습니다")
             raise Wrong(_describe(call, scenario, fn) + "." + effect + ".")
         if mine != list(stock):                 # cannot happen without a disagreement
-            raise Wrong(say(en=f"[{SCENARIO_NAMES[scenario.name]}] the run differs from the "
+            raise Wrong(say(en=f"[{scenario.label()}] the run differs from the "
                                f"engine's: {mine} vs {list(stock)}",
-                            ko=f"[{SCENARIO_NAMES[scenario.name]}] 실행이 엔진과 다릅니다: "
+                            ko=f"[{scenario.label()}] 실행이 엔진과 다릅니다: "
                                f"{mine} 대 {list(stock)}"))
-    return say(en="3 scenarios (a hash that ignores the chain, colliding keys, a shared system "
-                  "prompt with a prompt of exactly two blocks): every decision equals the "
+    run_ = " | ".join(s.label() for s in drawn)
+    return say(en=f"3 scenarios drawn for this check ({run_}): every decision equals the "
                   "engine's, and so do every request's cached tokens and generated tokens",
-               ko="시나리오 3개 (체인을 무시하는 해시, 충돌하는 키, 정확히 두 블록짜리 프롬프트를 "
-                  "포함한 공유 시스템 프롬프트): 모든 결정이 엔진과 같고, 모든 요청의 캐시된 토큰과 "
-                  "생성 토큰도 같습니다")
+               ko=f"이번 채점에서 뽑은 시나리오 3개 ({run_}): 모든 결정이 엔진과 같고, 모든 요청의 "
+                  "캐시된 토큰과 생성 토큰도 같습니다")
 
 
 PUZZLES = (
@@ -263,8 +318,11 @@ PUZZLES = (
                 "K/V는 앞의 모든 토큰에 달려 있습니다.  그리고 첫 생성 토큰은 마지막으로 계산한 "
                 "토큰의 로짓에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
         Text(en="real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache "
-                "asks your rule, next to stock engines, under three hash functions",
+                "asks your rule, next to stock engines, under three hash functions; the token "
+                "chains, the prompts' lengths and BLOCK_SIZE (8 and 16) are drawn afresh for "
+                "every check",
              ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine들 (torch 백엔드, 슬롯 "
-                "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로"),
+                "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로; 토큰 체인, 프롬프트 "
+                "길이, BLOCK_SIZE (8과 16)는 채점할 때마다 새로 뽑습니다"),
         "prefix_cache.may_share", grade),
 )

@@ -6,8 +6,9 @@ step (``cache/block_table.py``'s ``device_table``).  The reader writes that sync
 (flat indices whose host value changed since the last sync) from the host table into the device
 table.
 
-The grader runs a real decode (torch backend on the CPU; any backend and device can be given)
-whose cache keeps a device table of its own -- a separate tensor even on the CPU, where the
+The grader runs a real decode (torch backend on the CPU; any backend and device can be given),
+in a scenario drawn afresh for every check (``draw_scenario``: the table layout and the request
+stream, named with its seed in the verdict), whose cache keeps a device table of its own -- a separate tensor even on the CPU, where the
 stock cache shares memory -- and brings it up to date with the reader's function before every
 step (``SyncedByReader``).  After every sync the device table must equal the host table; the
 tokens must equal a stock engine's.  Reads of the device table are counted as well as writes
@@ -18,34 +19,121 @@ but is the article's cost, not the fix: it is refused with that count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong, host_call, is_stub, short
-from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
+from paged_tutorial.teaching.puzzles.engine_harness import (TINY, engine_with_cache, run,
+                                                            tiny_model)
 
-#: a prefill that fills blocks, decodes across 16 and 32, a release, and a request that reuses
-REQUESTS = ((tuple(range(3, 19)), 20), (tuple(range(20, 25)), 14), (tuple(range(30, 50)), 3))
-#: a table of 2 x 2 x 8 = 32 entries; no CUDA graphs on a GPU: the sync runs before every step
-ENGINE = dict(max_slots=2, max_seq_len=128, cuda_graphs=False)
+#: what a scenario draws from: slots, layers, tokens per block, blocks per sequence
+SLOT_CHOICES = (2, 3)
+LAYER_CHOICES = (2, 3)
+BLOCK_SIZE_CHOICES = (8, 16)
+BLOCKS_PER_SEQ_CHOICES = (4, 5, 6)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One engine run of the grader, drawn afresh for every check: its table layout (slots,
+    layers, BLOCK_SIZE, logical blocks per sequence) and its request stream, with more
+    requests than slots (a finished request's slot and blocks are reused), and a first request
+    whose decode crosses into a new block."""
+
+    requests: tuple                     # ((prompt ids, max_tokens), ...) in arrival order
+    max_slots: int
+    num_layers: int
+    block_size: int
+    max_seq_len: int
+    seed: int
+
+    @property
+    def engine(self) -> dict:
+        # no CUDA graphs on a GPU: the sync runs before every step
+        return dict(max_slots=self.max_slots, max_seq_len=self.max_seq_len,
+                    block_size=self.block_size, cuda_graphs=False)
+
+    def describe(self) -> str:
+        lens = ", ".join(f"{len(p)}+{m}" for p, m in self.requests)
+        entries = self.max_slots * self.num_layers * (self.max_seq_len // self.block_size)
+        return say(en=f"{self.max_slots} slots x {self.num_layers} layers x "
+                      f"{self.max_seq_len // self.block_size} logical blocks ({entries} entries), "
+                      f"BLOCK_SIZE {self.block_size}, {len(self.requests)} requests (prompt + "
+                      f"new tokens: {lens}), seed {self.seed}",
+                   ko=f"슬롯 {self.max_slots}개 x 레이어 {self.num_layers}개 x 논리 블록 "
+                      f"{self.max_seq_len // self.block_size}개 (항목 {entries}개), BLOCK_SIZE "
+                      f"{self.block_size}, 요청 {len(self.requests)}개 (프롬프트 + 새 토큰: "
+                      f"{lens}), 시드 {self.seed}")
+
+
+def draw_scenario() -> Scenario:
+    """A table layout and a request stream no earlier check ran."""
+    rng, seed = shapes.fresh_rng()
+    slots = shapes.pick(rng, SLOT_CHOICES)
+    bs = shapes.pick(rng, BLOCK_SIZE_CHOICES)
+    max_seq_len = bs * shapes.pick(rng, BLOCKS_PER_SEQ_CHOICES)
+    requests = []
+    for r in range(slots + int(rng.integers(1, 3))):
+        if r == 0:           # a prompt ending inside a block, and a decode into the next one
+            prompt = shapes.partly_filled(rng, 1, 2 * bs)
+            new = -(-prompt // bs) * bs - prompt + int(rng.integers(2, bs))
+        else:
+            prompt = int(rng.integers(1, max_seq_len // 2))
+            new = int(rng.integers(1, max_seq_len // 2))
+        ids = tuple(int(t) for t in rng.integers(3, TINY["vocab_size"], prompt))
+        requests.append((ids, min(new, max_seq_len - prompt)))
+    return Scenario(tuple(requests), slots, shapes.pick(rng, LAYER_CHOICES), bs, max_seq_len,
+                    seed)
+
+
 NAMES = ["host_table", "device_table", "changed"]
+
+
+@dataclass
+class _Counts:
+    """What the grader keeps of one sync: the device tensor and the entries read and written."""
+
+    tensor: torch.Tensor
+    reads: int = 0
+    writes: int = 0
+
+
+#: the live device tables, by key: the grader's side of each ``DeviceTable`` (her function sees
+#: only the table's indexing, never the tensor or the counts)
+_LIVE: dict[int, _Counts] = {}
+_keys = __import__("itertools").count()
 
 
 class DeviceTable:
     """The device copy of the block table, flat, as the reader's function sees it: index it
     like an array to read or write entries (``device_table[i] = v``, ``device_table[idx] =
     values``); every entry read and every entry written is counted (on a GPU a read is a
-    device-to-host copy, a write a host-to-device one)."""
+    device-to-host copy, a write a host-to-device one).  It holds no tensor and no count of
+    its own, and lives only during the sync it was made for."""
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor.view(-1)
-        self.writes = 0
-        self.reads = 0
+    __slots__ = ("_key",)
+
+    def __init__(self, key: int):
+        object.__setattr__(self, "_key", key)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the device table has indexing only; set entries with "
+                             f"device_table[i] = value (not .{name})")
+
+    def _counts(self) -> _Counts:
+        counts = _LIVE.get(self._key)
+        if counts is None:
+            raise RuntimeError("this device table belonged to an earlier sync: use the one "
+                               "your function is given")
+        return counts
 
     def __len__(self) -> int:
-        return self.tensor.numel()
+        return self._counts().tensor.numel()
 
     @property
     def shape(self) -> tuple[int]:
@@ -60,24 +148,26 @@ class DeviceTable:
             return torch.from_numpy(key.astype(bool if key.dtype == bool else np.int64))
         return key
 
+    def _size(self, index) -> int:
+        return int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
+                                        else index].size)
+
     def __getitem__(self, key):
-        index = self._index(key)
-        self.reads += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
-                                               else index].size)
-        value = self.tensor[index].cpu()
+        counts, index = self._counts(), self._index(key)
+        counts.reads += self._size(index)
+        value = counts.tensor[index].cpu()
         return value.numpy() if value.dim() else int(value)
 
     def __setitem__(self, key, value):
-        index = self._index(key)
-        self.writes += int(np.arange(len(self))[index.numpy() if isinstance(index, torch.Tensor)
-                                                else index].size)
+        counts, index = self._counts(), self._index(key)
+        counts.writes += self._size(index)
         if isinstance(value, torch.Tensor):
             value = value.cpu().numpy()
-        self.tensor[index] = torch.as_tensor(np.asarray(value).astype(np.int32)).to(
-            self.tensor.device)
+        counts.tensor[index] = torch.as_tensor(np.asarray(value).astype(np.int32)).to(
+            counts.tensor.device)
 
     def __repr__(self) -> str:
-        return f"DeviceTable({len(self)} entries on {self.tensor.device})"
+        return f"DeviceTable({len(self)} entries)"
 
 
 class SyncedByReader(PagedKVCache):
@@ -98,9 +188,13 @@ class SyncedByReader(PagedKVCache):
         host = self.block_table.reshape(-1)
         changed = np.flatnonzero(host != self.last_synced)
         self.last_synced = host.copy()
-        device = DeviceTable(self.device_copy)
-        host_call(self.sync, (host.copy(), device, [int(i) for i in changed]), NAMES,
-                  allow_none=True)
+        key = next(_keys)
+        device = _LIVE[key] = _Counts(self.device_copy.view(-1))
+        try:
+            host_call(self.sync, (host.copy(), DeviceTable(key), [int(i) for i in changed]),
+                      NAMES, allow_none=True)
+        finally:
+            del _LIVE[key]
         self.syncs.append((len(changed), device.writes))
         self.device_reads.append(device.reads)
         stale = np.flatnonzero(self.device_copy.view(-1).cpu().numpy() != host)
@@ -124,28 +218,41 @@ class SyncedByReader(PagedKVCache):
         return self.device_copy
 
 
-def stock_tokens(backend: str = "torch", device: str = "cpu") -> tuple:
+def stock_tokens(scenario: Scenario, backend: str = "torch", device: str = "cpu") -> tuple:
     """The stock engine's tokens, run anew for every grading (beside the reader's engine, in
     the same state of the process: kernels, caches and the model as they are now)."""
-    engine = engine_with_cache(tiny_model(), backend=backend, device=device, **ENGINE)
-    run(engine, REQUESTS)
-    return tuple(tuple(engine.result(i).token_ids) for i in range(len(REQUESTS)))
+    engine = engine_with_cache(tiny_model(scenario.num_layers), backend=backend, device=device,
+                               **scenario.engine)
+    run(engine, scenario.requests)
+    return tuple(tuple(engine.result(i).token_ids) for i in range(len(scenario.requests)))
 
 
-def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
-    """Grade ``fn`` on ``backend`` (``"numba"`` with ``device="cuda"`` on a GPU)."""
+def grade_on(fn, backend: str = "torch", device: str = "cpu",
+             scenario: Scenario | None = None) -> str:
+    """Grade ``fn`` on ``backend`` (``"numba"`` with ``device="cuda"`` on a GPU), in
+    ``scenario`` (default: one drawn afresh); a wrong verdict names the scenario."""
     if is_stub(fn):
         raise Unsolved(say(en="sync_table is still the stub: write its body",
                            ko="sync_table이 아직 빈 함수입니다: 본문을 작성하세요"))
-    stock = stock_tokens(backend, device)
+    scenario = scenario or draw_scenario()
+    try:
+        return _grade_in(fn, scenario, backend, device)
+    except Wrong as wrong:
+        raise Wrong(f"[{scenario.describe()}] {wrong.message}", wrong.figure) from None
+
+
+def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
+    requests = scenario.requests
+    stock = stock_tokens(scenario, backend, device)
     caches = []
 
     def factory(config, dev):
         caches.append(SyncedByReader(config, dev, fn))
         return caches[-1]
-    engine = engine_with_cache(tiny_model(), factory, backend=backend, device=device, **ENGINE)
+    engine = engine_with_cache(tiny_model(scenario.num_layers), factory, backend=backend,
+                               device=device, **scenario.engine)
     try:
-        run(engine, REQUESTS)
+        run(engine, requests)
     except ValueError as exc:          # the backend's check of an entry it follows
         raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
                         ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
@@ -153,7 +260,7 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
     syncs = cache.syncs
     changed = sum(c for c, _ in syncs)
     written = sum(w for _, w in syncs)
-    tokens = tuple(tuple(engine.result(i).token_ids) for i in range(len(REQUESTS)))
+    tokens = tuple(tuple(engine.result(i).token_ids) for i in range(len(requests)))
     if tokens != stock:
         r = next(i for i, (a, b) in enumerate(zip(tokens, stock)) if a != b)
         raise Wrong(say(en=f"r{r} generated {short(list(tokens[r]))}; the stock engine "
@@ -195,12 +302,12 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu") -> str:
             ko=f"토큰은 맞지만, 바뀐 것은 {changed}칸인데 {written}칸을 썼습니다: `changed`에 "
                "든 항목만 복사하세요"))
     return say(
-        en=f"{len(REQUESTS)} requests, {len(syncs)} steps, tokens equal to the stock engine's; "
+        en=f"{scenario.describe()}: {len(syncs)} steps, tokens equal to the stock engine's; "
            f"your sync copied {written} entries in all ({per_step} in the steps that changed "
            f"anything, 0 in the other {sum(1 for _, w in syncs if not w)}); copying the whole "
            f"table before each layer's attention, as the article does, sends {entries} entries "
            f"x {layers} layers per step, {article:,} in all",
-        ko=f"요청 {len(REQUESTS)}개, 스텝 {len(syncs)}번, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
+        ko=f"{scenario.describe()}: 스텝 {len(syncs)}번, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
            f"동기화는 모두 {written}칸을 복사했습니다 (무언가 바뀐 스텝에서 {per_step}, 나머지 "
            f"스텝 {sum(1 for _, w in syncs if not w)}번에서는 0); 글처럼 레이어마다 어텐션 전에 테이블 "
            f"전체를 복사하면 스텝마다 {entries}칸 x 레이어 {layers}개, 모두 {article:,}칸입니다")
@@ -230,11 +337,15 @@ PUZZLES = (
                 "device copy is already right.",
              ko="항목은 블록을 꺼내거나 반납할 때만 바뀝니다; 디바이스 사본의 나머지 항목은 이미 "
                 "맞습니다."),
-        Text(en="a real Engine (torch backend, 2 slots, 2 layers) whose device block table is "
-                "its own tensor, updated by your function before every step (every entry read "
-                "or written counted), next to a stock engine",
+        Text(en="a real Engine (torch backend) whose device block table is its own tensor, "
+                "updated by your function before every step (every entry read or written "
+                "counted), next to a stock engine; the table layout (2-3 slots, 2-3 layers, "
+                "BLOCK_SIZE 8 or 16, 4-6 logical blocks per sequence) and the request stream "
+                "(more requests than slots, their lengths) are drawn afresh for every check",
              ko="디바이스 블록 테이블을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
-                "Engine (torch 백엔드, 슬롯 2개, 레이어 2개; 읽고 쓴 항목을 모두 셉니다)과 표준 "
-                "엔진을 나란히 돌린 실행"),
+                "Engine (torch 백엔드; 읽고 쓴 항목을 모두 셉니다)과 표준 엔진을 나란히 돌린 "
+                "실행; 테이블 배치 (슬롯 2-3개, 레이어 2-3개, BLOCK_SIZE 8 또는 16, 시퀀스마다 논리 "
+                "블록 4-6개)와 요청 흐름 (슬롯보다 많은 요청, 그 길이)은 채점할 때마다 새로 "
+                "뽑습니다"),
         "main.cpp:551-552, 876, 1030", grade),
 )

@@ -1,0 +1,97 @@
+"""The engine puzzles (06.table_sync, 06.allocator, 09.can_share) run scenarios drawn afresh
+for every check, named with their seed in the verdict: an answer that memorised what one check
+asked of it (the entries a sync copied, the token chains a rule shared) is refused by the next
+check, and the allocator's run always meets 0 < free < needed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.teaching.puzzles import allocator, prefix_sharing, table_sync
+
+
+def test_table_sync_draws_a_new_layout_and_stream_every_check():
+    first, second = table_sync.draw_scenario(), table_sync.draw_scenario()
+    assert first.seed != second.seed and first.requests != second.requests
+    for _ in range(20):
+        s = table_sync.draw_scenario()
+        assert len(s.requests) > s.max_slots                    # slots and blocks are reused
+        (prompt, new), bs = s.requests[0], s.block_size
+        assert len(prompt) % bs and len(prompt) + new > -(-len(prompt) // bs) * bs
+        assert all(len(p) + m <= s.max_seq_len for p, m in s.requests)
+        assert f"seed {s.seed}" in s.describe()
+
+
+def test_allocator_draws_a_stream_that_runs_short_of_blocks_but_not_out():
+    for _ in range(5):
+        s = allocator.draw_scenario()
+        allocator._FindsShortfall.shortfalls = 0
+        allocator.run(allocator._engine(s, lambda c, t, e: allocator._FindsShortfall(c, t, e)),
+                      s.requests)
+        assert allocator._FindsShortfall.shortfalls > 0
+        assert f"seed {s.seed}" in s.describe()
+    assert allocator.draw_scenario(8).block_size == 8
+
+
+def test_can_share_draws_new_chains_and_both_block_sizes_every_check():
+    first, second = prefix_sharing.draw_scenarios(), prefix_sharing.draw_scenarios()
+    assert [s.prompts for s in first] != [s.prompts for s in second]
+    for _ in range(20):
+        drawn = prefix_sharing.draw_scenarios()
+        assert {drawn[0].block_size, drawn[2].block_size} == {8, 16}
+        assert all(len(p) + s.max_tokens <= prefix_sharing.MAX_SEQ_LEN
+                   for s in drawn for p in s.prompts)
+        system = drawn[2].prompts[2]
+        assert len(system) % drawn[2].block_size == 0              # exactly its full blocks
+
+
+def test_a_table_sync_that_replays_the_entries_one_check_copied_is_refused():
+    script = []
+
+    def recording(host, device, changed):
+        script.append(list(changed))
+        for i in changed:
+            device[i] = host[i]
+    assert ex.grade("06.table_sync", recording).status == "correct"
+    calls = itertools.count()
+
+    def replays(host, device, changed):
+        k = next(calls)
+        for i in (script[k] if k < len(script) else []):
+            if i < len(host):
+                device[i] = host[i]
+    verdict = ex.grade("06.table_sync", replays)
+    assert verdict.status == "wrong", verdict.message
+    assert "seed " in verdict.message
+
+
+def test_a_share_rule_that_remembers_one_checks_chains_is_refused():
+    shared = set()
+
+    def recording(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+        answer = found.tokens == tokens and found.parent is previous and \
+            (logical_block + 1) * BLOCK_SIZE < n_tokens
+        if answer:
+            shared.add((tuple(tokens), logical_block, n_tokens))
+        return answer
+    assert ex.grade("09.can_share", recording).status == "correct"
+    assert shared
+
+    def remembers(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+        return (tuple(tokens), logical_block, n_tokens) in shared
+    verdict = ex.grade("09.can_share", remembers)
+    assert verdict.status == "wrong", verdict.message
+    assert "seed " in verdict.message
+
+
+@pytest.mark.parametrize("name,answer", [
+    ("06.allocator", "hard-coded BLOCK_SIZE 16"),
+])
+def test_an_allocator_hard_coded_to_the_old_run_names_the_drawn_layout(name, answer):
+    from helpers.wrong_allocators import WRONG
+    verdict = ex.grade(name, WRONG[answer])
+    assert verdict.status == "wrong", verdict.message
+    assert "BLOCK_SIZE 8" in verdict.message
