@@ -93,7 +93,7 @@ GLOSSARY = {
     "slot": ("슬롯", ()),
     "free list": ("빈 블록 목록", ("free list",)),
     "KV head": ("KV 헤드", ("kv 헤드", "kv head", "KV head")),
-    "query head": ("q 헤드", ("query 헤드", "query head")),
+    "query head": ("q 헤드", ("query 헤드", "query head", "쿼리 헤드")),
     "warp": ("워프", ()),
     "lane": ("레인", ()),
     "shared memory": ("공유 메모리", ("shared memory",)),

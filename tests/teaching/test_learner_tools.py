@@ -164,7 +164,8 @@ def test_an_endless_loop_on_the_host_is_stopped_and_check_works_afterwards(monke
 def test_an_endless_loop_in_a_kernel_part_replayed_on_the_host_is_stopped(monkeypatch):
     monkeypatch.setattr(base, "HOST_CALL_LIMIT_S", 0.5)
 
-    def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                HEAD_DIM):
         n = 0
         while n >= 0:
             n += 1
@@ -190,20 +191,22 @@ def test_an_endless_loop_on_an_engine_or_a_simulated_gpu_is_stopped(name, monkey
 
 # --- code a GPU cannot compile ---------------------------------------------------------------
 
-def with_a_dict(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+def with_a_dict(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                HEAD_DIM):
     parts = {0: physical_block * BLOCK_ELEMS, 1: token * KV_DIM}
-    return parts[0] + parts[1] + kv_head * HEAD_DIM + thread_id
+    return parts[0] + parts[1] + q_head // Q_PER_KV * HEAD_DIM + thread_id
 
 
-def with_an_fstring(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+def with_an_fstring(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                    HEAD_DIM):
     label = f"{token}"
-    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id \
-        + len(label) * 0
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + q_head // Q_PER_KV * HEAD_DIM \
+        + thread_id + len(label) * 0
 
 
-def with_a_mixed_list(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM,
+def with_a_mixed_list(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
                       HEAD_DIM):
-    terms = [physical_block * BLOCK_ELEMS, token * KV_DIM * 1.0, kv_head * HEAD_DIM]
+    terms = [physical_block * BLOCK_ELEMS, token * KV_DIM * 1.0, q_head // Q_PER_KV * HEAD_DIM]
     return int(terms[0] + terms[1] + terms[2]) + thread_id
 
 
@@ -211,7 +214,7 @@ def with_a_mixed_list(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV
                                           (with_an_fstring, "a string"),
                                           (with_a_mixed_list, "a Python list")])
 def test_code_a_gpu_cannot_compile_is_refused_on_a_cpu(answer, says):
-    args = tuple(np.int64(a) for a in (3, 2, 1, 5, 2048, 128, 64))
+    args = tuple(np.int64(a) for a in (3, 2, 1, 5, 2, 2048, 128, 64))
     with pytest.raises(base.Wrong, match=says):
         check_compiles(answer, args)
     verdict = ex.grade("03.k_index", answer)
@@ -231,7 +234,7 @@ def test_a_kernel_body_part_a_gpu_cannot_compile_is_refused_in_the_simulator(lin
 
 
 def test_plain_arithmetic_still_compiles():
-    args = tuple(np.int64(a) for a in (3, 2, 1, 5, 2048, 128, 64))
+    args = tuple(np.int64(a) for a in (3, 2, 1, 5, 2, 2048, 128, 64))
     check_compiles(ex.reveal("03.k_index").code, args)
 
 

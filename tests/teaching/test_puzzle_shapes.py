@@ -44,6 +44,8 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
         k = kernel_addresses.k_cases()
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
+        assert len({c.n_q_heads // c.num_kv_heads for c in k}) == 2          # two GQA ratios
+        assert all(c.num_kv_heads >= 2 for c in k)          # the KV head a q head reads shows
         store = output_store.cases()
         assert len({c.head_dim for c in store}) == 2 and all(c.head_dim % 32 for c in store)
         dims = sorted(c.head_dim for c in score_handoff.cases())

@@ -61,9 +61,9 @@ def _resets_the_count(host, device, changed):
     device.writes = 0
 
 
-def _k_index_from_the_kernel(p, t, h, d, BE, KV, HD):
+def _k_index_from_the_kernel(p, t, h, d, Q, BE, KV, HD):
     import paged_tutorial.backends.numba_cuda.kernels.attention as kernel
-    return kernel.k_index(p, t, h, d, BE, KV, HD)
+    return kernel.k_index(p, t, h // Q, d, BE, KV, HD)
 
 
 #: puzzle -> {what the wrong answer does: function}; each must be refused
@@ -98,16 +98,25 @@ WRONG = {
         "hard-coded layout (3 layers, 4 logical blocks)": lambda s, l, lb, L, M: s * 12 + l * 4 + lb,
     },
     "03.k_index": {
-        "kv_head term missing": lambda p, t, h, d, BE, KV, HD: p * BE + t * KV + d,
-        "token stride HEAD_DIM": lambda p, t, h, d, BE, KV, HD: p * BE + t * HD + h * HD + d,
+        "kv_head term missing": lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + d,
+        "token stride HEAD_DIM":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * HD + h // Q * HD + d,
         "bytes instead of elements":
-            lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) * 2,
-        "a float index": lambda p, t, h, d, BE, KV, HD: (p * BE + t * KV + h * HD + d) / 1,
+            lambda p, t, h, d, Q, BE, KV, HD: (p * BE + t * KV + h // Q * HD + d) * 2,
+        "a float index": lambda p, t, h, d, Q, BE, KV, HD: (p * BE + t * KV + h // Q * HD + d) / 1,
+        "the query head used as the KV head":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h * HD + d,
+        "the article's ratio: q_head // 4":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h // 4 * HD + d,
+        "query heads dealt round-robin (q_head % kv heads)":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h % (KV // HD) * HD + d,
+        "multiplies by the ratio (q_head * Q_PER_KV)":
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + h * Q * HD + d,
         "hard-coded to one shape (head_dim 32, two kv heads)":
-            lambda p, t, h, d, BE, KV, HD: p * 2048 + t * 64 + h * 32 + d,
+            lambda p, t, h, d, Q, BE, KV, HD: p * 2048 + t * 64 + h // Q * 32 + d,
         "imports the engine's kernel and calls its k_index": _k_index_from_the_kernel,
         "hard-coded to the article's shape (head_dim 64, eight kv heads)":
-            lambda p, t, h, d, BE, KV, HD: p * BE + t * 512 + h * 64 + d,
+            lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * 512 + h // Q * 64 + d,
     },
     "05.softmax_update": {
         "acc not rescaled": _softmax(rescale_acc=False),
@@ -221,14 +230,16 @@ def test_stub_is_not_solved_and_signature_is_checked(name):
 
 
 def test_unsolved_stub_prints_the_not_solved_line(capsys):
-    def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                HEAD_DIM):
         ...
     assert ex.check("03.k_index", k_index) is False
     assert capsys.readouterr().out.startswith("✘ not solved yet [03.k_index]: ")
 
 
 def test_reader_errors_are_reported_with_the_call():
-    def raises(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    def raises(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+               HEAD_DIM):
         return [token][thread_id + 5]
     verdict = ex.grade("03.k_index", raises)
     assert verdict.status == "wrong" and "IndexError" in verdict.message

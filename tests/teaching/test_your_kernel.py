@@ -210,3 +210,19 @@ def test_a_changed_answer_names_the_part_that_changes_it(sharp_model, stock_toke
     assert "token_score is the part" not in said
     assert ex.which_part_changed(kernel, answer, stock_tokens, stock_tokens).startswith(
         "your kernel's answer is the stock engine's")
+
+
+def her_k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                HEAD_DIM):
+    kv_head = q_head // Q_PER_KV
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
+
+
+def test_her_k_index_from_the_query_head_takes_the_kernels_place(sharp_model, stock_tokens,
+                                                                 nothing_solved):
+    """03.k_index's answer starts from the query head; in her kernel it stands where the
+    article's k_index (which gets the KV head) stands, and the tokens stay the stock ones."""
+    solved.remember("03.k_index", her_k_index)
+    kernel = ex.your_kernel(fill_unsolved=True)
+    assert ("k_index", "03.k_index", "yours") in kernel.origins
+    assert generate(sharp_model, KernelRouter(kernel, "torch")) == stock_tokens

@@ -126,7 +126,15 @@ def sync_table(host_table, device_table, changed):
         device_table[i] = host_table[i]
 
 
+def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    """03.k_index: the query head's KV head, then the article's four terms (kernels.cu:468,
+    484, in elements)."""
+    kv_head = q_head // Q_PER_KV
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
+
+
 PUZZLE_SOLUTIONS = {
+    "03.k_index": k_index,
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
     "06.allocator": ArticleAllocator,
@@ -137,7 +145,6 @@ _KERNEL = "paged_tutorial.backends.numba_cuda.kernels.attention"
 #: puzzles whose answer is the package's own code: (module, function)
 PACKAGE_CODE = {
     "02.table_index": (_KERNEL, "block_table_index"),
-    "03.k_index": (_KERNEL, "k_index"),
     "03.walk_blocks": (_KERNEL, "walk_blocks"),
     "04.token_score": (_KERNEL, "token_score"),
     "05.softmax_update": (_KERNEL, "softmax_update"),

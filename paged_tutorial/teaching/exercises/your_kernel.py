@@ -12,7 +12,8 @@ in any notebook; ``your_kernel()`` puts the remembered answers in their places a
 naming the puzzles and their notebooks, while any body part is missing.  The article's body
 calls smaller steps; two of them are puzzles too (``STEP_PUZZLES``: the table index, the K
 address), and a body of hers that calls them gets her versions when she solved them, the
-article's otherwise.  ``your_kernel(use_solutions=True)`` takes every part from the worked
+article's otherwise (her K address, which starts from the query head, through
+``kernel_addresses.kernel_part``).  ``your_kernel(use_solutions=True)`` takes every part from the worked
 solutions (the article's code, as ``solutions.reveal`` shows it: what the tests run), and
 ``your_kernel(fill_unsolved=True)`` takes hers where she has one and the worked solution for
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
@@ -177,6 +178,7 @@ def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> You
     from the worked solutions; ``fill_unsolved=True``: yours where solved, the worked solution
     elsewhere."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.teaching.puzzles import kernel_addresses
 
     if use_solutions and fill_unsolved:
         raise ValueError("your_kernel: use_solutions=True already takes every part from the "
@@ -192,6 +194,8 @@ def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> You
         origin = YOURS
         if fn is None:                # the worked solution of a kernel part is the article's
             fn, origin = getattr(attention.ARTICLE_PARTS, part), WORKED
+        elif puzzle == "03.k_index":  # hers takes the query head: put it in the kernel's place
+            fn = kernel_addresses.kernel_part(fn)
         chosen[part] = fn
         origins.append((part, puzzle, origin))
     unsolved = [puzzle for part, puzzle, origin in origins

@@ -4,7 +4,10 @@ kernel, the grader compiles it into the article's kernel (``attention.KernelPart
 on a poisoned cache and compares with the torch oracle.
 
 - ``02.table_index``   the three-term index into the flat block table (kernels.cu:480)
-- ``03.k_index``        one thread's K element (kernels.cu:484)
+- ``03.k_index``        one thread's K element (kernels.cu:484), from the query head: the
+                        reader maps it to its KV head for a GQA ratio the check draws (the
+                        article divides by 4); ``kernel_part`` puts her function in the
+                        kernel's ``k_index`` place
 
 The loop over blocks itself (its bounds, the table lookup, the K/V addresses) is the body
 puzzle ``03.walk_blocks`` (``block_walk``).
@@ -48,21 +51,42 @@ def table_cases() -> list[KernelCase]:
     return out
 
 
+#: q heads per KV head that 03.k_index draws from (the article's is 4)
+K_INDEX_GQA_RATIOS = (1, 2, 3, 4, 8)
+
+
 def k_cases() -> list[KernelCase]:
     """Two launches drawn afresh with different head_dims (one with a partly used last warp),
-    numbers of KV heads and GQA ratios, so that no stride can be a constant."""
+    numbers of KV heads (two or three, so the KV head a query head reads shows) and GQA ratios
+    (two different ones among 1, 2, 3, 4 and 8), so that no stride and no ratio can be a
+    constant."""
     rng, seed = shapes.fresh_rng()
     dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng, (16, 32, 64))]
     kv_heads = shapes.distinct(rng, (2, 3), 2)
-    layouts = [(kv, shapes.pick(rng, (1, 2))) for kv in kv_heads]
-    return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
-                        lens=[int(rng.integers(17, 33))], max_slots=1, slots=[0])
+    ratios = shapes.distinct(rng, K_INDEX_GQA_RATIOS, 2)
+    if 8 in ratios:                           # 8 q heads per kv head: only two kv heads
+        kv_heads[ratios.index(8)], kv_heads[1 - ratios.index(8)] = 2, 3
+    return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=(kv_heads[i], ratios[i]),
+                        lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0])
             for i in range(2)]
+
+
+def kernel_part(fn):
+    """The reader's ``k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS,
+    KV_DIM, HEAD_DIM)`` in the kernel's ``k_index`` place: the kernel's own KV head is not
+    passed on; her function gets the thread block's query head (``blockIdx.y``) and the q heads
+    per KV head (the grid's q heads over the cache's KV_DIM // HEAD_DIM KV heads).  ``cuda``
+    is bound by the kernel's build (``attention.BUILD_NAMES``), as in every part."""
+    def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+        return fn(physical_block, token, cuda.blockIdx.y, thread_id,  # noqa: F821
+                  cuda.gridDim.y // (KV_DIM // HEAD_DIM), BLOCK_ELEMS, KV_DIM,  # noqa: F821
+                  HEAD_DIM)
+    return k_index
 
 
 SAMPLE_ARGS = {
     "block_table_index": (1, 2, 0, 3, 4),
-    "k_index": (3, 2, 1, 5, 2048, 64, 32),
+    "k_index": (3, 2, 5, 1, 2, 2048, 64, 32),
 }
 
 
@@ -130,12 +154,13 @@ def _grade(part: str, fn, cases, explain):
     else return the figure of the first case's reads (drawn after a right answer too)."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
-    parts = attention.ARTICLE_PARTS.replace(**{part: fn})
+    in_kernel = kernel_part(fn) if part == "k_index" else fn
+    parts = attention.ARTICLE_PARTS.replace(**{part: in_kernel})
     preps = [prepare(case) for case in cases]
     reps = []
     for prep in preps:                                   # refuses reads outside memory
         try:
-            reps.append(replay(prep, parts))
+            reps.append(replay(prep, parts, q_head_k_index=fn if part == "k_index" else None))
         except Wrong as wrong:
             raise Wrong(f"[{prep.case.label}] {wrong.message}", wrong.figure) from None
     check_compiles(fn, SAMPLE_ARGS[part])
@@ -238,10 +263,11 @@ def grade_k_index(fn) -> tuple:
     drawn = k_cases()
     figure = _grade("k_index", fn, drawn, _explain_k)
     shapes_run = "; ".join(case.label for case in drawn)
-    return say(en="every kv head's K found in scattered blocks at two head_dims: the kernel's "
-                  f"output equals the torch oracle's on a poisoned cache.  Shapes run: "
-                  f"{shapes_run}",
-               ko="두 가지 head_dim에서 흩어진 블록의 모든 KV 헤드의 K를 찾았습니다: 오염된 "
+    return say(en="every query head's K found through its KV head, in scattered blocks, at two "
+                  "head_dims and two GQA ratios: the kernel's output equals the torch oracle's "
+                  f"on a poisoned cache.  Shapes run: {shapes_run}",
+               ko="두 가지 head_dim과 두 가지 GQA 비율에서, 흩어진 블록에 있는 모든 q 헤드의 "
+                  "K를 그 KV 헤드를 거쳐 찾았습니다: 오염된 "
                   f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), \
         figure
 
@@ -267,26 +293,36 @@ PUZZLES = (
                 "수)"),
         "kernels.cu:480", grade_table_index),
     Puzzle(
-        "03.k_index", Text(en="one thread's K address", ko="스레드 하나의 K 주소"),
-        "def k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM, HEAD_DIM):",
-        Text(en="Return the element of the cache buffer that thread `thread_id` multiplies with\n"
-                "q: the K value of dimension thread_id, kv head kv_head, token row `token` of\n"
-                "physical_block.  Counted in elements, not bytes (the article's byte address\n"
-                "divided by 2 for bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of\n"
-                "K, each KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which\n"
-                "the kernel finds V_OFFSET_ELEMS further).",
-             ko="스레드 `thread_id`가 q와 곱하는 캐시 버퍼의 원소 번호를 돌려주세요: physical_block\n"
-                "의 토큰 행 `token`, KV 헤드 kv_head, 차원 thread_id의 K 값입니다.  바이트가 아니라\n"
-                "원소 단위입니다 (글의 바이트 주소를 bf16이면 2로 나눈 값).  블록 하나는\n"
+        "03.k_index", Text(en="one thread's K address, from its query head",
+                           ko="q 헤드에서 출발한 스레드 하나의 K 주소"),
+        "def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM, "
+        "HEAD_DIM):",
+        Text(en="Return the element of the cache buffer that thread `thread_id` of the thread\n"
+                "block of query head `q_head` multiplies with q: the K value of dimension\n"
+                "thread_id, for that query head's KV head, token row `token` of physical_block.\n"
+                "Q_PER_KV query heads share each KV head (grouped-query attention), in groups\n"
+                "of consecutive query heads; the check draws Q_PER_KV (1, 2, 3, 4 or 8).\n"
+                "Counted in elements, not bytes (the article's byte address divided by 2 for\n"
+                "bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of K, each\n"
+                "KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which the\n"
+                "kernel finds V_OFFSET_ELEMS further).",
+             ko="q 헤드 `q_head`의 스레드 블록에서 스레드 `thread_id`가 q와 곱하는 캐시\n"
+                "버퍼의 원소 번호를 돌려주세요: physical_block의 토큰 행 `token`, 그 q 헤드가\n"
+                "읽는 KV 헤드, 차원 thread_id의 K 값입니다.  q 헤드 Q_PER_KV개가 KV 헤드\n"
+                "하나를 함께 씁니다 (GQA). 묶음은 연속한 q 헤드들이고,\n"
+                "채점은 Q_PER_KV를 1, 2, 3, 4, 8 가운데서 뽑습니다.  바이트가 아니라 원소\n"
+                "단위입니다 (글의 바이트 주소를 bf16이면 2로 나눈 값).  블록 하나는\n"
                 "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE개 (행마다 KV_DIM = n_kv_heads x\n"
                 "HEAD_DIM 원소), 그 뒤에 같은 수의 V 행 (커널은 V_OFFSET_ELEMS 뒤에서 찾습니다)."),
-        Text(en="Four terms: where the block starts, where the row starts inside it, where the "
+        Text(en="First the KV head: which group of Q_PER_KV query heads is q_head in?  Then four "
+                "terms: where the block starts, where the row starts inside it, where that KV "
                 "head's slice starts inside the row, and the thread's own dimension.",
-             ko="네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 헤드 구간이 "
-                "시작하는 곳, 그리고 스레드 자신의 차원."),
-        Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, kv heads, "
-                "GQA ratio)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, KV 헤드 수, GQA "
-                "비율)"),
-        "kernels.cu:484", grade_k_index),
+             ko="먼저 KV 헤드: q_head는 Q_PER_KV개씩 묶은 q 헤드의 몇 번째 묶음에 있나요?  "
+                "그다음 네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 그 KV "
+                "헤드 구간이 시작하는 곳, 그리고 스레드 자신의 차원."),
+        Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, 2 or 3 kv "
+                "heads, two different GQA ratios among 1, 2, 3, 4 and 8)",
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, KV 헤드 2개나 "
+                "3개, 1, 2, 3, 4, 8 가운데 서로 다른 GQA 비율 두 개)"),
+        "kernels.cu:468, 484", grade_k_index),
 )

@@ -216,6 +216,8 @@ PART_ARGS = {
     "blocks_to_read": ["seq_len", "BLOCK_SIZE"],
     "block_table_index": ["slot", "layer", "logical_block", "N_LAYERS", "MAX_BLOCKS_PER_SEQ"],
     "tokens_in_block": ["seq_len", "logical_block", "BLOCK_SIZE"],
+    "q_head_k_index": ["physical_block", "token", "q_head", "thread_id", "Q_PER_KV",
+                       "BLOCK_ELEMS", "KV_DIM", "HEAD_DIM"],
     "k_index": ["physical_block", "token", "kv_head", "thread_id", "BLOCK_ELEMS", "KV_DIM",
                 "HEAD_DIM"],
 }
@@ -224,12 +226,15 @@ PART_ARGS = {
 def _call_int(fn, args, part: str, what: str) -> int:
     names = PART_ARGS[part]
     value = host_call(fn, args, names)
-    return need_int(value, what, f"{part}({', '.join(f'{n}={a}' for n, a in zip(names, args))})")
+    shown = "k_index" if part == "q_head_k_index" else part
+    return need_int(value, what, f"{shown}({', '.join(f'{n}={a}' for n, a in zip(names, args))})")
 
 
-def replay(prep: Prepared, parts) -> list[Replay]:
+def replay(prep: Prepared, parts, q_head_k_index=None) -> list[Replay]:
     """The kernel's address arithmetic with ``parts``, on the host, over the poisoned table the
-    launch will read; raises ``Wrong`` for a read outside the table or the cache buffer."""
+    launch will read; raises ``Wrong`` for a read outside the table or the cache buffer.
+    ``q_head_k_index``: 03.k_index's answer, which takes the query head and the q heads per KV
+    head where the kernel's ``k_index`` takes the KV head (``kernel_addresses.kernel_part``)."""
     case, c = prep.case, prep.case.config
     table = prep.poisoned.block_table.reshape(-1)
     n_elems = c.NUM_BLOCKS * c.BLOCK_ELEMS
@@ -275,11 +280,19 @@ def replay(prep: Prepared, parts) -> list[Replay]:
                 rep.physical_block.append(phys)
                 rep.tokens.append(t)
                 for token in range(max(t, 0)):
-                    idx = np.array([_call_int(parts.k_index,
-                                              (phys, token, kv_head, d, c.BLOCK_ELEMS, c.KV_DIM,
-                                               c.head_dim), "k_index",
-                                              say(en="the K element", ko="K 원소"))
-                                    for d in range(c.head_dim)], dtype=np.int64)
+                    if q_head_k_index is None:
+                        idx = np.array([_call_int(parts.k_index,
+                                                  (phys, token, kv_head, d, c.BLOCK_ELEMS,
+                                                   c.KV_DIM, c.head_dim), "k_index",
+                                                  say(en="the K element", ko="K 원소"))
+                                        for d in range(c.head_dim)], dtype=np.int64)
+                    else:
+                        idx = np.array([_call_int(q_head_k_index,
+                                                  (phys, token, h, d, prep.q_per_kv,
+                                                   c.BLOCK_ELEMS, c.KV_DIM, c.head_dim),
+                                                  "q_head_k_index",
+                                                  say(en="the K element", ko="K 원소"))
+                                        for d in range(c.head_dim)], dtype=np.int64)
                     worst = idx[(idx < 0) | (idx + c.V_OFFSET_ELEMS >= n_elems)]
                     if worst.size:
                         d = int(np.flatnonzero(idx == worst[0])[0])

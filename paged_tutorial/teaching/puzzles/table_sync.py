@@ -80,7 +80,7 @@ def draw_scenario() -> Scenario:
     requests = []
     for r in range(slots + int(rng.integers(1, 3))):
         if r == 0:           # a prompt ending inside a block, and a decode into the next one
-            prompt = shapes.partly_filled(rng, 1, 2 * bs)
+            prompt = int(rng.integers(0, 2)) * bs + int(rng.integers(1, bs))
             new = -(-prompt // bs) * bs - prompt + int(rng.integers(2, bs))
         else:
             prompt = int(rng.integers(1, max_seq_len // 2))
