@@ -42,6 +42,8 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
         assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
+        assert sum(c.max_seq_len % 16 != 0 for c in table) == 1     # one row length rounded up
+        assert all(n <= c.max_seq_len for c in table for _, n in c.rows)
         k = kernel_addresses.k_cases()
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
         assert len({c.n_q_heads // c.num_kv_heads for c in k}) == 2          # two GQA ratios

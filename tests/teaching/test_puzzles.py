@@ -48,7 +48,15 @@ def _shares_by_a_dynamic_import(found, tokens, previous, logical_block, n_tokens
 
 
 def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
-    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = lambda self, *args: args[0].tokens == args[1]
+    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = \
+        lambda self, *args: args[0].tokens == args[1]
+    return False
+
+
+def _patches_through_sys_modules(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    import sys
+    sys.modules["paged_tutorial.teaching.puzzles.prefix_sharing"].may_share = \
+        lambda *args: args[0].tokens == args[1]
     return False
 
 
@@ -92,10 +100,18 @@ WRONG = {
         "returns the block only": lambda t, s, l, p, BS: t[s, l, p // BS],
     },
     "02.table_index": {
-        "slot and layer terms swapped": lambda s, l, lb, L, M: l * L * M + s * M + lb,
-        "layer stride N_LAYERS": lambda s, l, lb, L, M: s * L * M + l * L + lb,
-        "slot stride without N_LAYERS": lambda s, l, lb, L, M: s * M + l * L + lb,
-        "hard-coded layout (3 layers, 4 logical blocks)": lambda s, l, lb, L, M: s * 12 + l * 4 + lb,
+        "slot and layer terms swapped":
+            lambda s, l, lb, L, T, BS: l * L * -(-T // BS) + s * -(-T // BS) + lb,
+        "layer stride N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * L * -(-T // BS) + l * L + lb,
+        "slot stride without N_LAYERS":
+            lambda s, l, lb, L, T, BS: s * -(-T // BS) + l * L + lb,
+        "row length truncated (the article's MAX_SEQ_LEN / BLOCK_SIZE)":
+            lambda s, l, lb, L, T, BS: s * L * (T // BS) + l * (T // BS) + lb,
+        "row length in tokens, not blocks":
+            lambda s, l, lb, L, T, BS: s * L * T + l * T + lb,
+        "hard-coded layout (3 layers, 4 logical blocks)":
+            lambda s, l, lb, L, T, BS: s * 12 + l * 4 + lb,
     },
     "03.k_index": {
         "kv_head term missing": lambda p, t, h, d, Q, BE, KV, HD: p * BE + t * KV + d,
@@ -160,6 +176,7 @@ WRONG = {
         "calls the engine's own rule (prefix_cache.may_share)": _shares_by_the_engines_rule,
         "imports the engine's rule by name at run time": _shares_by_a_dynamic_import,
         "patches the checker's comparison": _changes_the_checker,
+        "patches the checker through sys.modules": _patches_through_sys_modules,
         "hard-coded BLOCK_SIZE 16 (the last-block rule)":
             lambda f, t, p, lb, n, BS: f.tokens == t and f.parent is p and (lb + 1) * 16 < n,
         "compares a list with the tuple":

@@ -226,3 +226,18 @@ def test_her_k_index_from_the_query_head_takes_the_kernels_place(sharp_model, st
     kernel = ex.your_kernel(fill_unsolved=True)
     assert ("k_index", "03.k_index", "yours") in kernel.origins
     assert generate(sharp_model, KernelRouter(kernel, "torch")) == stock_tokens
+
+
+def her_table_index(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    row = -(-MAX_SEQ_LEN // BLOCK_SIZE)
+    return (slot * N_LAYERS + layer) * row + logical_block
+
+
+def test_her_table_index_from_max_seq_len_takes_the_kernels_place(sharp_model, stock_tokens,
+                                                                  nothing_solved):
+    """02.table_index's answer derives the row length from MAX_SEQ_LEN; her kernel gets it for
+    the cache it is built for, and the tokens stay the stock ones."""
+    solved.remember("02.table_index", her_table_index)
+    kernel = ex.your_kernel(fill_unsolved=True)
+    assert ("block_table_index", "02.table_index", "yours") in kernel.origins
+    assert generate(sharp_model, KernelRouter(kernel, "torch")) == stock_tokens

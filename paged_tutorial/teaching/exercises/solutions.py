@@ -126,6 +126,13 @@ def sync_table(host_table, device_table, changed):
         device_table[i] = host_table[i]
 
 
+def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    """02.table_index: the row length rounded up, then the article's three terms
+    (kernels.cu:16-19, 480)."""
+    blocks_per_row = -(-MAX_SEQ_LEN // BLOCK_SIZE)
+    return slot * N_LAYERS * blocks_per_row + layer * blocks_per_row + logical_block
+
+
 def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM, HEAD_DIM):
     """03.k_index: the query head's KV head, then the article's four terms (kernels.cu:468,
     484, in elements)."""
@@ -134,6 +141,7 @@ def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_
 
 
 PUZZLE_SOLUTIONS = {
+    "02.table_index": block_table_index,
     "03.k_index": k_index,
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
@@ -144,7 +152,6 @@ PUZZLE_SOLUTIONS = {
 _KERNEL = "paged_tutorial.backends.numba_cuda.kernels.attention"
 #: puzzles whose answer is the package's own code: (module, function)
 PACKAGE_CODE = {
-    "02.table_index": (_KERNEL, "block_table_index"),
     "03.walk_blocks": (_KERNEL, "walk_blocks"),
     "04.token_score": (_KERNEL, "token_score"),
     "05.softmax_update": (_KERNEL, "softmax_update"),

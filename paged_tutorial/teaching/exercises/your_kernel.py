@@ -13,8 +13,10 @@ naming the puzzles and their notebooks, while any body part is missing.  The art
 calls smaller steps; two of them are puzzles too (``STEP_PUZZLES``: the table index, the K
 address), and a body of hers that calls them gets her versions when she solved them, the
 article's otherwise (her K address, which starts from the query head, through
-``kernel_addresses.kernel_part``).  ``your_kernel(use_solutions=True)`` takes every part from the worked
-solutions (the article's code, as ``solutions.reveal`` shows it: what the tests run), and
+``kernel_addresses.kernel_part``; her table index, which starts from MAX_SEQ_LEN, through
+``kernel_addresses.table_part`` when the kernel is built for a cache).
+``your_kernel(use_solutions=True)`` takes every part from the worked solutions (the article's
+code, as ``solutions.reveal`` shows it: what the tests run), and
 ``your_kernel(fill_unsolved=True)`` takes hers where she has one and the worked solution for
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
 she did not.
@@ -119,7 +121,14 @@ class YourKernel:
         """The compiled kernel for ``cache``'s layout (``attention.kernel_for``, these parts)."""
         from paged_tutorial.backends.numba_cuda.kernels import attention
 
-        return attention.kernel_for(cache, dtype_name, self.parts)
+        from paged_tutorial.teaching.puzzles import kernel_addresses
+
+        parts = self.parts
+        if ("block_table_index", "02.table_index", YOURS) in self.origins:
+            # hers derives the row length from MAX_SEQ_LEN: put it in the kernel's place
+            parts = parts.replace(block_table_index=kernel_addresses.table_part(
+                parts.block_table_index, cache.config.max_seq_len))
+        return attention.kernel_for(cache, dtype_name, parts)
 
     def decode_attention(self, q, cache, block_table, layer: int, seq_lens, active_slots,
                          scale: float, kv_group: int | None = None):

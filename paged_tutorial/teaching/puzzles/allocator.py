@@ -537,14 +537,13 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
     preempted = sum(engine.result(i).num_preemptions for i in range(len(requests)))
     popped = sum(1 for kind, _ in life if kind == "pop")
     pushes = len(life) - popped
-    return say(en=f"{scenario.describe()}, with your allocator: {len(mine)} steps, {preempted} preemption(s), {popped} pops and "
-                  f"{pushes} pushes; the table and free_blocks equal the article's engine's after "
+    return say(en=f"{scenario.describe()}, with your allocator: {len(mine)} steps, "
+                  f"{preempted} preemption(s), {popped} pops and {pushes} pushes; the table and free_blocks equal the article's engine's after "
                   "every step, the invariants held, and every request's tokens equal its solo "
                   f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
                   f"nothing ({probed})",
                ko=f"{scenario.describe()}, 직접 쓴 할당기로: 스텝 {len(mine)}번, 선점 "
-                  f"{preempted}번, pop {popped}번, push "
-                  f"{pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
+                  f"{preempted}번, pop {popped}번, push {pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
                   f"CacheFullError를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 

@@ -58,6 +58,11 @@ GRADER_MODULES = ("paged_tutorial.teaching.puzzles", "paged_tutorial.teaching.ex
                   "paged_tutorial.teaching.verdict", "paged_tutorial.teaching.time_limit")
 #: names that import a module at run time
 DYNAMIC_IMPORTS = ("__import__", "importlib", "import_module")
+#: names that reach the running program around an answer's arguments: the loaded modules, the
+#: caller's frames, another function's globals or closure, the garbage collector's objects
+INTROSPECTION = ("modules", "_getframe", "currentframe", "f_back", "f_globals", "f_locals",
+                 "__globals__", "__closure__", "__code__", "__builtins__", "get_referrers",
+                 "get_objects", "get_referents")
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,7 @@ def _imports(code) -> str | None:
             if instruction.opname == "IMPORT_NAME" and \
                     str(instruction.argval).split(".")[0] == "paged_tutorial":
                 return str(instruction.argval)
-        used = set(current.co_names) & set(DYNAMIC_IMPORTS)
+        used = set(current.co_names) & set(DYNAMIC_IMPORTS + INTROSPECTION)
         if used:
             return sorted(used)[0]
     return None
@@ -276,13 +281,16 @@ def borrowed_code(answer) -> str | None:
             return _borrowed_message(where, fn.__name__, _borrowed(fn))
         imported = _imports(fn.__code__)
         if imported is not None:
-            return say(en=f"{where} imports {imported} as it runs: a puzzle's answer is your own "
-                          "arithmetic on its arguments; it needs no module of the package (and "
-                          "may not reach the engine's code, the worked solutions or the checker)",
+            return say(en=f"{where} uses {imported} to reach code beyond its arguments as it "
+                          "runs: a puzzle's answer is your own arithmetic on its arguments; it "
+                          "needs no module of the package, no other function's frame or globals "
+                          "(and may not reach the engine's code, the worked solutions or the "
+                          "checker)",
                        ko=f"{particle(str(where), '이/가')} 실행 중에 "
-                          f"{particle(imported, '을/를')} 가져옵니다(import): 퍼즐의 답은 인자만 "
-                          "가지고 하는 여러분 자신의 계산입니다. 패키지의 모듈은 필요 없습니다 (엔진의 "
-                          "코드, 풀이 예시, 채점기에 닿아서도 안 됩니다)")
+                          f"{particle(imported, '으로/로')} 인자 밖의 코드에 닿습니다: 퍼즐의 답은 "
+                          "인자만 가지고 하는 여러분 자신의 계산입니다. 패키지의 모듈도, 다른 함수의 "
+                          "프레임이나 전역 변수도 필요 없습니다 (엔진의 코드, 풀이 예시, 채점기에 "
+                          "닿아서도 안 됩니다)")
         names = global_names(fn.__code__)
         # the kernel's build binds its own names (load, the constants, the other parts)
         values = [(n, fn.__globals__[n]) for n in names if n in fn.__globals__

@@ -3,7 +3,10 @@ physical block -> byte address, ``kernels.cu:470-485``): the reader writes one s
 kernel, the grader compiles it into the article's kernel (``attention.KernelParts``), runs it
 on a poisoned cache and compares with the torch oracle.
 
-- ``02.table_index``   the three-term index into the flat block table (kernels.cu:480)
+- ``02.table_index``   the three-term index into the flat block table (kernels.cu:480), with
+                        the row length derived from MAX_SEQ_LEN, rounded up (the article's
+                        constant divides and truncates); ``table_part`` puts it in the
+                        kernel's place
 - ``03.k_index``        one thread's K element (kernels.cu:484), from the query head: the
                         reader maps it to its KV head for a GQA ratio the check draws (the
                         article divides by 4); ``kernel_part`` puts her function in the
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paged_tutorial.config import BLOCK_SIZE_DEFAULT as BLOCK_SIZE
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, check_compiles
@@ -31,8 +35,9 @@ RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a
 
 def table_cases() -> list[KernelCase]:
     """Two table layouts drawn afresh: slots, layers (the one read among them) and logical
-    blocks per sequence all differ between the two, and no layout has as many layers as
-    logical blocks per sequence."""
+    blocks per sequence all differ between the two, no layout has as many layers as logical
+    blocks per sequence, and one layout's max_seq_len is not a multiple of BLOCK_SIZE (its
+    rows are max_seq_len / BLOCK_SIZE rounded up)."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
@@ -40,15 +45,36 @@ def table_cases() -> list[KernelCase]:
     # layer stride of N_LAYERS would happen to be right)
     first = shapes.pick(rng, [m for m in (3, 4, 5) if m != layers[0]])
     per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
+    short = int(rng.integers(0, 2))            # the layout whose last block is cut short
     out = []
     for i in range(2):
         n = slots[i]
-        lens = [int(rng.integers(1, 40)) for _ in range(n)]
+        max_seq_len = BLOCK_SIZE * per_seq[i] - (int(rng.integers(1, BLOCK_SIZE))
+                                                 if i == short else 0)
+        lens = [int(rng.integers(1, min(40, max_seq_len) + 1)) for _ in range(n)]
         out.append(shapes.case(rng, seed + i, head_dim=shapes.pick(rng, (16, 24)), gqa=(1, 1),
                                lens=lens, num_layers=layers[i], max_slots=n,
-                               slots=list(rng.permutation(n)),
-                               max_seq_len=16 * per_seq[i]))
+                               slots=list(rng.permutation(n)), max_seq_len=max_seq_len))
     return out
+
+
+def table_part(fn, max_seq_len: int):
+    """The reader's ``block_table_index(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN,
+    BLOCK_SIZE)`` in the kernel's ``block_table_index`` place, for a cache of ``max_seq_len``
+    tokens per sequence: the kernel's own MAX_BLOCKS_PER_SEQ is not passed on; her function
+    derives the row length itself.  One adapter per (function, max_seq_len), so a kernel built
+    with it is built once."""
+    key = (fn, int(max_seq_len))
+    if key not in _TABLE_PARTS:
+        MAX_SEQ_LEN = int(max_seq_len)
+
+        def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):
+            return fn(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE)
+        _TABLE_PARTS[key] = block_table_index
+    return _TABLE_PARTS[key]
+
+
+_TABLE_PARTS: dict = {}
 
 
 #: q heads per KV head that 03.k_index draws from (the article's is 4)
@@ -85,7 +111,7 @@ def kernel_part(fn):
 
 
 SAMPLE_ARGS = {
-    "block_table_index": (1, 2, 0, 3, 4),
+    "block_table_index": (1, 2, 0, 3, 60, 16),
     "k_index": (3, 2, 5, 1, 2, 2048, 64, 32),
 }
 
@@ -154,18 +180,21 @@ def _grade(part: str, fn, cases, explain):
     else return the figure of the first case's reads (drawn after a right answer too)."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
-    in_kernel = kernel_part(fn) if part == "k_index" else fn
-    parts = attention.ARTICLE_PARTS.replace(**{part: in_kernel})
     preps = [prepare(case) for case in cases]
-    reps = []
+    reps, all_parts = [], []
     for prep in preps:                                   # refuses reads outside memory
+        in_kernel = kernel_part(fn) if part == "k_index" else \
+            table_part(fn, prep.case.max_seq_len)
+        parts = attention.ARTICLE_PARTS.replace(**{part: in_kernel})
+        all_parts.append(parts)
         try:
-            reps.append(replay(prep, parts, q_head_k_index=fn if part == "k_index" else None))
+            reps.append(replay(prep, parts, q_head_k_index=fn if part == "k_index" else None,
+                               max_seq_len_table_index=fn if part != "k_index" else None))
         except Wrong as wrong:
             raise Wrong(f"[{prep.case.label}] {wrong.message}", wrong.figure) from None
     check_compiles(fn, SAMPLE_ARGS[part])
     figure = None
-    for prep, rep in zip(preps, reps):
+    for prep, rep, parts in zip(preps, reps, all_parts):
         result = run(prep, parts)
         draw = _table_figure if part == "block_table_index" else _figure
         if not result.ok:
@@ -276,22 +305,30 @@ PUZZLES = (
     Puzzle(
         "02.table_index", Text(en="the three-term block-table index, inside the kernel",
                                ko="커널 안의 세 항 블록 테이블 인덱스"),
-        "def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_BLOCKS_PER_SEQ):",
+        "def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):",
         Text(en="Return the position, in the flat block table, of the entry for (cache slot,\n"
                 "layer, logical block).  The table is laid out as [slot][layer][logical block]:\n"
-                "every slot has N_LAYERS rows of MAX_BLOCKS_PER_SEQ entries.  The kernel then\n"
+                "every slot has N_LAYERS rows, and a row has one entry for every logical block a\n"
+                "sequence of up to MAX_SEQ_LEN tokens can own, BLOCK_SIZE tokens per block.  The\n"
+                "check draws MAX_SEQ_LEN, not always a multiple of BLOCK_SIZE.  The kernel then\n"
                 "reads physical_block = block_table[block_table_index(...)].",
              ko="평평한 블록 테이블에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
-                "테이블은 [슬롯][레이어][논리 블록] 순서입니다: 슬롯마다 MAX_BLOCKS_PER_SEQ\n"
-                "항목짜리 행이 N_LAYERS개 있습니다.  커널은 그다음\n"
+                "테이블은 [슬롯][레이어][논리 블록] 순서입니다: 슬롯마다 행이 N_LAYERS개\n"
+                "있고, 한 행에는 토큰이 MAX_SEQ_LEN개까지인 시퀀스가 가질 수 있는 논리 블록마다\n"
+                "(블록마다 토큰 BLOCK_SIZE개) 항목이 하나씩 있습니다.  채점은 MAX_SEQ_LEN을\n"
+                "뽑는데, 늘 BLOCK_SIZE의 배수인 것은 아닙니다.  커널은 그다음\n"
                 "physical_block = block_table[block_table_index(...)]를 읽습니다."),
-        Text(en="How many entries does one whole slot take?  And one layer of one slot?",
-             ko="슬롯 하나 전체는 항목을 몇 개 차지하나요?  슬롯 하나의 레이어 하나는요?"),
-        Text(en=RUNS_IN.en + ", two table layouts drawn afresh for every check (slots, layers, "
-                "logical blocks)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 테이블 배치 두 가지 (슬롯, 레이어, 논리 블록 "
-                "수)"),
-        "kernels.cu:480", grade_table_index),
+        Text(en="How many entries does one row take when MAX_SEQ_LEN is not a whole number of "
+                "blocks?  Then: how many does one whole slot take, and one layer of one slot?",
+             ko="MAX_SEQ_LEN이 BLOCK_SIZE로 나누어떨어지지 않을 때 한 행은 항목을 몇 개 "
+                "차지하나요?  그다음: 슬롯 하나 전체는 몇 개, 슬롯 하나의 레이어 하나는요?"),
+        Text(en=RUNS_IN.en + ", two table layouts drawn afresh for every check (2-3 slots, 2-4 "
+                "layers, 3-5 logical blocks per sequence; one max_seq_len is not a multiple of "
+                "BLOCK_SIZE)",
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 테이블 배치 두 가지 (슬롯 2-3개, 레이어 "
+                "2-4개, 시퀀스마다 논리 블록 3-5개; 한 배치의 max_seq_len은 BLOCK_SIZE의 배수가 "
+                "아님)"),
+        "kernels.cu:16-19, 480", grade_table_index),
     Puzzle(
         "03.k_index", Text(en="one thread's K address, from its query head",
                            ko="q 헤드에서 출발한 스레드 하나의 K 주소"),

@@ -215,6 +215,8 @@ class Replay:
 PART_ARGS = {
     "blocks_to_read": ["seq_len", "BLOCK_SIZE"],
     "block_table_index": ["slot", "layer", "logical_block", "N_LAYERS", "MAX_BLOCKS_PER_SEQ"],
+    "table_index_from_max_seq_len": ["slot", "layer", "logical_block", "N_LAYERS",
+                                     "MAX_SEQ_LEN", "BLOCK_SIZE"],
     "tokens_in_block": ["seq_len", "logical_block", "BLOCK_SIZE"],
     "q_head_k_index": ["physical_block", "token", "q_head", "thread_id", "Q_PER_KV",
                        "BLOCK_ELEMS", "KV_DIM", "HEAD_DIM"],
@@ -226,15 +228,19 @@ PART_ARGS = {
 def _call_int(fn, args, part: str, what: str) -> int:
     names = PART_ARGS[part]
     value = host_call(fn, args, names)
-    shown = "k_index" if part == "q_head_k_index" else part
+    shown = {"q_head_k_index": "k_index",
+             "table_index_from_max_seq_len": "block_table_index"}.get(part, part)
     return need_int(value, what, f"{shown}({', '.join(f'{n}={a}' for n, a in zip(names, args))})")
 
 
-def replay(prep: Prepared, parts, q_head_k_index=None) -> list[Replay]:
+def replay(prep: Prepared, parts, q_head_k_index=None,
+           max_seq_len_table_index=None) -> list[Replay]:
     """The kernel's address arithmetic with ``parts``, on the host, over the poisoned table the
     launch will read; raises ``Wrong`` for a read outside the table or the cache buffer.
     ``q_head_k_index``: 03.k_index's answer, which takes the query head and the q heads per KV
-    head where the kernel's ``k_index`` takes the KV head (``kernel_addresses.kernel_part``)."""
+    head where the kernel's ``k_index`` takes the KV head (``kernel_addresses.kernel_part``);
+    ``max_seq_len_table_index``: 02.table_index's answer, which takes MAX_SEQ_LEN and
+    BLOCK_SIZE where the kernel's takes MAX_BLOCKS_PER_SEQ (``kernel_addresses.table_part``)."""
     case, c = prep.case, prep.case.config
     table = prep.poisoned.block_table.reshape(-1)
     n_elems = c.NUM_BLOCKS * c.BLOCK_ELEMS
@@ -246,10 +252,16 @@ def replay(prep: Prepared, parts, q_head_k_index=None) -> list[Replay]:
                           say(en="the number of blocks", ko="블록 수"))
             rep = Replay(row, h, kv_head, seq_len, n, [], [], [], [])
             for lb in range(max(n, 0)):
-                ti = _call_int(parts.block_table_index,
-                               (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
-                               "block_table_index",
-                               say(en="the table index", ko="테이블 인덱스"))
+                if max_seq_len_table_index is None:
+                    ti = _call_int(parts.block_table_index,
+                                   (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
+                                   "block_table_index",
+                                   say(en="the table index", ko="테이블 인덱스"))
+                else:
+                    ti = _call_int(max_seq_len_table_index,
+                                   (slot, case.layer, lb, c.num_layers, c.max_seq_len,
+                                    c.BLOCK_SIZE), "table_index_from_max_seq_len",
+                                   say(en="the table index", ko="테이블 인덱스"))
                 if not 0 <= ti < table.size:
                     shape = say(en=f"{c.max_slots} slots x {c.num_layers} layers x "
                                    f"{c.MAX_BLOCKS_PER_SEQ} logical blocks",
