@@ -9,11 +9,12 @@ identifiers and figures stay in English.
     from paged_tutorial.teaching.language import Text, say, set_language
     set_language("ko")
     print(Text(en="not yet", ko="아직 아닙니다"))        # 아직 아닙니다
-    say(en=f"thread {t} read row {r}", ko=f"스레드 {t}가 {r}번 행을 읽었습니다")
+    say(en=f"thread {t} read row {r}", ko=f"스레드 {particle(t, '이/가')} {r}번 행을 읽었습니다")
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,6 +82,47 @@ class Text:
         return getattr(self, code)
 
 
+#: the Korean terms every learner-facing text uses: English term -> (Korean term, variants a
+#: Korean text must not use for it).  Code names stay as they are, in backticks where they stand
+#: alone (`block_table`, `free_blocks`); docs/korean-review.md explains the choices.
+GLOSSARY = {
+    "the article": ("글", ("아티클",)),
+    "block table": ("블록 테이블", ("block table", "블록 table", "표 항목", "글의 표")),
+    "physical block": ("물리 블록", ("physical block",)),
+    "logical block": ("논리 블록", ("logical block",)),
+    "slot": ("슬롯", ()),
+    "free list": ("빈 블록 목록", ("free list",)),
+    "KV head": ("KV 헤드", ("kv 헤드", "kv head", "KV head")),
+    "query head": ("q 헤드", ("query 헤드", "query head", "쿼리 헤드")),
+    "warp": ("워프", ()),
+    "lane": ("레인", ()),
+    "shared memory": ("공유 메모리", ("shared memory",)),
+    "barrier": ("배리어", ()),
+    "race": ("경합(race)", ("경쟁 상태", "race 없", "race와", "race 검사")),
+    "publish": ("공유 메모리에 올리다", ("publish",)),
+    "prefill": ("프리필", ("prefill 스텝", "(prefill)")),
+    "decode": ("디코드", ("decode 스텝", "(decode)")),
+    "prefix caching": ("프리픽스 캐싱", ("prefix caching", "prefix cache")),
+    "online softmax": ("온라인 소프트맥스", ("online softmax",)),
+    "running max": ("누적 최댓값", ("running max", "최대값")),
+    "logits": ("로짓", ("logits",)),
+    "stride": ("보폭", ("stride",)),
+    "sync (of the device table)": ("동기화", ()),
+    "cache": ("캐시", ()),
+    "stock engine": ("표준 엔진", ("기본 엔진",)),
+    "your code": ("여기에 코드를 쓰세요", ("your code", "TODO")),
+}
+
+#: engine words that reach a verdict as data (a step's kind), with their Korean glossary terms
+TERMS = {"prefill": "프리필", "decode": "디코드"}
+
+
+def term(word: str) -> str:
+    """``word``, an engine word such as a step's kind, in the current language: the Korean
+    glossary term in Korean (``term("decode")`` is "디코드"), the word itself in English."""
+    return TERMS.get(word, word) if _current[0] == "ko" else word
+
+
 # -- Korean particles ------------------------------------------------------------------------
 #: the particle pairs ``particle`` knows: the form after a final consonant, then the form after
 #: a vowel (for 으로/로 a final ㄹ takes the vowel's form, 로)
@@ -91,15 +133,60 @@ _RIEUL = 8                                           # the index of ㄹ among th
 #: how Korean reads a digit's final sound: None (a vowel), "ㄹ", or "other" (another consonant)
 _DIGIT_FINAL = {"0": "other", "1": "ㄹ", "2": None, "3": "other", "4": None, "5": None,
                 "6": "other", "7": "ㄹ", "8": "ㄹ", "9": None}
-#: Latin letters as Korean reads them (엘, 엠, 엔, 알 end in a consonant; 에이, 비, 씨... do not)
+#: Latin letters read by their names (엘, 알 end in ㄹ; 엠, 엔 in another consonant; 에이, 비,
+#: 씨... in a vowel): a lone letter, and the last letter of an acronym in ``_ACRONYMS``
 _LETTER_FINAL = {"l": "ㄹ", "r": "ㄹ", "m": "other", "n": "other"}
+#: capitalised words read letter by letter (GPU 지피유); any other run of capitals is read as a word
+_ACRONYMS = {"GPU", "CPU", "EOS", "KV", "ID", "LLM", "SM", "API", "CLI", "HF", "OK", "JIT"}
+#: how the end of an English word sounds in Korean: (ending, final) pairs, the longest ending
+#: that matches decides; a word that matches none ends in a vowel (헤드, 인덱스, 리스트, 컴퓨터)
+_WORD_ENDINGS = (("check", None), ("ck", "other"), ("ng", "other"), ("ype", "other"),
+                 ("at", "other"), ("oat", None), ("et", "other"), ("ot", "other"),
+                 ("oot", None), ("ut", "other"),
+                 ("oop", None), ("ap", "other"), ("ep", "other"), ("ip", "other"),
+                 ("op", "other"), ("up", "other"), ("ab", "other"), ("eb", "other"),
+                 ("ock", "other"), ("ack", "other"), ("ick", "other"),
+                 ("le", "ㄹ"), ("l", "ㄹ"), ("me", "other"), ("ne", "other"), ("m", "other"),
+                 ("n", "other"))
 #: what a word's ending may carry that Korean does not read aloud
-_SILENT_TAIL = " \t\n`'\")]}*.,:;!?_"
+_SILENT_TAIL = " \t\n`'\"]}*.,:;!?_"
+
+
+def _before_parenthesis(text: str):
+    """``text`` without its closing parenthetical, or None when ``text`` does not end in one."""
+    if not text.endswith(")"):
+        return None
+    depth = 0
+    for at in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[at], 0)
+        if depth == 0:
+            return text[:at].rstrip()
+    return None
+
+
+def _latin_final(text: str):
+    """The final sound of the Latin word ``text`` ends in, as Korean reads it."""
+    word = re.search(r"[A-Za-z]+$", text).group()
+    if len(word) == 1 or word in _ACRONYMS:
+        return _LETTER_FINAL.get(word[-1].lower())
+    if len(word) > 1 and word.isupper() and len(word) <= 3 and not set(word) & set("AEIOU"):
+        return _LETTER_FINAL.get(word[-1].lower())       # no vowel to read: spelled out
+    lower = word.lower()
+    for ending, final in sorted(_WORD_ENDINGS, key=lambda pair: -len(pair[0])):
+        if lower.endswith(ending):
+            return final
+    return None
 
 
 def _final_sound(word: str):
-    """The final sound of ``word`` as Korean reads it: None (a vowel), "ㄹ" or "other"."""
+    """The final sound of ``word`` as Korean reads it: None (a vowel), "ㄹ" or "other".  A
+    closing parenthetical is an aside: the word before it decides (``K(케이)``, ``스레드 0 (행
+    3)``); a bracket is read by what it holds, its last item."""
     text = word.rstrip(_SILENT_TAIL) or word
+    before = _before_parenthesis(text)
+    if before is not None:
+        return _final_sound(before or text[1:-1])
+    text = text.rstrip(_SILENT_TAIL) or text
     last = text[-1:]
     if not last:
         return None
@@ -113,7 +200,9 @@ def _final_sound(word: str):
         if last == "0" and number.strip("0"):
             return "other"                       # 십, 백, 천, 만: every round number ends in one
         return _DIGIT_FINAL[last]
-    return _LETTER_FINAL.get(last.lower())
+    if last.isascii() and last.isalpha():
+        return _latin_final(text)
+    return None
 
 
 def particle(word: str, pair: str) -> str:

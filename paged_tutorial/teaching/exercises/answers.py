@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 
 SIGNIFICANT_DIGITS = 4
 
@@ -33,32 +33,34 @@ def _type_problem_integer(value) -> str | None:
     v, kind = _describe(value), type(value).__name__
     if isinstance(value, (bool, np.bool_)):
         return say(en=f"{value!r} is a bool, not an integer: give the number itself",
-                   ko=f"{value!r} 는 bool 이지 정수가 아닙니다: 수 자체를 답하세요")
+                   ko=f"{particle(repr(value), '은/는')} bool이지 정수가 아닙니다: 수 자체를 답하세요")
     if isinstance(value, numbers.Integral):
         return None
     if isinstance(value, str):
         return say(en=f"{v} is text (a str), not a number: drop the quotes, e.g. 31 rather "
                       "than '31'",
-                   ko=f"{v} 는 문자열(str)이지 수가 아닙니다: 따옴표를 빼세요 ('31' 이 아니라 31)")
+                   ko=f"{particle(v, '은/는')} 문자열(str)이지 수가 아닙니다: 따옴표를 빼세요 ('31'이 아니라 31)")
     if isinstance(value, numbers.Real):
         return say(en=f"{v} is a {kind}, but this answer is an integer (a count, an index or a "
                       "number of bytes): compute it with integer arithmetic (// rather than /), "
                       "without rounding",
-                   ko=f"{v} 는 {kind} 인데, 이 답은 정수(개수, 인덱스, 바이트 수)입니다: 반올림 "
+                   ko=f"{particle(v, '은/는')} {kind}인데, 이 답은 정수(개수, 인덱스, 바이트 수)입니다: 반올림 "
                       "없이 정수 연산으로 (/ 대신 //) 계산하세요")
-    return say(en=f"{v} is a {kind}, not an integer", ko=f"{v} 는 {kind} 이지 정수가 아닙니다")
+    return say(en=f"{v} is a {kind}, not an integer", ko=f"{particle(v, '은/는')} {kind}이지 정수가 아닙니다")
 
 
 def _type_problem_real(value) -> str | None:
     v, kind = _describe(value), type(value).__name__
     if isinstance(value, (bool, np.bool_)):
-        return say(en=f"{value!r} is a bool, not a number", ko=f"{value!r} 는 bool 이지 수가 아닙니다")
+        return say(en=f"{value!r} is a bool, not a number",
+                   ko=f"{particle(repr(value), '은/는')} bool이지 수가 아닙니다")
     if isinstance(value, str):
         return say(en=f"{v} is text (a str), not a number: drop the quotes",
-                   ko=f"{v} 는 문자열(str)이지 수가 아닙니다: 따옴표를 빼세요")
+                   ko=f"{particle(v, '은/는')} 문자열(str)이지 수가 아닙니다: 따옴표를 빼세요")
     if isinstance(value, numbers.Real):
         return None
-    return say(en=f"{v} is a {kind}, not a real number", ko=f"{v} 는 {kind} 이지 실수가 아닙니다")
+    return say(en=f"{v} is a {kind}, not a real number",
+               ko=f"{particle(v, '은/는')} {kind}이지 실수가 아닙니다")
 
 
 def agrees_to_digits(got: float, expected: float, digits: int = SIGNIFICANT_DIGITS) -> bool:
@@ -120,7 +122,7 @@ class Real(Kind):
     def type_problem(self, value):
         problem = _type_problem_real(value)
         if problem is None and math.isnan(float(value)):
-            return say(en="the answer is NaN (not a number)", ko="답이 NaN (수가 아님) 입니다")
+            return say(en="the answer is NaN (not a number)", ko="답이 NaN (수가 아님)입니다")
         return problem
 
     def equal(self, got, expected):
@@ -129,41 +131,45 @@ class Real(Kind):
 
 @dataclass(frozen=True)
 class Numbers(Kind):
-    """A fixed-length sequence of ``item`` answers; ``labels`` name the elements in feedback."""
+    """A fixed-length sequence of ``item`` answers; ``labels`` name the elements in feedback
+    (a ``Text`` where the name is words, a plain string where it is a code name)."""
 
     item: Kind
     length: int
-    labels: tuple[str, ...] = ()
+    labels: tuple = ()
 
     @property
     def what(self) -> str:
-        names = f" ({', '.join(self.labels)})" if self.labels else ""
+        names = f" ({', '.join(str(label) for label in self.labels)})" if self.labels else ""
         integers = isinstance(self.item, Integer)
         return say(en=f"a tuple or list of {self.length} "
                       f"{'integers' if integers else 'real numbers'}{names}",
                    ko=f"{'정수' if integers else '실수'} {self.length}개의 튜플이나 리스트{names}")
 
     def _label(self, i: int) -> str:
-        return self.labels[i] if i < len(self.labels) else say(en=f"element {i}",
+        return str(self.labels[i]) if i < len(self.labels) else say(en=f"element {i}",
                                                                  ko=f"{i}번 원소")
 
     def type_problem(self, value):
         v, what = _describe(value), self.what
         if isinstance(value, (str, bytes)):
-            return say(en=f"{v} is text (a str), not {what}", ko=f"{v} 는 문자열(str)입니다: {what} 로 답하세요")
+            return say(en=f"{v} is text (a str), not {what}",
+                       ko=f"{particle(v, '은/는')} 문자열(str)입니다: "
+                          f"{particle(what, '으로/로')} 답하세요")
         if isinstance(value, np.ndarray):
             if value.ndim != 1:
                 return say(en=f"an array of shape {value.shape}: give {what}",
-                           ko=f"모양이 {value.shape} 인 배열입니다: {what} 로 답하세요")
+                           ko=f"모양이 {value.shape}인 배열입니다: {particle(what, '으로/로')} 답하세요")
             items = list(value)
         elif isinstance(value, (tuple, list)):
             items = list(value)
         else:
             return say(en=f"{v} is a {type(value).__name__}: give {what}",
-                       ko=f"{v} 는 {type(value).__name__} 입니다: {what} 로 답하세요")
+                       ko=f"{particle(v, '은/는')} {type(value).__name__}입니다: "
+                          f"{particle(what, '으로/로')} 답하세요")
         if len(items) != self.length:
             return say(en=f"{len(items)} element(s) given: give {what}",
-                       ko=f"원소 {len(items)}개를 줬습니다: {what} 로 답하세요")
+                       ko=f"원소 {len(items)}개를 줬습니다: {particle(what, '으로/로')} 답하세요")
         for i, item in enumerate(items):
             problem = self.item.type_problem(item)
             if problem:

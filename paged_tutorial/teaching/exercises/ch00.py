@@ -27,20 +27,20 @@ EXERCISES = (
         "00.kv_bytes_per_token",
         Text(en="Bytes of K and V that one token occupies in the article's cache, all layers "
                 "together.",
-             ko="글의 캐시에서 토큰 하나의 K 와 V 가 모든 레이어를 합쳐 차지하는 바이트 수."),
+             ko="글의 캐시에서 토큰 하나의 K와 V가 모든 레이어를 합쳐 차지하는 바이트 수."),
         Integer(), lambda: token_bytes(_c()),
         explain=lambda e: say(
             en=f"{e} B = {_c().num_layers} layers x (K + V) x {_c().KV_DIM} x {_c().ITEMSIZE} B",
             ko=f"{e} B = 레이어 {_c().num_layers}개 x (K + V) x {_c().KV_DIM} x "
                f"{_c().ITEMSIZE} B"),
         hint=Text(en="layers x 2 (K and V) x KV_DIM x bytes per element",
-                  ko="레이어 수 x 2 (K 와 V) x KV_DIM x 원소당 바이트"),
+                  ko="레이어 수 x 2 (K와 V) x KV_DIM x 원소당 바이트"),
         mistakes=(
             Mistake(lambda: token_bytes(_c()) // 2,
-                    Text(en="count both K and V", ko="K 와 V 를 둘 다 세세요")),
+                    Text(en="count both K and V", ko="K와 V를 둘 다 세세요")),
             Mistake(lambda: 2 * _c().KV_DIM * _c().ITEMSIZE,
                     Text(en="that is one layer: every layer keeps its own K and V",
-                         ko="그것은 레이어 하나입니다: 레이어마다 자기 K 와 V 를 둡니다")),
+                         ko="그것은 레이어 하나입니다: 레이어마다 자기 K와 V를 둡니다")),
             Mistake(lambda: token_bytes(_c()) // _c().ITEMSIZE,
                     Text(en="that counts elements: a bf16 element takes 2 bytes",
                          ko="그것은 원소 개수입니다: bf16 원소 하나는 2바이트입니다")),
@@ -54,15 +54,15 @@ EXERCISES = (
         Integer(), lambda: DECODE_SEQ_LEN * token_bytes(_c()),
         explain=lambda e: say(
             en=f"{e} B: every cached token's K and V, in every layer, once per step",
-            ko=f"{e} B: 캐시된 모든 토큰의 K 와 V 를, 모든 레이어에서, 스텝마다 한 번씩"),
+            ko=f"{e} B: 캐시된 모든 토큰의 K와 V를, 모든 레이어에서, 스텝마다 한 번씩"),
         hint=Text(en="seq_len x (bytes of one token's K and V over all layers)",
                   ko="seq_len x (모든 레이어에 걸친 토큰 하나의 K, V 바이트)"),
         mistakes=(
             Mistake(lambda: (DECODE_SEQ_LEN - 1) * token_bytes(_c()),
                     Text(en="seq_len already counts the token just written, and it is read too",
-                         ko="seq_len 은 방금 쓴 토큰을 이미 세고 있고, 그 토큰도 읽습니다")),
+                         ko="seq_len은 방금 쓴 토큰을 이미 세고 있고, 그 토큰도 읽습니다")),
             Mistake(lambda: DECODE_SEQ_LEN * token_bytes(_c()) // 2,
-                    Text(en="the step reads both K and V", ko="스텝은 K 와 V 를 둘 다 읽습니다")),
+                    Text(en="the step reads both K and V", ko="스텝은 K와 V를 둘 다 읽습니다")),
         )),
     Exercise(
         "00.contiguous_vs_paged_waste",
@@ -70,7 +70,8 @@ EXERCISES = (
                 "buffer of max_seq_len tokens, paged 16-token blocks).",
              ko=f"토큰 {WASTE_SEQ_LEN}개인 시퀀스에서 잡아 두고 쓰지 않는 바이트: (max_seq_len "
                 "토큰짜리 연속 버퍼, 16토큰 블록 페이징)."),
-        Numbers(Integer(), 2, ("contiguous waste", "paged waste")),
+        Numbers(Integer(), 2, (Text(en="contiguous waste", ko="연속 버퍼의 낭비"),
+                                 Text(en="paged waste", ko="페이징의 낭비"))),
         lambda: ((_c().max_seq_len - WASTE_SEQ_LEN) * token_bytes(_c()),
                  (_c().blocks_for_tokens(WASTE_SEQ_LEN) * _c().BLOCK_SIZE - WASTE_SEQ_LEN)
                  * token_bytes(_c())),
@@ -79,8 +80,8 @@ EXERCISES = (
         hint=Text(en="a contiguous buffer reserves max_seq_len tokens; paged blocks round up to a "
                      "multiple of BLOCK_SIZE tokens (per layer); multiply tokens by a token's "
                      "bytes",
-                  ko="연속 버퍼는 max_seq_len 토큰을 잡아 두고, 페이징은 (레이어마다) BLOCK_SIZE "
-                     "의 배수로 올림합니다; 토큰 수에 토큰 하나의 바이트를 곱하세요"),
+                  ko="연속 버퍼는 max_seq_len 토큰을 잡아 두고, 페이징은 (레이어마다) BLOCK_SIZE의 "
+                     "배수로 올림합니다; 토큰 수에 토큰 하나의 바이트를 곱하세요"),
         mistakes=(
             Mistake(lambda: (_c().max_seq_len * token_bytes(_c()),
                              _c().blocks_for_tokens(WASTE_SEQ_LEN) * _c().BLOCK_SIZE

@@ -60,23 +60,23 @@ EXERCISES = (
         "06.table_bytes_per_decode_step",
         Text(en="Bytes of block table the article's engine copies host -> device in one decode "
                 "step.",
-             ko="글의 엔진이 디코드 한 스텝에 호스트 -> 디바이스로 복사하는 block table 의 "
+             ko="글의 엔진이 디코드 한 스텝에 호스트 -> 디바이스로 복사하는 블록 테이블의 "
                 "바이트 수."),
         Integer(), article_table_bytes_per_decode_step,
         explain=lambda e: say(
             en=f"{e:,} B: 4096 int32 entries x 16 layers, about 256 KiB of table per decode "
                "step, almost all of it unchanged",
-            ko=f"{e:,} B: int32 항목 4096개 x 레이어 16개, 디코드 스텝마다 약 256 KiB 의 표를 "
+            ko=f"{e:,} B: int32 항목 4096개 x 레이어 16개, 디코드 스텝마다 약 256 KiB의 테이블을 "
                "보내는데 거의 전부가 바뀌지 않은 값입니다"),
         hint=Text(en="entries in the table x bytes per entry x copies per decode step",
-                  ko="표의 항목 수 x 항목당 바이트 x 디코드 스텝당 복사 횟수"),
+                  ko="테이블의 항목 수 x 항목당 바이트 x 디코드 스텝당 복사 횟수"),
         mistakes=(
             Mistake(lambda: article_table_bytes_per_decode_step() // 16,
                     Text(en="that is one copy; main.cpp:876 sits inside the layer loop",
-                         ko="그것은 한 번의 복사입니다; main.cpp:876 은 레이어 루프 안에 있습니다")),
+                         ko="그것은 한 번의 복사입니다; main.cpp:876은 레이어 루프 안에 있습니다")),
             Mistake(lambda: article_table_bytes_per_decode_step() // INT32_BYTES,
                     Text(en="that counts entries; each entry is an int32 of 4 bytes",
-                         ko="그것은 항목 개수입니다; 항목 하나는 4바이트 int32 입니다")),
+                         ko="그것은 항목 개수입니다; 항목 하나는 4바이트 int32입니다")),
         )),
     Exercise(
         "06.next_pop",
@@ -84,7 +84,7 @@ EXERCISES = (
                 "released; then slot 1 takes one token.  Which physical block lands in "
                 "block_table[1, 0, 0]?",
              ko="블록 64개, 레이어 2개인 새 캐시: 슬롯 0이 토큰 20개로 자란 뒤 반납되고, 이어서 "
-                "슬롯 1이 토큰 하나를 받습니다.  block_table[1, 0, 0] 에는 어느 물리 블록이 "
+                "슬롯 1이 토큰 하나를 받습니다.  block_table[1, 0, 0]에는 어느 물리 블록이 "
                 "들어갈까요?"),
         Integer(), next_pop_block,
         explain=lambda e: say(
@@ -93,20 +93,20 @@ EXERCISES = (
             ko=f"블록 {e}: 반납이 63, 62, 61, 60 순서로 (레이어 바깥, 논리 블록 안쪽) 밀어 넣었고, "
                "스택은 마지막에 넣은 것을 먼저 돌려줍니다"),
         hint=Text(en="write the free list's tail after each pop and push (pop_back / push_back)",
-                  ko="pop 과 push 마다 free list 의 끝을 적어 보세요 (pop_back / push_back)"),
+                  ko="pop과 push마다 빈 블록 목록의 끝을 적어 보세요 (pop_back / push_back)"),
         mistakes=(
             Mistake(lambda: 63, Text(
                 en="63 is the first block slot 0 popped and the first one pushed back; "
                    "pop_back takes from the other end",
-                ko="63은 슬롯 0이 처음 꺼내고 처음 돌려준 블록입니다; pop_back 은 반대쪽 끝에서 "
+                ko="63은 슬롯 0이 처음 꺼내고 처음 돌려준 블록입니다; pop_back은 반대쪽 끝에서 "
                    "꺼냅니다")),
             Mistake(lambda: 0, Text(
                 en="free_blocks is used as a stack: pops come from the end (the high ids)",
-                ko="free_blocks 는 스택으로 쓰입니다: pop 은 끝(큰 번호)에서 꺼냅니다")),
+                ko="free_blocks는 스택으로 쓰입니다: pop은 끝(큰 번호)에서 꺼냅니다")),
             Mistake(lambda: 59, Text(
                 en="release gives the blocks back, so the next pop reuses one of them rather "
                    "than a block never used",
-                ko="반납이 블록을 돌려주므로, 다음 pop 은 한 번도 안 쓴 블록이 아니라 돌려받은 "
+                ko="반납이 블록을 돌려주므로, 다음 pop은 한 번도 안 쓴 블록이 아니라 돌려받은 "
                    "블록 하나를 다시 씁니다")),
         )),
     Exercise(
@@ -114,22 +114,22 @@ EXERCISES = (
         Text(en="A request with a {prompt_len}-token prompt and max_tokens {max_tokens} "
                 "runs alone on a {num_layers}-layer model (no EOS).  The most physical blocks it "
                 "owns at once?".format(**PEAK),
-             ko="프롬프트 {prompt_len} 토큰, max_tokens {max_tokens} 인 요청 하나가 "
+             ko="프롬프트 {prompt_len}토큰, max_tokens {max_tokens}인 요청 하나가 "
                 "레이어 {num_layers}개 모델에서 혼자 돕니다 (EOS 없음).  한때 가장 많이 가진 물리 "
                 "블록 수는?".format(**PEAK)),
         Integer(), peak_blocks,
         explain=lambda e: say(
             en=f"{e}: 40 + 8 = 48 tokens reach the cache (3 blocks x 30 layers); the 9th "
                "generated token ends the request before any step writes its K/V",
-            ko=f"{e}: 40 + 8 = 48 토큰이 캐시에 들어갑니다 (블록 3개 x 레이어 30개); 9번째로 "
-               "생성한 토큰은 어떤 스텝도 그 K/V 를 쓰기 전에 요청을 끝냅니다"),
+            ko=f"{e}: 40 + 8 = 48토큰이 캐시에 들어갑니다 (블록 3개 x 레이어 30개); 9번째로 "
+               "생성한 토큰은 어떤 스텝도 그 K/V를 쓰기 전에 요청을 끝냅니다"),
         hint=Text(en="count the tokens whose K/V are written, then blocks per layer x layers",
-                  ko="K/V 가 실제로 쓰이는 토큰을 센 다음, 레이어당 블록 수 x 레이어 수"),
+                  ko="K/V가 실제로 쓰이는 토큰을 센 다음, 레이어당 블록 수 x 레이어 수"),
         mistakes=(
             Mistake(lambda: 4 * PEAK["num_layers"], Text(
                 en="49 tokens would need a 4th block, but is the last sampled token ever "
                    "written to the cache?",
-                ko="49 토큰이면 4번째 블록이 필요하지만, 마지막에 뽑은 토큰이 캐시에 쓰이기는 "
+                ko="49토큰이면 4번째 블록이 필요하지만, 마지막에 뽑은 토큰이 캐시에 쓰이기는 "
                    "할까요?")),
             Mistake(lambda: 3, Text(
                 en="every layer owns its own blocks: multiply by the 30 layers",

@@ -46,14 +46,14 @@ EXERCISES = (
         "07.steps_for_three_requests",
         Text(en="Requests needing {} / {} / {} new tokens (no EOS) queue in that order for 2 "
                 "slots.  How many engine steps until all are done?".format(*NEW_TOKENS),
-             ko="새 토큰이 {} / {} / {} 개 필요한 요청들이 (EOS 없음) 그 순서로 슬롯 2개를 "
+             ko="새 토큰이 {} / {} / {}개 필요한 요청들이 (EOS 없음) 그 순서로 슬롯 2개를 "
                 "기다립니다.  모두 끝날 때까지 엔진 스텝은 몇 번일까요?".format(*NEW_TOKENS)),
         Integer(), steps_for_requests,
         explain=lambda e: say(
             en=f"{e} steps: 1 prefill (r0, r1) + 9 decodes until r0 is done, 1 prefill for r2 in "
                "which r1 waits, then 20 decodes for r1 (r2 needs 19 of them)",
-            ko=f"{e} 스텝: 프리필 1번 (r0, r1) + r0이 끝날 때까지 디코드 9번, r1이 기다리는 "
-               "r2 의 프리필 1번, 그리고 r1 의 디코드 20번 (r2 는 그중 19번이 필요)"),
+            ko=f"스텝 {e}번: 프리필 1번 (r0, r1) + r0이 끝날 때까지 디코드 9번, r1이 기다리는 "
+               "r2의 프리필 1번, 그리고 r1의 디코드 20번 (r2는 그중 19번이 필요)"),
         hint=Text(en="walk the steps: a prefill gives each admitted request its first token",
                   ko="스텝을 하나씩 따라가 보세요: 프리필은 받아들인 요청마다 첫 토큰을 줍니다"),
         mistakes=(
@@ -69,13 +69,13 @@ EXERCISES = (
     Exercise(
         "07.sequences_in_2gib",
         Text(en="How many full 2048-token sequences fit in the article's 2 GiB cache at once?",
-             ko="글의 2 GiB 캐시에 2048 토큰짜리 꽉 찬 시퀀스가 동시에 몇 개 들어갈까요?"),
+             ko="글의 2 GiB 캐시에 2048토큰짜리 꽉 찬 시퀀스가 동시에 몇 개 들어갈까요?"),
         Integer(), sequences_in_article_cache,
         explain=lambda e: say(
             en=f"{e}: 65536 blocks / (128 logical blocks x 16 layers); the article's engine "
                "serves only 2 slots, so most of its 2 GiB waits unused",
             ko=f"{e}: 블록 65536개 / (논리 블록 128개 x 레이어 16개); 글의 엔진은 슬롯 2개만 "
-               "쓰므로 2 GiB 의 대부분이 쓰이지 않고 기다립니다"),
+               "쓰므로 2 GiB의 대부분이 쓰이지 않고 기다립니다"),
         hint=Text(en="how many physical blocks does one full sequence take, over all its layers? "
                      "And how many blocks does the cache have?",
                   ko="꽉 찬 시퀀스 하나가 모든 레이어에 걸쳐 물리 블록을 몇 개 차지할까요? 그리고 "
@@ -86,17 +86,17 @@ EXERCISES = (
     Exercise(
         "07.smollm2_kv_bytes_per_token",
         Text(en="Bytes of K and V per token, all layers, for SmolLM2-135M stored in float32.",
-             ko="SmolLM2-135M 을 float32 로 저장할 때, 토큰 하나의 K 와 V 가 모든 레이어에서 "
+             ko="SmolLM2-135M을 float32로 저장할 때, 토큰 하나의 K와 V가 모든 레이어에서 "
                 "차지하는 바이트 수."),
         Integer(), lambda: kv_bytes_per_token(smollm2_135m_config(), "float32"),
         explain=lambda e: say(
             en=f"{e:,} B = 30 layers x 2 x 192 x 4 B: the small model in float32 costs more "
                "cache per token than Llama-3.2-1B in bf16",
-            ko=f"{e:,} B = 레이어 30개 x 2 x 192 x 4 B: float32 의 작은 모델이 bf16 의 "
-               "Llama-3.2-1B 보다 토큰당 캐시를 더 씁니다"),
+            ko=f"{e:,} B = 레이어 30개 x 2 x 192 x 4 B: float32의 작은 모델이 bf16의 "
+               "Llama-3.2-1B보다 토큰당 캐시를 더 씁니다"),
         hint=Text(en="layers x 2 (K and V) x KV_DIM (3 KV heads x 64) x 4 bytes",
-                  ko="레이어 수 x 2 (K 와 V) x KV_DIM (KV head 3개 x 64) x 4바이트"),
+                  ko="레이어 수 x 2 (K와 V) x KV_DIM (KV 헤드 3개 x 64) x 4바이트"),
         mistakes=(Mistake(lambda: kv_bytes_per_token(smollm2_135m_config(), "float32") // 2,
                           Text(en="float32 elements are 4 bytes, and both K and V count",
-                               ko="float32 원소는 4바이트이고, K 와 V 를 둘 다 셉니다")),)),
+                               ko="float32 원소는 4바이트이고, K와 V를 둘 다 셉니다")),)),
 )

@@ -104,29 +104,29 @@ def read_cells(path: Path) -> list[str]:
     def refuse(en: str, ko: str) -> NotANotebook:
         return NotANotebook(say(en=f"{path.name}: not a notebook: {en}; pass the chapter's "
                                    ".ipynb file as Jupyter saved it",
-                                ko=f"{path.name}: 노트북이 아닙니다: {ko}; Jupyter 가 저장한 "
+                                ko=f"{path.name}: 노트북이 아닙니다: {ko}; Jupyter가 저장한 "
                                    "장의 .ipynb 파일을 넘기세요"))
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise refuse(f"its bytes are not UTF-8 text (byte {exc.start})",
-                     f"바이트가 UTF-8 글이 아닙니다 (바이트 {exc.start})") from None
+                     f"바이트가 UTF-8 텍스트가 아닙니다 (바이트 {exc.start})") from None
     except ValueError as exc:
         line = getattr(exc, "lineno", "?")
         raise refuse(f"its text is not JSON (line {line}: {getattr(exc, 'msg', exc)})",
-                     f"글이 JSON 이 아닙니다 ({line}번 줄: {getattr(exc, 'msg', exc)})") from None
+                     f"내용이 JSON이 아닙니다 ({line}번 줄: {getattr(exc, 'msg', exc)})") from None
     except OSError as exc:
         raise refuse(f"it cannot be read ({exc.strerror or exc})",
                      f"읽을 수 없습니다 ({exc.strerror or exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         kind = type(data).__name__ if not isinstance(data, dict) else "object without cells"
         raise refuse(f"it holds a JSON {kind}, not an object with a list of cells",
-                     f"셀 목록이 있는 객체가 아니라 JSON {kind} 입니다")
+                     f"셀 목록이 있는 객체가 아니라 JSON {kind}입니다")
     sources = []
     for number, cell in enumerate(data["cells"], 1):
         if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
             raise refuse(f"cell {number} has no cell_type",
-                         f"{number}번 셀에 cell_type 이 없습니다")
+                         f"{number}번 셀에 cell_type이 없습니다")
         if cell["cell_type"] != "code":
             continue
         source = cell.get("source", "")
@@ -134,7 +134,7 @@ def read_cells(path: Path) -> list[str]:
             source = "".join(source)
         if not isinstance(source, str):
             raise refuse(f"cell {number}'s source is not text",
-                         f"{number}번 셀의 source 가 글이 아닙니다")
+                         f"{number}번 셀의 source가 문자열이 아닙니다")
         sources.append(source)
     return sources
 
@@ -185,7 +185,7 @@ def run_notebook(path: str | os.PathLike, language_code: str | None = None) -> N
     if not path.is_file():
         raise FileNotFoundError(say(
             en=f"no notebook at {path}: pass the path of an .ipynb file",
-            ko=f"{path} 에 노트북이 없습니다: .ipynb 파일 경로를 넘기세요"))
+            ko=f"{path}에 노트북이 없습니다: .ipynb 파일 경로를 넘기세요"))
     chapter = _chapter(path)
     sources = read_cells(path)
     namespace: dict = {"__name__": "__main__"}

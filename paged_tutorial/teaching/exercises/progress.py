@@ -66,19 +66,19 @@ def entry_problem(name, entry) -> str | None:
     if not isinstance(entry, dict):
         return say(en=f"the entry {name!r} is {json.dumps(entry)[:40]}, not "
                       '{"status": ..., "line": ...}',
-                   ko=f"{name!r} 항목이 {json.dumps(entry)[:40]} 입니다 "
-                      '({"status": ..., "line": ...} 이어야 합니다)')
+                   ko=f"{name!r} 항목이 {json.dumps(entry)[:40]}입니다 "
+                      '({"status": ..., "line": ...}이어야 합니다)')
     if entry.get("status") not in STATUSES:
         return say(en=f"the entry {name!r} has status {entry.get('status')!r}; a status is one "
                       f"of {', '.join(STATUSES)}",
-                   ko=f"{name!r} 항목의 상태가 {entry.get('status')!r} 입니다; 상태는 "
+                   ko=f"{name!r} 항목의 상태가 {entry.get('status')!r}입니다; 상태는 "
                       f"{', '.join(STATUSES)} 중 하나입니다")
     if not isinstance(entry.get("line"), str):
         return say(en=f"the entry {name!r} has no verdict line (\"line\")",
                    ko=f"{name!r} 항목에 채점 결과 줄(\"line\")이 없습니다")
     if not isinstance(entry.get("later", ""), str):
         return say(en=f"the entry {name!r} has a \"later\" that is not text",
-                   ko=f"{name!r} 항목의 \"later\" 가 글이 아닙니다")
+                   ko=f"{name!r} 항목의 \"later\"가 문자열이 아닙니다")
     return None
 
 
@@ -94,15 +94,15 @@ def read_record(path: Path | None) -> tuple[dict, list[str]]:
                            "it is set aside as .corrupt and a new record begun at the next "
                            "verdict",
                         ko=f"진행 기록 {particle(str(path), '을/를')} 읽을 수 없습니다 "
-                           f"({type(exc).__name__}); 다음 채점 때 .corrupt 로 옮겨 두고 새 "
+                           f"({type(exc).__name__}); 다음 채점 때 .corrupt로 옮겨 두고 새 "
                            "기록을 시작합니다")]
     if not isinstance(data, dict):
         return {}, [say(en=f"the progress record {path} holds a JSON {type(data).__name__}, not "
                            "an object of verdicts; it is set aside as .corrupt and a new record "
                            "begun at the next verdict",
-                        ko=f"진행 기록 {path} 에 채점 결과 객체가 아니라 JSON "
+                        ko=f"진행 기록 {path}에 채점 결과 객체가 아니라 JSON "
                            f"{particle(str(type(data).__name__), '이/가')} 있습니다; "
-                           f"다음 채점 때 .corrupt 로 옮겨 두고 "
+                           f"다음 채점 때 .corrupt로 옮겨 두고 "
                            "새 기록을 시작합니다")]
     entries, notes = {}, []
     for name, entry in data.items():

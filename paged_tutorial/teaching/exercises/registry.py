@@ -63,11 +63,11 @@ class Exercise:
         what = self.kind.what
         if unsolved(answer):
             return Verdict("unsolved", say(en=f"replace ... with your answer ({what})",
-                                           ko=f"... 을 답으로 바꾸세요 ({what})"))
+                                           ko=f"`...` 자리에 답을 쓰세요 ({what})"))
         problem = self.kind.type_problem(answer)
         if problem:
             return Verdict("wrong", say(en=f"{problem}.  Expected {what}.",
-                                        ko=f"{problem}.  답은 {what} 입니다."))
+                                        ko=f"{problem}.  답은 {what}입니다."))
         expected = self.right_answer()
         if self.kind.equal(answer, expected):
             return Verdict("correct", str(self.explain(expected)))
@@ -118,7 +118,7 @@ def get(name: str):
     if name not in items:
         known = ", ".join(sorted(items))
         raise KeyError(say(en=f"no exercise or puzzle named {name!r}; known: {known}",
-                           ko=f"{name!r} 라는 연습문제나 퍼즐은 없습니다; 있는 것: {known}"))
+                           ko=f"{name!r}라는 연습문제나 퍼즐은 없습니다; 있는 것: {known}"))
     return items[name]
 
 

@@ -43,7 +43,8 @@ class SolvedFileError(ValueError):
                f"check the puzzle {path.stem} again in its notebook (a right answer is written "
                "afresh), or fix the file by hand",
             ko=f"기억된 답 {particle(str(path), '을/를')} 쓸 수 없습니다: {problem}.  그 파일을 "
-               f"지우고 노트북에서 퍼즐 {particle(path.stem, '을/를')} 다시 check 하세요 (맞힌 답은 새로 기록됩니다). 또는 파일을 "
+               f"지우고 노트북에서 퍼즐 {particle(path.stem, '을/를')} 다시 `check`로 채점하세요 (맞힌 답은 새로 기록됩니다). "
+               f"또는 파일을 "
                "직접 고치세요"))
 
 

@@ -65,8 +65,8 @@ class UnsolvedParts(RuntimeError):
                "in their notebooks (a right answer is remembered), or build the kernel with "
                "your_kernel(fill_unsolved=True) to use the worked solutions for these parts",
             ko=f"아직 커널이 완성되지 않았습니다: 본문의 {total}개 부분 가운데 {n}개를 아직 풀지 "
-               f"않았습니다:\n{lines}\n각 노트북에서 pt.exercises.check(name, your_function) 로 "
-               "풀어 보세요 (맞힌 답은 기억됩니다). 또는 your_kernel(fill_unsolved=True) 로 이 "
+               f"않았습니다:\n{lines}\n각 노트북에서 pt.exercises.check(name, your_function)로 "
+               "풀어 보세요 (맞힌 답은 기억됩니다). 또는 your_kernel(fill_unsolved=True)로 이 "
                "부분들에 풀이 예시를 넣어 커널을 만들 수 있습니다"))
 
 
@@ -234,15 +234,15 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
     at = first_difference(mine, stock)
     if at is None:
         return say(en="your kernel's answer is the stock engine's, token for token",
-                   ko="여러분 커널의 답은 기본 엔진의 답과 토큰 하나하나까지 같습니다")
+                   ko="여러분 커널의 답은 표준 엔진의 답과 토큰 하나하나까지 같습니다")
 
     def shown(tokens, i):
         return repr(token_text(tokens[i])) if i < len(tokens) else say(en="nothing (it stopped)",
                                                                       ko="없음 (멈춤)")
     where = say(en=f"the answers part at generated token {at + 1}: {kernel.label} wrote "
                    f"{shown(mine, at)} where the stock engine wrote {shown(stock, at)}",
-                ko=f"생성된 {at + 1}번째 토큰에서 답이 갈립니다: {kernel.label} 는 "
-                   f"{shown(mine, at)}, 기본 엔진은 {shown(stock, at)} 를 썼습니다")
+                ko=f"생성된 {at + 1}번째 토큰에서 답이 갈립니다: {particle(kernel.label, '은/는')} "
+                   f"{shown(mine, at)}, 표준 엔진은 {particle(shown(stock, at), '을/를')} 썼습니다")
     yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
              if origin == YOURS and part in BODY_PUZZLES]
     for part, puzzle in yours:
@@ -254,9 +254,9 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                    "text.  Its puzzle's checks passed, so the difference is one they do not "
                    f"cover: compare it with reveal({puzzle!r}) line by line",
                 ko=f"{where}.  여러분의 {part} 자리에 풀이 예시를 넣고 (퍼즐 {puzzle}, 노트북 "
-                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 기본 엔진의 토큰을 씁니다: 글을 "
-                   f"바꾸는 것은 여러분의 {particle(part, '이다/다')}.  퍼즐의 채점은 통과했으니 "
-                   f"채점이 다루지 않는 차이입니다: reveal({puzzle!r}) 와 한 줄씩 비교해 보세요")
+                   f"{puzzle[:2]}) 나머지는 그대로 두면 커널이 표준 엔진과 같은 토큰을 생성합니다: "
+                   f"텍스트를 바꾸는 것은 여러분의 {part}입니다.  퍼즐의 채점은 통과했으니 "
+                   f"채점이 다루지 않는 차이입니다: reveal({puzzle!r})과 한 줄씩 비교해 보세요")
     if not yours:
         return say(en=f"{where}.  Every part of the body is a worked solution here, so no part "
                       "of yours explains it: the difference comes from the steps around the "
@@ -269,5 +269,5 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                   "differs from the article's, or the steps they call (the table index, the K "
                   "address) do",
                ko=f"{where}.  여러분의 부분({names}) 중 어느 하나를 풀이 예시로 바꿔도 그 토큰 "
-                  "전에 글이 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
+                  "전에 텍스트가 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
                   "부르는 단계(테이블 인덱스, K 주소)가 다릅니다")

@@ -102,7 +102,7 @@ def borrowed_code(cls) -> str | None:
                 imported = name in ("solutions", SOLUTIONS_MODULE) or \
                     name in {b.__name__ for b in BORROWED}        # imported inside the method
                 if imported or borrowed(fn.__globals__.get(name)):
-                    return f"{name} (in {fn.__name__})"
+                    return say(en=f"{name} (in {fn.__name__})", ko=f"{fn.__name__} 안의 {name}")
     return None
 
 
@@ -124,10 +124,10 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"block_table[{slot}, {layer}, {lb}] = {int(before[slot, layer, lb])} "
                       f"with {int(after[slot, layer, lb])}: that block is lost (pop only "
                       "where the entry is -1)",
-                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 "
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len})가 "
                       f"block_table[{slot}, {layer}, {lb}] = {particle(int(before[slot, layer, lb]), '을/를')} "
                       f"{particle(int(after[slot, layer, lb]), '으로/로')} 덮어썼습니다: 그 블록은 잃어버립니다 "
-                      "(항목이 -1 일 때만 꺼내세요)")
+                      "(항목이 -1일 때만 꺼내세요)")
     beyond = np.argwhere(after[slot, :, n_logical:] >= 0)
     if beyond.size:
         layer, lb = int(beyond[0][0]), int(beyond[0][1]) + n_logical
@@ -135,8 +135,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       f"(layer {layer}) a block, but positions < {new_len} need only "
                       f"{n_logical} logical blocks: a decode step pops only when its token is "
                       "the first row of a new block (rule 2)",
-                   ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 가 논리 블록 {lb} "
-                      f"(레이어 {layer}) 에 블록을 줬지만, {new_len} 보다 작은 위치에는 논리 블록 "
+                   ko=f"ensure_capacity(slot={slot}, new_len={new_len})가 논리 블록 {lb} "
+                      f"(레이어 {layer})에 블록을 줬지만, {new_len}보다 작은 위치에는 논리 블록 "
                       f"{n_logical}개면 충분합니다: 디코드는 쓰는 토큰이 새 블록의 첫 행일 때만 "
                       "꺼냅니다 (규칙 2)")
     missing = np.argwhere(after[slot, :, :n_logical] < 0)
@@ -149,8 +149,8 @@ def _wrong_rule(slot, new_len, before, after, c) -> str | None:
                       "for each -1 entry, rule 1; a decode step for a token that starts a "
                       "block, rule 2)",
                    ko=f"ensure_capacity(slot={slot}, new_len={new_len}) 뒤에도 "
-                      f"block_table[{slot}, {layer}, {lb}] 가 -1 인데, 위치 {new_len - 1} 까지 "
-                      f"씁니다: 모든 레이어의 논리 블록 0..{n_logical - 1} 에 블록이 있어야 "
+                      f"{particle(f'block_table[{slot}, {layer}, {lb}]', '이/가')} -1인데, 위치 {new_len - 1}까지 "
+                      f"씁니다: 모든 레이어의 논리 블록 0..{n_logical - 1}에 블록이 있어야 "
                       "합니다 (프리필은 -1 항목마다 꺼내고(규칙 1), 디코드는 토큰이 블록을 "
                       "시작할 때 꺼냅니다(규칙 2))")
     return None
@@ -178,7 +178,7 @@ def checked(cls):
                         en=f"{call} raised CacheFullError after changing the table or "
                            "free_blocks: the scheduler preempts and retries, so the failed call "
                            "must change nothing (count first, then pop)",
-                        ko=f"{particle(call, '이/가')} 표나 free_blocks 를 바꾼 뒤 CacheFullError 를 "
+                        ko=f"{particle(call, '이/가')} 테이블이나 free_blocks를 바꾼 뒤 CacheFullError를 "
                            "냈습니다: 스케줄러는 선점하고 다시 부르므로, 실패한 호출은 아무것도 "
                            "바꾸지 않아야 합니다 (먼저 세고 나서 꺼내세요)")) from None
                 if need <= len(free):
@@ -186,13 +186,13 @@ def checked(cls):
                         en=f"{call} raised CacheFullError with {len(free)} blocks free and "
                            f"{need} needed",
                         ko=f"{particle(call, '이/가')} 블록 {len(free)}개가 남아 있고 {need}개만 필요한데 "
-                           "CacheFullError 를 냈습니다")) from None
+                           "CacheFullError를 냈습니다")) from None
                 raise
             except (Wrong, Unsolved):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
-                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+                                   ko="ensure_capacity와 release를 작성하세요")) from None
             except IndexError as exc:
                 if len(free) < need:
                     raise Wrong(say(
@@ -201,14 +201,14 @@ def checked(cls):
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
                         ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
-                           f"free_blocks 에서 꺼냈습니다 ({exc}): 이 할당기는 선점을 일으키지 "
-                           "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError 를 내세요; "
+                           f"free_blocks에서 꺼냈습니다 (IndexError: {exc}): 이 할당기는 선점을 일으키지 "
+                           "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
-                                ko=f"{call} 에서 IndexError 발생: {exc}")) from None
+                                ko=f"{call}에서 IndexError 발생: {exc}")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
             after = self.table.entries
             problem = _wrong_rule(slot, new_len, before, after, c)
             if problem is None:
@@ -221,7 +221,7 @@ def checked(cls):
                        "(changing nothing); the scheduler then preempts a request",
                     ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 블록 없이 "
                        "그냥 돌아왔습니다: 이 할당기는 선점을 일으키지 못합니다.  (아무것도 "
-                       "바꾸지 말고) CacheFullError 를 내세요; 그러면 스케줄러가 요청 하나를 "
+                       "바꾸지 말고) CacheFullError를 내세요; 그러면 스케줄러가 요청 하나를 "
                        "선점합니다")
             raise Wrong(problem)
 
@@ -234,15 +234,15 @@ def checked(cls):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
-                                   ko="ensure_capacity 와 release 를 작성하세요")) from None
+                                   ko="ensure_capacity와 release를 작성하세요")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call} 에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
             walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
                                    "pushes onto the end of free_blocks",
-                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks 를 바꿨습니다: 반납은 "
+                                ko=f"{particle(call, '이/가')} 이미 있던 free_blocks를 바꿨습니다: 반납은 "
                                    "free_blocks 끝에 밀어 넣기만 합니다"))
             pushed = [int(b) for b in self.free_blocks[len(free):]]
             twice = sorted({b for b in pushed if pushed.count(b) > 1 or b in free})
@@ -250,12 +250,12 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} pushed block(s) {twice[:6]} that are already free "
                                    "(a double free): the next two pops would hand the same block "
                                    "to two owners",
-                                ko=f"{particle(call, '이/가')} 이미 free 인 블록 {twice[:6]} 을 또 밀어 "
-                                   "넣었습니다 (이중 반납): 다음 두 번의 pop 이 같은 블록을 두 "
+                                ko=f"{particle(call, '이/가')} 빈 블록 목록에 이미 있는 블록 {particle(twice[:6], '을/를')} 또 밀어 "
+                                   "넣었습니다 (이중 반납): 다음 두 번의 pop이 같은 블록을 두 "
                                    "주인에게 줍니다"))
             if -1 in pushed:
                 raise Wrong(say(en=f"{call} pushed -1: that entry is unassigned, not a block",
-                                ko=f"{particle(call, '이/가')} -1 을 밀어 넣었습니다: -1 은 블록이 아니라 빈 "
+                                ko=f"{particle(call, '이/가')} -1을 밀어 넣었습니다: -1은 블록이 아니라 빈 "
                                    "항목입니다"))
             lost = sorted(set(walk) - set(pushed))
             if lost or (self.table.entries[slot] >= 0).any():
@@ -269,7 +269,7 @@ def checked(cls):
                                    f"{len(pushed)}개만 돌려줬습니다" +
                                    (f"; 돌려주지 않은 블록 {lost[:6]} (새어 나갑니다)" if lost else
                                     "") +
-                                   ("; 슬롯의 항목이 아직 남아 있습니다 (table.unassign 으로 -1 로 "
+                                   ("; 슬롯의 항목이 아직 남아 있습니다 (table.unassign으로 -1로 "
                                     "되돌리세요)" if (self.table.entries[slot] >= 0).any()
                                     else "")))
             if pushed != walk:
@@ -279,14 +279,14 @@ def checked(cls):
                                    f"{short(walk)}: they part at push {first}, so the next "
                                    "request pops other blocks than in the article's engine",
                                 ko=f"{particle(call, '이/가')} {short(pushed)} 순서로 밀어 넣었습니다; 글의 "
-                                   f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)} 입니다: "
-                                   f"{first}번째 push 부터 달라서, 다음 요청이 글의 엔진과 다른 "
+                                   f"루프(레이어 바깥, 논리 블록 안쪽)는 {short(walk)}입니다: "
+                                   f"{first}번째 push부터 달라서, 다음 요청이 글의 엔진과 다른 "
                                    "블록을 꺼냅니다"))
             if returned is None or [int(b) for b in returned] != pushed:
                 raise Wrong(say(en=f"{call} returned {short(returned)}; it must return the list "
                                    "of blocks it pushed, in order (the contract of release)",
                                 ko=f"{particle(call, '이/가')} {particle(short(returned), '을/를')} 돌려줬습니다; 밀어 넣은 블록의 "
-                                   "리스트를 그 순서대로 돌려줘야 합니다 (release 의 약속)"))
+                                   "리스트를 그 순서대로 돌려줘야 합니다 (release의 약속)"))
             self.life.extend(("push", b) for b in pushed)
             return returned
 
@@ -360,9 +360,13 @@ def probe_full(cls, bs: int = 16) -> str:
         slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
-        where = (f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, slot 0 "
-                 f"holding {first} tokens; ensure_capacity(slot={slot}, new_len={new_len}) "
-                 f"needs {need} blocks with {len(allocator.free_blocks)} free (seed {seed})")
+        where = say(en=f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
+                       f"slot 0 holding {first} tokens; ensure_capacity(slot={slot}, "
+                       f"new_len={new_len}) needs {need} blocks with "
+                       f"{len(allocator.free_blocks)} free (seed {seed})",
+                    ko=f"레이어 {num_layers}개, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
+                       f"슬롯 0에 토큰 {first}개; ensure_capacity(slot={slot}, new_len={new_len})에 "
+                       f"블록 {need}개가 필요하고 {len(allocator.free_blocks)}개가 남음 (시드 {seed})")
         try:
             allocator.ensure_capacity(slot, new_len)
         except CacheFullError:
@@ -371,7 +375,7 @@ def probe_full(cls, bs: int = 16) -> str:
         except Wrong as wrong:
             raise Wrong(f"[{where}] {wrong.message}") from None
         raise Wrong(say(en=f"[{where}] it returned without raising CacheFullError",
-                        ko=f"[{where}] CacheFullError 를 내지 않고 돌아왔습니다"))
+                        ko=f"[{where}] CacheFullError를 내지 않고 돌아왔습니다"))
     return "; ".join(probed)
 
 
@@ -489,8 +493,8 @@ def grade(cls) -> str:
             en=f"your allocator hands its work to the package's own allocator ({borrowed}): "
                "write ensure_capacity and release yourself, with self.free_blocks and "
                "self.table",
-            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity 와 "
-               "release 를 self.free_blocks 와 self.table 로 직접 작성하세요"))
+            ko=f"여러분의 할당기가 패키지의 할당기({borrowed})에 일을 넘깁니다: ensure_capacity와 "
+               "release를 self.free_blocks와 self.table로 직접 작성하세요"))
     # the probe and the engine run use different block sizes: BLOCK_SIZE is not a constant
     rng, _ = shapes.fresh_rng()
     probe_bs, run_bs = shapes.distinct(rng, BLOCK_SIZE_CHOICES, 2)
@@ -528,8 +532,8 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
     for r, (got, alone) in enumerate(zip(tokens, solo)):
         if got != alone:
             raise Wrong(say(en=f"r{r} generated {short(got)}, alone it generates {short(alone)}",
-                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 {short(alone)} "
-                               "입니다"))
+                            ko=f"r{particle(r, '이/가')} {particle(short(got), '을/를')} 생성했는데, 혼자 돌면 "
+                               f"{short(alone)}입니다"))
     preempted = sum(engine.result(i).num_preemptions for i in range(len(requests)))
     popped = sum(1 for kind, _ in life if kind == "pop")
     pushes = len(life) - popped
@@ -538,18 +542,18 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
                   "every step, the invariants held, and every request's tokens equal its solo "
                   f"run.  With fewer blocks free than needed it raised CacheFullError and changed "
                   f"nothing ({probed})",
-               ko=f"{scenario.describe()}, 직접 쓴 할당기로: {len(mine)} 스텝, 선점 "
-                  f"{preempted}번, pop {popped}번, push {pushes}번; 매 스텝 표와 free_blocks 가 글의 엔진과 같고, 불변식이 지켜졌고, "
+               ko=f"{scenario.describe()}, 직접 쓴 할당기로: 스텝 {len(mine)}번, 선점 "
+                  f"{preempted}번, pop {popped}번, push {pushes}번; 매 스텝 테이블과 free_blocks가 글의 엔진과 같고, 불변식이 지켜졌고, "
                   "모든 요청의 토큰이 혼자 돌 때와 같습니다.  필요한 것보다 적은 블록이 남았을 때 "
-                  f"CacheFullError 를 내고 아무것도 바꾸지 않았습니다 ({probed})")
+                  f"CacheFullError를 내고 아무것도 바꾸지 않았습니다 ({probed})")
 
 
 def _describe_difference(mine, stock, i, what) -> str:
     if what == "length":
         return say(en=f"the run took {len(mine)} steps or more; the article's engine took "
                       f"{len(stock)}",
-                   ko=f"실행이 {len(mine)} 스텝 이상 걸렸습니다; 글의 엔진은 {len(stock)} "
-                      "스텝입니다")
+                   ko=f"실행이 스텝 {len(mine)}번 이상 걸렸습니다; 글의 엔진은 스텝 "
+                      f"{len(stock)}번입니다")
     m, s = mine[i], stock[i]
     step = f"step {m.index} ({m.kind})"
     if what == "table":
@@ -558,17 +562,17 @@ def _describe_difference(mine, stock, i, what) -> str:
                       f"{int(m.block_table[slot, layer, lb])}; in the article's engine it is "
                       f"{int(s.block_table[slot, layer, lb])} (pops take the last block of "
                       "free_blocks, layer by layer, logical block by logical block)",
-                   ko=f"스텝 {m.index} ({m.kind}) 뒤 block_table[{slot}, {layer}, {lb}] 가 "
-                      f"{int(m.block_table[slot, layer, lb])} 인데, 글의 엔진에서는 "
-                      f"{int(s.block_table[slot, layer, lb])} 입니다 (pop 은 free_blocks 의 맨 "
+                   ko=f"스텝 {m.index} ({term(m.kind)}) 뒤 {particle(f'block_table[{slot}, {layer}, {lb}]', '이/가')} "
+                      f"{int(m.block_table[slot, layer, lb])}인데, 글의 엔진에서는 "
+                      f"{int(s.block_table[slot, layer, lb])}입니다 (pop은 free_blocks의 맨 "
                       "끝 블록을, 레이어 순서, 논리 블록 순서로 꺼냅니다)")
     if what == "free":
         return say(en=f"after {step}, free_blocks ends with {m.free_blocks[-6:]}; in the "
                       f"article's engine it ends with {s.free_blocks[-6:]}",
-                   ko=f"스텝 {m.index} ({m.kind}) 뒤 free_blocks 의 끝이 {m.free_blocks[-6:]} "
-                      f"인데, 글의 엔진에서는 {s.free_blocks[-6:]} 입니다")
+                   ko=f"스텝 {m.index} ({term(m.kind)}) 뒤 free_blocks의 끝이 {m.free_blocks[-6:]}인데, "
+                      f"글의 엔진에서는 {s.free_blocks[-6:]}입니다")
     return say(en=f"{step} differs from the article's engine ({what})",
-               ko=f"스텝 {m.index} ({m.kind}) 가 글의 엔진과 다릅니다 ({what})")
+               ko=f"스텝 {particle(f'{m.index} ({term(m.kind)})', '이/가')} 글의 엔진과 다릅니다 ({what})")
 
 
 class AllocatorPuzzle(Puzzle):
@@ -597,15 +601,15 @@ class AllocatorPuzzle(Puzzle):
                 en=f"the answer is a class that subclasses pt.exercises.AllocatorBase (got "
                    f"{short(answer)}): write `class {self.function_name}"
                    "(pt.exercises.AllocatorBase):` with its ensure_capacity and release",
-                ko=f"답은 pt.exercises.AllocatorBase 를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
-                   f"받았습니다): ensure_capacity 와 release 를 가진 `class "
-                   f"{self.function_name}(pt.exercises.AllocatorBase):` 를 쓰세요"))
+                ko=f"답은 pt.exercises.AllocatorBase를 상속한 클래스입니다 ({particle(short(answer), '을/를')} "
+                   f"받았습니다): ensure_capacity와 release를 가진 `class "
+                   f"{self.function_name}(pt.exercises.AllocatorBase):`을 쓰세요"))
         missing = [m for m in self.parameters if getattr(answer, m) is getattr(AllocatorBase, m)
                    or is_stub(getattr(answer, m))]
         if missing:
             return Verdict("unsolved", say(
                 en=f"write {' and '.join(missing)} (the stub's body is still ...)",
-                ko=f"{', '.join(missing)} 의 본문을 작성하세요 (아직 ... 입니다)"))
+                ko=f"{', '.join(missing)}의 본문을 작성하세요 (아직 ... 입니다)"))
         return None
 
 
@@ -614,15 +618,15 @@ ENSURE_DOC = Text(
        "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
        "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
        "        CacheFullError, changing nothing.",
-    ko="위치 0..new_len-1 에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
+    ko="위치 0..new_len-1에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
        "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
-       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError 를 냅니다.")
+       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
 RELEASE_DOC = Text(
     en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
        "        logical block by logical block), reset its entries to -1; return the\n"
        "        pushed blocks in order.",
-    ko="`slot` 이 가진 모든 블록을 self.free_blocks 에 (레이어 바깥, 논리 블록 안쪽\n"
-       "        순서로) 밀어 넣고 그 항목을 -1 로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
+    ko="`slot`이 가진 모든 블록을 self.free_blocks에 (레이어 바깥, 논리 블록 안쪽\n"
+       "        순서로) 밀어 넣고 그 항목을 -1로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
        "        돌려줍니다.")
 
 PUZZLES = (
@@ -637,31 +641,31 @@ PUZZLES = (
                 "    (self.table.entries, -1 = none); self.config has num_layers, BLOCK_SIZE,\n"
                 "    MAX_BLOCKS_PER_SEQ and blocks_for_tokens(n).  CacheFullError comes from\n"
                 "    paged_tutorial.cache.",
-             ko="글의 엔진의 블록 관리자.  self.free_blocks 는 빈 물리 블록의 스택;\n"
-                "    self.table.assign(slot, layer, logical, block) 과\n"
-                "    self.table.unassign(slot, layer, logical) 이 block table 을 고칩니다\n"
-                "    (self.table.entries, -1 = 없음); self.config 에 num_layers, BLOCK_SIZE,\n"
-                "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n) 이 있습니다.  CacheFullError 는\n"
-                "    paged_tutorial.cache 에 있습니다."),
+             ko="글의 엔진의 블록 관리자.  self.free_blocks는 빈 물리 블록의 스택;\n"
+                "    self.table.assign(slot, layer, logical, block)과\n"
+                "    self.table.unassign(slot, layer, logical)이 블록 테이블을 고칩니다\n"
+                "    (self.table.entries, -1 = 없음); self.config에 num_layers, BLOCK_SIZE,\n"
+                "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n)가 있습니다.  CacheFullError는\n"
+                "    paged_tutorial.cache에 있습니다."),
         Text(en="Rule 1 (prefill): a -1 entry below the prompt's last logical block gets a block. "
                 "Rule 2 (decode): the token written at position p needs a new block only when p % "
                 "BLOCK_SIZE == 0.  Count what you need before you pop; release walks the slot's "
                 "table in the article's loop order.",
-             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1 인 항목마다 블록 하나. "
-                "규칙 2 (디코드): 위치 p 에 쓰는 토큰은 p % BLOCK_SIZE == 0 일 때만 새 블록이 "
+             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1인 항목마다 블록 하나. "
+                "규칙 2 (디코드): 위치 p에 쓰는 토큰은 p % BLOCK_SIZE == 0일 때만 새 블록이 "
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
-                "슬롯의 표를 훑습니다."),
+                "슬롯의 테이블을 훑습니다."),
         Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
                 "(four or five layers), then a real Engine (torch backend) whose cache allocates "
                 "with your class, next to a stock engine; its layout (2-3 layers, 2-3 slots, "
                 "BLOCK_SIZE 8 or 16: the probe uses the other one), its too small NUM_BLOCKS and "
                 "its request stream are drawn afresh for every check, so that a decode step "
                 "finds fewer blocks free than it needs, but not none, and the scheduler preempts",
-             ko="채점할 때마다 새로 뽑는 표 배치(레이어 네 개나 다섯 개)에서 남은 것보다 많은 블록을 "
+             ko="채점할 때마다 새로 뽑는 테이블 배치(레이어 네 개나 다섯 개)에서 남은 것보다 많은 블록을 "
                 "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
                 "(torch 백엔드)과 표준 엔진을 나란히 돌린 실행; 엔진의 배치 (레이어 2-3개, 슬롯 "
                 "2-3개, BLOCK_SIZE 8 또는 16: 앞의 호출은 다른 쪽), 모자란 NUM_BLOCKS, 요청 흐름은 "
-                "채점할 때마다 새로 뽑아서, 디코드 스텝이 필요한 것보다 적은 (그러나 0 은 아닌) "
+                "채점할 때마다 새로 뽑아서, 디코드 스텝이 필요한 것보다 적은 (그러나 0은 아닌) "
                 "블록을 만나고 스케줄러가 선점하게 합니다"),
         "main.cpp:266-272, 859-865, 1018-1029", grade),
 )

@@ -118,7 +118,7 @@ class Puzzle:
         if unsolved(answer):
             return Verdict("unsolved", say(
                 en=f"write {self.function_name} and pass the function itself",
-                ko=f"{particle(self.function_name, '을/를')} 작성하고 그 함수 자체를 넘기세요"))
+                ko=f"{particle(self.function_name, '을/를')} 작성해 그대로 넘기세요 (호출 결과가 아니라 그 자체)"))
         refused = self.check_answer(answer)
         if refused is None and not worked:
             borrowed = ends_the_program(answer) or borrowed_code(answer)
@@ -174,7 +174,7 @@ def exit_verdict(exit_: SystemExit) -> str:
     """What ``sys.exit(code)`` from her code means, in words."""
     return say(en=f"your code called sys.exit({exit_.code!r}) (raised SystemExit): a puzzle's "
                   "function returns its answer; it must not end the program",
-               ko=f"코드가 sys.exit({exit_.code!r}) 를 호출했습니다 (SystemExit): 퍼즐의 함수는 "
+               ko=f"코드가 sys.exit({exit_.code!r})를 호출했습니다 (SystemExit): 퍼즐의 함수는 "
                   "답을 돌려줄 뿐, 프로그램을 끝내면 안 됩니다")
 
 
@@ -288,7 +288,7 @@ def borrowed_code(answer) -> str | None:
                           "checker)",
                        ko=f"{particle(str(where), '이/가')} 실행 중에 "
                           f"{particle(imported, '으로/로')} 인자 밖의 코드에 닿습니다: 퍼즐의 답은 "
-                          "인자로 하는 여러분 자신의 계산입니다. 패키지의 모듈도, 다른 함수의 "
+                          "인자만 가지고 하는 여러분 자신의 계산입니다. 패키지의 모듈도, 다른 함수의 "
                           "프레임이나 전역 변수도 필요 없습니다 (엔진의 코드, 풀이 예시, 채점기에 "
                           "닿아서도 안 됩니다)")
         names = global_names(fn.__code__)
@@ -417,18 +417,18 @@ def need_int(value, what: str, call: str) -> int:
     kind = type(value).__name__
     if isinstance(value, (bool, np.bool_)):
         raise Wrong(say(en=f"{what} is {value!r}, a bool; the kernel needs an integer ({call})",
-                        ko=f"{particle(str(what), '이/가')} {value!r} (bool) 입니다; 커널에는 정수가 필요합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} (bool)입니다; 커널에는 정수가 필요합니다 "
                            f"({call})"))
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {value!r}, a {kind}: an index must be an integer (use "
                            f"// rather than /) ({call})",
-                        ko=f"{particle(str(what), '이/가')} {value!r} ({kind}) 입니다: 인덱스는 정수여야 합니다 "
+                        ko=f"{particle(str(what), '이/가')} {value!r} ({kind})입니다: 인덱스는 정수여야 합니다 "
                            f"(/ 대신 //) ({call})"))
     raise Wrong(say(en=f"{what} is a {kind} ({short(value)}); the kernel needs one integer "
                        f"({call})",
-                    ko=f"{particle(str(what), '이/가')} {kind} ({short(value)}) 입니다; 커널에는 정수 하나가 "
+                    ko=f"{particle(str(what), '이/가')} {kind} ({short(value)})입니다; 커널에는 정수 하나가 "
                        f"필요합니다 ({call})"))
 
 
@@ -436,7 +436,8 @@ def need_real(value, what: str, call: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise Wrong(say(en=f"{what} is {short(value)} ({type(value).__name__}); the kernel "
                            f"needs a number ({call})",
-                        ko=f"{particle(str(what), '이/가')} {short(value)} ({type(value).__name__}) 입니다; "
+                        ko=f"{particle(str(what), '이/가')} {short(value)} "
+                           f"({type(value).__name__})입니다; "
                            f"커널에는 "
                            f"수가 필요합니다 ({call})"))
     return float(value)
@@ -444,7 +445,7 @@ def need_real(value, what: str, call: str) -> float:
 
 #: what a device function cannot hold on a GPU: Numba's type classes, in words
 _HOST_ONLY_TYPES = {
-    "DictType": Text(en="a dict", ko="dict"),
+    "DictType": Text(en="a dict", ko="딕셔너리(dict)"),
     "UnicodeType": Text(en="a string (an f-string, str() or a literal)",
                         ko="문자열 (f-문자열, str() 또는 문자열 상수)"),
     "UnicodeCharSeq": Text(en="a string", ko="문자열"),
@@ -461,8 +462,8 @@ def _compile_problem(reason: str) -> Wrong:
         en=f"Numba cannot compile your function as a device function: {reason}.  Plain "
            "arithmetic on numbers, min/max, math.exp, if and for loops work; Python lists, "
            "dicts, strings and classes do not",
-        ko=f"Numba 가 함수를 디바이스 함수로 컴파일하지 못합니다: {reason}.  수의 산술, "
-           "min/max, math.exp, if 와 for 는 되지만 파이썬 리스트, dict, 문자열, 클래스는 안 "
+        ko=f"Numba가 함수를 디바이스 함수로 컴파일하지 못합니다: {reason}.  수의 산술, "
+           "min/max, math.exp, if와 for는 되지만 파이썬 리스트, dict, 문자열, 클래스는 안 "
            "됩니다"))
 
 
@@ -514,10 +515,10 @@ def host_only_code(fn: Callable) -> str | None:
                            "which exists only on the host: a GPU device function has no heap to "
                            "keep one in (the simulator would run it; a GPU refuses to compile "
                            "it).  Use numbers, tuples and the kernel's arrays",
-                        ko=f"{where} 가 {particle(str(words), '을/를')} 만듭니다 "
+                        ko=f"{particle(where, '이/가')} {particle(str(words), '을/를')} 만듭니다 "
                            f"({_line_of(instruction, current)}번 줄). 이는 호스트에만 있습니다: "
                            "GPU 디바이스 함수에는 그것을 둘 힙이 없습니다 (시뮬레이터는 실행하지만 "
-                           "GPU 는 컴파일하지 않습니다).  수, 튜플, 커널의 배열을 쓰세요")
+                           "GPU는 컴파일하지 않습니다).  수, 튜플, 커널의 배열을 쓰세요")
         for name in global_names(code):
             value = getattr(function, "__globals__", {}).get(name)
             if isinstance(value, types.FunctionType) and \

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run
@@ -33,7 +33,7 @@ def article_offset(c, token, head, dim, is_value) -> int:
 
 def element_label(which: int, token: int, head: int, dim: int) -> str:
     return say(en=f"{'KV'[which]} of token {token}, kv head {head}, dim {dim}",
-               ko=f"토큰 {token}, kv head {head}, 차원 {dim} 의 {'KV'[which]}")
+               ko=f"토큰 {token}, KV 헤드 {head}, 차원 {dim}의 {'KV'[which]}")
 
 
 def offsets_of(fn, c) -> np.ndarray:
@@ -53,7 +53,7 @@ def offsets_of(fn, c) -> np.ndarray:
                         raise Wrong(say(
                             en=f"{label} lands at byte {off}, outside its {c.BLOCK_BYTES}-byte "
                                "block (BLOCK_BYTES): it would overwrite another block",
-                            ko=f"{particle(label, '이/가')} 바이트 {off} 에 놓여 {c.BLOCK_BYTES} 바이트짜리 "
+                            ko=f"{particle(label, '이/가')} 바이트 {off}에 놓여 {c.BLOCK_BYTES}바이트짜리 "
                                "블록(BLOCK_BYTES) 밖으로 나갑니다: 다른 블록을 덮어씁니다"),
                             figure=None)
                     out[which, t, h, d] = off
@@ -91,8 +91,9 @@ def explain(offsets: np.ndarray, c) -> str:
                 here, other = element_label(which, t, h, d), element_label(*owner[b])
                 return say(en=f"{here} (byte {off}) and {other} overlap: each element takes "
                               f"{c.ITEMSIZE} bytes, so one of them is lost",
-                           ko=f"{here} (바이트 {off}) 와 {particle(other, '이/가')} 겹칩니다: 원소마다 "
-                              f"{c.ITEMSIZE} 바이트를 차지하므로 하나를 잃습니다")
+                           ko=f"{particle(f'{here} (바이트 {off})', '과/와')} "
+                              f"{particle(other, '이/가')} 겹칩니다: 원소마다 "
+                              f"{c.ITEMSIZE}바이트를 차지하므로 하나를 잃습니다")
             owner[b] = (which, t, h, d)
     for which, t, h, d in np.ndindex(offsets.shape):
         want = article_offset(c, t, h, d, which)
@@ -100,8 +101,8 @@ def explain(offsets: np.ndarray, c) -> str:
             label, got = element_label(which, t, h, d), int(offsets[which, t, h, d])
             return say(en=f"{label} is written at byte {got} of its block, but the decode kernel "
                           f"reads it at byte {want}",
-                       ko=f"{particle(label, '을/를')} 블록의 바이트 {got} 에 썼는데, 디코드 커널은 바이트 {want} "
-                          "에서 읽습니다")
+                       ko=f"{particle(label, '을/를')} 블록의 바이트 {got}에 썼는데, 디코드 커널은 바이트 {want}에서 "
+                          "읽습니다")
     return say(en="the offsets match the article's layout",
                ko="오프셋이 글의 배치와 같습니다")
 
@@ -145,15 +146,15 @@ def grade(fn) -> str:
     return say(en="a 20-token prompt and 3 decode steps through your layout at two engine shapes "
                   "(bf16 with 2 KV heads x 8, and one drawn afresh in float32): logits "
                   "bit-identical to a stock engine's",
-               ko="20 토큰 프롬프트와 디코드 3 스텝을 직접 쓴 배치로, 엔진 모양 두 가지에서 (bf16, KV "
-                  "head 2개 x 8, 그리고 float32 로 새로 뽑은 모양): logits 가 표준 엔진과 비트 단위로 "
-                  "같습니다")
+               ko="20토큰 프롬프트와 디코드 스텝 3번을 여러분의 배치로 엔진 모양 두 가지에서 "
+                  "돌렸습니다 (bf16에 KV 헤드 2개 x 8, 그리고 float32로 새로 뽑은 모양): 로짓이 "
+                  "표준 엔진과 비트 단위로 같습니다")
 
 
 def grade_shape(fn, shape) -> None:
     config, stock = stock_run(shape)
     where = say(en=f"[{shape[0]}, {shape[1]} KV head(s) x {shape[2]}] ",
-                ko=f"[{shape[0]}, KV head {shape[1]}개 x {shape[2]}] ")
+                ko=f"[{shape[0]}, KV 헤드 {shape[1]}개 x {shape[2]}] ")
     try:
         offsets = offsets_of(fn, config)
     except Wrong as wrong:
@@ -176,8 +177,8 @@ def grade_shape(fn, shape) -> None:
         raise Wrong(where + say(
             en=f"the engine's {step.kind} step {step.index} differs from a stock engine's (its "
                f"logits read NaN or misplaced values): {why}",
-            ko=f"엔진의 {step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다 "
-               f"(logits 가 NaN 이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
+            ko=f"엔진의 {term(step.kind)} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다 "
+               f"(로짓이 NaN이나 엉뚱한 자리의 값을 읽었습니다): {why}"),
             figure=draw)
 
 
@@ -194,17 +195,17 @@ PUZZLES = (
                 "n_kv_heads x HEAD_DIM elements of one token, head after head; an element takes\n"
                 "ITEMSIZE bytes (2 for bf16).",
              ko="물리 블록 시작에서 센, 원소 하나의 바이트 오프셋을 돌려줍니다: 블록의 행\n"
-                "`token_in_block` 에서 kv head `kv_head` 의 K 벡터 (is_value False) 또는 V 벡터\n"
-                "(is_value True) 의 차원 `dim`.  블록에는 K 의 BLOCK_SIZE 행이 먼저, 그 뒤에 같은\n"
+                "`token_in_block`에서 KV 헤드 `kv_head`의 K 벡터 (is_value False) 또는 V 벡터\n"
+                "(is_value True)의 차원 `dim`.  블록에는 K의 BLOCK_SIZE 행이 먼저, 그 뒤에 같은\n"
                 "수의 V 행이 있습니다; 한 행은 토큰 하나의 KV_DIM = n_kv_heads x HEAD_DIM 원소를\n"
-                "head 순서로 담고, 원소 하나는 ITEMSIZE 바이트입니다 (bf16 은 2)."),
+                "헤드 순서로 담고, 원소 하나는 ITEMSIZE 바이트입니다 (bf16은 2)."),
         Text(en="Where does V start?  Count the bytes of all the K rows before it (that is the "
                 "article's V_OFFSET).",
-             ko="V 는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
-                "V_OFFSET 입니다)."),
+             ko="V는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
+                "V_OFFSET입니다)."),
         Text(en="a real Engine (torch backend, bf16, 2 KV heads, then a float32 shape drawn "
                 "afresh): your offsets place K and V, the decode attention reads them",
-             ko="실제 Engine (torch 백엔드, bf16, KV head 2개, 이어서 float32 로 새로 뽑은 "
-                "모양): 직접 쓴 오프셋으로 K 와 V 를 놓고, 디코드 어텐션이 읽습니다"),
+             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 새로 뽑은 "
+                "모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
         "main.cpp:866-872, kernels.cu:484-485", grade),
 )

@@ -17,7 +17,7 @@ import numpy as np
 
 from paged_tutorial.backends.paged_reads import cache_view
 from paged_tutorial.backends.torch_ref import TorchBackend
-from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Wrong, host_call, need_int
 from paged_tutorial.teaching.puzzles.engine_harness import engine_with_cache, run, tiny_model
@@ -49,7 +49,7 @@ class LocatingWriterBackend(TorchBackend):
                 raise Wrong(say(en=f"{call} returned {got!r}; it must return two integers: "
                                    "(physical_block, row)",
                                 ko=f"{particle(call, '이/가')} {particle(repr(got), '을/를')} 돌려줬습니다; 정수 두 개 "
-                                   "(physical_block, row) 를 돌려줘야 합니다"))
+                                   "(physical_block, row)를 돌려줘야 합니다"))
             phys = need_int(got[0], say(en="the physical block", ko="물리 블록"), call)
             row = need_int(got[1], say(en="the row", ko="행"), call)
             if not 0 <= phys < c.NUM_BLOCKS or not 0 <= row < c.BLOCK_SIZE:
@@ -90,8 +90,8 @@ def explain(backend: LocatingWriterBackend, table: np.ndarray, bs: int) -> tuple
             message = say(en=f"layer {layer}, slot {slot}, position {pos} was written to "
                              f"physical block {phys}, row {row}; the decode kernel looks for it "
                              f"in {entry}, row {want[1]}",
-                          ko=f"레이어 {layer}, 슬롯 {slot}, 위치 {particle(pos, '을/를')} 물리 블록 {phys} 의 "
-                             f"행 {row} 에 썼는데, 디코드 커널은 {entry} 의 행 {want[1]} 에서 "
+                          ko=f"레이어 {layer}, 슬롯 {slot}, 위치 {particle(pos, '을/를')} 물리 블록 {phys}의 "
+                             f"행 {row}에 썼는데, 디코드 커널은 {entry}의 행 {want[1]}에서 "
                              "찾습니다")
     return message or say(en="every write went where the kernel reads",
                           ko="모든 쓰기가 커널이 읽는 자리로 갔습니다"), rows
@@ -115,36 +115,36 @@ def grade(fn) -> str:
         raise Wrong(say(en=f"[{num_layers} layers, free list shuffled with seed {shuffle}] the "
                            f"engine's {step.kind} step {step.index} differs from a stock "
                            f"engine's: {message}",
-                        ko=f"[레이어 {num_layers}개, 시드 {shuffle} 로 섞은 free list] 엔진의 "
-                           f"{step.kind} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
+                        ko=f"[레이어 {num_layers}개, 시드 {particle(shuffle, '으로/로')} 섞은 빈 블록 목록] 엔진의 "
+                           f"{term(step.kind)} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
                            f"{message}"), figure=draw)
     return say(en=f"2 slots x {num_layers} layers from a free list shuffled afresh: every token "
                   "written where the decode kernel reads it; logits bit-identical to a stock "
                   "engine's",
-               ko=f"슬롯 2개 x 레이어 {num_layers}개, 새로 섞은 free list 에서: 모든 토큰을 디코드 "
-                  "커널이 읽는 자리에 썼고, logits 가 표준 엔진과 비트 단위로 같습니다")
+               ko=f"슬롯 2개 x 레이어 {num_layers}개, 새로 섞은 빈 블록 목록에서: 모든 토큰을 디코드 "
+                  "커널이 읽는 자리에 썼고, 로짓이 표준 엔진과 비트 단위로 같습니다")
 
 
 PUZZLES = (
     Puzzle(
         "02.locate", Text(en="logical -> physical block through the table",
-                          ko="표를 거쳐 논리 블록 -> 물리 블록"),
+                          ko="테이블을 거쳐 논리 블록 -> 물리 블록"),
         "def locate(block_table, slot, layer, position, BLOCK_SIZE):",
         Text(en="Return (physical_block, row): where the K and V of the token at `position` of\n"
                 "the sequence in cache slot `slot` go, in layer `layer`.  block_table is the\n"
                 "engine's table, a NumPy array indexed [slot, layer, logical block] that holds\n"
                 "physical block ids (-1 where none is assigned yet).",
-             ko="(physical_block, row) 를 돌려줍니다: 캐시 슬롯 `slot` 의 시퀀스에서 위치\n"
-                "`position` 토큰의 K 와 V 가 레이어 `layer` 에서 들어갈 자리.  block_table 은\n"
-                "엔진의 표로, [slot, layer, logical block] 으로 인덱싱하는 NumPy 배열이며 물리\n"
+             ko="(physical_block, row)를 돌려줍니다: 캐시 슬롯 `slot`의 시퀀스에서 위치\n"
+                "`position` 토큰의 K와 V가 레이어 `layer`에서 들어갈 자리.  block_table은\n"
+                "엔진의 테이블로, [슬롯, 레이어, 논리 블록]으로 인덱싱하는 NumPy 배열이며 물리\n"
                 "블록 번호를 담습니다 (아직 없으면 -1)."),
         Text(en="A position belongs to one logical block and to one row of it; the table turns "
                 "the logical block into a physical one.",
-             ko="위치 하나는 논리 블록 하나와 그 안의 행 하나에 속합니다; 표가 논리 블록을 물리 "
+             ko="위치 하나는 논리 블록 하나와 그 안의 행 하나에 속합니다; 테이블이 논리 블록을 물리 "
                 "블록으로 바꿉니다."),
         Text(en="a real Engine (torch backend, 2 slots x 2-4 layers, a free list shuffled afresh): "
                 "your function places every token, the decode attention reads through the table",
-             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, 새로 섞은 free list): 직접 "
-                "쓴 함수가 모든 토큰을 놓고, 디코드 어텐션이 표를 거쳐 읽습니다"),
+             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, 새로 섞은 빈 블록 목록): 직접 "
+                "쓴 함수가 모든 토큰을 놓고, 디코드 어텐션이 테이블을 거쳐 읽습니다"),
         "main.cpp:265, 858", grade),
 )

@@ -77,8 +77,8 @@ def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 en=f"{who} read {len(got)} block-table entries, but its {trace.seq_len} tokens "
                    f"fill {len(want)} logical block(s) of BLOCK_SIZE {c.BLOCK_SIZE}: check how "
                    "many blocks the loop visits",
-                ko=f"{particle(who, '이/가')} block table 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
-                   f"BLOCK_SIZE {c.BLOCK_SIZE} 의 논리 블록 {len(want)}개를 채웁니다: 루프가 도는 "
+                ko=f"{particle(who, '이/가')} 블록 테이블 항목을 {len(got)}개 읽었지만 토큰 {trace.seq_len}개는 "
+                   f"BLOCK_SIZE {c.BLOCK_SIZE}의 논리 블록 {len(want)}개를 채웁니다: 루프가 도는 "
                    "블록 수를 확인하세요"))
         lb = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
                                                                                len(want)))
@@ -89,9 +89,9 @@ def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                   else "no entry")
                + f"; the article's {entry_name(c, want[lb])}",
             ko=f"{who}, 논리 블록 {lb}: "
-               + (f"block_table[{wrong}] ({entry_name(c, wrong)}) 를 읽었습니다"
+               + (f"{particle(f'block_table[{wrong}] ({entry_name(c, wrong)})', '을/를')} 읽었습니다"
                   if wrong is not None else "항목을 읽지 않았습니다")
-               + f"; 아티클의 인덱스는 {entry_name(c, want[lb])}"))
+               + f"; 글의 인덱스는 {entry_name(c, want[lb])}"))
 
 
 def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
@@ -112,9 +112,9 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                    f"in the partly used last warp): threads {idle[0]}-{idle[-1]} must read "
                    "nothing (on a GPU such a read can leave the buffer)",
                 ko=f"{who}: {t}번 스레드가 {e}번 원소({element_name(c, e)})를 읽었지만, "
-                   f"HEAD_DIM = {c.head_dim} 부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
-                   f"마지막 워프에서 owns_dim 은 False): {idle[0]}-{idle[-1]}번 스레드는 아무것도 "
-                   "읽으면 안 됩니다 (GPU 에서는 그런 읽기가 버퍼를 벗어날 수 있습니다)"))
+                   f"HEAD_DIM = {c.head_dim}부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
+                   f"마지막 워프에서 owns_dim은 False): {idle[0]}-{idle[-1]}번 스레드는 아무것도 "
+                   "읽으면 안 됩니다 (GPU에서는 그런 읽기가 버퍼를 벗어날 수 있습니다)"))
         for d in range(c.head_dim):
             want = {int(e): (t, half) for half, index in (("K", trace.k_index), ("V",
                                                                                  trace.v_index))
@@ -125,7 +125,8 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                 raise Wrong(figure=figure_for(row, h), message=say(
                     en=f"{who}: thread {d} read element {stray} ({element_name(c, stray)}), "
                        "which is not its element of any token of this sequence",
-                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 {stray} ({element_name(c, stray)}) 를 "
+                    ko=f"{who}: 스레드 {particle(d, '이/가')} 원소 "
+                       f"{particle(f'{stray} ({element_name(c, stray)})', '을/를')} "
                        "읽었는데, 이 시퀀스의 어떤 토큰의 원소도 아닙니다"))
             for e, (t, half) in sorted(want.items(), key=lambda item: item[1]):
                 n = counts.get(e, 0)
@@ -135,7 +136,7 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                         en=f"{who}: thread {d} read the {half} element of token {t} (logical "
                            f"block {lb}, row {row_in}; element {e}) {n} times, not once",
                         ko=f"{who}: 스레드 {particle(d, '이/가')} 토큰 {t} (논리 블록 {lb}, {row_in}번 행; 원소 "
-                           f"{e}) 의 {half} 원소를 한 번이 아니라 {n}번 읽었습니다"))
+                           f"{e})의 {half} 원소를 한 번이 아니라 {n}번 읽었습니다"))
 
 
 def _figure(prep, logs, row: int = 0, h: int = 0):
@@ -160,7 +161,7 @@ def grade(fn) -> tuple:
 
     if is_stub(fn):
         raise Unsolved(say(en="walk_blocks has no body yet: write it",
-                           ko="walk_blocks 의 본문이 아직 없습니다: 작성하세요"))
+                           ko="walk_blocks의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(walk_blocks=fn)
     drawn = cases()
     first_figure = None
@@ -171,8 +172,8 @@ def grade(fn) -> tuple:
     return say(en="every thread block of every launch read the article's table entries, "
                   "every K and V element of each thread exactly once (nothing past head_dim), "
                   f"and the output equals the torch oracle's.  Shapes run: {shapes_run}",
-               ko="모든 런치의 모든 스레드 블록이 아티클의 block table 항목을 읽었고, 각 스레드가 "
-                  "자기 K·V 원소를 정확히 한 번씩 읽었으며 (head_dim 을 넘는 스레드는 읽지 않음), "
+               ko="모든 런치의 모든 스레드 블록이 글의 블록 테이블 항목을 읽었고, 각 스레드가 "
+                  "자기 K·V 원소를 정확히 한 번씩 읽었으며 (head_dim을 넘는 스레드는 읽지 않음), "
                   f"출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), first_figure
 
 
@@ -187,7 +188,7 @@ def run_parts(parts, case):
         return Verdict("wrong", f"[{case.label}] {wrong.message}"
                        if not wrong.message.startswith("[") else wrong.message, wrong.figure)
     return Verdict("correct", say(en="the article's reads and the oracle's output",
-                                  ko="아티클과 같은 읽기, 오라클과 같은 출력"), figure)
+                                  ko="글과 같은 읽기, 오라클과 같은 출력"), figure)
 
 
 def _grade_case(parts, case):
@@ -203,10 +204,10 @@ def _grade_case(parts, case):
             en=" (every thread of a block must visit the same tokens: the loop bounds may "
                "depend on the sequence, not on thread_id)",
             ko=" (블록의 모든 스레드가 같은 토큰을 돌아야 합니다: 루프 범위는 시퀀스에 따라 "
-               "정해지고 thread_id 에 따라 달라지면 안 됩니다)"), figure)
+               "정해지고 thread_id에 따라 달라지면 안 됩니다)"), figure)
     if result.error is not None:
         raise Wrong(at + say(en=f"the kernel failed with your walk_blocks: {result.error}",
-                             ko=f"여러분의 walk_blocks 로 커널이 실패했습니다: {result.error}"),
+                             ko=f"여러분의 walk_blocks로 커널이 실패했습니다: {result.error}"),
                     figure)
     try:
         if result.logs:
@@ -220,7 +221,7 @@ def _grade_case(parts, case):
         row, h = result.bad[0]
         raise Wrong(at + bad_summary(prep, result) + say(
             en=".  The reads were the article's: what happens to each token's score and V?",
-            ko=".  읽기는 아티클과 같습니다: 각 토큰의 점수와 V 는 어떻게 쓰였나요?"),
+            ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?"),
             _figure(prep, result.logs, row, h))
     return figure
 
@@ -239,29 +240,29 @@ DOCSTRING = Text(
        "dimension: it reads nothing and uses 0.0, but still calls token_score.",
     ko="블록의 모든 스레드가 실행합니다: 시퀀스의 논리 블록을 차례로 돌며 block_table (평평한\n"
        "[slots][N_LAYERS][MAX_BLOCKS_PER_SEQ] 배열)에서 물리 블록을 찾고, 그 블록이 담은\n"
-       "토큰마다 (모두 합쳐 seq_len 개) 이 스레드의 K 원소를 읽어\n"
-       "token_score(q_val, k, thread_id, scale, dot_products, score) 로 점수를 얻고, V 원소를\n"
-       "읽어 softmax_update(current_max, d, acc, score, v) 로 누적합니다.\n"
-       "(-inf, 0, 0) 에서 시작해 (current_max, d, acc) 를 돌려주세요.\n\n"
+       "토큰마다 (모두 합쳐 seq_len개) 이 스레드의 K 원소를 읽어\n"
+       "token_score(q_val, k, thread_id, scale, dot_products, score)로 점수를 얻고, V 원소를\n"
+       "읽어 softmax_update(current_max, d, acc, score, v)로 누적합니다.\n"
+       "(-inf, 0, 0)에서 시작해 (current_max, d, acc)를 돌려주세요.\n\n"
        "이름만으로 쓸 수 있는 것: BLOCK_SIZE, N_LAYERS, MAX_BLOCKS_PER_SEQ, BLOCK_ELEMS, KV_DIM,\n"
        "HEAD_DIM, V_OFFSET_ELEMS (주소는 바이트가 아니라 원소 단위), load(kv_cache, i),\n"
-       "token_score, softmax_update, float32, math.  owns_dim 이 False 인 스레드는 맡은 차원이\n"
-       "없습니다: 아무것도 읽지 않고 0.0 을 쓰지만 token_score 는 호출합니다.")
+       "token_score, softmax_update, float32, math.  owns_dim이 False인 스레드는 맡은 차원이\n"
+       "없습니다: 아무것도 읽지 않고 0.0을 쓰지만 token_score는 호출합니다.")
 
 HINT = Text(
     en="Two nested loops: logical blocks, then the tokens of one block; the last block may hold "
        "fewer than BLOCK_SIZE.  The table is indexed by the cache slot (slot), not the batch "
        "row; the K element of a token sits in its physical block's row, kv head and dimension, "
        "and V is V_OFFSET_ELEMS further.",
-    ko="두 겹의 루프: 논리 블록, 그리고 한 블록의 토큰; 마지막 블록은 BLOCK_SIZE 보다 적게 담을 수 "
-       "있습니다.  block table 은 배치 행이 아니라 캐시 슬롯(slot)으로 인덱스합니다; 토큰의 K 원소는 "
-       "물리 블록의 그 행, kv 헤드, 차원에 있고 V 는 V_OFFSET_ELEMS 뒤에 있습니다.")
+    ko="두 겹의 루프: 논리 블록, 그리고 한 블록의 토큰; 마지막 블록은 BLOCK_SIZE보다 적게 담을 수 "
+       "있습니다.  블록 테이블은 배치 행이 아니라 캐시 슬롯(slot)으로 인덱스합니다; 토큰의 K 원소는 "
+       "물리 블록의 그 행, KV 헤드, 차원에 있고 V는 V_OFFSET_ELEMS 뒤에 있습니다.")
 
 PUZZLES = (
     Puzzle(
         "03.walk_blocks", Text(en="the loop over logical blocks: table lookup, partial last "
                                   "block, K and V addresses",
-                               ko="논리 블록을 도는 루프: block table 조회, 덜 찬 마지막 블록, "
+                               ko="논리 블록을 도는 루프: 블록 테이블 조회, 덜 찬 마지막 블록, "
                                   "K·V 주소"),
         "def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, "
         "owns_dim, q_val, scale, dot_products, score):",
@@ -270,8 +271,8 @@ PUZZLES = (
                 "GPU), two launches drawn afresh for every check: head_dims with a partly used "
                 "last warp, GQA ratios other than 4, two or three layers, rows in another order "
                 "than their slots",
-             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
-                "채점할 때마다 새로 뽑는 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, 4 가 "
+             ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
+                "채점할 때마다 새로 뽑는 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, 4가 "
                 "아닌 GQA 비율, 레이어 두세 개, 슬롯과 순서가 다른 배치 행"),
         "kernels.cu:470-485", grade),
 )

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import ModelConfig
-from paged_tutorial.teaching.language import particle, say
+from paged_tutorial.teaching.language import particle, say, term
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 
 #: one step of the tiny engine takes milliseconds; a step still running after this long is
@@ -104,7 +104,8 @@ def run(engine, requests, shuffle_seed: int | None = None, poison: bool = False,
                 raise
             step, kind = against[i].index, against[i].kind
             raise Wrong(say(en=f"during step {step} ({kind}): {wrong.message}",
-                            ko=f"스텝 {step} ({kind}) 중: {wrong.message}"), wrong.figure) from None
+                            ko=f"스텝 {step} ({term(kind)}) 중: "
+                               f"{wrong.message}"), wrong.figure) from None
         states.append(StepState(report.index, report.kind, dict(report.new_tokens),
                                 list(report.finished), report.logits,
                                 engine.cache.block_table.copy(), list(engine.cache.free_blocks)))

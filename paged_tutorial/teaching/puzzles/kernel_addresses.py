@@ -29,7 +29,7 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                   "GPU)",
-               ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU)")
+               ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU)")
 
 
 
@@ -123,14 +123,16 @@ def element_name(config, element: int) -> str:
     half = "K" if rem < c.V_OFFSET_ELEMS else "V"
     row, col = divmod(rem % c.V_OFFSET_ELEMS, c.KV_DIM)
     head, dim = divmod(col, c.head_dim)
-    return f"{half} of row {row} of physical block {block}, kv head {head}, dim {dim}"
+    return say(en=f"{half} of row {row} of physical block {block}, kv head {head}, dim {dim}",
+               ko=f"물리 블록 {block}의 {row}번 행, KV 헤드 {head}, 차원 {dim}의 {half}")
 
 
 def entry_name(config, index: int) -> str:
     c = config
     slot, rem = divmod(int(index), c.num_layers * c.MAX_BLOCKS_PER_SEQ)
     layer, logical = divmod(rem, c.MAX_BLOCKS_PER_SEQ)
-    return f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})"
+    return say(en=f"entry {index} = (slot {slot}, layer {layer}, logical block {logical})",
+               ko=f"(슬롯 {slot}, 레이어 {layer}, 논리 블록 {logical})의 항목 {index}")
 
 
 def _figure(prep, reps, result, block=None):
@@ -220,13 +222,13 @@ def _no_extra_reads(prep, reps) -> None:
                 en=f"the output is right, but for slot {slot} (seq_len {n}) the kernel also "
                    f"reads {entry_name(c, extra[0])}, which holds no token of the sequence (-1 "
                    "in the engine's table); at max_seq_len it would lie past the slot's row",
-                ko=f"출력은 맞지만, 슬롯 {slot} (seq_len {n}) 에 대해 커널이 "
-                   f"{entry_name(c, extra[0])} 도 읽습니다. 이 항목은 시퀀스의 토큰을 담지 않습니다 "
-                   "(엔진 테이블에서 -1); max_seq_len 에서는 슬롯의 행을 넘어섭니다"))
+                ko=f"출력은 맞지만, 슬롯 {slot} (seq_len {n})에 대해 커널이 "
+                   f"{entry_name(c, extra[0])}도 읽습니다. 이 항목은 시퀀스의 토큰을 담지 않습니다 "
+                   "(엔진 테이블에서 -1); max_seq_len에서는 슬롯의 행을 넘어섭니다"))
         if not set(rep.elements().tolist()) <= set(trace.k_index.ravel().tolist()):
             raise Wrong(say(en="the output is right, but the kernel reads cache elements the "
                                "article's kernel does not read",
-                            ko="출력은 맞지만, 커널이 아티클의 커널이 읽지 않는 캐시 원소를 "
+                            ko="출력은 맞지만, 커널이 글의 커널이 읽지 않는 캐시 원소를 "
                                "읽습니다"))
 
 
@@ -245,9 +247,9 @@ def _explain_table(prep, reps, result) -> str:
                        f"reads {entry_name(c, got)}; the block of (slot {slot}, layer "
                        f"{prep.case.layer}, logical block {lb}) is elsewhere in the {shape} "
                        "table",
-                    ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb} 에 대해 여러분의 "
+                    ko=f"슬롯 {slot}, 레이어 {prep.case.layer}, 논리 블록 {lb}에 대해 여러분의 "
                        f"인덱스는 {particle(entry_name(c, got), '을/를')} 읽습니다; (슬롯 {slot}, 레이어 "
-                       f"{prep.case.layer}, 논리 블록 {lb}) 의 블록은 {shape} 테이블의 다른 "
+                       f"{prep.case.layer}, 논리 블록 {lb})의 블록은 {shape} 테이블의 다른 "
                        "곳에 있습니다")
     return say(en="The table entries read look right; check what else the function returns",
                ko="읽은 테이블 항목은 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
@@ -260,7 +262,7 @@ def grade_table_index(fn) -> tuple:
     return say(en="every block of every slot found through your index in two table layouts: "
                   "the kernel's output equals the torch oracle's on a poisoned cache.  Shapes "
                   f"run: {shapes_run}",
-               ko="두 가지 표 배치에서 모든 슬롯의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 "
+               ko="두 가지 테이블 배치에서 모든 슬롯의 모든 블록을 여러분의 인덱스로 찾았습니다: 오염된 "
                   f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), figure
 
 
@@ -278,8 +280,9 @@ def _explain_k(prep, reps, result) -> str:
                     en=f"q head {rep.q_head} (kv head {rep.kv_head}), token {t}: thread {d} "
                        f"reads element {int(got[d])}, which is {element_name(c, got[d])}; it "
                        f"needs {element_name(c, want[d])}",
-                    ko=f"q 헤드 {rep.q_head} (kv 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
-                       f"원소 {int(got[d])} ({element_name(c, got[d])}) 를 읽습니다; 필요한 것은 "
+                    ko=f"q 헤드 {rep.q_head} (KV 헤드 {rep.kv_head}), 토큰 {t}: 스레드 {particle(d, '이/가')} "
+                       f"원소 {particle(f'{int(got[d])} ({element_name(c, got[d])})', '을/를')} "
+                       f"읽습니다; 필요한 것은 "
                        f"{element_name(c, want[d])}")
     return say(en="The K elements read look right; check what else the function returns",
                ko="읽은 K 원소는 맞아 보입니다; 함수가 돌려주는 다른 값을 확인하세요")
@@ -292,8 +295,8 @@ def grade_k_index(fn) -> tuple:
     return say(en="every query head's K found through its KV head, in scattered blocks, at two "
                   "head_dims and two GQA ratios: the kernel's output equals the torch oracle's "
                   f"on a poisoned cache.  Shapes run: {shapes_run}",
-               ko="두 가지 head_dim 과 두 가지 GQA 비율에서, 흩어진 블록에 있는 모든 쿼리 헤드의 K "
-                  "를 그 KV 헤드를 거쳐 찾았습니다: 오염된 "
+               ko="두 가지 head_dim과 두 가지 GQA 비율에서, 흩어진 블록에 있는 모든 q 헤드의 "
+                  "K를 그 KV 헤드를 거쳐 찾았습니다: 오염된 "
                   f"캐시에서 커널 출력이 torch 오라클과 같습니다.  실행한 모양: {shapes_run}"), \
         figure
 
@@ -301,7 +304,7 @@ def grade_k_index(fn) -> tuple:
 PUZZLES = (
     Puzzle(
         "02.table_index", Text(en="the three-term block-table index, inside the kernel",
-                               ko="커널 안의 세 항 block table 인덱스"),
+                               ko="커널 안의 세 항 블록 테이블 인덱스"),
         "def block_table_index(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):",
         Text(en="Return the position, in the flat block table, of the entry for (cache slot,\n"
                 "layer, logical block).  The table is laid out as [slot][layer][logical block]:\n"
@@ -309,26 +312,26 @@ PUZZLES = (
                 "sequence of up to MAX_SEQ_LEN tokens can own, BLOCK_SIZE tokens per block.  The\n"
                 "check draws MAX_SEQ_LEN, not always a multiple of BLOCK_SIZE.  The kernel then\n"
                 "reads physical_block = block_table[block_table_index(...)].",
-             ko="평평한 block table 에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
-                "테이블은 [slot][layer][logical block] 순서입니다: 슬롯마다 행이 N_LAYERS 개\n"
-                "있고, 한 행에는 토큰이 MAX_SEQ_LEN 개까지인 시퀀스가 가질 수 있는 논리 블록마다\n"
-                "(블록마다 토큰 BLOCK_SIZE 개) 항목이 하나씩 있습니다.  채점은 MAX_SEQ_LEN 을\n"
-                "뽑는데, 늘 BLOCK_SIZE 의 배수인 것은 아닙니다.  커널은 그다음\n"
-                "physical_block = block_table[block_table_index(...)] 를 읽습니다."),
+             ko="평평한 블록 테이블에서 (캐시 슬롯, 레이어, 논리 블록) 항목의 위치를 돌려주세요.\n"
+                "테이블은 [슬롯][레이어][논리 블록] 순서입니다: 슬롯마다 행이 N_LAYERS개\n"
+                "있고, 한 행에는 토큰이 MAX_SEQ_LEN개까지인 시퀀스가 가질 수 있는 논리 블록마다\n"
+                "(블록마다 토큰 BLOCK_SIZE개) 항목이 하나씩 있습니다.  채점은 MAX_SEQ_LEN을\n"
+                "뽑는데, 늘 BLOCK_SIZE의 배수인 것은 아닙니다.  커널은 그다음\n"
+                "physical_block = block_table[block_table_index(...)]를 읽습니다."),
         Text(en="How many entries does one row take when MAX_SEQ_LEN is not a whole number of "
                 "blocks?  Then: how many does one whole slot take, and one layer of one slot?",
-             ko="MAX_SEQ_LEN 이 블록 수로 나누어떨어지지 않을 때 한 행은 항목을 몇 개 "
+             ko="MAX_SEQ_LEN이 BLOCK_SIZE로 나누어떨어지지 않을 때 한 행은 항목을 몇 개 "
                 "차지하나요?  그다음: 슬롯 하나 전체는 몇 개, 슬롯 하나의 레이어 하나는요?"),
         Text(en=RUNS_IN.en + ", two table layouts drawn afresh for every check (2-3 slots, 2-4 "
                 "layers, 3-5 logical blocks per sequence; one max_seq_len is not a multiple of "
                 "BLOCK_SIZE)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 표 배치 두 가지 (슬롯 2-3개, 레이어 "
-                "2-4개, 시퀀스마다 논리 블록 3-5개; 한 배치의 max_seq_len 은 BLOCK_SIZE 의 배수가 "
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 테이블 배치 두 가지 (슬롯 2-3개, 레이어 "
+                "2-4개, 시퀀스마다 논리 블록 3-5개; 한 배치의 max_seq_len은 BLOCK_SIZE의 배수가 "
                 "아님)"),
         "kernels.cu:16-19, 480", grade_table_index),
     Puzzle(
         "03.k_index", Text(en="one thread's K address, from its query head",
-                           ko="쿼리 헤드에서 출발한 스레드 하나의 K 주소"),
+                           ko="q 헤드에서 출발한 스레드 하나의 K 주소"),
         "def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM, "
         "HEAD_DIM):",
         Text(en="Return the element of the cache buffer that thread `thread_id` of the thread\n"
@@ -340,23 +343,23 @@ PUZZLES = (
                 "bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of K, each\n"
                 "KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which the\n"
                 "kernel finds V_OFFSET_ELEMS further).",
-             ko="쿼리 헤드 `q_head` 의 스레드 블록에서 스레드 `thread_id` 가 q 와 곱하는 캐시\n"
-                "버퍼의 원소 번호를 돌려주세요: physical_block 의 토큰 행 `token`, 그 쿼리 헤드가\n"
-                "읽는 KV 헤드, 차원 thread_id 의 K 값입니다.  쿼리 헤드 Q_PER_KV 개가 KV 헤드\n"
-                "하나를 함께 씁니다 (grouped-query attention). 묶음은 연속한 쿼리 헤드들이고,\n"
-                "채점은 Q_PER_KV 를 1, 2, 3, 4, 8 가운데서 뽑습니다.  바이트가 아니라 원소\n"
-                "단위입니다 (아티클의 바이트 주소를 bf16 이면 2 로 나눈 값).  블록 하나는\n"
-                "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE 개 (행마다 KV_DIM = n_kv_heads x\n"
+             ko="q 헤드 `q_head`의 스레드 블록에서 스레드 `thread_id`가 q와 곱하는 캐시\n"
+                "버퍼의 원소 번호를 돌려주세요: physical_block의 토큰 행 `token`, 그 q 헤드가\n"
+                "읽는 KV 헤드, 차원 thread_id의 K 값입니다.  q 헤드 Q_PER_KV개가 KV 헤드\n"
+                "하나를 함께 씁니다 (GQA). 묶음은 연속한 q 헤드들이고,\n"
+                "채점은 Q_PER_KV를 1, 2, 3, 4, 8 가운데서 뽑습니다.  바이트가 아니라 원소\n"
+                "단위입니다 (글의 바이트 주소를 bf16이면 2로 나눈 값).  블록 하나는\n"
+                "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE개 (행마다 KV_DIM = n_kv_heads x\n"
                 "HEAD_DIM 원소), 그 뒤에 같은 수의 V 행 (커널은 V_OFFSET_ELEMS 뒤에서 찾습니다)."),
         Text(en="First the KV head: which group of Q_PER_KV query heads is q_head in?  Then four "
                 "terms: where the block starts, where the row starts inside it, where that KV "
                 "head's slice starts inside the row, and the thread's own dimension.",
-             ko="먼저 KV 헤드: q_head 는 Q_PER_KV 개씩 묶은 쿼리 헤드의 몇 번째 묶음에 있나요?  "
+             ko="먼저 KV 헤드: q_head는 Q_PER_KV개씩 묶은 q 헤드의 몇 번째 묶음에 있나요?  "
                 "그다음 네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 그 KV "
                 "헤드 구간이 시작하는 곳, 그리고 스레드 자신의 차원."),
         Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, 2 or 3 kv "
                 "heads, two different GQA ratios among 1, 2, 3, 4 and 8)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, kv 헤드 2개나 "
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, KV 헤드 2개나 "
                 "3개, 1, 2, 3, 4, 8 가운데 서로 다른 GQA 비율 두 개)"),
         "kernels.cu:468, 484", grade_k_index),
 )

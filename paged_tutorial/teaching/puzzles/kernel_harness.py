@@ -249,40 +249,44 @@ def replay(prep: Prepared, parts, q_head_k_index=None,
         for h in range(case.n_q_heads):
             kv_head = h // prep.q_per_kv
             n = _call_int(parts.blocks_to_read, (seq_len, c.BLOCK_SIZE), "blocks_to_read",
-                          "the number of blocks")
+                          say(en="the number of blocks", ko="블록 수"))
             rep = Replay(row, h, kv_head, seq_len, n, [], [], [], [])
             for lb in range(max(n, 0)):
                 if max_seq_len_table_index is None:
                     ti = _call_int(parts.block_table_index,
                                    (slot, case.layer, lb, c.num_layers, c.MAX_BLOCKS_PER_SEQ),
-                                   "block_table_index", "the table index")
+                                   "block_table_index",
+                                   say(en="the table index", ko="테이블 인덱스"))
                 else:
                     ti = _call_int(max_seq_len_table_index,
                                    (slot, case.layer, lb, c.num_layers, c.max_seq_len,
                                     c.BLOCK_SIZE), "table_index_from_max_seq_len",
-                                   "the table index")
+                                   say(en="the table index", ko="테이블 인덱스"))
                 if not 0 <= ti < table.size:
-                    shape = (f"{c.max_slots} slots x {c.num_layers} layers x "
-                             f"{c.MAX_BLOCKS_PER_SEQ} logical blocks")
+                    shape = say(en=f"{c.max_slots} slots x {c.num_layers} layers x "
+                                   f"{c.MAX_BLOCKS_PER_SEQ} logical blocks",
+                                ko=f"슬롯 {c.max_slots}개 x 레이어 {c.num_layers}개 x 논리 블록 "
+                                   f"{c.MAX_BLOCKS_PER_SEQ}개")
                     raise Wrong(say(
                         en=f"for slot {slot}, layer {case.layer}, logical block {lb} the kernel "
                            f"would read block_table[{ti}], outside the table's {table.size} "
                            f"entries ({shape}; the loop visits {n} block(s) for seq_len "
                            f"{seq_len}): on a GPU that read leaves the table",
-                        ko=f"슬롯 {slot}, 레이어 {case.layer}, 논리 블록 {lb} 에 대해 커널이 "
-                           f"block_table[{ti}] 를 읽게 됩니다. 테이블의 {table.size}개 항목 "
-                           f"({shape}; seq_len {seq_len} 이면 루프는 블록 {n}개를 돕니다) 밖이라 "
-                           "GPU 에서는 테이블을 벗어난 읽기입니다"))
+                        ko=f"슬롯 {slot}, 레이어 {case.layer}, 논리 블록 {lb}에 대해 커널이 "
+                           f"{particle(f'block_table[{ti}]', '을/를')} 읽게 됩니다. 테이블의 {table.size}개 항목 "
+                           f"({shape}; seq_len {seq_len}이면 루프는 블록 {n}개를 돕니다) 밖이라 "
+                           "GPU에서는 테이블을 벗어난 읽기입니다"))
                 phys = int(table[ti])
                 t = _call_int(parts.tokens_in_block, (seq_len, lb, c.BLOCK_SIZE),
-                              "tokens_in_block", "the number of tokens")
+                              "tokens_in_block",
+                              say(en="the number of tokens", ko="토큰 수"))
                 if t > MAX_ROWS_FACTOR * c.BLOCK_SIZE:
                     raise Wrong(say(
                         en=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: the kernel "
                            f"would read {t} token rows from one {c.BLOCK_SIZE}-token block, far "
                            "past its end",
                         ko=f"tokens_in_block({seq_len}, {lb}, {c.BLOCK_SIZE}) = {t}: 커널이 "
-                           f"{c.BLOCK_SIZE} 토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
+                           f"{c.BLOCK_SIZE}토큰짜리 블록 하나에서 토큰 행 {t}개를 읽게 되어, "
                            "블록 끝을 한참 넘습니다"))
                 rep.table_index.append(ti)
                 rep.physical_block.append(phys)
@@ -292,13 +296,14 @@ def replay(prep: Prepared, parts, q_head_k_index=None,
                         idx = np.array([_call_int(parts.k_index,
                                                   (phys, token, kv_head, d, c.BLOCK_ELEMS,
                                                    c.KV_DIM, c.head_dim), "k_index",
-                                                  "the K element")
+                                                  say(en="the K element", ko="K 원소"))
                                         for d in range(c.head_dim)], dtype=np.int64)
                     else:
                         idx = np.array([_call_int(q_head_k_index,
                                                   (phys, token, h, d, prep.q_per_kv,
                                                    c.BLOCK_ELEMS, c.KV_DIM, c.head_dim),
-                                                  "q_head_k_index", "the K element")
+                                                  "q_head_k_index",
+                                                  say(en="the K element", ko="K 원소"))
                                         for d in range(c.head_dim)], dtype=np.int64)
                     worst = idx[(idx < 0) | (idx + c.V_OFFSET_ELEMS >= n_elems)]
                     if worst.size:
@@ -309,12 +314,13 @@ def replay(prep: Prepared, parts, q_head_k_index=None,
                                f"{token} of physical block {phys}: outside the cache's "
                                f"{n_elems} elements ({c.NUM_BLOCKS} blocks x BLOCK_ELEMS "
                                f"{c.BLOCK_ELEMS}); on a GPU that read leaves the buffer",
-                            ko=f"블록 (행 {row}, q 헤드 {h}) 의 "
-                               f"스레드 {particle(str(d), '이/가')} 물리 블록 {phys} "
-                               f"의 토큰 {token} 에 대해 K 원소 {int(worst[0])} (그리고 "
-                               f"+V_OFFSET_ELEMS 의 V) 를 읽게 됩니다: 캐시의 {n_elems}개 원소 "
-                               f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU "
-                               "에서는 버퍼를 벗어난 읽기입니다"))
+                            ko=f"블록 (행 {row}, q 헤드 {h})의 "
+                               f"스레드 {particle(str(d), '이/가')} 물리 블록 {phys}의 "
+                               f"토큰 {token}에 대해 K 원소 "
+                               f"{particle(f'{int(worst[0])} (그리고 +V_OFFSET_ELEMS의 V)', '을/를')} "
+                               f"읽게 됩니다: 캐시의 {n_elems}개 원소 "
+                               f"(블록 {c.NUM_BLOCKS}개 x BLOCK_ELEMS {c.BLOCK_ELEMS}) 밖이라 GPU에서는 "
+                               "버퍼를 벗어난 읽기입니다"))
                     rep.k_index.append(idx)
             out.append(rep)
     return out
@@ -340,7 +346,7 @@ def bad_summary(prep: Prepared, result: KernelRun, nan_means: str = "it read poi
                    ko="NaN 또는 inf (오염된 메모리를 읽었습니다)"
                    if nan_means == "it read poisoned memory" else f"NaN 또는 inf ({nan_means})")
     else:
-        what = say(en=f"off by up to {err:.3g}", ko=f"최대 {err:.3g} 만큼 다릅니다")
+        what = say(en=f"off by up to {err:.3g}", ko=f"최대 {err:.3g}만큼 다릅니다")
     slot, n = prep.case.rows[row]
     total = len(prep.slots) * prep.case.n_q_heads
     return say(en=f"{len(result.bad)} of {total} outputs differ from the torch oracle; first: "
@@ -458,7 +464,7 @@ def stuck_message(limit: float) -> str:
                   "never gets past a loop, or waits for something another thread never does "
                   "(on a GPU the block would hang)",
                ko=f"커널이 {limit:g}초가 지나도 끝나지 않아 멈췄습니다: 어떤 스레드가 루프를 "
-                  "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU 에서는 블록이 "
+                  "빠져나오지 못하거나 다른 스레드가 하지 않는 일을 기다립니다 (GPU에서는 블록이 "
                   "멈춥니다)")
 
 
@@ -553,7 +559,7 @@ def divergence_message(divergence) -> str:
             where.append(say(en=f"threads {threads_text(threads)} wait at line {site.line} of "
                                 f"{site.function} (`{site.code()}`)",
                              ko=f"스레드 {particle(str(threads_text(threads)), '은/는')} "
-                                f"{site.function} 의 "
+                                f"{site.function}의 "
                                 f"{site.line}번 줄(`{site.code()}`)에서 기다립니다"))
     rnd = divergence.round + 1
     return say(
@@ -561,9 +567,9 @@ def divergence_message(divergence) -> str:
         + ".  A cuda.syncthreads() that not every thread of the block reaches (inside a branch "
         "on thread_id) never releases on a GPU: the block deadlocks.  Every thread must call "
         "the same barriers in the same order",
-        ko=f"스레드 블록 {divergence.block} 의 {rnd}번째 배리어: " + "; ".join(where)
-        + ".  블록의 모든 스레드가 도달하지 않는 cuda.syncthreads() (thread_id 에 따른 분기 "
-        "안)는 GPU 에서 풀리지 않아 블록이 멈춥니다(deadlock).  모든 스레드가 같은 배리어를 같은 "
+        ko=f"스레드 블록 {divergence.block}의 {rnd}번째 배리어: " + "; ".join(where)
+        + ".  블록의 모든 스레드가 도달하지 않는 cuda.syncthreads() (thread_id에 따른 분기 "
+        "안)는 GPU에서 풀리지 않아 블록이 멈춥니다(deadlock).  모든 스레드가 같은 배리어를 같은 "
         "순서로 호출해야 합니다")
 
 
@@ -577,10 +583,10 @@ def race_message(race, count: int) -> str:
            f"{o.site.line}: `{o.site.code()}`) with no barrier between them (both after "
            f"barrier {w.epoch} of block {w.block}); {count} such pair(s) in the launch.  On a "
            "GPU the read may see the old or the new value",
-        ko=f"{race.cell} 에 경쟁 상태(race): "
-           f"스레드 {particle(str(w.thread), '이/가')} 쓰고({w.site.function} 의 "
+        ko=f"{race.cell}에 경합(race): "
+           f"스레드 {particle(str(w.thread), '이/가')} 쓰고({w.site.function}의 "
            f"{w.site.line}번 줄: `{w.site.code()}`) 스레드 "
            f"{particle(str(o.thread), '이/가')} {other_op}습니다"
            f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
-           f"{w.block} 의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count} 쌍.  GPU 에서는 읽는 "
+           f"{w.block}의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count}쌍.  GPU에서는 읽는 "
            "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")

@@ -93,7 +93,7 @@ def _three_numbers(out) -> str:
     return say(en=f"your function returned {out!r}; it must return three numbers: "
                   "(new_max, new_d, new_acc)",
                ko=f"여러분의 함수가 {particle(repr(out), '을/를')} 돌려주었습니다; 숫자 세 개 (new_max, new_d, "
-                  "new_acc) 를 돌려주어야 합니다")
+                  "new_acc)를 돌려주어야 합니다")
 
 
 def _scores_and_values(prep, row: int = 0, head: int = 0):
@@ -111,7 +111,7 @@ def _first_divergence(scores, mine, article) -> str:
     for t in range(len(article)):
         if t >= len(mine):
             return say(en=f"at token {t} (score {scores[t]:.3g}) your update fails (see above)",
-                       ko=f"토큰 {t} (점수 {scores[t]:.3g}) 에서 여러분의 업데이트가 실패합니다 "
+                       ko=f"토큰 {t} (점수 {scores[t]:.3g})에서 여러분의 업데이트가 실패합니다 "
                           "(위 참고)")
         if not np.isfinite(out_mine[t]) or abs(out_mine[t] - out_article[t]) > 1e-4 * (
                 1 + abs(out_article[t])):
@@ -119,43 +119,44 @@ def _first_divergence(scores, mine, article) -> str:
             if rose:
                 event = say(en=f"the running max rises from {article[t - 1, 0]:.4g} to "
                                f"{article[t, 0]:.4g}",
-                            ko=f"running max 가 {article[t - 1, 0]:.4g} 에서 {article[t, 0]:.4g} "
-                               "로 오릅니다")
+                            ko=f"누적 최댓값이 {article[t - 1, 0]:.4g}에서 "
+                               f"{particle(format(article[t, 0], '.4g'), '으로/로')} "
+                               "오릅니다")
             elif t == 0:
                 event = say(en="the first token", ko="첫 토큰")
             else:
                 event = say(en=f"the running max stays {article[t, 0]:.4g}",
-                            ko=f"running max 는 {article[t, 0]:.4g} 그대로입니다")
+                            ko=f"누적 최댓값은 {article[t, 0]:.4g} 그대로입니다")
             state = say(en=f" (your d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ",
                         ko=f" (여러분의 d = {mine[t, 1]:.3g}, acc = {mine[t, 2]:.3g}: ")
             if mine[t, 1] == 0:
                 overflow = state + say(en="d is 0, so acc / d is 0/0: exp() of a score far below "
                                           "0 underflows to 0 unless it is taken relative to the "
                                           "running max)",
-                                       ko="d 가 0 이라 acc / d 는 0/0 입니다: 0 보다 한참 작은 점수의 "
-                                          "exp() 는 running max 기준으로 계산하지 않으면 0 으로 "
+                                       ko="d가 0이라 acc / d는 0/0입니다: 0보다 한참 작은 점수의 "
+                                          "exp()는 누적 최댓값 기준으로 계산하지 않으면 0으로 "
                                           "사라집니다)")
             elif np.isinf(mine[t, 1:]).any():
                 overflow = state + say(en="float32 overflowed: exp() of a score far above the "
                                           "kept max exceeds 3.4e38)",
-                                       ko="float32 오버플로: 유지한 최대보다 훨씬 큰 점수의 exp() "
-                                          "가 3.4e38 을 넘습니다)")
+                                       ko="float32 오버플로: 유지한 최대보다 훨씬 큰 점수의 exp()가 "
+                                          "3.4e38을 넘습니다)")
             elif np.isnan(mine[t]).any():
                 overflow = state + say(en="NaN comes from inf x 0 or inf - inf: with the old max "
                                           "-inf, which exp() is infinite?)",
-                                       ko="NaN 은 inf x 0 이나 inf - inf 에서 나옵니다: 이전 최대가 "
-                                          "-inf 일 때 어느 exp() 가 무한대인가요?)")
+                                       ko="NaN은 inf x 0이나 inf - inf에서 나옵니다: 이전 최대가 "
+                                          "-inf일 때 어느 exp()가 무한대인가요?)")
             else:
                 overflow = ""
             return say(en=f"token {t} (score {scores[t]:.4g}; {event}): acc/d, the output so far "
                           f"for dimension 0, is {out_mine[t]:.4g} with your update, "
                           f"{out_article[t]:.4g} with the article's{overflow}",
-                       ko=f"토큰 {t} (점수 {scores[t]:.4g}; {event}): 차원 0 의 지금까지 출력 "
-                          f"acc/d 가 여러분의 업데이트로는 {out_mine[t]:.4g}, 아티클의 것으로는 "
-                          f"{out_article[t]:.4g} 입니다{overflow}")
+                       ko=f"토큰 {t} (점수 {scores[t]:.4g}; {event}): 차원 0의 지금까지 출력 "
+                          f"acc/d가 여러분의 업데이트로는 {out_mine[t]:.4g}, 글의 것으로는 "
+                          f"{out_article[t]:.4g}입니다{overflow}")
     return say(en="the host replay agrees with the article's update; compare the types you "
                   "return",
-               ko="호스트 재현은 아티클의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
+               ko="호스트 재현은 글의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
 def _grade_case(fn, parts, case):
@@ -223,7 +224,7 @@ def grade(fn) -> tuple:
     return say(en=f"ordinary scores, then scores up to {top:.0f} (exp() of that overflows even a "
                   "float64): the kernel's output equals the torch oracle's, without overflow.  "
                   f"Shapes run: {shapes_run}",
-               ko=f"보통 점수, 그리고 {top:.0f} 까지 올라가는 점수 (그 exp() 는 float64 도 넘칩니다): "
+               ko=f"보통 점수, 그리고 {top:.0f}까지 올라가는 점수 (그 exp()는 float64도 넘칩니다): "
                   "커널 출력이 오버플로 없이 torch 오라클과 같습니다.  실행한 모양: "
                   f"{shapes_run}"), draw
 
@@ -231,7 +232,7 @@ def grade(fn) -> tuple:
 PUZZLES = (
     Puzzle(
         "05.softmax_update", Text(en="the online-softmax update (m, d, acc)",
-                                  ko="online softmax 업데이트 (m, d, acc)"),
+                                  ko="온라인 소프트맥스 업데이트 (m, d, acc)"),
         "def softmax_update(current_max, d, acc, score, v):",
         Text(en="Fold one token into the running state of one thread, and return\n"
                 "(new_max, new_d, new_acc).\n"
@@ -241,20 +242,20 @@ PUZZLES = (
                 "  score        this token's scaled q.k;  v  its V element for this thread's\n"
                 "               dimension\n"
                 "After the last token the kernel writes acc / d.  Use math.exp.",
-             ko="토큰 하나를 스레드 하나의 누적 상태에 더하고 (new_max, new_d, new_acc) 를\n"
+             ko="토큰 하나를 스레드 하나의 누적 상태에 더하고 (new_max, new_d, new_acc)를\n"
                 "돌려주세요.\n"
                 "  current_max  지금까지의 가장 큰 점수 (첫 토큰 전에는 -inf)\n"
-                "  d            지금까지의 softmax 분모, exp(score - current_max) 의 합\n"
-                "  acc          이 스레드의 exp(score - current_max) * v 의 합\n"
-                "  score        이 토큰의 scale 된 q.k;  v  이 스레드 차원의 V 원소\n"
-                "마지막 토큰 뒤에 커널은 acc / d 를 씁니다.  math.exp 를 쓰세요."),
+                "  d            지금까지의 소프트맥스 분모, exp(score - current_max)의 합\n"
+                "  acc          이 스레드의 exp(score - current_max) * v의 합\n"
+                "  score        이 토큰의 스케일을 곱한 q·k;  v  이 스레드 차원의 V 원소\n"
+                "마지막 토큰 뒤에 커널은 acc / d를 씁니다.  math.exp를 쓰세요."),
         Text(en="d and acc are kept relative to the running max: when the max rises, what was "
                 "summed so far must be rescaled before the new token is added.",
-             ko="d 와 acc 는 running max 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
+             ko="d와 acc는 누적 최댓값 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
-             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
-                "채점할 때마다 새로 뽑는 보통 점수와 +-800 까지의 점수"),
+             ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수"),
         "kernels.cu:509-519", grade),
 )

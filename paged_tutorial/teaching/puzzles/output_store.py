@@ -57,8 +57,8 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                                f"({q_element_name(case, r.index)}), but threads from HEAD_DIM "
                                f"= {case.head_dim} on own no dimension and must write nothing",
                             ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
-                               f"({q_element_name(case, r.index)}) 에 썼지만, HEAD_DIM = "
-                               f"{case.head_dim} 부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
+                               f"({q_element_name(case, r.index)})에 썼지만, HEAD_DIM = "
+                               f"{case.head_dim}부터의 스레드는 맡은 차원이 없어 아무것도 쓰면 "
                                "안 됩니다"))
                     raise Wrong(figure=figure_for(row, h), message=say(
                         en=f"{who}: thread {r.thread} wrote q element {r.index} "
@@ -66,8 +66,8 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                            f"from ({base + r.thread}): that element belongs to another block, "
                            "which may not have read its q yet",
                         ko=f"{who}: 스레드 {particle(r.thread, '이/가')} q 원소 {r.index} "
-                           f"({q_element_name(case, r.index)}) 에 썼습니다. 자기 q 를 읽은 원소"
-                           f"({base + r.thread})가 아닙니다: 그 원소는 아직 자기 q 를 읽지 않았을 "
+                           f"({q_element_name(case, r.index)})에 썼습니다. 자기 q를 읽은 원소"
+                           f"({base + r.thread})가 아닙니다: 그 원소는 아직 자기 q를 읽지 않았을 "
                            "수도 있는 다른 블록의 것입니다"))
             counts = Counter(r.thread for r in mine)
             for d in range(case.head_dim):
@@ -96,7 +96,7 @@ def grade(fn) -> tuple:
 
     if is_stub(fn):
         raise Unsolved(say(en="write_output has no body yet: write it",
-                           ko="write_output 의 본문이 아직 없습니다: 작성하세요"))
+                           ko="write_output의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(write_output=fn)
     drawn = cases()
     first_figure = None
@@ -110,8 +110,8 @@ def grade(fn) -> tuple:
     return say(en="every thread of every row and q head wrote acc / d once, over the q element "
                   "it read; the threads past head_dim wrote nothing; the output equals the torch "
                   f"oracle's.  Shapes run: {shapes_run}",
-               ko="모든 행·q 헤드의 모든 스레드가 자기가 읽은 q 원소 위에 acc / d 를 한 번 썼고, "
-                  "head_dim 을 넘는 스레드는 아무것도 쓰지 않았으며, 출력이 torch 오라클과 "
+               ko="모든 행·q 헤드의 모든 스레드가 자기가 읽은 q 원소 위에 acc / d를 한 번 썼고, "
+                  "head_dim을 넘는 스레드는 아무것도 쓰지 않았으며, 출력이 torch 오라클과 "
                   f"같습니다.  실행한 모양: {shapes_run}"), first_figure
 
 
@@ -126,7 +126,7 @@ def run_parts(parts, case):
         return Verdict("wrong", f"[{case.label}] {wrong.message}"
                        if not wrong.message.startswith("[") else wrong.message, wrong.figure)
     return Verdict("correct", say(en="the article's reads and the oracle's output",
-                                  ko="아티클과 같은 읽기, 오라클과 같은 출력"), figure)
+                                  ko="글과 같은 읽기, 오라클과 같은 출력"), figure)
 
 
 def _grade_case(parts, case):
@@ -137,7 +137,7 @@ def _grade_case(parts, case):
         check_q_writes(prep, result.logs, lambda row, h: _figure(prep, result.logs, row, h))
     if result.error is not None:
         raise Wrong(say(en=f"the kernel failed with your write_output: {result.error}",
-                        ko=f"여러분의 write_output 으로 커널이 실패했습니다: {result.error}"),
+                        ko=f"여러분의 write_output으로 커널이 실패했습니다: {result.error}"),
                     figure)
     if result.bad:
         row, h = result.bad[0]
@@ -146,8 +146,8 @@ def _grade_case(parts, case):
         raise Wrong(bad_summary(prep, result) + say(
             en=f".  Every store landed in place; the values are about {ratio:.3g} times the "
                "attention output: is it acc / d?",
-            ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: acc / d "
-               "인가요?"), figure)
+            ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: "
+               "acc / d로 나눴나요?"), figure)
     return figure
 
 
@@ -159,11 +159,11 @@ DOCSTRING = Text(
        "from, with store(q, index, value).  acc and d are this thread's state after the\n"
        "last token.  The block's thread count is HEAD_DIM rounded up to whole warps.\n"
        "Available by name: store, HEAD_DIM.",
-    ko="블록의 모든 스레드가 마지막 토큰 뒤에 한 번 실행합니다.  q 는 평평한 배열입니다: 배치\n"
-       "행 active_slot 은 앞 행보다 q_row_stride 원소 뒤에서 시작하고, 한 행 안에는 q 헤드마다\n"
-       "HEAD_DIM 원소짜리 벡터가 차례로 놓입니다.  커널이 이 스레드의 q 를 읽은 바로 그 원소\n"
-       "위에 이 스레드의 출력 차원을 store(q, index, value) 로 쓰세요.  acc 와 d 는 마지막\n"
-       "토큰 뒤 이 스레드의 상태입니다.  블록의 스레드 수는 HEAD_DIM 을 워프 단위로 올린\n"
+    ko="블록의 모든 스레드가 마지막 토큰 뒤에 한 번 실행합니다.  q는 평평한 배열입니다: 배치\n"
+       "행 active_slot은 앞 행보다 q_row_stride 원소 뒤에서 시작하고, 한 행 안에는 q 헤드마다\n"
+       "HEAD_DIM 원소짜리 벡터가 차례로 놓입니다.  커널이 이 스레드의 q를 읽은 바로 그 원소\n"
+       "위에 이 스레드의 출력 차원을 store(q, index, value)로 쓰세요.  acc와 d는 마지막\n"
+       "토큰 뒤 이 스레드의 상태입니다.  블록의 스레드 수는 HEAD_DIM을 워프 단위로 올린\n"
        "값입니다.  이름만으로 쓸 수 있는 것: store, HEAD_DIM.")
 
 HINT = Text(
@@ -171,7 +171,7 @@ HINT = Text(
        "which dimension does this thread hold?  And how many threads does a head_dim of 40 "
        "launch?",
     ko="출력은 입력이 온 바로 그 자리로 갑니다(in-place): 이 스레드가 맡은 것은 어느 행, 어느 "
-       "헤드, 어느 차원인가요?  그리고 head_dim 이 40 이면 스레드가 몇 개 뜨나요?")
+       "헤드, 어느 차원인가요?  그리고 head_dim이 40이면 스레드가 몇 개 뜨나요?")
 
 PUZZLES = (
     Puzzle(
@@ -182,7 +182,7 @@ PUZZLES = (
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), two launches of two rows drawn afresh for every check: head_dims with a "
                 "partly used last warp, one to three q heads",
-             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+             ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, "
                 "q 헤드 한 개에서 세 개"),
         "kernels.cu:522", grade),

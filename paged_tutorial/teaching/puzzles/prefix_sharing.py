@@ -183,7 +183,7 @@ class ReaderRule:
         mine = host_call(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
             raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
-                            ko=f"can_share 가 {particle(repr(mine), '을/를')} 돌려줬습니다; True 나 False 를 돌려줘야 "
+                            ko=f"can_share가 {particle(repr(mine), '을/를')} 돌려줬습니다; True나 False를 돌려줘야 "
                                "합니다"))
         mine = bool(mine)
         engine = may_share(*args)
@@ -198,9 +198,9 @@ class ReaderRule:
                    "come from the cache and none would be left to compute, but the first "
                    "generated token comes from the logits of the last token computed.",
                 ko=f"[{name}] 요청 r{particle(r, '은/는')} 토큰이 {n_tokens}개인데 규칙이 논리 블록 "
-                   f"{logical_block} (토큰 {first}..{last}) 을 공유합니다: 모든 토큰이 캐시에서 "
+                   f"{particle(f'{logical_block} (토큰 {first}..{last})', '을/를')} 공유합니다: 모든 토큰이 캐시에서 "
                    "와서 계산할 토큰이 하나도 남지 않지만, 첫 생성 토큰은 마지막으로 계산한 "
-                   "토큰의 logits 에서 나옵니다."))
+                   "토큰의 로짓에서 나옵니다."))
         return mine
 
 
@@ -233,7 +233,7 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
                           f"({theirs}... where the request has {own}...). Equal keys do not "
                           "prove equal contents: a key is a hash",
                        ko=f"{where}: 규칙이 다른 토큰을 담은 캐시 블록을 공유했습니다 "
-                          f"(요청은 {own}... 인데 블록은 {theirs}...). 키가 같다고 내용이 같은 "
+                          f"(요청의 토큰은 {own}..., 블록의 토큰은 {theirs}...). 키가 같다고 내용이 같은 "
                           "것은 아닙니다: 키는 해시입니다")
         if not _compares_tokens(fn, call.args):
             return say(en=f"{where}: your rule compared neither the tokens nor the parent: it "
@@ -242,22 +242,22 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
                           "answers True as well.  A key is a hash: only the block's tokens and "
                           "its parent say whether its K/V are the request's",
                        ko=f"{where}: 규칙이 토큰도 부모도 비교하지 않았습니다: 다른 블록 뒤에서 "
-                          "계산된 캐시 블록을 공유했고 (found.parent 가 previous 가 아님), 다른 "
-                          "토큰을 담은 블록을 물어도 True 를 돌려줍니다.  키는 해시일 뿐입니다: "
-                          "블록의 K/V 가 요청의 것인지는 블록의 토큰과 부모만이 말해 줍니다")
+                          "계산된 캐시 블록을 공유했고 (found.parent가 previous가 아님), 다른 "
+                          "토큰을 담은 블록을 물어도 True를 돌려줍니다.  키는 해시일 뿐입니다: "
+                          "블록의 K/V가 요청의 것인지는 블록의 토큰과 부모만이 말해 줍니다")
         return say(en=f"{where}: your rule compared the tokens but not the parent: it shared a "
                       "cached block with the request's own tokens, computed after a different "
                       "block (found.parent is not previous).  K/V depend on every earlier token, "
                       "so these are another prompt's K/V",
                    ko=f"{where}: 규칙이 토큰만 비교하고 부모는 비교하지 않았습니다: 요청과 같은 "
-                      "토큰이지만 다른 블록 뒤에서 계산된 캐시 블록을 공유했습니다 (found.parent "
-                      "가 previous 가 아님).  K/V 는 앞의 모든 토큰에 달려 있으므로 이것은 다른 "
-                      "프롬프트의 K/V 입니다")
+                      "토큰이지만 다른 블록 뒤에서 계산된 캐시 블록을 공유했습니다 (found.parent가 "
+                      "previous가 아님).  K/V는 앞의 모든 토큰에 달려 있으므로 이것은 다른 "
+                      "프롬프트의 K/V입니다")
     return say(en=f"{where}: your rule refused a cached block with the same tokens, computed "
                   "after the same block (found.parent is previous), leaving one token or more to "
                   "compute; the request computed tokens it could have shared",
-               ko=f"{where}: 규칙이 같은 토큰을 같은 블록 뒤에서 계산한 캐시 블록을 (found.parent "
-                  "가 previous) 거절했습니다. 계산할 토큰이 하나 이상 남는데도요; 요청은 공유할 수 "
+               ko=f"{where}: 계산할 토큰이 하나 이상 남는데도, 규칙이 같은 토큰을 같은 블록 뒤에서 "
+                  "계산한 캐시 블록(found.parent가 previous)을 거절했습니다; 요청은 공유할 수 "
                   "있던 토큰을 다시 계산했습니다")
 
 
@@ -293,7 +293,7 @@ def grade(fn) -> str:
 PUZZLES = (
     Puzzle(
         "09.can_share", Text(en="may a request use the cached block its hash key found?",
-                             ko="요청이 해시 키로 찾은 캐시 블록을 써도 될까?"),
+                             ko="요청이 해시 키로 찾은 캐시 블록을 써도 되는지"),
         "def can_share(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):",
         Text(en="The prefix cache found `found` under the hash key of the request's logical\n"
                 "block `logical_block`, a full block of its prompt.  found.tokens: the token ids\n"
@@ -303,26 +303,26 @@ PUZZLES = (
                 "the block before (None for block 0); n_tokens: how many tokens the request has.\n"
                 "Return True if the request may point its table entries at found's blocks\n"
                 "instead of computing them.",
-             ko="prefix cache 가 요청의 논리 블록 `logical_block` (프롬프트의 꽉 찬 블록) 의\n"
-                "해시 키로 `found` 를 찾았습니다.  found.tokens: 캐시 블록이 K/V 를 담은 토큰\n"
+             ko="프리픽스 캐시가 요청의 논리 블록 `logical_block` (프롬프트의 꽉 찬 블록)의\n"
+                "해시 키로 `found`를 찾았습니다.  found.tokens: 캐시 블록이 K/V를 담은 토큰\n"
                 "번호들 (튜플); found.parent: 그 블록이 뒤따라 계산된 캐시 블록 (첫 블록이면\n"
                 "None).  tokens: 이 블록에 있는 요청 자신의 토큰 번호들 (튜플); previous: 요청이\n"
-                "바로 앞 블록으로 이미 공유하는 캐시 블록 (블록 0 이면 None); n_tokens: 요청의\n"
-                "토큰 수.  요청이 계산하는 대신 표의 항목을 found 의 블록으로 가리켜도 되면\n"
-                "True 를 돌려줍니다."),
+                "바로 앞 블록으로 이미 공유하는 캐시 블록 (블록 0이면 None); n_tokens: 요청의\n"
+                "토큰 수.  요청이 계산하는 대신 테이블의 항목을 found의 블록으로 가리켜도 되면\n"
+                "True를 돌려줍니다."),
         Text(en="A key is a hash of the block's tokens and of the key before it: which contents "
                 "could share it?  K/V depend on every earlier token.  And the first generated "
                 "token comes from the logits of the last token computed: can every token come "
                 "from the cache?",
              ko="키는 블록의 토큰과 앞 키의 해시입니다: 어떤 내용이 같은 키를 가질 수 있을까요?  "
-                "K/V 는 앞의 모든 토큰에 달려 있습니다.  그리고 첫 생성 토큰은 마지막으로 계산한 "
-                "토큰의 logits 에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
+                "K/V는 앞의 모든 토큰에 달려 있습니다.  그리고 첫 생성 토큰은 마지막으로 계산한 "
+                "토큰의 로짓에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
         Text(en="real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache "
                 "asks your rule, next to stock engines, under three hash functions; the token "
                 "chains, the prompts' lengths and BLOCK_SIZE (8 and 16) are drawn afresh for "
                 "every check",
-             ko="PrefixCachingKVCache 가 직접 쓴 규칙에 묻는 실제 Engine 들 (torch 백엔드, 슬롯 "
+             ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로; 토큰 체인, 프롬프트 "
-                "길이, BLOCK_SIZE (8 과 16) 는 채점할 때마다 새로 뽑습니다"),
+                "길이, BLOCK_SIZE (8과 16)는 채점할 때마다 새로 뽑습니다"),
         "prefix_cache.may_share", grade),
 )

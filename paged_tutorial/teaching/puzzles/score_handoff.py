@@ -106,8 +106,8 @@ def _lanes_message(counts: np.ndarray) -> str | None:
              for n, lanes in sorted(wrong.items())]
     return say(en="the shuffle tree of warp 0 does not add each of its 32 lanes once: "
                + "; ".join(parts) + " (a probe where token t's K is 1 in dimension t only)",
-               ko="워프 0 의 셔플 트리가 32개 레인을 한 번씩 더하지 않습니다: " + "; ".join(parts)
-               + " (토큰 t 의 K 가 차원 t 에서만 1 인 시험 입력)")
+               ko="워프 0의 셔플 트리가 32개 레인을 한 번씩 더하지 않습니다: " + "; ".join(parts)
+               + " (토큰 t의 K가 차원 t에서만 1인 시험 입력)")
 
 
 def _combined_cells(result) -> list:
@@ -146,7 +146,7 @@ def _grade_case(parts, case):
         raise Wrong(f"{head}: {divergence_message(divergence)}", figure)
     if result.error is not None:
         raise Wrong(say(en=f"{head}: the kernel failed with your token_score: {result.error}",
-                        ko=f"{head}: 여러분의 token_score 로 커널이 실패했습니다: "
+                        ko=f"{head}: 여러분의 token_score로 커널이 실패했습니다: "
                            f"{result.error}"), figure)
     races = result.shared.races() if result.shared is not None else []
     if races:
@@ -168,7 +168,7 @@ def _grade_case(parts, case):
             else:
                 why.append(say(en="every lane and every warp counted once: is the sum "
                                   "multiplied by scale exactly once?",
-                               ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale 을 "
+                               ko="레인과 워프는 모두 한 번씩 더해졌습니다: 합에 scale을 "
                                   "정확히 한 번 곱했나요?"))
         raise Wrong(f"{head}: " + ".  ".join(why), figure)
     return figure
@@ -184,7 +184,7 @@ def run_parts(parts, case):
     except Wrong as wrong:
         return Verdict("wrong", wrong.message, wrong.figure)
     return Verdict("correct", say(en="no race, every barrier reached, the oracle's output",
-                                  ko="race 없음, 모든 배리어 도달, 오라클과 같은 출력"), figure)
+                                  ko="경합 없음, 모든 배리어 도달, 오라클과 같은 출력"), figure)
 
 
 def grade(fn) -> tuple:
@@ -192,7 +192,7 @@ def grade(fn) -> tuple:
 
     if is_stub(fn):
         raise Unsolved(say(en="token_score has no body yet: write it",
-                           ko="token_score 의 본문이 아직 없습니다: 작성하세요"))
+                           ko="token_score의 본문이 아직 없습니다: 작성하세요"))
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     last = None
     drawn = cases()
@@ -205,16 +205,16 @@ def grade(fn) -> tuple:
                "Races and divergent barriers are checked in the simulator only: run "
                "viz.races.rerun_racecheck(part=token_score) (compute-sanitizer) or grade it on a "
                "CPU",
-            ko=f"head_dim {dims}: 이 GPU 에서 커널 출력이 torch 오라클과 같습니다. race 와 분기 "
+            ko=f"head_dim {dims}: 이 GPU에서 커널 출력이 torch 오라클과 같습니다. 경합과 분기 "
                "안의 배리어는 시뮬레이터에서만 검사합니다: viz.races.rerun_racecheck("
-               "part=token_score) (compute-sanitizer) 를 실행하거나 CPU 에서 채점하세요"), None
+               "part=token_score) (compute-sanitizer)를 실행하거나 CPU에서 채점하세요"), None
     message = say(
         en=f"head_dim {dims}: the kernel's output equals the torch oracle's, every barrier "
            "is reached by every thread, and no shared cell is written while another thread may "
            "still access it (no race in the access log)",
         ko=f"head_dim {dims}: 커널 출력이 torch 오라클과 같고, 모든 스레드가 모든 배리어에 "
            "도달하며, 다른 스레드가 아직 접근할 수 있는 공유 메모리 칸에 쓰지 않습니다 "
-           "(접근 기록에 race 없음)")
+           "(접근 기록에 경합 없음)")
     return message, last
 
 
@@ -227,12 +227,12 @@ DOCSTRING = Text(
        "cuda.syncthreads()), WARP_SIZE, WARP_FULL_MASK, HEAD_DIM, NUM_WARPS, float32.\n"
        "dot_products is a shared float array of NUM_WARPS cells, score a shared array of\n"
        "one cell; both are shared by the whole block and reused for every token.",
-    ko="블록의 모든 스레드가 토큰마다 한 번씩 실행합니다.  q_val 과 k 는 이 스레드가 맡은 q 와\n"
-       "그 토큰 K 의 원소입니다 (부분 워프에서 HEAD_DIM 을 넘는 스레드는 0).  토큰의 점수,\n"
-       "d 에 대한 q[d] * k[d] 의 합에 scale 을 곱한 값을 모든 스레드에 돌려주세요.\n\n"
+    ko="블록의 모든 스레드가 토큰마다 한 번씩 실행합니다.  q_val과 k는 이 스레드가 맡은 q와\n"
+       "그 토큰 K의 원소입니다 (부분 워프에서 HEAD_DIM을 넘는 스레드는 0).  토큰의 점수,\n"
+       "d에 대한 q[d] * k[d]의 합에 scale을 곱한 값을 모든 스레드에 돌려주세요.\n\n"
        "이름만으로 쓸 수 있는 것: cuda (cuda.shfl_down_sync(WARP_FULL_MASK, value, offset),\n"
        "cuda.syncthreads()), WARP_SIZE, WARP_FULL_MASK, HEAD_DIM, NUM_WARPS, float32.\n"
-       "dot_products 는 NUM_WARPS 칸의 공유 메모리 float 배열, score 는 한 칸짜리 공유\n"
+       "dot_products는 NUM_WARPS 칸의 공유 메모리 float 배열, score는 한 칸짜리 공유\n"
        "배열입니다; 둘 다 블록 전체가 함께 쓰고 모든 토큰에서 다시 씁니다.")
 
 HINT = Text(
@@ -242,22 +242,22 @@ HINT = Text(
        "token's publish cannot overwrite it while a slow warp still reads it?",
     ko="워프의 절반만큼 shfl_down 하고, 다시 그 절반만큼... 레인 0이 워프의 합을 가질 때까지; "
        "각 워프의 레인 0이 그 합을 공유 메모리에 올립니다; 스레드 0이 칸을 읽기 전에 모두를 "
-       "기다리고, 누구든 점수를 읽기 전에 다시 기다립니다.  다음 토큰의 publish 가 느린 워프가 "
+       "기다리고, 누구든 점수를 읽기 전에 다시 기다립니다.  다음 토큰에서 공유 메모리에 올리는 값이 느린 워프가 "
        "아직 읽는 점수를 덮어쓰지 않으려면 점수는 어디에 두어야 할까요?")
 
 PUZZLES = (
     Puzzle(
         "04.token_score", Text(en="one token's score: shuffle tree, publish, barriers, combine, "
                                   "a race-free hand-off",
-                               ko="토큰 하나의 점수: 셔플 트리, publish, 배리어, 결합, race 없는 "
+                               ko="토큰 하나의 점수: 셔플 트리, 공유 메모리에 올리기, 배리어, 합치기, 경합 없는 "
                                   "전달"),
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), head_dim 32, 64 and one of three warps, the last partly used, drawn "
                 "afresh for every check, with the simulator's shared-memory race check",
-             ko="아티클의 디코드 커널 (attention.py; CPU 에서는 시뮬레이터, GPU 에서는 GPU), "
+             ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 워프 세 개 중 마지막을 "
-                "일부만 쓰는 head_dim 하나; 시뮬레이터의 공유 메모리 race 검사 포함"),
+                "일부만 쓰는 head_dim 하나; 시뮬레이터의 공유 메모리 경합 검사 포함"),
         "kernels.cu:486-508", grade),
 )

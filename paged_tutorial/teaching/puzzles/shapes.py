@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from paged_tutorial.config import BLOCK_SIZE_DEFAULT as BLOCK_SIZE
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.kernel_harness import KernelCase
 
 #: head dimensions whose last warp is only partly used (threads past head_dim own nothing)
@@ -40,13 +40,14 @@ def blocks_needed(lens, num_layers: int) -> int:
 
 def describe(case: KernelCase) -> str:
     """Everything a case was drawn with, as the reader would write it to rebuild it."""
-    lens = ", ".join(f"slot {s}: seq_len {n}" for s, n in case.rows)
+    lens = ", ".join(say(en=f"slot {s}: seq_len {n}", ko=f"슬롯 {s}: seq_len {n}")
+                     for s, n in case.rows)
     ratio = case.n_q_heads // case.num_kv_heads
     return say(en=f"head_dim {case.head_dim}, {case.num_kv_heads} kv head(s) x {ratio} q "
                   f"head(s) each, {case.num_layers} layer(s) (layer {case.layer} read), "
                   f"max_seq_len {case.max_seq_len}, rows [{lens}], seed {case.seed}",
-               ko=f"head_dim {case.head_dim}, kv 헤드 {case.num_kv_heads}개 x 각 q 헤드 "
-                  f"{ratio}개, 레이어 {case.num_layers}개 (레이어 {case.layer} 를 읽음), "
+               ko=f"head_dim {case.head_dim}, KV 헤드 {case.num_kv_heads}개 (각각 q 헤드 "
+                  f"{ratio}개), 레이어 {case.num_layers}개 (레이어 {particle(case.layer, '을/를')} 읽음), "
                   f"max_seq_len {case.max_seq_len}, 행 [{lens}], 시드 {case.seed}")
 
 

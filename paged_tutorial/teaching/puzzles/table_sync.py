@@ -211,7 +211,7 @@ class SyncedByReader(PagedKVCache):
                    + ".  The kernels would follow the stale entry into another request's block",
                 ko=f"{len(self.syncs)}번째 동기화 뒤 (바뀐 항목 {len(changed)}개, 쓴 항목 "
                    f"{device.writes}개), 디바이스 항목 {i} = block_table{particle(list(where), '이/가')} "
-                   f"{int(self.device_copy.view(-1)[i])} 인데 호스트 표는 {int(host[i])} 입니다; "
+                   f"{int(self.device_copy.view(-1)[i])}인데 호스트 테이블은 {int(host[i])}입니다; "
                    f"낡은 항목 {len(stale)}개"
                    + (f", 바뀌었는데 복사하지 않은 항목: {short(skipped)}" if skipped else "")
                    + ".  커널은 낡은 항목을 따라 다른 요청의 블록을 읽게 됩니다"))
@@ -233,7 +233,7 @@ def grade_on(fn, backend: str = "torch", device: str = "cpu",
     ``scenario`` (default: one drawn afresh); a wrong verdict names the scenario."""
     if is_stub(fn):
         raise Unsolved(say(en="sync_table is still the stub: write its body",
-                           ko="sync_table 이 아직 빈 함수입니다: 본문을 작성하세요"))
+                           ko="sync_table이 아직 빈 함수입니다: 본문을 작성하세요"))
     scenario = scenario or draw_scenario()
     try:
         return _grade_in(fn, scenario, backend, device)
@@ -266,7 +266,7 @@ def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
         raise Wrong(say(en=f"r{r} generated {short(list(tokens[r]))}; the stock engine "
                            f"{short(list(stock[r]))}",
                         ko=f"r{particle(r, '이/가')} {particle(short(list(tokens[r])), '을/를')} 생성했는데 표준 엔진은 "
-                           f"{short(list(stock[r]))} 입니다"))
+                           f"{short(list(stock[r]))}입니다"))
     entries = cache.config.block_table_entries
     layers = cache.config.num_layers
     whole = sum(1 for _, w in syncs if w >= entries)
@@ -281,25 +281,25 @@ def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
                "a device-to-host copy, so comparing the device table with the host's costs what "
                "copying the whole table costs.  The host table and `changed` already say what "
                "to send",
-            ko=f"토큰은 맞지만, 동기화가 디바이스 표의 항목을 모두 {read}칸 읽었습니다 (한 스텝에 "
-               f"최대 {worst}칸, 표 전체는 {entries}칸): 읽기 하나하나가 디바이스에서 호스트로의 "
-               "복사라서, 디바이스 표를 호스트 표와 비교하는 것은 표 전체를 복사하는 것만큼 "
-               "듭니다.  무엇을 보낼지는 호스트 표와 `changed` 가 이미 알려 줍니다"))
+            ko=f"토큰은 맞지만, 동기화가 디바이스 테이블의 항목을 모두 {read}칸 읽었습니다 (한 스텝에 "
+               f"최대 {worst}칸, 테이블 전체는 {entries}칸): 읽기 하나하나가 디바이스에서 호스트로의 "
+               "복사라서, 디바이스 테이블을 호스트 테이블과 비교하는 것은 테이블 전체를 복사하는 것만큼 "
+               "듭니다.  무엇을 보낼지는 호스트 테이블과 `changed`가 이미 알려 줍니다"))
     if whole:
         raise Wrong(say(
             en=f"the tokens are right, but {whole} of {len(syncs)} syncs copied the whole table "
                f"({entries} entries): {written} entries in all where {changed} changed.  That is "
                "the article's cost (main.cpp:876 copies all of it, in every decode layer); copy "
                "only the entries in `changed`",
-            ko=f"토큰은 맞지만, 동기화 {len(syncs)}번 중 {whole}번이 표 전체({entries}칸)를 "
+            ko=f"토큰은 맞지만, 동기화 {len(syncs)}번 중 {whole}번이 테이블 전체({entries}칸)를 "
                f"복사했습니다: 바뀐 것은 {changed}칸인데 모두 {written}칸.  그것이 글의 비용입니다 "
-               "(main.cpp:876 은 디코드 레이어마다 표 전체를 복사합니다); `changed` 에 든 항목만 "
+               "(main.cpp:876은 디코드 레이어마다 테이블 전체를 복사합니다); `changed`에 든 항목만 "
                "복사하세요"))
     if written > changed:
         raise Wrong(say(
             en=f"the tokens are right, but you wrote {written} entries where {changed} changed: "
                "copy only the entries in `changed`",
-            ko=f"토큰은 맞지만, 바뀐 것은 {changed}칸인데 {written}칸을 썼습니다: `changed` 에 "
+            ko=f"토큰은 맞지만, 바뀐 것은 {changed}칸인데 {written}칸을 썼습니다: `changed`에 "
                "든 항목만 복사하세요"))
     return say(
         en=f"{scenario.describe()}: {len(syncs)} steps, tokens equal to the stock engine's; "
@@ -307,10 +307,10 @@ def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
            f"anything, 0 in the other {sum(1 for _, w in syncs if not w)}); copying the whole "
            f"table before each layer's attention, as the article does, sends {entries} entries "
            f"x {layers} layers per step, {article:,} in all",
-        ko=f"{scenario.describe()}: {len(syncs)} 스텝, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
+        ko=f"{scenario.describe()}: 스텝 {len(syncs)}번, 토큰이 표준 엔진과 같습니다; 직접 쓴 "
            f"동기화는 모두 {written}칸을 복사했습니다 (무언가 바뀐 스텝에서 {per_step}, 나머지 "
-           f"{sum(1 for _, w in syncs if not w)} 스텝에서는 0); 글처럼 레이어마다 어텐션 전에 표 "
-           f"전체를 복사하면 스텝마다 {entries}칸 x {layers} 레이어, 모두 {article:,}칸입니다")
+           f"스텝 {sum(1 for _, w in syncs if not w)}번에서는 0); 글처럼 레이어마다 어텐션 전에 테이블 "
+           f"전체를 복사하면 스텝마다 {entries}칸 x 레이어 {layers}개, 모두 {article:,}칸입니다")
 
 
 def grade(fn) -> str:
@@ -321,15 +321,15 @@ PUZZLES = (
     Puzzle(
         "06.table_sync",
         Text(en="send only the changed entries of the block table to the device",
-             ko="block table 에서 바뀐 항목만 디바이스로 보내기"),
+             ko="블록 테이블에서 바뀐 항목만 디바이스로 보내기"),
         "def sync_table(host_table, device_table, changed):",
         Text(en="Bring the device copy of the block table up to date before a step.\n"
                 "host_table: the host table, flat (a NumPy int32 array, the truth);\n"
                 "device_table: the device copy, flat (index it like an array to write);\n"
                 "changed: the flat indices whose host value changed since the last sync.\n"
                 "Return nothing.",
-             ko="스텝 전에 block table 의 디바이스 사본을 최신으로 만듭니다.\n"
-                "host_table: 평평한 호스트 표 (NumPy int32 배열, 기준);\n"
+             ko="스텝 전에 블록 테이블의 디바이스 사본을 최신으로 만듭니다.\n"
+                "host_table: 평평한 호스트 테이블 (NumPy int32 배열, 기준);\n"
                 "device_table: 평평한 디바이스 사본 (배열처럼 인덱싱해 씁니다);\n"
                 "changed: 지난 동기화 뒤 호스트 값이 바뀐 평평한 인덱스들.\n"
                 "아무것도 돌려주지 않습니다."),
@@ -342,10 +342,10 @@ PUZZLES = (
                 "counted), next to a stock engine; the table layout (2-3 slots, 2-3 layers, "
                 "BLOCK_SIZE 8 or 16, 4-6 logical blocks per sequence) and the request stream "
                 "(more requests than slots, their lengths) are drawn afresh for every check",
-             ko="디바이스 block table 을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
+             ko="디바이스 블록 테이블을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
                 "Engine (torch 백엔드; 읽고 쓴 항목을 모두 셉니다)과 표준 엔진을 나란히 돌린 "
-                "실행; 표 배치 (슬롯 2-3개, 레이어 2-3개, BLOCK_SIZE 8 또는 16, 시퀀스마다 논리 "
-                "블록 4-6개) 와 요청 흐름 (슬롯보다 많은 요청, 그 길이) 은 채점할 때마다 새로 "
+                "실행; 테이블 배치 (슬롯 2-3개, 레이어 2-3개, BLOCK_SIZE 8 또는 16, 시퀀스마다 논리 "
+                "블록 4-6개)와 요청 흐름 (슬롯보다 많은 요청, 그 길이)은 채점할 때마다 새로 "
                 "뽑습니다"),
         "main.cpp:551-552, 876, 1030", grade),
 )
