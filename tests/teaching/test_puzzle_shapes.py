@@ -104,3 +104,18 @@ def test_shape_labels_can_rebuild_a_case():
     again = shapes.case(np.random.default_rng(0), 0, head_dim=40, gqa=(1, 3), lens=[20, 5],
                         num_layers=3)
     assert case == again and case.n_q_heads == 3 and case.rows == ((1, 20), (0, 5))
+
+
+def test_idle_threads_that_leave_the_buffer_are_named_not_reported_as_a_crash(monkeypatch):
+    """At this draw (head_dim 24: threads 24-31 own no dimension) a walk that lets them read
+    runs past the cache's end on the last token; the verdict still names the idle reads."""
+    from helpers.kernel_bodies import WRONG_BODIES
+    from paged_tutorial.teaching import exercises as ex
+
+    seed = 574544877
+    monkeypatch.setattr(shapes, "fresh_rng", lambda: (np.random.default_rng(seed), seed))
+    fn = WRONG_BODIES["03.walk_blocks"]["owns_dim ignored: threads past head_dim read too"][0]
+    verdict = ex.grade("03.walk_blocks", fn)
+    assert verdict.status == "wrong"
+    assert "head_dim 24" in verdict.message and "own no dimension" in verdict.message
+    assert "IndexError" not in verdict.message

@@ -94,12 +94,12 @@ def check_table_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                + f"; 글의 인덱스는 {entry_name(c, want[lb])}"))
 
 
-def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
-    """Every thread reads each K and V element of its dimension of the sequence once, and
-    nothing else."""
+def check_idle_threads(prep, logs, figure_for=lambda row, h: None) -> None:
+    """No thread past HEAD_DIM (owns_dim False) reads the cache.  Checked on the reads logged
+    so far even when the launch failed: such a read is what takes a thread out of the buffer."""
     c = prep.case.config
     reads = logs["kv_cache"]
-    for (row, h), trace in prep.traces.items():
+    for (row, h) in prep.traces:
         who = _block_name(prep, row, h)
         by_thread = reads.by_thread((row, h), "R")
         idle = sorted(t for t, elems in by_thread.items() if t >= c.head_dim and len(elems))
@@ -115,6 +115,17 @@ def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
                    f"HEAD_DIM = {c.head_dim}부터의 스레드는 맡은 차원이 없습니다 (일부만 쓰는 "
                    f"마지막 워프에서 owns_dim은 False): {idle[0]}-{idle[-1]}번 스레드는 아무것도 "
                    "읽으면 안 됩니다 (GPU에서는 그런 읽기가 버퍼를 벗어날 수 있습니다)"))
+
+
+def check_cache_reads(prep, logs, figure_for=lambda row, h: None) -> None:
+    """Every thread reads each K and V element of its dimension of the sequence once, and
+    nothing else."""
+    c = prep.case.config
+    check_idle_threads(prep, logs, figure_for)
+    reads = logs["kv_cache"]
+    for (row, h), trace in prep.traces.items():
+        who = _block_name(prep, row, h)
+        by_thread = reads.by_thread((row, h), "R")
         for d in range(c.head_dim):
             want = {int(e): (t, half) for half, index in (("K", trace.k_index), ("V",
                                                                                  trace.v_index))
@@ -205,6 +216,12 @@ def _grade_case(parts, case):
                "depend on the sequence, not on thread_id)",
             ko=" (블록의 모든 스레드가 같은 토큰을 돌아야 합니다: 루프 범위는 시퀀스에 따라 "
                "정해지고 thread_id에 따라 달라지면 안 됩니다)"), figure)
+    if result.error is not None and result.logs:
+        try:
+            check_idle_threads(prep, result.logs,
+                               lambda row, h: _figure(prep, result.logs, row, h))
+        except Wrong as wrong:
+            raise Wrong(at + wrong.message, wrong.figure) from None
     if result.error is not None:
         raise Wrong(at + say(en=f"the kernel failed with your walk_blocks: {result.error}",
                              ko=f"여러분의 walk_blocks로 커널이 실패했습니다: {result.error}"),
