@@ -142,3 +142,14 @@ def test_glossary_maps_the_articles_terms():
                             ("반납", "release"), ("할당", "allocation"), ("슬롯", "slot")):
         line = next((ln for ln in glossary.splitlines() if ln.startswith(f"| {korean}")), "")
         assert english in line, (korean, english)
+
+
+def test_kernel_source_captions_quote_the_articles_section_titles():
+    """The captions above the kernel's source name the article's sections exactly as the
+    notebooks quote them (a title is cited, never translated or reworded)."""
+    from paged_tutorial.teaching.viz.kernel_source import ARTICLE_SECTIONS
+
+    quoted = {title for titles in SECTIONS.values() for title in titles}
+    for first, last, title in ARTICLE_SECTIONS:
+        assert title in quoted, f"kernels.cu:{first}-{last} is captioned {title!r}, not a title " \
+                                "the notebooks quote from the article"

@@ -29,7 +29,7 @@ from paged_tutorial.backends.numba_cuda.kernels import attention
 _KERNEL = "pagedAttentionKernel: 네 상태를 함께 받는 유일한 커널"
 _ADDRESSES = "논리 블록 → 물리 블록 → 바이트 주소"
 _SCORE = "점수 하나: 워프 셔플 리덕션"
-_SOFTMAX = "온라인 소프트맥스: 블록을 훑으며 가중 평균"
+_SOFTMAX = "online softmax: 블록을 훑으며 가중 평균"
 _IN_PLACE = "출력은 입력 자리에: in-place"
 ARTICLE_SECTIONS = (
     (461, 469, _KERNEL), (470, 472, _ADDRESSES), (473, 477, _SOFTMAX), (478, 485, _ADDRESSES),
