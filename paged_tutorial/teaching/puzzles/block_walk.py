@@ -29,7 +29,7 @@ from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
 from paged_tutorial.teaching.puzzles.kernel_addresses import element_name, entry_name
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, case_verdict,
                                                             divergence_message, is_stub,
                                                             prepare, run_body)
 
@@ -191,15 +191,9 @@ def grade(fn) -> tuple:
 def run_parts(parts, case):
     """Grade a whole set of kernel parts (the package's, or a chapter's demonstration of a
     mistake in another part) at one fixed ``case``, with this puzzle's checks: a ``Verdict``."""
-    from paged_tutorial.teaching.verdict import Verdict
-
-    try:
-        figure = _grade_case(parts, case)
-    except Wrong as wrong:
-        return Verdict("wrong", f"[{case.label}] {wrong.message}"
-                       if not wrong.message.startswith("[") else wrong.message, wrong.figure)
-    return Verdict("correct", say(en="the article's reads and the oracle's output",
-                                  ko="글과 같은 읽기, 오라클과 같은 출력"), figure)
+    return case_verdict(lambda: _grade_case(parts, case), case,
+                        say(en="the article's reads and the oracle's output",
+                            ko="글과 같은 읽기, 오라클과 같은 출력"))
 
 
 def _grade_case(parts, case):

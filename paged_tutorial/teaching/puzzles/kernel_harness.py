@@ -43,6 +43,7 @@ from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_
                        quiet_nan_arithmetic)
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
+from paged_tutorial.teaching.verdict import Verdict
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
 RTOL, ATOL = 1e-4, 1e-5
@@ -590,3 +591,17 @@ def race_message(race, count: int) -> str:
            f"({o.site.line}번 줄: `{o.site.code()}`). 둘 사이에 배리어가 없습니다(둘 다 블록 "
            f"{w.block}의 {w.epoch}번째 배리어 뒤). 이 런치에서 {count}쌍.  GPU에서는 읽는 "
            "쪽이 옛 값을 볼지 새 값을 볼지 정해져 있지 않습니다")
+
+
+def case_verdict(run_case, case: KernelCase, correct, name_case: bool = True) -> Verdict:
+    """One fixed ``case`` through a puzzle's checks (``run_case()`` raises ``Wrong`` or returns
+    the figure): a chapter's demonstration of a whole set of parts, as a ``Verdict``.  With
+    ``name_case`` a wrong verdict starts with the case's label unless its message already does."""
+    try:
+        figure = run_case()
+    except Wrong as wrong:
+        message = wrong.message
+        if name_case and not message.startswith("["):
+            message = f"[{case.label}] {message}"
+        return Verdict("wrong", message, wrong.figure)
+    return Verdict("correct", correct, figure)

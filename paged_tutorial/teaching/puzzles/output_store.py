@@ -19,7 +19,8 @@ from collections import Counter
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, is_stub,
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, case_verdict,
+                                                            is_stub,
                                                             prepare, run_body)
 
 def cases() -> list[KernelCase]:
@@ -118,15 +119,9 @@ def grade(fn) -> tuple:
 def run_parts(parts, case):
     """Grade a whole set of kernel parts (the package's, or a chapter's demonstration of a
     mistake in another part) at one fixed ``case``, with this puzzle's checks: a ``Verdict``."""
-    from paged_tutorial.teaching.verdict import Verdict
-
-    try:
-        figure = _grade_case(parts, case)
-    except Wrong as wrong:
-        return Verdict("wrong", f"[{case.label}] {wrong.message}"
-                       if not wrong.message.startswith("[") else wrong.message, wrong.figure)
-    return Verdict("correct", say(en="the article's reads and the oracle's output",
-                                  ko="글과 같은 읽기, 오라클과 같은 출력"), figure)
+    return case_verdict(lambda: _grade_case(parts, case), case,
+                        say(en="the article's reads and the oracle's output",
+                            ko="글과 같은 읽기, 오라클과 같은 출력"))
 
 
 def _grade_case(parts, case):

@@ -34,7 +34,7 @@ import torch
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import Puzzle, Unsolved, Wrong
-from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary,
+from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summary, case_verdict,
                                                             divergence_message, is_stub,
                                                             prepare, race_message, run_body,
                                                             threads_text)
@@ -177,14 +177,9 @@ def _grade_case(parts, case):
 def run_parts(parts, case):
     """Grade a whole set of kernel parts (the package's, or a chapter's demonstration) at one
     fixed ``case``, as the puzzle grades the reader's ``token_score``: a ``Verdict``."""
-    from paged_tutorial.teaching.verdict import Verdict
-
-    try:
-        figure = _grade_case(parts, case)
-    except Wrong as wrong:
-        return Verdict("wrong", wrong.message, wrong.figure)
-    return Verdict("correct", say(en="no race, every barrier reached, the oracle's output",
-                                  ko="경합 없음, 모든 배리어 도달, 오라클과 같은 출력"), figure)
+    return case_verdict(lambda: _grade_case(parts, case), case,
+                        say(en="no race, every barrier reached, the oracle's output",
+                            ko="경합 없음, 모든 배리어 도달, 오라클과 같은 출력"), name_case=False)
 
 
 def grade(fn) -> tuple:
