@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import paged_tutorial as pt
+from paged_tutorial.backends.numba_cuda import SIMULATING
 from paged_tutorial.backends.recording import RecordingBackend
 from paged_tutorial.config import ModelConfig
 
@@ -30,7 +31,7 @@ def only(token: int):
     return keep_only
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba-sim"])
+@pytest.mark.parametrize("backend", ["torch", "numba-sim" if SIMULATING else "numba"])
 def test_a_processor_decides_what_its_request_draws_and_spares_the_others(tiny_model,
                                                                            backend):
     engine = pt.Engine(tiny_model, backend=backend, max_slots=3, max_seq_len=32)
