@@ -147,3 +147,39 @@ def test_penalties_and_logprobs_on_the_batched_path_match_the_torch_backend():
     for ours, ref in zip(runs[backend][0].logprobs, runs["torch"][0].logprobs):
         assert [t for t, _, _ in ours] == [t for t, _, _ in ref]
         assert np.allclose([v for _, v, _ in ours], [v for _, v, _ in ref], atol=1e-4)
+
+
+def test_prompt_logprobs_cover_the_whole_prompt_with_prefix_caching_on():
+    model = pt.random_model(TINY, dtype="float32", seed=6)
+    prompt = [(5 * i) % 50 + 3 for i in range(40)]             # 2 full blocks of 16 and more
+    plain = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=64)
+    want = pt.SamplingParams(max_tokens=2, prompt_logprobs=1)
+    ref = plain.generate([prompt], want)[0].prompt_logprobs
+    engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=64,
+                       prefix_caching=True)
+    engine.generate([prompt], pt.SamplingParams(max_tokens=2))  # its blocks are cached now
+    again = engine.generate([prompt], pt.SamplingParams(max_tokens=2))[0]
+    asked = engine.generate([prompt], want)[0]
+    assert again.num_cached_tokens == 32                        # the cache does serve it
+    assert asked.num_cached_tokens == 0 and len(asked.prompt_logprobs) == len(prompt)
+    for ours, theirs in zip(asked.prompt_logprobs[1:], ref[1:]):
+        assert [t for t, _, _ in ours] == [t for t, _, _ in theirs]
+        assert np.allclose([v for _, v, _ in ours], [v for _, v, _ in theirs], atol=1e-5)
+
+
+def test_logprobs_survive_a_preemption_unchanged():
+    model = pt.random_model(TINY, dtype="float32", seed=7)
+    params = pt.SamplingParams(max_tokens=20, logprobs=2, ignore_eos=True)
+    prompts_ = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+    roomy = pt.Engine(model, backend="torch", max_slots=3, max_seq_len=64)
+    ref = roomy.generate(prompts_, params)
+    # blocks of 4 tokens, 12 blocks for three requests of up to 24 tokens: preemptions
+    tight = pt.Engine(model, backend="torch", max_slots=3, max_seq_len=64, block_size=4,
+                      kv_cache_bytes=12 * 4 * 8 * 2 * 4)
+    got = tight.generate(prompts_, params)
+    assert sum(r.num_preemptions for r in got) > 0
+    for ours, theirs in zip(got, ref):
+        assert ours.token_ids == theirs.token_ids and len(ours.logprobs) == 20
+        assert [[t for t, _, _ in row] for row in ours.logprobs] == \
+            [[t for t, _, _ in row] for row in theirs.logprobs]
+        assert ours.cumulative_logprob == pytest.approx(theirs.cumulative_logprob, abs=1e-4)
