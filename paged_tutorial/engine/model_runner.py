@@ -133,9 +133,11 @@ class ModelRunner:
                 return RunOutput(next_ids, logits, finite)
             inputs = self.packer.decode(rows.token_ids, rows.positions, rows.slots,
                                         self.cache.device_block_table(), sampling)
+            controlled = rows.controlled
         else:
             prompt_rows = PromptLogprobRows.of(requests)
             inputs = self.prefill_inputs(requests, prompt_rows)
+            controlled = any(r.params.needs_sampling_controls for r in requests)
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()
@@ -143,7 +145,7 @@ class ModelRunner:
         if prompt_rows:
             logits = all_logits[prompt_rows.last_rows]
         controls = sampling_controls(requests, logits.device, logits.shape[-1],
-                                     self.model.config.eos_token_ids)
+                                     self.model.config.eos_token_ids) if controlled else None
         try:
             sampled = self.backend.sample_batch(logits, SamplingBatch(
                 inputs.temperature, inputs.top_p, inputs.uniforms, controls))
