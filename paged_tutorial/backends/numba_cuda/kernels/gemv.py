@@ -35,7 +35,7 @@ per row block and no loop, each block letting the next kernel in at its entry
 (``early``), issuing all of its weight loads, holding them in registers and only then
 waiting.  The blocks that do not fit at once start as earlier ones finish, and the next
 kernel's blocks take the slots the last ones leave.  With the norms in the prologues, a
-one-wave block normalises in each warp (``PairDot.dot_normalized_rows``): every block pays
+one-wave block normalises in each warp (``PairDot.normalize_own_chunks``): every block pays
 the norm, so it must cost no barrier.
 """
 
@@ -269,11 +269,12 @@ class PairDot:
       ``norms.py`` rounds it into the shared array ``x_sh`` [T, 4, CHUNKS], word k of chunk
       c at ``x_sh[t, k, c]``), and ``dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0,
       acc1)`` for every pair;
-    - or, in the one-wave kernels (one pair per warp, no loop), ``dot_normalized_rows(r,
-      r_row_words, norm_weight, eps, w0v, w1v, valid, lane, acc0, acc1)``: each warp computes
+    - or, in the one-wave kernels (one pair per warp, no loop), on every warp
+      ``normalize_own_chunks(r, r_row_words, norm_weight, eps, lane, x_w)``: the warp computes
       the norm of the rows itself (a warp reduction: its lanes' chunks cover the whole row)
-      and takes the dot products with the normalised values, rounded as ``norms.py`` rounds
-      them.
+      and each lane writes the normalised words of its own chunks into ``x_w`` (the warp's
+      [T, 4, CHUNKS] slice of shared memory, read back by the same lane only, so no barrier),
+      then ``dot_staged_rows(x_w, ...)``.
 
     The wait stays in the kernels: a device function is compiled once and linked into every
     kernel that calls it, whatever compute capability that kernel is compiled for."""
@@ -385,49 +386,37 @@ class PairDot:
             warp_sums(acc0, acc1)
 
         @cuda.jit(device=True)
-        def dot_normalized_rows(r, r_row_words, norm_weight, eps, w0v, w1v, valid, lane, acc0,
-                                acc1):
+        def normalize_own_chunks(r, r_row_words, norm_weight, eps, lane, x_w):
             # the warp alone normalises: its lanes' chunks cover the whole row, so a warp
-            # reduction gives the sum of squares (no barrier, nothing staged in shared memory)
+            # reduction gives the sum of squares (no block barrier).  Each lane stages the
+            # chunks it will multiply (c = lane + 32 u) in its warp's slice of shared memory,
+            # which a run-time index may address without moving the weights out of registers
             for t in range(T):
                 sum_sq = float32(0.0)
-                for u in range(PER_LANE):
-                    c = lane + u * WARP_SIZE
-                    if c < CHUNKS:
-                        x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
-                        xs = (x0, x1, x2, x3)
-                        for k in range(CHUNK_WORDS):
-                            a, b = unpack2(xs[k])
-                            sum_sq += a * a + b * b
+                for c in range(lane, CHUNKS, WARP_SIZE):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
+                    xs = (x0, x1, x2, x3)
+                    for k in range(CHUNK_WORDS):
+                        a, b = unpack2(xs[k])
+                        sum_sq += a * a + b * b
                 for off in (16, 8, 4, 2, 1):
                     sum_sq += cuda.shfl_xor_sync(FULL_MASK, sum_sq, off)
                 inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(K) + float32(eps))
-                s0 = float32(0.0)
-                s1 = float32(0.0)
-                for u in range(PER_LANE):
-                    c = lane + u * WARP_SIZE
-                    if valid and c < CHUNKS:
-                        x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
-                        xs = (x0, x1, x2, x3)
-                        g0, g1, g2, g3 = load_u32x4_nc(norm_weight, c * CHUNK_WORDS)
-                        gs = (g0, g1, g2, g3)
-                        for k in range(CHUNK_WORDS):
-                            a, b = unpack2(xs[k])
-                            ga, gb = unpack2(gs[k])
-                            # rms_norm's roundings: the normalised value, then the product
-                            xa = rnd_bf16(ga * rnd_bf16(a * inv_rms))
-                            xb = rnd_bf16(gb * rnd_bf16(b * inv_rms))
-                            wa, wb = unpack2(w0v[u, k])
-                            s0 += wa * xa + wb * xb
-                            wa, wb = unpack2(w1v[u, k])
-                            s1 += wa * xa + wb * xb
-                acc0[t] = s0
-                acc1[t] = s1
-            warp_sums(acc0, acc1)
+                for c in range(lane, CHUNKS, WARP_SIZE):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
+                    xs = (x0, x1, x2, x3)
+                    g0, g1, g2, g3 = load_u32x4_nc(norm_weight, c * CHUNK_WORDS)
+                    gs = (g0, g1, g2, g3)
+                    for k in range(CHUNK_WORDS):
+                        a, b = unpack2(xs[k])
+                        ga, gb = unpack2(gs[k])
+                        # rms_norm's roundings: the normalised value, then the product
+                        x_w[t, k, c] = pack2(ga * rnd_bf16(a * inv_rms),
+                                             gb * rnd_bf16(b * inv_rms))
 
         self.load_two_rows = load_two_rows
         self.dot_rows = dot_rows
-        self.dot_normalized_rows = dot_normalized_rows
+        self.normalize_own_chunks = normalize_own_chunks
         self.normalize_rows = normalize_rows
         self.dot_staged_rows = dot_staged_rows
 
@@ -477,10 +466,14 @@ def rotated_pair_store(T: int):
     return store_rotated_pair
 
 
-def shared_rows_shape(T: int, K: int, normalize: bool) -> tuple:
-    """The shape of the shared array the norm variant stages its normalised rows in
-    ([T, 4, CHUNKS], ``PairDot.normalize_rows``); a single word for the plain variant."""
-    return (T, CHUNK_WORDS, K // CHUNK_ELEMS) if normalize else (1, 1, 1)
+def shared_rows_shape(T: int, K: int, normalize: bool, early: bool = False) -> tuple:
+    """The shape of the shared array the norm variants stage their normalised rows in:
+    [1, T, 4, CHUNKS] for the block's row (``PairDot.normalize_rows``), [WAVE_WARPS, T, 4,
+    CHUNKS] for one row per warp in the one-wave kernels (``normalize_own_chunks``, launched
+    with ``WAVE_WARPS`` warps); a single word for the plain variants."""
+    if not normalize:
+        return (1, 1, 1, 1)
+    return (WAVE_WARPS if early else 1, T, CHUNK_WORDS, K // CHUNK_ELEMS)
 
 
 def _qkv_kernel(T: int, K: int, normalize: bool, early: bool):
@@ -490,10 +483,10 @@ def _qkv_kernel(T: int, K: int, normalize: bool, early: bool):
     pd = pair_dot(T, K)
     load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
     normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
-    dot_normalized_rows = pd.dot_normalized_rows
+    normalize_own_chunks = pd.normalize_own_chunks
     store_rotated_pair = rotated_pair_store(T)
     PER_LANE = pd.PER_LANE
-    X_SH = shared_rows_shape(T, K, normalize and not early)
+    X_SH = shared_rows_shape(T, K, normalize, early)
     NORMALIZE = normalize
     EARLY = early
 
@@ -525,14 +518,15 @@ def _qkv_kernel(T: int, K: int, normalize: bool, early: bool):
                 wait_for_previous_grid()
                 if not EARLY:
                     allow_next_grid()
-                if NORMALIZE and not EARLY:
-                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                if NORMALIZE and EARLY:           # each warp its own copy of the row
+                    normalize_own_chunks(x, x_row_words, norm_weight, eps, lane,
+                                         x_sh[cuda.threadIdx.x // WARP_SIZE])
+                elif NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh[0])
                 first = False
-            if NORMALIZE and EARLY:
-                dot_normalized_rows(x, x_row_words, norm_weight, eps, w0v, w1v, valid, lane,
-                                    acc0, acc1)
-            elif NORMALIZE:
-                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            if NORMALIZE:
+                dot_staged_rows(x_sh[cuda.threadIdx.x // WARP_SIZE if EARLY else 0], w0v, w1v,
+                                valid, lane, acc0, acc1)
             else:
                 dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
@@ -568,7 +562,7 @@ def norm_qkv_rope_write_kv_kernel(T: int, K: int, early: bool = False):
     """``rms_norm`` + ``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode:
     ``qkv_rope_write_kv_kernel`` with the norm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
-    waited; ``early``: by each warp, ``PairDot.dot_normalized_rows``).  Launch as
+    waited; ``early``: by each warp, ``PairDot.normalize_own_chunks``).  Launch as
     ``qkv_rope_write_kv_kernel``."""
     return _qkv_kernel(T, K, True, early)
 
@@ -594,9 +588,9 @@ def _silu_mul_kernel(T: int, K: int, normalize: bool, early: bool):
     pd = pair_dot(T, K)
     load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
     normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
-    dot_normalized_rows = pd.dot_normalized_rows
+    normalize_own_chunks = pd.normalize_own_chunks
     PER_LANE = pd.PER_LANE
-    X_SH = shared_rows_shape(T, K, normalize and not early)
+    X_SH = shared_rows_shape(T, K, normalize, early)
     NORMALIZE = normalize
     EARLY = early
 
@@ -620,14 +614,15 @@ def _silu_mul_kernel(T: int, K: int, normalize: bool, early: bool):
                 wait_for_previous_grid()
                 if not EARLY:
                     allow_next_grid()
-                if NORMALIZE and not EARLY:
-                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                if NORMALIZE and EARLY:           # each warp its own copy of the row
+                    normalize_own_chunks(x, x_row_words, norm_weight, eps, lane,
+                                         x_sh[cuda.threadIdx.x // WARP_SIZE])
+                elif NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh[0])
                 first = False
-            if NORMALIZE and EARLY:
-                dot_normalized_rows(x, x_row_words, norm_weight, eps, w0v, w1v, valid, lane,
-                                    acc0, acc1)
-            elif NORMALIZE:
-                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+            if NORMALIZE:
+                dot_staged_rows(x_sh[cuda.threadIdx.x // WARP_SIZE if EARLY else 0], w0v, w1v,
+                                valid, lane, acc0, acc1)
             else:
                 dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
@@ -660,7 +655,7 @@ def linear_silu_mul_kernel(T: int, K: int, early: bool = False):
 def norm_linear_silu_mul_kernel(T: int, K: int, early: bool = False):
     """``linear_silu_mul_kernel`` with the RMSNorm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
-    waited; ``early``: by each warp, ``PairDot.dot_normalized_rows``).  Launch as
+    waited; ``early``: by each warp, ``PairDot.normalize_own_chunks``).  Launch as
     ``linear_silu_mul_kernel``."""
     return _silu_mul_kernel(T, K, True, early)
 
