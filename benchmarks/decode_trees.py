@@ -10,7 +10,9 @@ fairly as one machine allows.  A child builds the decode ladder's model (Llama-3
 random bf16 weights, seed 0) and, at batch 1 and 64, first generates 24 greedy tokens per
 request (compared with the first tree's: a change meant to be faster must not change them),
 then times ``decode_ladder.time_engine`` (the default engine: graphs, overlapped launches), median ms
-per step and the graph replay's GPU time.  Writes ``decode-trees-<date>.json``: per tree its
+per step and the graph replay's GPU time.  The floors (the weights, and the weights plus the
+K/V rows read at the mean context, over the copy speed measured at the end of the run, as
+``decode.py`` computes them) give each tree's wall time as a ratio to the floor.  Writes ``decode-trees-<date>.json``: per tree its
 folder, git commit, every round's figures, their medians, and whether its tokens equal the
 first tree's.  Each tree must hold ``paged_tutorial/measure/decode_ladder.py`` (the child
 times with the tree's own copy).  Needs a GPU.
@@ -43,7 +45,10 @@ def child(folder: str) -> None:
     if not here.startswith(str(Path(folder).resolve())):
         raise SystemExit(f"{folder}: imported paged_tutorial from {here}")
     model = decode.random_gpu_model()
-    out = {}
+    cfg = model.config
+    out = {"weight_bytes": decode.weight_bytes(model),
+           "kv_bytes_per_token": 2 * cfg.num_hidden_layers * cfg.kv_dim * 2,
+           "mean_context": decode.PROMPT_LEN + decode.NEW_TOKENS / 2}
     for batch in BATCHES:
         engine = decode.make_engine(model, batch)
         prompts = decode.prompts_for(batch, decode.PROMPT_LEN, 1, model.config.vocab_size)
@@ -95,10 +100,17 @@ def main(argv=None) -> int:
                 else res), flush=True)
     first = next(iter(trees))
     reference = next((x for x in runs[first] if "error" not in x), None)
-    from paged_tutorial.measure.gpu_machine import gpu_info
+    from paged_tutorial.measure.gpu_machine import ceilings, gpu_info
 
     data = {**gpu_info(), "model": "Llama-3.2-1B shapes, random bf16 weights",
             "check_tokens": CHECK_TOKENS, "rounds": args.rounds, "trees": {}}
+    if reference is not None:                    # the floors, from this run's copy speed
+        bandwidth = ceilings()["copy_bandwidth_gbs"] * 1e9
+        data["copy_bandwidth_gbs"] = bandwidth / 1e9
+        data["weight_floor_ms_per_step"] = reference["weight_bytes"] / bandwidth * 1e3
+        data["floor_ms_per_step"] = {
+            b: (reference["weight_bytes"] + b * reference["mean_context"]
+                * reference["kv_bytes_per_token"]) / bandwidth * 1e3 for b in BATCHES}
     for label, folder in trees.items():
         good = [x for x in runs[label] if "error" not in x]
         entry = {"folder": os.path.relpath(folder), "commit": tree_commit(folder),
@@ -106,17 +118,22 @@ def main(argv=None) -> int:
         for b in map(str, BATCHES):
             ms = [x[b]["ms_per_step"] for x in good]
             gpu = [x[b]["gpu_ms_per_step"] for x in good if "gpu_ms_per_step" in x[b]]
+            floor = data.get("floor_ms_per_step", {}).get(int(b))
             entry[f"batch_{b}"] = {
                 "ms_per_step": statistics.median(ms) if ms else None,
                 "gpu_ms_per_step": statistics.median(gpu) if gpu else None,
+                "ms_per_step_over_floor": statistics.median(ms) / floor
+                if ms and floor else None,
                 "rounds_ms_per_step": ms, "rounds_gpu_ms_per_step": gpu,
                 "tokens_equal_first_tree": bool(reference) and bool(good) and all(
                     x[b]["tokens"] == reference[b]["tokens"] for x in good)}
         data["trees"][label] = entry
     data["seconds"] = round(time.time() - t0, 1)
     write_json(data, "decode-trees", args.out)
+    print("floors (ms per step):", data.get("floor_ms_per_step"))
     for label, e in data["trees"].items():
         print(label, {b: (e[f"batch_{b}"]["ms_per_step"], e[f"batch_{b}"]["gpu_ms_per_step"],
+                          e[f"batch_{b}"]["ms_per_step_over_floor"],
                           e[f"batch_{b}"]["tokens_equal_first_tree"]) for b in BATCHES})
     return 0 if all(not e["errors"] for e in data["trees"].values()) else 1
 

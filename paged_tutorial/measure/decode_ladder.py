@@ -94,7 +94,8 @@ def ladder() -> dict:
     the SwiGLU in the GEMVs' epilogues (``KernelOptions.fuse_epilogues``), then launches that
     overlap the previous kernel (``overlap``).  "fused_norms_graphs" is the engine with the
     five-kernel layer (``fuse_norms``: the norms in the GEMVs' prologues, the residual adds in
-    their epilogues), timed beside it."""
+    their epilogues), and "looping_gemvs_graphs" the engine with the GEMVs' capped grid of
+    looping blocks instead of one wave (``gemv_wave=False``), both timed beside it."""
     from paged_tutorial.backends.numba_cuda import KernelOptions
 
     return {
@@ -103,6 +104,8 @@ def ladder() -> dict:
         "graphs_no_overlap": dict(backend=NumbaBackend(options=KernelOptions(overlap=False))),
         "fused_norms_graphs": dict(backend=NumbaBackend(options=KernelOptions(
             fuse_norms=True))),
+        "looping_gemvs_graphs": dict(backend=NumbaBackend(options=KernelOptions(
+            gemv_wave=False))),
     }
 
 

@@ -285,12 +285,13 @@ def test_cuda_graph_captures_numba_launches(nb, ref):
         assert rel_err(out, ref.rms_norm(x, wn, 1e-5).float() @ w.float().T) < 4e-3
 
 
-def test_fused_decoder_layer_at_full_size():
+@pytest.mark.parametrize("wave", [True, False])
+def test_fused_decoder_layer_at_full_size(wave):
     """``fuse_norms``: five kernels per layer at Llama-3.2-1B shapes (batch 1): the norm in
     the QKV and gate/up GEMVs' prologues, RoPE and the cache write in the QKV GEMV's
     epilogue, the residual adds in the output and down projections'; against the same ops
     unfused (the norms sum their squares in the same order here: the same thread count)."""
-    fused = NumbaBackend(options=KernelOptions(fuse_norms=True))
+    fused = NumbaBackend(options=KernelOptions(fuse_norms=True, gemv_wave=wave))
     separate = NumbaBackend()
     g = torch.Generator(device="cuda").manual_seed(10)
     cache = scattered_cache(g, "bfloat16")

@@ -68,6 +68,10 @@ def test_the_t4_path_gives_the_h200_paths_tokens():
     # the bf16 kernels too (both layer variants), for the next test
     run("bfloat16", NumbaBackend(), n_new=3, n_prompts=1)
     run("bfloat16", NumbaBackend(options=KernelOptions(fuse_norms=True)), n_new=3, n_prompts=1)
+    # ... and the looping GEMVs (the one-wave launch off), both layer variants
+    for fuse in (False, True):
+        run("bfloat16", NumbaBackend(options=KernelOptions(fuse_norms=fuse, gemv_wave=False)),
+            n_new=3, n_prompts=1)
 
 
 def test_every_launched_kernel_compiles_for_sm75(tmp_path):

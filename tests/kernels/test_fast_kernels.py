@@ -399,9 +399,11 @@ def test_launch_glue_rows_words_and_buffers(nb):
                                         zero=True).sum()) == 3 * c.numel()
 
 
-def fused_and_separate():
-    """The five-kernel decoder layer (``fuse_norms``) and the default (the GEMV on)."""
-    return (NumbaBackend(options=KernelOptions(gemv=True, fuse_norms=True)),
+def fused_and_separate(wave: bool = True):
+    """The five-kernel decoder layer (``fuse_norms``) and the default (the GEMV on); ``wave``:
+    the one-wave GEMVs (each warp normalises the row itself) or the looping ones (the norm
+    staged once per block in shared memory)."""
+    return (NumbaBackend(options=KernelOptions(gemv=True, fuse_norms=True, gemv_wave=wave)),
             NumbaBackend(options=KernelOptions(gemv=True)))
 
 
@@ -459,11 +461,12 @@ def close_bits(a, b, max_ulps=1, share=0.02):
     return int(diff.max()) <= max_ulps and float((diff > 0).float().mean()) <= share
 
 
-def test_fused_norm_qkv_rope_write_kv_matches_the_separate_ops():
+@pytest.mark.parametrize("wave", [True, False])
+def test_fused_norm_qkv_rope_write_kv_matches_the_separate_ops(wave):
     """gemv.norm_qkv_rope_write_kv_kernel (the norm in the prologue, RoPE and the cache write
     in the epilogue) against rms_norm, the GEMV, then rope_write_kv: q, k, v and the cache
     row equal but for a rounding of the norm's sum; the residual is left as it was."""
-    fused, separate = fused_and_separate()
+    fused, separate = fused_and_separate(wave)
     g = gen(51)
     n_q, n_kv, d, hidden = 4, 2, 16, 64
     cache = make_cache(g, "bfloat16", n_kv=n_kv, head_dim=d, device=fused.device)
@@ -500,11 +503,12 @@ def test_fused_norm_qkv_rope_write_kv_matches_the_separate_ops():
     assert torch.equal(residual, (kept.float() + h.float()).to(torch.bfloat16))
 
 
-def test_fused_o_proj_mlp_matches_the_separate_ops():
+@pytest.mark.parametrize("wave", [True, False])
+def test_fused_o_proj_mlp_matches_the_separate_ops(wave):
     """The output projection adding into the residual, gate/up with the norm in its prologue
     and the SwiGLU in its epilogue, down adding into the residual (three kernels) against
     linear, add_rms_norm, linear_silu_mul, linear: the same residual + h."""
-    fused, separate = fused_and_separate()
+    fused, separate = fused_and_separate(wave)
     g = gen(71)
     hidden, inter, attn_dim = 64, 24, 32
     bf = torch.bfloat16
@@ -523,17 +527,23 @@ def test_fused_o_proj_mlp_matches_the_separate_ops():
     assert close_bits(r_fused, want, max_ulps=2, share=0.1)
 
 
+@pytest.mark.parametrize("wave", [False, True])
 @pytest.mark.parametrize("k", [64, 8 * (32 * 8 + 1)])
-def test_gemv_loops_over_more_row_blocks_than_its_grid(k):
+def test_gemv_loops_over_more_row_blocks_than_its_grid(k, wave):
     """The GEMV's grid is capped (``gemv.resident_blocks``) and each block loops over row
     blocks: every output row is still computed once, for short rows (one warp per row) and
-    long ones (a row split over warps, partial sums in shared memory reused per row block)."""
+    long ones (a row split over warps, partial sums in shared memory reused per row block).
+    The one-wave launch (``gemv_wave``) gives every row block its own block on a GPU (in
+    the simulator it stays capped) and computes the same rows."""
     from paged_tutorial.backends.numba_cuda.kernels import gemv
 
-    nb = NumbaBackend(options=KernelOptions(gemv=True))
+    nb = NumbaBackend(options=KernelOptions(gemv=True, gemv_wave=wave))
     g = gen(90 + k)
     n_out = 4 * gemv.rows_per_block(k) * gemv.resident_blocks() + 1
     assert gemv.grid(n_out, k) == gemv.resident_blocks()
+    row_blocks = -(-n_out // gemv.rows_per_block(k, gemv.WAVE_WARPS))
+    assert gemv.grid(n_out, k, gemv.WAVE_WARPS, wave=True) == (
+        gemv.resident_blocks() if nb.simulated else row_blocks)
     x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(nb.device)
     w = torch.randn(n_out, k, generator=g).to(torch.bfloat16).to(nb.device)
     y = nb.linear(x, w)

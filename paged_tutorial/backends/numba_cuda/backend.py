@@ -101,6 +101,11 @@ class NumbaBackend(Backend):
         #: launches overlap their predecessor: asked for, and the GPU can (compute capability
         #: 9.0 or newer; on older GPUs, such as Colab's T4, every launch is plain)
         self.overlap = options.overlap and grid_dependency.supported()
+        #: the GEMVs' launch: one block per row block, each letting the next kernel in at its
+        #: entry (``KernelOptions.gemv_wave``), or a capped grid of blocks that loop
+        self.gemv_wave = options.gemv_wave
+        #: warps per GEMV block for that launch
+        self.gemv_warps = gemv.WAVE_WARPS if options.gemv_wave else gemv.WARPS
         self._checked_tables: set = set()
 
     def _launch(self, kernel, grid, block, *args) -> None:
@@ -162,9 +167,10 @@ class NumbaBackend(Backend):
         """``out = x @ weight.T`` (or ``out += ...``) by the Numba GEMV; out [T, N] contiguous."""
         n_out, k = weight.shape
         xa, x_rs = rows(x, "x", words=True)
-        self._launch(gemv.gemv_kernel(x.shape[0], k, gemv.WARPS, add_into_out),
-                     gemv.grid(n_out, k), 32 * gemv.WARPS, xa, x_rs, words(weight, "weight"),
-                     flat(out), n_out, n_out)
+        self._launch(gemv.gemv_kernel(x.shape[0], k, self.gemv_warps, add_into_out,
+                                      self.gemv_wave),
+                     gemv.grid(n_out, k, self.gemv_warps, self.gemv_wave), 32 * self.gemv_warps,
+                     xa, x_rs, words(weight, "weight"), flat(out), n_out, n_out)
 
     def linear(self, x, weight, bias=None):
         """torch (cuBLAS) for GEMMs; the Numba GEMV (``gemv.py``) for bf16 at up to
@@ -188,8 +194,9 @@ class NumbaBackend(Backend):
         inter = n_out // 2
         out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
-        self._launch(gemv.linear_silu_mul_kernel(x.shape[0], k), gemv.pair_grid(inter),
-                     32 * gemv.WARPS, xa, x_rs, xa, 0.0,    # no norm: x in its place
+        self._launch(gemv.linear_silu_mul_kernel(x.shape[0], k, self.gemv_wave),
+                     gemv.pair_grid(inter, self.gemv_warps, self.gemv_wave),
+                     32 * self.gemv_warps, xa, x_rs, xa, 0.0,    # no norm: x in its place
                      words(gate_up_weight, "gate_up_weight"), flat(out), inter)
         return out
 
@@ -219,8 +226,10 @@ class NumbaBackend(Backend):
         act = torch.empty(residual.shape[0], n_inter, dtype=residual.dtype,
                           device=residual.device)
         ra, r_rs = rows(residual, "residual", words=True)
-        self._launch(gemv.norm_linear_silu_mul_kernel(residual.shape[0], hidden),
-                     gemv.pair_grid(n_inter), 32 * gemv.WARPS, ra, r_rs,
+        self._launch(gemv.norm_linear_silu_mul_kernel(residual.shape[0], hidden,
+                                                      self.gemv_wave),
+                     gemv.pair_grid(n_inter, self.gemv_warps, self.gemv_wave),
+                     32 * self.gemv_warps, ra, r_rs,
                      words(norm_weight, "norm_weight"), float(eps),
                      words(gate_up_weight, "gate_up_weight"), flat(act), n_inter)
         self._gemv(act, down_weight, residual, add_into_out=True)
@@ -398,8 +407,9 @@ class NumbaBackend(Backend):
             self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
         out = torch.empty(n_tokens, n_out, dtype=x.dtype, device=x.device)
         xa, x_rs = rows(x, "x", words=True)
-        self._launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
-                     32 * gemv.WARPS, xa, x_rs, xa, 0.0,    # no norm: x in its place
+        self._launch(gemv.qkv_rope_write_kv_kernel(n_tokens, k_in, self.gemv_wave),
+                     gemv.qkv_grid(n_out, self.gemv_warps, self.gemv_wave),
+                     32 * self.gemv_warps, xa, x_rs, xa, 0.0,    # no norm: x in its place
                      words(qkv_weight, "qkv_weight"), flat(out), n_out, flat(pos32),
                      flat(cos), flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
                      flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table),
@@ -448,8 +458,9 @@ class NumbaBackend(Backend):
             self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
         out = torch.empty(n_tokens, n_out, dtype=residual.dtype, device=residual.device)
         ra, r_rs = rows(residual, "residual", words=True)
-        self._launch(gemv.norm_qkv_rope_write_kv_kernel(n_tokens, k_in), gemv.qkv_grid(n_out),
-                     32 * gemv.WARPS, ra, r_rs, words(norm_weight, "norm_weight"), float(eps),
+        self._launch(gemv.norm_qkv_rope_write_kv_kernel(n_tokens, k_in, self.gemv_wave),
+                     gemv.qkv_grid(n_out, self.gemv_warps, self.gemv_wave),
+                     32 * self.gemv_warps, ra, r_rs, words(norm_weight, "norm_weight"), float(eps),
                      words(qkv_weight, "qkv_weight"), flat(out), n_out, flat(pos32), flat(cos),
                      flat(sin), n_q_heads, c.num_kv_heads, c.head_dim,
                      flat(cache.buffer, "cache.buffer"), as_kernel_array(block_table),

@@ -36,6 +36,12 @@ class KernelOptions:
       issued) and the residual adds in the output and down projections' epilogues; False
       (the default: on the H200 it measured slower, ``docs/measured.md``): the adds and
       norms as one ``add_rms_norm`` kernel before each of those GEMVs;
+    - ``gemv_wave``: the GEMVs launch one block of ``gemv.WAVE_WARPS`` warps per row block
+      (no loop): each block lets the next kernel be scheduled at its entry, issues all of its
+      weight loads, holds them in registers and only then waits for the previous kernel; with
+      ``fuse_norms`` each warp normalises the activations itself.  False: at most
+      ``gemv.BLOCKS_PER_SM`` blocks per SM, each looping over row blocks
+      (``gemv.wave_grid``);
     - ``overlap``: kernels written for it start under the previous kernel's tail
       (``device/grid_dependency.py``; on GPUs older than compute capability 9.0 they are
       launched plainly whatever this says).
@@ -47,6 +53,7 @@ class KernelOptions:
     gemv: bool | None = None
     fuse_epilogues: bool = True
     fuse_norms: bool = False
+    gemv_wave: bool = True
     overlap: bool = True
 
     def __post_init__(self):

@@ -27,6 +27,16 @@ first issues its weight loads, then waits for the previous kernel
 (``device/grid_dependency.py``), and only then reads activations, so the norm's block
 reduction runs while the weights are on their way.  That variant is not the default: on the
 H200 it measured slower than a separate ``add_rms_norm`` kernel (``docs/measured.md``).
+
+Two launches (``KernelOptions.gemv_wave``, ``wave_grid``): a capped grid of ``WARPS``-warp
+blocks, at most ``BLOCKS_PER_SM`` per SM, each looping over row blocks (only the first row
+block's weights are in flight during the wait); or one wave: a block of ``WAVE_WARPS`` warps
+per row block and no loop, each block letting the next kernel in at its entry
+(``early``), issuing all of its weight loads, holding them in registers and only then
+waiting.  The blocks that do not fit at once start as earlier ones finish, and the next
+kernel's blocks take the slots the last ones leave.  With the norms in the prologues, a
+one-wave block normalises in each warp (``PairDot.normalize_own_chunks``): every block pays
+the norm, so it must cost no barrier.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ MAX_ROWS = 1
 WARPS = 2 if SIMULATING else 8
 #: 16-byte chunks a lane loads at once
 UNROLL = 8
+#: warps per block of the one-wave GEMVs (``KernelOptions.gemv_wave``): small blocks, so that
+#: many of them are resident per SM, each holding its few rows' weights in registers
+WAVE_WARPS = 2 if SIMULATING else 4
 
 
 #: blocks of ``WARPS`` warps per SM a GEMV launches at most (``resident_blocks``), each
@@ -87,7 +100,8 @@ def rows_per_block(K: int, warps: int = WARPS) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
+def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False,
+                early: bool = False):
     """Kernel for T activation rows of length K (K % 8 == 0): x and w as int32 words (rows
     16-byte aligned), out as bf16 bits (int16) [T, out_row].
     Launch: ``grid = ceil(N / rows_per_block(K))``, ``block = 32 * warps``.
@@ -99,7 +113,10 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
 
     Each output row is split over ``KSPLIT = k_split(K)`` warps (long rows, e.g. the down
     projection's K = 8192): warp s of a row takes the s-th segment of its chunks, so every
-    lane issues its loads in one round; the KSPLIT partial sums meet in shared memory."""
+    lane issues its loads in one round; the KSPLIT partial sums meet in shared memory.
+
+    ``early`` (the one-wave launch, ``wave_grid``): every block lets the next kernel be
+    scheduled as its first instruction, before its weight loads, instead of after its wait."""
     if K % CHUNK_ELEMS:
         raise ValueError(f"gemv: K = {K} is not a multiple of {CHUNK_ELEMS}")
     CHUNKS = K // CHUNK_ELEMS                     # 16-byte chunks per row
@@ -110,6 +127,7 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
     UN = min(PER_LANE, UNROLL)
     ROUNDS = -(-PER_LANE // UN)
     ROW_WORDS = K // 2
+    EARLY = early
 
     @cuda.jit(device=True)
     def store_row(out, i, v):
@@ -121,6 +139,8 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
     @cached_kernel
     @overlapping
     def gemv(x, x_row_words, w, out, out_row, n_rows):
+        if EARLY:                                 # the next kernel may start loading now
+            allow_next_grid()
         wib = cuda.threadIdx.x // WARP_SIZE       # warp in block
         lane = cuda.threadIdx.x % WARP_SIZE
         seg = wib % KSPLIT
@@ -150,7 +170,8 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
                     wv[u, 3] = w3
                 if not waited:                    # weights in flight; x is the last kernel's
                     wait_for_previous_grid()
-                    allow_next_grid()
+                    if not EARLY:
+                        allow_next_grid()
                     waited = True
                 for u in range(UN):
                     c = c_lo + lane + (round_ * UN + u) * WARP_SIZE
@@ -190,15 +211,31 @@ def gemv_kernel(T: int, K: int, warps: int = WARPS, add_into_out: bool = False):
                 cuda.syncthreads()                # partial is reused by the next row block
         if not waited:                            # no rows here: still ordered after the last
             wait_for_previous_grid()
-            allow_next_grid()
+            if not EARLY:
+                allow_next_grid()
 
     return gemv
 
 
-def grid(n_out: int, K: int, warps: int = WARPS) -> int:
+def grid(n_out: int, K: int, warps: int = WARPS, wave: bool = False) -> int:
     """Blocks for N = n_out output rows: one row block each, at most ``resident_blocks()``
-    (the kernels loop over row blocks)."""
-    return min(-(-n_out // rows_per_block(K, warps)), resident_blocks())
+    (the kernels loop over row blocks); ``wave``: every row block its own block
+    (``wave_grid``)."""
+    return wave_grid(-(-n_out // rows_per_block(K, warps)), wave)
+
+
+def wave_grid(row_blocks: int, wave: bool) -> int:
+    """The grid for ``row_blocks`` row blocks.  Capped (``wave`` False): at most
+    ``resident_blocks()``, each block looping over row blocks, so only its first row block's
+    weights are in flight while it waits for the previous kernel.  One wave (``wave``, on a
+    GPU): one block per row block, no loop: every block issues all of its weight loads, holds
+    them in registers and only then waits; the blocks that do not fit on the SMs at once start
+    as earlier ones finish, and the next kernel's blocks (let in at each block's entry,
+    ``early``) take the slots the last ones give back.  The simulator runs blocks one after
+    another: there the grid stays capped and the kernels' loop covers the rest."""
+    if wave and not SIMULATING:
+        return max(1, row_blocks)
+    return min(row_blocks, resident_blocks())
 
 
 # --- two rows per warp, the RMSNorm in the prologue: QKV with RoPE, gate/up with SwiGLU -------
@@ -231,7 +268,13 @@ class PairDot:
       squares by a block reduction, then ``rms_norm(r[t]) * norm_weight`` rounded as
       ``norms.py`` rounds it into the shared array ``x_sh`` [T, 4, CHUNKS], word k of chunk
       c at ``x_sh[t, k, c]``), and ``dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0,
-      acc1)`` for every pair.
+      acc1)`` for every pair;
+    - or, in the one-wave kernels (one pair per warp, no loop), on every warp
+      ``normalize_own_chunks(r, r_row_words, norm_weight, eps, lane, x_w)``: the warp computes
+      the norm of the rows itself (a warp reduction: its lanes' chunks cover the whole row)
+      and each lane writes the normalised words of its own chunks into ``x_w`` (the warp's
+      [T, 4, CHUNKS] slice of shared memory, read back by the same lane only, so no barrier),
+      then ``dot_staged_rows(x_w, ...)``.
 
     The wait stays in the kernels: a device function is compiled once and linked into every
     kernel that calls it, whatever compute capability that kernel is compiled for."""
@@ -342,8 +385,38 @@ class PairDot:
                         acc1[t] += s1
             warp_sums(acc0, acc1)
 
+        @cuda.jit(device=True)
+        def normalize_own_chunks(r, r_row_words, norm_weight, eps, lane, x_w):
+            # the warp alone normalises: its lanes' chunks cover the whole row, so a warp
+            # reduction gives the sum of squares (no block barrier).  Each lane stages the
+            # chunks it will multiply (c = lane + 32 u) in its warp's slice of shared memory,
+            # which a run-time index may address without moving the weights out of registers
+            for t in range(T):
+                sum_sq = float32(0.0)
+                for c in range(lane, CHUNKS, WARP_SIZE):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
+                    xs = (x0, x1, x2, x3)
+                    for k in range(CHUNK_WORDS):
+                        a, b = unpack2(xs[k])
+                        sum_sq += a * a + b * b
+                for off in (16, 8, 4, 2, 1):
+                    sum_sq += cuda.shfl_xor_sync(FULL_MASK, sum_sq, off)
+                inv_rms = float32(1.0) / math.sqrt(sum_sq / float32(K) + float32(eps))
+                for c in range(lane, CHUNKS, WARP_SIZE):
+                    x0, x1, x2, x3 = load_u32x4(r, t * r_row_words + c * CHUNK_WORDS)
+                    xs = (x0, x1, x2, x3)
+                    g0, g1, g2, g3 = load_u32x4_nc(norm_weight, c * CHUNK_WORDS)
+                    gs = (g0, g1, g2, g3)
+                    for k in range(CHUNK_WORDS):
+                        a, b = unpack2(xs[k])
+                        ga, gb = unpack2(gs[k])
+                        # rms_norm's roundings: the normalised value, then the product
+                        x_w[t, k, c] = pack2(ga * rnd_bf16(a * inv_rms),
+                                             gb * rnd_bf16(b * inv_rms))
+
         self.load_two_rows = load_two_rows
         self.dot_rows = dot_rows
+        self.normalize_own_chunks = normalize_own_chunks
         self.normalize_rows = normalize_rows
         self.dot_staged_rows = dot_staged_rows
 
@@ -393,27 +466,35 @@ def rotated_pair_store(T: int):
     return store_rotated_pair
 
 
-def shared_rows_shape(T: int, K: int, normalize: bool) -> tuple:
-    """The shape of the shared array the norm variant stages its normalised rows in
-    ([T, 4, CHUNKS], ``PairDot.normalize_rows``); a single word for the plain variant."""
-    return (T, CHUNK_WORDS, K // CHUNK_ELEMS) if normalize else (1, 1, 1)
+def shared_rows_shape(T: int, K: int, normalize: bool, early: bool = False) -> tuple:
+    """The shape of the shared array the norm variants stage their normalised rows in:
+    [1, T, 4, CHUNKS] for the block's row (``PairDot.normalize_rows``), [WAVE_WARPS, T, 4,
+    CHUNKS] for one row per warp in the one-wave kernels (``normalize_own_chunks``, launched
+    with ``WAVE_WARPS`` warps); a single word for the plain variants."""
+    if not normalize:
+        return (1, 1, 1, 1)
+    return (WAVE_WARPS if early else 1, T, CHUNK_WORDS, K // CHUNK_ELEMS)
 
 
-def _qkv_kernel(T: int, K: int, normalize: bool):
+def _qkv_kernel(T: int, K: int, normalize: bool, early: bool):
     """The QKV GEMV with RoPE and the cache write in its epilogue, the RMSNorm of x in its
     prologue when ``normalize``: ``qkv_rope_write_kv_kernel`` /
-    ``norm_qkv_rope_write_kv_kernel``."""
+    ``norm_qkv_rope_write_kv_kernel``.  ``early``: the one-wave variant (``wave_grid``)."""
     pd = pair_dot(T, K)
     load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
     normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
+    normalize_own_chunks = pd.normalize_own_chunks
     store_rotated_pair = rotated_pair_store(T)
     PER_LANE = pd.PER_LANE
-    X_SH = shared_rows_shape(T, K, normalize)
+    X_SH = shared_rows_shape(T, K, normalize, early)
     NORMALIZE = normalize
+    EARLY = early
 
     def qkv_rope_write_kv(x, x_row_words, norm_weight, eps, w, out, n_out, positions, cos, sin,
                           n_q_heads, n_kv_heads, head_dim, kv_cache, block_table, layer, slots,
                           KV_DIM, BLOCK_SIZE, BLOCK_ELEMS, V_OFFSET_ELEMS):
+        if EARLY:                                 # the next kernel may start loading now
+            allow_next_grid()
         warps = cuda.blockDim.x // WARP_SIZE
         lane = cuda.threadIdx.x % WARP_SIZE
         half = head_dim // 2
@@ -435,12 +516,17 @@ def _qkv_kernel(T: int, K: int, normalize: bool):
             load_two_rows(w, n0, n1, valid, lane, w0v, w1v)
             if first:                             # weights in flight; x is an earlier kernel's
                 wait_for_previous_grid()
-                allow_next_grid()
-                if NORMALIZE:
-                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                if not EARLY:
+                    allow_next_grid()
+                if NORMALIZE and EARLY:           # each warp its own copy of the row
+                    normalize_own_chunks(x, x_row_words, norm_weight, eps, lane,
+                                         x_sh[cuda.threadIdx.x // WARP_SIZE])
+                elif NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh[0])
                 first = False
             if NORMALIZE:
-                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+                dot_staged_rows(x_sh[cuda.threadIdx.x // WARP_SIZE if EARLY else 0], w0v, w1v,
+                                valid, lane, acc0, acc1)
             else:
                 dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
@@ -450,7 +536,8 @@ def _qkv_kernel(T: int, K: int, normalize: bool):
                                    V_OFFSET_ELEMS)
         if first:                                 # no pairs here: still ordered after the last
             wait_for_previous_grid()
-            allow_next_grid()
+            if not EARLY:
+                allow_next_grid()
 
     # the variants go by their own names (in profiles, and in the tests that look for them)
     qkv_rope_write_kv.__name__ = qkv_rope_write_kv.__qualname__ = \
@@ -459,27 +546,29 @@ def _qkv_kernel(T: int, K: int, normalize: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def qkv_rope_write_kv_kernel(T: int, K: int):
+def qkv_rope_write_kv_kernel(T: int, K: int, early: bool = False):
     """``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode: a warp
     computes the rows n and n + D/2 of one head with ``PairDot.dot_rows``, and lane 0 stores
     them (``rotated_pair_store``).  ``out`` is what ``linear`` returns ([T, N] bf16 bits),
     with q and k already rotated.  Arguments as ``norm_qkv_rope_write_kv_kernel``'s, where
     this kernel reads neither ``norm_weight`` nor ``eps`` (launch it with x's words and 0.0
-    there).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
-    return _qkv_kernel(T, K, False)
+    there).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``; ``early``: the one-wave
+    variant, ``grid = qkv_grid(N, WAVE_WARPS, wave=True)``, ``block = 32 * WAVE_WARPS``."""
+    return _qkv_kernel(T, K, False, early)
 
 
 @functools.lru_cache(maxsize=None)
-def norm_qkv_rope_write_kv_kernel(T: int, K: int):
+def norm_qkv_rope_write_kv_kernel(T: int, K: int, early: bool = False):
     """``rms_norm`` + ``linear(x, w_qkv)`` + ``rope_write_kv`` in one kernel, for bf16 decode:
     ``qkv_rope_write_kv_kernel`` with the norm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
-    waited).  Launch: ``grid = qkv_grid(N)``, ``block = 32 * WARPS``."""
-    return _qkv_kernel(T, K, True)
+    waited; ``early``: by each warp, ``PairDot.normalize_own_chunks``).  Launch as
+    ``qkv_rope_write_kv_kernel``."""
+    return _qkv_kernel(T, K, True, early)
 
 
-def qkv_grid(n_out: int, warps: int = WARPS) -> int:
-    return pair_grid(n_out // 2, warps)
+def qkv_grid(n_out: int, warps: int = WARPS, wave: bool = False) -> int:
+    return pair_grid(n_out // 2, warps, wave)
 
 
 @cuda.jit(device=True)
@@ -492,17 +581,22 @@ def silu_mul_bits(g_acc, u_acc):
     return float_to_bf16_bits(silu * u)
 
 
-def _silu_mul_kernel(T: int, K: int, normalize: bool):
+def _silu_mul_kernel(T: int, K: int, normalize: bool, early: bool):
     """The gate/up GEMV with the SwiGLU in its epilogue, the RMSNorm of x in its prologue
-    when ``normalize``: ``linear_silu_mul_kernel`` / ``norm_linear_silu_mul_kernel``."""
+    when ``normalize``: ``linear_silu_mul_kernel`` / ``norm_linear_silu_mul_kernel``.
+    ``early``: the one-wave variant (``wave_grid``)."""
     pd = pair_dot(T, K)
     load_two_rows, dot_rows = pd.load_two_rows, pd.dot_rows
     normalize_rows, dot_staged_rows = pd.normalize_rows, pd.dot_staged_rows
+    normalize_own_chunks = pd.normalize_own_chunks
     PER_LANE = pd.PER_LANE
-    X_SH = shared_rows_shape(T, K, normalize)
+    X_SH = shared_rows_shape(T, K, normalize, early)
     NORMALIZE = normalize
+    EARLY = early
 
     def linear_silu_mul(x, x_row_words, norm_weight, eps, w, out, inter):
+        if EARLY:                                 # the next kernel may start loading now
+            allow_next_grid()
         warps = cuda.blockDim.x // WARP_SIZE
         lane = cuda.threadIdx.x % WARP_SIZE
         scratch = cuda.shared.array(MAX_WARPS, float32)
@@ -518,12 +612,17 @@ def _silu_mul_kernel(T: int, K: int, normalize: bool):
             load_two_rows(w, n, n + inter, valid, lane, w0v, w1v)
             if first:                             # weights in flight; x is an earlier kernel's
                 wait_for_previous_grid()
-                allow_next_grid()
-                if NORMALIZE:
-                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh)
+                if not EARLY:
+                    allow_next_grid()
+                if NORMALIZE and EARLY:           # each warp its own copy of the row
+                    normalize_own_chunks(x, x_row_words, norm_weight, eps, lane,
+                                         x_sh[cuda.threadIdx.x // WARP_SIZE])
+                elif NORMALIZE:
+                    normalize_rows(x, x_row_words, norm_weight, eps, scratch, x_sh[0])
                 first = False
             if NORMALIZE:
-                dot_staged_rows(x_sh, w0v, w1v, valid, lane, acc0, acc1)
+                dot_staged_rows(x_sh[cuda.threadIdx.x // WARP_SIZE if EARLY else 0], w0v, w1v,
+                                valid, lane, acc0, acc1)
             else:
                 dot_rows(x, x_row_words, w0v, w1v, valid, lane, acc0, acc1)
             if lane == 0 and valid:
@@ -531,7 +630,8 @@ def _silu_mul_kernel(T: int, K: int, normalize: bool):
                     out[t * inter + n] = silu_mul_bits(acc0[t], acc1[t])
         if first:                                 # no rows here: still ordered after the last
             wait_for_previous_grid()
-            allow_next_grid()
+            if not EARLY:
+                allow_next_grid()
 
     # the variants go by their own names (in profiles, and in the tests that look for them)
     linear_silu_mul.__name__ = linear_silu_mul.__qualname__ = \
@@ -540,23 +640,27 @@ def _silu_mul_kernel(T: int, K: int, normalize: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def linear_silu_mul_kernel(T: int, K: int):
+def linear_silu_mul_kernel(T: int, K: int, early: bool = False):
     """``silu_mul(linear(x, w_gate_up))`` in one kernel, for bf16 decode: a warp computes gate
     row n and up row n + I (``PairDot.dot_rows``), and lane 0 stores ``silu_mul_bits``.
     out is [T, I] bf16 bits.  Arguments ``(x, x_row_words, norm_weight, eps, w, out,
     inter)``, where this kernel reads neither ``norm_weight`` nor ``eps`` (launch it with x's
-    words and 0.0 there).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
-    return _silu_mul_kernel(T, K, False)
+    words and 0.0 there).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``; ``early``:
+    the one-wave variant, ``grid = pair_grid(I, WAVE_WARPS, wave=True)``,
+    ``block = 32 * WAVE_WARPS``."""
+    return _silu_mul_kernel(T, K, False, early)
 
 
 @functools.lru_cache(maxsize=None)
-def norm_linear_silu_mul_kernel(T: int, K: int):
+def norm_linear_silu_mul_kernel(T: int, K: int, early: bool = False):
     """``linear_silu_mul_kernel`` with the RMSNorm of x (the residual) in its prologue
     (``PairDot.normalize_rows``, after the first weight loads are issued and the block has
-    waited).  Launch: ``grid = pair_grid(I)``, ``block = 32 * WARPS``."""
-    return _silu_mul_kernel(T, K, True)
+    waited; ``early``: by each warp, ``PairDot.normalize_own_chunks``).  Launch as
+    ``linear_silu_mul_kernel``."""
+    return _silu_mul_kernel(T, K, True, early)
 
 
-def pair_grid(n_pairs: int, warps: int = WARPS) -> int:
-    """Blocks for ``n_pairs`` warp pairs, at most ``resident_blocks()`` (the kernels loop)."""
-    return min(-(-n_pairs // warps), resident_blocks())
+def pair_grid(n_pairs: int, warps: int = WARPS, wave: bool = False) -> int:
+    """Blocks for ``n_pairs`` warp pairs, at most ``resident_blocks()`` (the kernels loop);
+    ``wave``: one block per ``warps`` pairs (``wave_grid``)."""
+    return wave_grid(-(-n_pairs // warps), wave)
