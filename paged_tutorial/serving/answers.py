@@ -40,6 +40,7 @@ class Answer:
         self.request = None                      # the engine's Request, once submitted
         self.output: CompletionOutput | None = None   # once finished
         self.num_cached_tokens = 0               # prompt tokens found in the prefix cache
+        self.num_preemptions = 0                 # times the engine preempted the request
 
     def submit(self, prompt_ids: list[int], sample_key: int) -> None:
         """Queue the request; the engine samples, this answer applies the stop rules (and the
@@ -95,4 +96,5 @@ class Answer:
                                        token_ids=list(self.token_ids), finish_reason=reason,
                                        stop_reason=self.stop_reason, error=result.error)
         self.num_cached_tokens = result.num_cached_tokens
+        self.num_preemptions = result.num_preemptions
         return self.output
