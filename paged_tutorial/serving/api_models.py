@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class _Strict(BaseModel):
@@ -159,8 +159,13 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """What a chunk adds to the message; fields it does not add are left out, as OpenAI's."""
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_is_added(self, handler):
+        return {name: value for name, value in handler(self).items() if value is not None}
 
 
 class ChatChunkChoice(BaseModel):
