@@ -29,13 +29,15 @@ if TYPE_CHECKING:
     from paged_tutorial.engine import (Engine, GenerationResult, SamplingParams, StepReport,
                                        TokenStream)
     from paged_tutorial.loading.models import Model, load_model, random_model
+    from paged_tutorial.inputs import TextPrompt, TokensPrompt
     from paged_tutorial.serving import LLM, CompletionOutput, RequestOutput
 
 __version__ = "0.1.0"
 
 __all__ = ["BlockEvent", "CacheConfig", "CompletionOutput", "Engine", "GenerationResult", "LLM",
            "Model", "ModelConfig", "OpCall", "PagedKVCache", "RecordingBackend", "RequestOutput",
-           "SamplingParams", "StepReport", "TokenStream", "exercises", "llama_3_2_1b_config",
+           "SamplingParams", "StepReport", "TextPrompt", "TokenStream", "TokensPrompt",
+           "exercises", "llama_3_2_1b_config",
            "load_model", "random_model", "__version__"]
 
 # Every public name is imported on first use (``pt.Engine`` imports the engine then): ``import
@@ -55,6 +57,7 @@ _LAZY_NAMES = {
     "random_model": "paged_tutorial.loading.models",
     "LLM": "paged_tutorial.serving", "RequestOutput": "paged_tutorial.serving",
     "CompletionOutput": "paged_tutorial.serving",
+    "TextPrompt": "paged_tutorial.inputs", "TokensPrompt": "paged_tutorial.inputs",
 }
 _LAZY_MODULES = {"exercises": "paged_tutorial.teaching.exercises"}
 

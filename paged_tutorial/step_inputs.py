@@ -149,10 +149,12 @@ class StepInputPacker:
 
     def prefill(self, new_tokens: list[list[int]], context_lens: list[int],
                 seq_slots: list[int], block_table: torch.Tensor | None,
-                sampling: tuple | None = None) -> StepInputs:
+                sampling: tuple | None = None,
+                logit_rows: list[int] | None = None) -> StepInputs:
         """Sequence i adds ``new_tokens[i]`` at positions ``context_lens[i]``, ... of cache row
         ``seq_slots[i]``; the new tokens of all sequences are packed into one batch, and each
-        sequence's last row gets logits.  ``sampling`` as in ``decode``."""
+        sequence's last row gets logits (or the packed rows ``logit_rows``, in order).
+        ``sampling`` as in ``decode``."""
         if not len(new_tokens) == len(context_lens) == len(seq_slots):
             raise ValueError(f"prefill: {len(new_tokens)} token lists, {len(context_lens)} "
                              f"context lengths and {len(seq_slots)} slots: give one of each "
@@ -167,7 +169,8 @@ class StepInputPacker:
         t = self.pack({"token_ids": tokens, "positions": positions, "slots": slots,
                        "seq_slots": seq_slots, "seq_lens": seq_lens, "cu_seqlens": cu_seqlens,
                        "context_lens": context_lens,
-                       "logit_rows": [end - 1 for end in cu_seqlens[1:]]}, sampling)
+                       "logit_rows": [end - 1 for end in cu_seqlens[1:]]
+                       if logit_rows is None else logit_rows}, sampling)
         return StepInputs("prefill", t["token_ids"], t["positions"], t["slots"],
                           t["seq_slots"], t["seq_lens"], block_table,
                           cu_seqlens=t["cu_seqlens"], context_lens=t["context_lens"],

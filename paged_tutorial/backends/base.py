@@ -29,6 +29,9 @@ import abc
 import torch
 
 from paged_tutorial.backends import paged_reads
+from paged_tutorial.backends.batched_sampling import sample_batched
+from paged_tutorial.backends.logprobs import top_logprobs
+from paged_tutorial.backends.sampling_batch import SamplerOutput, SamplingBatch
 from paged_tutorial.step_inputs import StepInputs
 
 
@@ -194,6 +197,23 @@ class Backend(abc.ABC):
         see ``sampling.py`` for the exact rule (greedy when temperature == 0; otherwise top-p
         over softmax(logits / T), then the inverse CDF at uniforms[b] in token-id order).
         Returns int64 [B]."""
+
+    def sample_batch(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """The one sampling call the engine makes: a token per row of logits [B, V], and the
+        logprobs the rows asked for.  A batch with no controls goes to ``sample`` (this
+        backend's own sampler: a kernel, captured with the decode graphs); a batch with
+        controls (``logits_controls.py``: penalties, min_tokens, logits processors, top-k,
+        min-p, logprobs) has its logits adjusted and is drawn by the same rule in batched torch
+        ops on this backend's device (``batched_sampling.py``), eagerly."""
+        controls = batch.controls
+        if controls is None:
+            return SamplerOutput(self.sample(logits, batch.temperature, batch.top_p,
+                                             batch.uniforms))
+        token_ids = sample_batched(controls.adjust(logits), batch.temperature, batch.top_p,
+                                   batch.uniforms, top_k=controls.top_k, min_p=controls.min_p)
+        logprobs = None if controls.num_logprobs is None else \
+            top_logprobs(logits, token_ids, controls.num_logprobs)
+        return SamplerOutput(token_ids, logprobs)
 
     # --- housekeeping ------------------------------------------------------------------
     def begin_step(self, step_index: int) -> None:

@@ -1,7 +1,7 @@
 """DecodeRows: the host lists a decode step feeds the model, kept from one step to the next.
 
 A decode step needs, for every running request in order, its last token, that token's
-position, its cache slot, its temperature and top_p.  Built from the requests, that is one
+position, its cache slot, its temperature and top_p, and whether some request needs more of the sampler.  Built from the requests, that is one
 pass over them per list, every step.  But between two decode steps little changes: each
 request gains one token (known to the scheduler's commit, which loops over the batch anyway)
 and the rest stays.  So the commit hands the next step its rows (``advanced``): the new tokens
@@ -28,7 +28,8 @@ class DecodeRows:
     temperature: list[float]             # SamplingParams.effective_temperature (0: greedy)
     top_p: list[float]
     samples: bool                        # some request samples: uniforms must be drawn
-    filters: bool                        # some request narrows its draw (top_k / min_p)
+    controlled: bool                     # some request needs sampling controls (top-k, min-p,
+    #                                      penalties, min_tokens, processors, logprobs)
 
     @classmethod
     def of(cls, requests: list[Request]) -> "DecodeRows":
@@ -38,7 +39,7 @@ class DecodeRows:
         return cls(list(requests), [r.output_ids[-1] for r in requests],
                    [r.num_computed_tokens for r in requests], [r.slot for r in requests],
                    temperature, [r.params.top_p for r in requests], samples,
-                   samples and any(r.params.filters_vocabulary for r in requests))
+                   any(r.params.needs_sampling_controls for r in requests))
 
     def advanced(self, token_ids: list[int], positions: list[int],
                  kept: list[int] | None) -> "DecodeRows":
@@ -47,11 +48,11 @@ class DecodeRows:
         None) or rows ``kept`` of this step."""
         if kept is None:
             return DecodeRows(self.requests, token_ids, positions, self.slots,
-                              self.temperature, self.top_p, self.samples, self.filters)
+                              self.temperature, self.top_p, self.samples, self.controlled)
         temperature = [self.temperature[i] for i in kept]
         samples = self.samples and any(temperature)
         requests = [self.requests[i] for i in kept]
         return DecodeRows(requests, token_ids, positions, [self.slots[i] for i in kept],
                           temperature, [self.top_p[i] for i in kept], samples,
-                          samples and self.filters and
-                          any(r.params.filters_vocabulary for r in requests))
+                          self.controlled and
+                          any(r.params.needs_sampling_controls for r in requests))

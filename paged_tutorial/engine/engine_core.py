@@ -25,7 +25,7 @@ import torch
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.interrupts import SIGNALS
-from paged_tutorial.engine.model_runner import ModelRunner
+from paged_tutorial.engine.model_runner import ModelRunner, record_logprobs
 from paged_tutorial.engine.numerical_faults import NON_FINITE, describe_non_finite
 from paged_tutorial.engine.output_processor import OutputProcessor
 from paged_tutorial.engine.request import Request, RequestError, Status
@@ -165,6 +165,8 @@ class EngineCore:
                                                output.finite) if ok]
             committed = CommittedTokens([r for r, _ in kept], [t for _, t in kept])
         self.scheduler.postprocess(batch, output.token_ids, skip=faulted)
+        if output.logprobs is not None or output.prompt_logprobs is not None:
+            record_logprobs(batch.requests, output, faulted)
         self.outputs.detokenize(committed.requests, committed.token_ids, self.fail)
         for request in faulted:
             self.outputs.flush(request)

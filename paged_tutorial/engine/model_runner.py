@@ -8,11 +8,13 @@ of its prompt found in the prefix cache starts at that ``num_computed_tokens``; 
 reads the cached part from the paged cache.  For a decode it takes each running request's last
 token, position, slot and sampling parameters from the batch's ``DecodeRows`` (kept by the
 scheduler from one step to the next, ``decode_rows.py``) and replays a captured CUDA graph
-when the engine has them (``cuda_graphs.py``), else runs the layers eagerly.  Sampling follows ``backends/sampling_rule.py``'s rule with each request's own random
-stream, so a request gets the same tokens whatever batch it shares.  A batch in which some
-request narrows its draw with ``top_k`` or ``min_p`` runs eagerly and is sampled by
-``backends/batched_sampling.py`` (the same rule in torch ops, on any device), whatever the
-backend's own sampler supports.
+when the engine has them (``cuda_graphs.py``), else runs the layers eagerly.  Sampling follows
+``backends/sampling_rule.py``'s rule with each request's own random stream, so a request gets
+the same tokens whatever batch it shares.  The runner samples through the backend's one call,
+``Backend.sample_batch``: it hands over the rows' temperature, top_p and uniforms and, when
+some request needs more (top-k, min-p, penalties, ``min_tokens``, logits processors, logprobs),
+the batch's ``LogitsControls`` (``sampling_controls.py``); the backend decides how to draw.  A
+decode batch with controls is not replayed from a graph (a replay calls no Python).
 
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
@@ -31,12 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from paged_tutorial.backends.base import Backend
-from paged_tutorial.backends.batched_sampling import sample_batched
+from paged_tutorial.backends.logits_controls import LogitsProcessorError
+from paged_tutorial.backends.logprobs import top_logprobs
+from paged_tutorial.backends.sampling_batch import SamplingBatch
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.model.decoder import build_network
 from paged_tutorial.loading.models import Model
 from paged_tutorial.engine.decode_rows import DecodeRows
 from paged_tutorial.engine.request import Request, RequestError
+from paged_tutorial.engine.sampling_controls import sampling_controls
 from paged_tutorial.backends.sampling_rule import request_uniform
 from paged_tutorial.step_inputs import StepInputPacker, StepInputs
 from paged_tutorial.engine.scheduler import ScheduledBatch
@@ -85,13 +90,17 @@ class ModelRunner:
         except Exception as exc:
             raise RequestError(request, exc) from exc
 
-    def prefill_inputs(self, requests: list[Request]) -> StepInputs:
+    def prefill_inputs(self, requests: list[Request],
+                       prompt_rows: "PromptLogprobRows | None" = None) -> StepInputs:
         """The tokens of each request whose K/V are not computed yet (a recomputed, preempted,
-        request replays what it generated), after its ``num_computed_tokens``."""
+        request replays what it generated), after its ``num_computed_tokens``; logits for each
+        request's last token, and for every prompt token of those asking for
+        ``prompt_logprobs`` (``prompt_rows``)."""
         return self.packer.prefill([r.all_ids[r.num_computed_tokens:] for r in requests],
                                    [r.num_computed_tokens for r in requests],
                                    [r.slot for r in requests], self.cache.device_block_table(),
-                                   self.sampling_inputs(requests))
+                                   self.sampling_inputs(requests),
+                                   logit_rows=prompt_rows.rows if prompt_rows else None)
 
     @staticmethod
     def decode_rows(requests: list[Request]) -> tuple[list[int], list[int], list[int]]:
@@ -107,41 +116,96 @@ class ModelRunner:
     # --- one step --------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> RunOutput:
         """Run the batch: one sampled token per request, the logits, and whether each row of
-        logits is finite (read back with the tokens)."""
+        logits is finite (read back with the tokens); with them the logprobs that requests
+        asked for."""
         requests = batch.requests
         t0 = time.perf_counter()
+        prompt_rows = None
         if batch.kind == "decode":
             rows = batch.rows if batch.rows is not None else DecodeRows.of(requests)
             sampling = (rows.temperature, rows.top_p,
                         self.uniforms(requests, rows.temperature) if rows.samples
                         else [0.0] * len(requests))
-            filtered = rows.filters
-            if self.graphs is not None and not filtered:
+            if self.graphs is not None and not rows.controlled:
                 logits, next_ids, finite = self.graphs.run(rows.token_ids, rows.positions,
                                                            rows.slots, *sampling)
                 self.phase_seconds = {"graph": time.perf_counter() - t0}
                 return RunOutput(next_ids, logits, finite)
             inputs = self.packer.decode(rows.token_ids, rows.positions, rows.slots,
                                         self.cache.device_block_table(), sampling)
+            controlled = rows.controlled
         else:
-            filtered = any(r.params.filters_vocabulary for r in requests)
-            inputs = self.prefill_inputs(requests)
+            prompt_rows = PromptLogprobRows.of(requests)
+            inputs = self.prefill_inputs(requests, prompt_rows)
+            controlled = any(r.params.needs_sampling_controls for r in requests)
         t1 = time.perf_counter()
         logits = self.llama.forward(inputs, self.cache)
         t2 = time.perf_counter()
-        if filtered:
-            next_ids = sample_batched(
-                logits, inputs.temperature, inputs.top_p, inputs.uniforms,
-                top_k=torch.tensor([r.params.top_k for r in requests], device=logits.device),
-                min_p=torch.tensor([r.params.min_p for r in requests], device=logits.device,
-                                   dtype=torch.float32))
-        else:
-            next_ids = self.backend.sample(logits, inputs.temperature, inputs.top_p,
-                                           inputs.uniforms)
-        tokens, finite = read_back(next_ids, torch.isfinite(logits).all(dim=-1))
+        all_logits = logits
+        if prompt_rows:
+            logits = all_logits[prompt_rows.last_rows]
+        controls = sampling_controls(requests, logits.device, logits.shape[-1],
+                                     self.model.config.eos_token_ids) if controlled else None
+        try:
+            sampled = self.backend.sample_batch(logits, SamplingBatch(
+                inputs.temperature, inputs.top_p, inputs.uniforms, controls))
+        except LogitsProcessorError as exc:
+            raise RequestError(requests[exc.row], exc) from exc
+        tokens, finite = read_back(sampled.token_ids, torch.isfinite(logits).all(dim=-1))
+        logprobs = sampled.logprobs.rows() if sampled.logprobs is not None else None
+        prompt_logprobs = prompt_rows.logprobs(all_logits) if prompt_rows else None
         self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
                               "sample": time.perf_counter() - t2}
-        return RunOutput(tokens, logits, finite)
+        return RunOutput(tokens, logits, finite, logprobs, prompt_logprobs)
+
+
+class PromptLogprobRows:
+    """Which logits rows a prefill needs when some request asks for ``prompt_logprobs``: all
+    the rows of that request's prompt (row p gives the logprobs of prompt token p + 1), and the
+    last row of every request (its first generated token).  A request gets its prompt logprobs
+    at its first prefill only (``Request.prompt_logprobs`` stays as committed after a
+    preemption)."""
+
+    def __init__(self, requests: list[Request]):
+        self.requests = requests
+        self.wanted = [r.params.prompt_logprobs is not None and r.prompt_logprobs is None
+                       and r.num_computed_tokens == 0 for r in requests]
+        self.rows: list[int] = []            # packed-token rows that get logits
+        self.last_rows: list[int] = []       # each request's last row, among ``rows``
+        self.prompt_spans: list[tuple[int, int] | None] = []   # its prompt rows in ``rows``
+        start = 0
+        for request, wanted in zip(requests, self.wanted):
+            n = request.total_len - request.num_computed_tokens
+            if wanted:
+                first = len(self.rows)
+                self.rows += range(start, start + n)
+                self.prompt_spans.append((first, first + len(request.prompt_ids) - 1))
+            else:
+                self.rows.append(start + n - 1)
+                self.prompt_spans.append(None)
+            self.last_rows.append(len(self.rows) - 1)
+            start += n
+
+    @classmethod
+    def of(cls, requests: list[Request]) -> "PromptLogprobRows":
+        return cls(requests)
+
+    def __bool__(self) -> bool:
+        return any(self.wanted)
+
+    def logprobs(self, logits: torch.Tensor) -> list[list | None]:
+        """Per request: None, or its prompt logprobs (None for the first position, then the
+        (token id, logprob, rank) rows of ``top_logprobs`` for every later prompt token)."""
+        out = []
+        for request, span in zip(self.requests, self.prompt_spans):
+            if span is None:
+                out.append(None)
+                continue
+            targets = torch.tensor(request.prompt_ids[1:], device=logits.device)
+            rows = top_logprobs(logits[span[0]:span[1]], targets,
+                                request.params.prompt_logprobs).rows() if len(targets) else []
+            out.append([None] + rows)
+        return out
 
 
 @dataclass
@@ -150,6 +214,11 @@ class RunOutput:
     token_ids: list[int]                 # one sampled token per request
     logits: torch.Tensor                 # [B, V] in the model dtype
     finite: list[bool]                   # row b of logits holds no NaN or inf
+    #: per request, (token id, logprob, rank) of the sampled token then the top ones, when
+    #: some request of the batch asked for logprobs (``backends/logprobs.py``)
+    logprobs: list[list[tuple[int, float, int]]] | None = None
+    #: per request, None or its prompt logprobs (a prefill only)
+    prompt_logprobs: list[list | None] | None = None
 
 
 def read_back(token_ids: torch.Tensor, finite: torch.Tensor) -> tuple[list[int], list[bool]]:
@@ -160,3 +229,13 @@ def read_back(token_ids: torch.Tensor, finite: torch.Tensor) -> tuple[list[int],
         n = len(both) // 2
         return [int(t) for t in both[:n]], [bool(f) for f in both[n:]]
     return [int(t) for t in token_ids.tolist()], [bool(f) for f in finite.tolist()]
+
+
+def record_logprobs(requests: list[Request], output: RunOutput, skipped) -> None:
+    """Give each request of a committed step its logprobs (the ``skipped`` ones got no token)."""
+    for i, request in enumerate(requests):
+        if request in skipped:
+            continue
+        request.record_logprobs(None if output.logprobs is None else output.logprobs[i],
+                                None if output.prompt_logprobs is None
+                                else output.prompt_logprobs[i])

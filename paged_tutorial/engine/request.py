@@ -65,12 +65,19 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None   # its first admission into a slot
     first_token_time: float | None = None
     finish_time: float | None = None
     detokenizer: object | None = None    # incremental detokenizer, None without a tokenizer
     text_pieces: list[str] = field(default_factory=list)
     callback_error: BaseException | None = None   # raised by on_token; re-raised by its caller
     error: str | None = None             # why it finished with finish_reason "error"
+    # --- logprobs (params.logprobs / prompt_logprobs; ``backends/logprobs.py``) ------------
+    #: per generated token: (token id, logprob, rank) of that token, then of the top ones
+    logprobs: list[list[tuple[int, float, int]]] | None = None
+    cumulative_logprob: float | None = None   # the sum of the generated tokens' logprobs
+    #: None for the first prompt token, then one entry like ``logprobs``'s per prompt token
+    prompt_logprobs: list | None = None
 
     def __post_init__(self):
         # stop strings, stop tokens and n answers are applied by pt.LLM and the server
@@ -80,6 +87,24 @@ class Request:
             raise ValueError("stop, stop_token_ids and n are applied by pt.LLM (and the "
                              "server), not by Engine: use pt.LLM(model).generate(...), or "
                              "leave them out of the SamplingParams given to the Engine")
+        if params.logprobs is not None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
+        if params.prompt_logprobs is not None:
+            # every prompt token's logits are needed: none of its blocks is taken from (or
+            # given to) the prefix cache, which keys them by these hashes
+            self.block_hashes = []
+
+    def record_logprobs(self, sampled: list[tuple[int, float, int]] | None,
+                        prompt: list | None) -> None:
+        """Keep the logprobs of the token just appended (``sampled``: the chosen token first,
+        then the batch's top ones, cut to this request's count) and, after its first prefill,
+        of its prompt."""
+        if prompt is not None and self.prompt_logprobs is None:
+            k = self.params.prompt_logprobs
+            self.prompt_logprobs = [None if row is None else row[:1 + k] for row in prompt]
+        if sampled is not None and self.logprobs is not None:
+            self.logprobs.append(sampled[:1 + self.params.logprobs])
+            self.cumulative_logprob += sampled[0][1]
 
     # --- read-only views -----------------------------------------------------------------
     @property

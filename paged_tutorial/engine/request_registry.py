@@ -30,6 +30,16 @@ class GenerationResult:
     decode_tokens_per_s: float | None = None
     num_cached_tokens: int = 0           # prompt tokens served from shared prefix blocks
     error: str | None = None             # what went wrong (finish_reason error / non_finite)
+    #: with params.logprobs: per generated token, (token id, logprob, rank) of that token, then
+    #: of the most likely ones (``backends/logprobs.py``); and their sum
+    logprobs: list | None = None
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list | None = None  # with params.prompt_logprobs: None, then per token
+    #: host clock (time.perf_counter) instants: queued, first admitted, first token, finished
+    arrival_time: float | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
 
     @classmethod
     def of(cls, r: Request) -> "GenerationResult":
@@ -47,7 +57,10 @@ class GenerationResult:
             if r.first_token_time else None,
             total_time_s=(r.finish_time - r.arrival_time) if r.finish_time else None,
             decode_tokens_per_s=decode_tps, num_cached_tokens=r.num_cached_tokens or 0,
-            error=r.error)
+            error=r.error, logprobs=None if r.logprobs is None else list(r.logprobs),
+            cumulative_logprob=r.cumulative_logprob, prompt_logprobs=r.prompt_logprobs,
+            arrival_time=r.arrival_time, first_scheduled_time=r.first_scheduled_time,
+            first_token_time=r.first_token_time, finish_time=r.finish_time)
 
 
 class RequestRegistry:

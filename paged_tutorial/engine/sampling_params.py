@@ -24,9 +24,29 @@ that names the argument, the value and the accepted range:
   in the text (finish_reason "stop"; the stop string is not part of the text).
 - ``stop_token_ids``: token ids that end the answer like an end-of-sequence token.
 - ``n``: how many answers to sample for each prompt (an integer >= 1).
+- ``presence_penalty``, ``frequency_penalty``: in [-2, 2] (OpenAI's): subtracted from the logit
+  of each token already generated, once (presence) or once per time it was generated
+  (frequency).  Positive values push the answer towards new tokens.
+- ``repetition_penalty``: > 0 (HF's and vLLM's): the logit of each token in the prompt or the
+  answer so far is divided by it when positive, multiplied by it when negative; 1 changes
+  nothing.
+- ``min_tokens``: an integer in [0, max_tokens]: end-of-sequence tokens (and ``stop_token_ids``)
+  cannot be sampled before this many tokens were generated.
+- ``logprobs``: None, or how many of the most likely tokens to report at each generated
+  position (0 to ``MAX_LOGPROBS``), besides the sampled token itself.
+- ``prompt_logprobs``: the same for every prompt position after the first.
+- ``logits_processors``: a list of functions ``fn(output_token_ids, logits) -> logits`` called
+  on the request's row of float32 logits (vocab,) before it is sampled; each may return a new
+  tensor or change the one it was given (setting -inf masks a token).
+
+Logprobs are those of the model's own distribution (``log_softmax`` of its float32 logits),
+before temperature, penalties, processors or top-k/top-p shape the draw: vLLM's default
+``logprobs_mode="raw_logprobs"``.
 
 ``pt.LLM`` and the server apply ``stop``, ``stop_token_ids`` and ``n`` (``serving/``); the
-sampler (``backends/sampling_rule.py``) applies ``temperature``, ``top_p``, ``top_k`` and ``min_p``.
+sampler (``backends/sampling_rule.py``) applies ``temperature``, ``top_p``, ``top_k`` and
+``min_p``, and ``backends/logits_controls.py`` the penalties, ``min_tokens`` and the logits
+processors before it.
 
 ``check_sample_key`` does the same for ``Engine.add_request``'s ``sample_key`` (an integer in
 [0, 2**64), like a seed: the two key the request's random stream together).
@@ -38,10 +58,16 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, replace
+from typing import Callable
 
 #: a positive temperature below this is greedy: logits / T would overflow float32
 GREEDY_BELOW = 1e-5
 SEED_LIMIT = 2 ** 64
+#: the most top tokens ``logprobs`` / ``prompt_logprobs`` may ask for (vLLM's default
+#: ``max_logprobs``)
+MAX_LOGPROBS = 20
+#: ``presence_penalty`` and ``frequency_penalty`` lie in [-PENALTY_LIMIT, PENALTY_LIMIT]
+PENALTY_LIMIT = 2.0
 
 
 def is_integer(value) -> bool:
@@ -85,11 +111,19 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logits_processors: list[Callable] | None = None
 
     def __post_init__(self):
         if not is_integer(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got "
                              f"{self.max_tokens!r}")
+        self._check_controls()
         if not is_integer(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1 (answers per prompt), got {self.n!r}")
         if not is_integer(self.top_k) or self.top_k < -1:
@@ -129,6 +163,50 @@ class SamplingParams:
                            not greedy and (self.top_k > 0 or self.min_p > 0.0))
         #: what the sampler receives: 0.0 for greedy requests
         object.__setattr__(self, "effective_temperature", 0.0 if greedy else self.temperature)
+        #: the logits are changed before the draw (penalties, min_tokens, processors)
+        object.__setattr__(self, "adjusts_logits", bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.min_tokens or self.logits_processors))
+        #: the sampler needs more than temperature and top_p for this request, so its batch is
+        #: sampled eagerly by the batched torch rule (no CUDA graph)
+        object.__setattr__(self, "needs_sampling_controls", bool(
+            self.filters_vocabulary or self.adjusts_logits or self.logprobs is not None))
+
+    def _check_controls(self) -> None:
+        """The penalties, min_tokens, logprobs and logits processors (stored as plain
+        Python numbers and a list)."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = finite_float(getattr(self, name))
+            if value is None or not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise ValueError(f"{name} must be in [-2, 2] (0 leaves the logits alone), got "
+                                 f"{getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        repetition = finite_float(self.repetition_penalty)
+        if repetition is None or repetition <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 leaves the logits alone), "
+                             f"got {self.repetition_penalty!r}")
+        object.__setattr__(self, "repetition_penalty", repetition)
+        if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}]"
+                             f", got {self.min_tokens!r}")
+        object.__setattr__(self, "min_tokens", int(self.min_tokens))
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not is_integer(value)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}] "
+                                 f"(how many top tokens to report besides the chosen one), "
+                                 f"got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+        processors = self.logits_processors
+        if processors is not None:
+            if callable(processors) or not isinstance(processors, (list, tuple)) or \
+                    not all(callable(fn) for fn in processors):
+                raise ValueError("logits_processors must be a list of functions "
+                                 "fn(output_token_ids, logits) -> logits, got "
+                                 f"{processors!r}")
+            object.__setattr__(self, "logits_processors", list(processors) or None)
 
     def with_seed(self, seed: int | None = None) -> "SamplingParams":
         """This, with ``seed`` (or one drawn from the OS) when it has none, so that a result

@@ -118,6 +118,7 @@ class Scheduler:
                 request.num_computed_tokens = self.blocks.allocate_prompt(slot, request)
                 if request.num_cached_tokens is None:      # the first admission's count
                     request.num_cached_tokens = request.num_computed_tokens
+                    request.first_scheduled_time = time.perf_counter()
             except CacheFullError:      # an allocator with its own rules disagreed
                 admitted.pop()
                 self.running.pop()

@@ -9,6 +9,8 @@ transformers renders them: Jinja2 in a sandbox, ``trim_blocks``/``lstrip_blocks`
 
 from __future__ import annotations
 
+import copy
+
 import json
 import warnings
 from datetime import datetime
@@ -439,8 +441,14 @@ class Tokenizer:
 
     # --- chat -----------------------------------------------------------------------------
     def render_chat(self, prompt_or_messages, add_generation_prompt: bool = True,
-                    **template_vars) -> str:
-        """The chat template's text for these messages (what apply_chat_template tokenizes)."""
+                    template: str | None = None, **template_vars) -> str:
+        """The chat template's text for these messages (what apply_chat_template tokenizes);
+        ``template``: a template's text to use instead of the tokenizer's own."""
+        if template is not None:
+            other = copy.copy(self)
+            other.chat_template = template
+            return other.render_chat(prompt_or_messages, add_generation_prompt,
+                                     **template_vars)
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ChatTemplateError(
                 f"the chat template of {self.source or 'this tokenizer'} is not a string: it is "

@@ -9,7 +9,10 @@ callback, which runs in the thread stepping the engine, after each step has comm
   the answer before the first stop string found;
 - an answer that stops is cancelled at once (``Engine.cancel``: allowed inside a callback), so
   its blocks go back to ``free_blocks`` before the next step, and its ``finish_reason`` is
-  ``"stop"``.
+  ``"stop"``;
+- ``min_tokens``: until that many tokens were generated, the ``stop_token_ids`` cannot be
+  sampled (a logits processor masks them; the engine masks end-of-sequence itself) and stop
+  strings are not looked for (vLLM's rule).
 
 ``on_delta(answer, text)`` is told about every piece of text that can be shown; ``finish()``
 takes the engine's result once the request has ended and builds the ``CompletionOutput``.
@@ -20,8 +23,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+import torch
+
 from paged_tutorial.engine.sampling_params import SamplingParams
-from paged_tutorial.serving.outputs import FINISH_REASON_OF_ENGINE, CompletionOutput
+from paged_tutorial.serving.outputs import FINISH_REASON_OF_ENGINE, CompletionOutput, \
+    position_logprobs
 from paged_tutorial.serving.stop_text import StopText
 
 
@@ -40,12 +46,17 @@ class Answer:
         self.request = None                      # the engine's Request, once submitted
         self.output: CompletionOutput | None = None   # once finished
         self.num_cached_tokens = 0               # prompt tokens found in the prefix cache
-        self.num_preemptions = 0                 # times the engine preempted the request
+        self.result = None                       # the engine's GenerationResult, once finished
 
     def submit(self, prompt_ids: list[int], sample_key: int) -> None:
         """Queue the request; the engine samples, this answer applies the stop rules (and the
         caller makes one Answer per each of the n answers)."""
-        engine_params = replace(self.params, stop=None, stop_token_ids=None, n=1)
+        processors = list(self.params.logits_processors or [])
+        if self.params.min_tokens and self.stop_token_ids:
+            processors.append(StopTokensBeforeMinTokens(self.stop_token_ids,
+                                                        self.params.min_tokens))
+        engine_params = replace(self.params, stop=None, stop_token_ids=None, n=1,
+                                logits_processors=processors or None)
         self.request = self.engine.add_request(prompt_ids, engine_params, chat=False,
                                                on_token=self._on_token, sample_key=sample_key)
 
@@ -66,7 +77,8 @@ class Answer:
             self.stopped, self.stop_reason = True, token_id
             shown = self.stop_text.flush()
         else:
-            shown = self.stop_text.add(piece)
+            shown = self.stop_text.add(piece,
+                                       look=len(self.token_ids) > self.params.min_tokens)
             if self.stop_text.stopped:
                 self.stopped, self.stop_reason = True, self.stop_text.stop_reason
         if self.stopped:
@@ -92,9 +104,30 @@ class Answer:
             tail = self.stop_text.flush()
             if tail and self.on_delta is not None:
                 self.on_delta(self, tail)
+        logprobs = cumulative = None
+        if result.logprobs is not None:       # those of this answer's tokens (a stop cuts it)
+            rows = result.logprobs[:len(self.token_ids)]
+            logprobs = position_logprobs(rows, self.engine.tokenizer)
+            cumulative = float(sum(row[0][1] for row in rows))
         self.output = CompletionOutput(index=self.index, text=self.stop_text.text,
-                                       token_ids=list(self.token_ids), finish_reason=reason,
-                                       stop_reason=self.stop_reason, error=result.error)
+                                       token_ids=list(self.token_ids),
+                                       cumulative_logprob=cumulative, logprobs=logprobs,
+                                       finish_reason=reason, stop_reason=self.stop_reason,
+                                       error=result.error)
         self.num_cached_tokens = result.num_cached_tokens
-        self.num_preemptions = result.num_preemptions
+        self.result = result
         return self.output
+
+
+class StopTokensBeforeMinTokens:
+    """A logits processor: the stop token ids cannot be drawn before ``min_tokens`` tokens."""
+
+    def __init__(self, stop_token_ids, min_tokens: int):
+        self.stop_token_ids = sorted(stop_token_ids)
+        self.min_tokens = min_tokens
+
+    def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if len(output_token_ids) < self.min_tokens:
+            ids = [t for t in self.stop_token_ids if t < logits.shape[-1]]
+            logits[ids] = float("-inf")
+        return logits

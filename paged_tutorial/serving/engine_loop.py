@@ -205,7 +205,7 @@ class EngineLoop:
         counts = self._counts
         counts["tokens_generated"] += len(output.token_ids)
         counts["prompt_tokens"] += len(job.prompt_ids)
-        counts["preemptions"] += answer.num_preemptions
+        counts["preemptions"] += answer.result.num_preemptions
         if self.engine.prefix_caching:
             counts["prefix_cache_queries"] += len(job.prompt_ids)
             counts["prefix_cache_hits"] += answer.num_cached_tokens

@@ -32,8 +32,9 @@ from paged_tutorial.engine.llm_engine import Engine
 from paged_tutorial.engine.sampling_params import SEED_LIMIT, SamplingParams, is_integer
 from paged_tutorial.loading.models import Model, load_model
 from paged_tutorial.serving.answers import Answer
-from paged_tutorial.serving.outputs import RequestOutput
-from paged_tutorial.serving.prompts import EncodedPrompt, encode_conversation, encode_prompt
+from paged_tutorial.serving.outputs import RequestMetrics, RequestOutput, position_logprobs
+from paged_tutorial.serving.prompts import ChatTemplateOptions, EncodedPrompt, \
+    encode_conversation, encode_prompt
 
 
 class LLM:
@@ -78,15 +79,24 @@ class LLM:
                          use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams]
-             | None = None, *, use_tqdm: bool = False) -> list[RequestOutput]:
+             | None = None, *, use_tqdm: bool = False, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """``messages``: one conversation (a list of ``{"role", "content"}`` dicts) or a list
-        of conversations; each is rendered by the model's chat template."""
+        of conversations (one RequestOutput each); each is rendered by the model's chat
+        template, or by ``chat_template`` (a Jinja template's text) when given.
+        ``add_generation_prompt``: end with the assistant's turn header (the model answers);
+        ``continue_final_message``: leave the last message open, so the model continues it
+        (its end-of-turn cut off; not with ``add_generation_prompt``);
+        ``chat_template_kwargs``: more variables for the template."""
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
             messages = [messages]
         if not isinstance(messages, list) or not messages:
             raise TypeError("chat takes a conversation (a list of message dicts) or a list of "
                             "conversations")
-        return self._run([encode_conversation(self.engine, m) for m in messages],
+        template = ChatTemplateOptions.of(chat_template, add_generation_prompt,
+                                          continue_final_message, chat_template_kwargs)
+        return self._run([encode_conversation(self.engine, m, template) for m in messages],
                          sampling_params, use_tqdm)
 
     # --- underneath ----------------------------------------------------------------------
@@ -127,6 +137,11 @@ class LLM:
             output.outputs = [a.output for a in group]
             output.finished = True
             output.num_cached_tokens = group[0].num_cached_tokens
+            prompt_logprobs = group[0].result.prompt_logprobs
+            if prompt_logprobs is not None:
+                output.prompt_logprobs = position_logprobs(prompt_logprobs,
+                                                           self.engine.tokenizer)
+            output.metrics = RequestMetrics.of([a.result for a in group])
         return outputs
 
     def _serve(self, answers: list[Answer], use_tqdm: bool) -> None:

@@ -24,12 +24,16 @@ class StopText:
     def stopped(self) -> bool:
         return self.stop_reason is not None
 
-    def add(self, piece: str) -> str:
-        """Take the next piece; return the text that can be shown now."""
+    def add(self, piece: str, look: bool = True) -> str:
+        """Take the next piece; return the text that can be shown now.  ``look=False``: the
+        piece cannot end the answer (``min_tokens`` not reached); a stop string may still begin
+        in its last characters and end in a later piece."""
         if self.stopped:
             return ""
         start = max(0, len(self.text) - self.hold)    # a match may begin in the held text
         self.text += piece
+        if not look:
+            return self._release(len(self.text) - self.hold)
         found = [(self.text.find(s, start), s) for s in self.stop]
         found = [(at, s) for at, s in found if at >= 0]
         if found:

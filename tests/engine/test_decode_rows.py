@@ -60,9 +60,9 @@ def test_advanced_rows_leave_out_the_requests_that_stopped():
     engine.step()                                   # the prefill: each has one token
     rows = DecodeRows.of(requests)
     assert rows.token_ids == [r.output_ids[-1] for r in requests]
-    assert rows.positions == [3, 3, 3] and rows.samples and rows.filters
+    assert rows.positions == [3, 3, 3] and rows.samples and rows.controlled
     rest = rows.advanced([10, 11], [4, 4], kept=[0, 2])
     assert rest.requests == [requests[0], requests[2]] and rest.token_ids == [10, 11]
     assert rest.slots == [rows.slots[0], rows.slots[2]] and rest.temperature == [0.0, 0.7]
-    assert rest.samples and not rest.filters
+    assert rest.samples and not rest.controlled
     assert not rows.advanced([10], [4], kept=[0]).samples

@@ -21,15 +21,33 @@ def test_vllm_field_names_are_accepted_and_normalised():
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", -1), ("max_tokens", 2.5), ("n", 0), ("top_k", -2), ("top_k", 1.5),
     ("min_p", 1.5), ("min_p", float("nan")), ("stop", [""]), ("stop", [3]),
-    ("stop_token_ids", [-1]), ("stop_token_ids", "7"), ("top_p", 0.0), ("temperature", -1)])
+    ("stop_token_ids", [-1]), ("stop_token_ids", "7"), ("top_p", 0.0), ("temperature", -1),
+    ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -2.1),
+    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("min_tokens", -1),
+    ("min_tokens", 65), ("min_tokens", 1.5), ("logprobs", -1), ("logprobs", 21),
+    ("logprobs", 2.0), ("prompt_logprobs", 21), ("prompt_logprobs", True),
+    ("logits_processors", "f")])
 def test_out_of_range_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
 
 
 def test_a_field_this_engine_does_not_implement_is_refused_not_ignored():
-    with pytest.raises(TypeError, match="presence_penalty"):
-        SamplingParams(presence_penalty=0.5)
+    with pytest.raises(TypeError, match="bad_words"):
+        SamplingParams(bad_words=["x"])
+
+
+def test_vllms_penalty_and_logprob_fields_are_kept_as_plain_numbers():
+    import numpy as np
+
+    p = SamplingParams(presence_penalty=np.float32(-2.0), frequency_penalty=2, min_tokens=64,
+                       repetition_penalty=np.float64(1.25), logprobs=np.int64(20),
+                       prompt_logprobs=0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_tokens,
+            p.logprobs, p.prompt_logprobs) == (-2.0, 2.0, 1.25, 64, 20, 0)
+    assert type(p.logprobs) is int and type(p.presence_penalty) is float
+    assert p.needs_sampling_controls and not SamplingParams(prompt_logprobs=3)\
+        .needs_sampling_controls
 
 
 def _rows(seed: int, rows: int = 48, vocab: int = 40):
