@@ -62,6 +62,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = None
+    min_tokens: int | None = None
     # defined by the API, accepted only when off (OFF_VALUES)
     logit_bias: Any = None
     best_of: Any = None
@@ -73,7 +74,7 @@ class _SamplingFields(_Strict):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: Any = None
+    logprobs: int | None = None          # how many most likely tokens to report per position
 
 
 class TextPart(BaseModel):
@@ -97,16 +98,13 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
+    logprobs: bool | None = None         # report each answer token's logprob
+    top_logprobs: int | None = None      # and the most likely tokens' at each position
 
 
 #: fields accepted only at the value that means "off"
 OFF_VALUES = {"logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False),
-              "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
-              "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-              "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-              "repetition_penalty": (None, 1, 1.0)}
+              "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 
 
 # --- responses --------------------------------------------------------------------------------
@@ -121,10 +119,34 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' logprobs: per generated token its text, its logprob, the most
+    likely tokens' logprobs, and where it begins in the answer's text."""
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: Any = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -145,7 +167,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: Any = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -37,6 +37,7 @@ from paged_tutorial.serving.api_models import (AssistantMessage, ChatChoice,
                                                CompletionChunk, CompletionResponse,
                                                DeltaMessage, ModelCard, ModelList,
                                                PromptTokensDetails, Usage)
+from paged_tutorial.serving.api_logprobs import chat_logprobs, completion_logprobs
 from paged_tutorial.serving.engine_loop import EngineLoop
 from paged_tutorial.serving.metrics import CONTENT_TYPE, ServerMetrics
 from paged_tutorial.serving.openai_protocol import (APIError, ParsedRequest, chat_request,
@@ -340,14 +341,21 @@ def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = N
             raise APIError(500, errors[0], kind="server_error")
         outputs = [(index, session.outputs[index], "".join(texts.get(index, [])))
                    for index in range(session.expected)]
+        top = session.parsed.top_logprobs
+
+        def logprobs(output, shape):
+            return None if top is None or output.logprobs is None else shape(output.logprobs, top)
+
         if chat:
             body = ChatCompletionResponse(**head, usage=session.usage, choices=[
                 ChatChoice(index=index, message=AssistantMessage(content=text),
+                           logprobs=logprobs(output, chat_logprobs),
                            finish_reason=output.finish_reason)
                 for index, output, text in outputs])
         else:
             body = CompletionResponse(**head, usage=session.usage, choices=[
-                CompletionChoice(index=index, text=text, finish_reason=output.finish_reason)
+                CompletionChoice(index=index, text=text, finish_reason=output.finish_reason,
+                                 logprobs=logprobs(output, completion_logprobs))
                 for index, output, text in outputs])
         return Response(body.model_dump_json(), media_type="application/json")
 

@@ -28,7 +28,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_ANSWERS_PER_REQUEST = 128
 
 _SAMPLING = ("temperature", "top_p", "n", "stop", "seed", "top_k", "min_p", "ignore_eos",
-             "stop_token_ids")
+             "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "min_tokens")
 _PROMPT_SHAPES = ("'prompt' must be a string, a list of strings, a list of token ids or a list "
                   "of token-id lists")
 
@@ -55,6 +56,7 @@ class ParsedRequest:
     params: list[SamplingParams]     # one per prompt (max_tokens fitted to its length)
     stream: bool
     include_usage: bool
+    top_logprobs: int | None = None  # logprobs asked for: how many most likely tokens each
 
 
 def _param(loc: tuple) -> str | None:
@@ -110,9 +112,28 @@ def _include_usage(request) -> bool:
     return request.stream_options.include_usage
 
 
-def _sampling(request, max_tokens, default_temperature: float = 1.0) -> SamplingParams:
+def _logprobs(request) -> int | None:
+    """How many most likely tokens to report per position (None: no logprobs at all)."""
+    if isinstance(request, CompletionRequest):
+        top = request.logprobs
+    elif request.logprobs:
+        top = request.top_logprobs or 0
+    elif request.top_logprobs is not None:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    else:
+        top = None
+    if top is not None and request.stream:
+        raise APIError(400, "logprobs with stream=true is not supported by this server: ask "
+                            "without streaming", "logprobs")
+    return top
+
+
+def _sampling(request, max_tokens, logprobs: int | None,
+              default_temperature: float = 1.0) -> SamplingParams:
     given = {name: getattr(request, name) for name in _SAMPLING
              if getattr(request, name) is not None}
+    if logprobs is not None:
+        given["logprobs"] = logprobs
     given.setdefault("temperature", default_temperature)
     if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}",
@@ -124,7 +145,8 @@ def _sampling(request, max_tokens, default_temperature: float = 1.0) -> Sampling
     try:
         return SamplingParams(**given)
     except (ValueError, TypeError) as exc:
-        param = next((n for n in (*given, "max_tokens") if str(exc).startswith(n)), None)
+        param = next((n for n in sorted((*given, "max_tokens"), key=len, reverse=True)
+                      if str(exc).startswith(n)), None)
         raise APIError(400, str(exc), param) from None
 
 
@@ -182,7 +204,8 @@ def chat_request(raw: bytes, engine, served_model: str) -> ParsedRequest:
 
 def _parsed(request, engine, prompts: list[list[int]], max_tokens, param: str) -> ParsedRequest:
     include_usage = _include_usage(request)
-    base = _sampling(request, max_tokens)
+    top_logprobs = _logprobs(request)
+    base = _sampling(request, max_tokens, top_logprobs)
     params = [replace(base, max_tokens=_fit(engine, ids, max_tokens, param))
               for ids in prompts]
-    return ParsedRequest(prompts, params, bool(request.stream), include_usage)
+    return ParsedRequest(prompts, params, bool(request.stream), include_usage, top_logprobs)

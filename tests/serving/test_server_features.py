@@ -125,3 +125,39 @@ def test_the_engine_thread_hands_over_each_step_s_events_in_one_call(tiny_model)
     loop.stop(30)
     assert sum(deliveries) >= 8 * 6                   # 5 deltas and a finish each, at least
     assert len(deliveries) <= 2 * 6                   # about one hand-off per step
+
+
+def test_logprobs_and_penalties_take_openais_shapes_and_equal_llm_generate(tiny_model, llm):
+    params = pt.SamplingParams(max_tokens=6, logprobs=3, presence_penalty=1.5,
+                               frequency_penalty=0.5, repetition_penalty=1.3)
+    expected = llm.generate("Hello there", params)[0].outputs[0]
+    engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=128)
+    with BackgroundServer(build_app(engine, NAME)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        completion = client.completions.create(
+            model=NAME, prompt="Hello there", max_tokens=6, temperature=0, logprobs=3,
+            presence_penalty=1.5, frequency_penalty=0.5,
+            extra_body={"repetition_penalty": 1.3}).choices[0]
+        chat_expected = llm.chat([{"role": "user", "content": "Hi"}], pt.SamplingParams(
+            max_tokens=5, logprobs=2))[0].outputs[0]
+        chat = client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+            temperature=0, logprobs=True, top_logprobs=2).choices[0]
+        refused = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+            "top_logprobs": 2})
+    assert completion.text == expected.text
+    chosen = [next(iter(p.values())) for p in expected.logprobs]
+    assert completion.logprobs.token_logprobs == pytest.approx([c.logprob for c in chosen])
+    assert completion.logprobs.tokens == [c.decoded_token for c in chosen]
+    assert "".join(completion.logprobs.tokens) == completion.text
+    assert completion.logprobs.text_offset[0] == 0
+    assert all(len(top) == 3 for top in completion.logprobs.top_logprobs)
+    assert chat.message.content == chat_expected.text
+    content = chat.logprobs.content
+    assert [c.token for c in content] == [next(iter(p.values())).decoded_token
+                                          for p in chat_expected.logprobs]
+    assert all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
