@@ -21,6 +21,7 @@ from paged_tutorial.engine.sampling_params import SamplingParams
 from paged_tutorial.serving.api_models import (OFF_VALUES, ChatCompletionRequest,
                                                CompletionRequest)
 from paged_tutorial.serving.prompts import encode_conversation, encode_prompt
+from paged_tutorial.serving.structured_output import json_processor
 
 #: max_tokens of /v1/completions when the client gives none (OpenAI's default)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -128,12 +129,36 @@ def _logprobs(request) -> int | None:
     return top
 
 
-def _sampling(request, max_tokens, logprobs: int | None,
+def _grammar(request, engine) -> list | None:
+    """``response_format`` as a logits processor holding the answer to JSON (None: free text)."""
+    form = request.response_format
+    if form is None or form.type == "text":
+        return None
+    if engine.tokenizer is None:
+        raise APIError(400, "response_format needs the model's tokenizer, and this model has "
+                            "none", "response_format")
+    schema = None
+    if form.type == "json_schema":
+        if form.json_schema is None or form.json_schema.schema_ is None:
+            raise APIError(400, "response_format of type json_schema needs "
+                                "json_schema.schema: the JSON schema the answer must follow",
+                           "response_format")
+        schema = form.json_schema.schema_
+    try:
+        return [json_processor(engine.tokenizer, engine.config.vocab_size,
+                               sorted(engine.eos_token_ids), schema)]
+    except ValueError as exc:
+        raise APIError(400, str(exc), "response_format") from None
+
+
+def _sampling(request, max_tokens, logprobs: int | None, grammar: list | None,
               default_temperature: float = 1.0) -> SamplingParams:
     given = {name: getattr(request, name) for name in _SAMPLING
              if getattr(request, name) is not None}
     if logprobs is not None:
         given["logprobs"] = logprobs
+    if grammar is not None:
+        given["logits_processors"] = grammar
     given.setdefault("temperature", default_temperature)
     if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}",
@@ -205,7 +230,7 @@ def chat_request(raw: bytes, engine, served_model: str) -> ParsedRequest:
 def _parsed(request, engine, prompts: list[list[int]], max_tokens, param: str) -> ParsedRequest:
     include_usage = _include_usage(request)
     top_logprobs = _logprobs(request)
-    base = _sampling(request, max_tokens, top_logprobs)
+    base = _sampling(request, max_tokens, top_logprobs, _grammar(request, engine))
     params = [replace(base, max_tokens=_fit(engine, ids, max_tokens, param))
               for ids in prompts]
     return ParsedRequest(prompts, params, bool(request.stream), include_usage, top_logprobs)
