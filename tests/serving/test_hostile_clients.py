@@ -30,8 +30,6 @@ BODY_TIMEOUT_S = 1.0
 #: what the server's process may grow by over a whole storm, after a small one warmed it
 RSS_GROWTH_BOUND = 64 * 2 ** 20
 
-pytestmark = pytest.mark.slow
-
 
 def rss_bytes() -> int:
     with open(f"/proc/{os.getpid()}/statm") as f:
