@@ -37,6 +37,7 @@ from paged_tutorial.serving.api_models import (AssistantMessage, ChatChoice,
                                                CompletionChunk, CompletionResponse,
                                                DeltaMessage, ModelCard, ModelList,
                                                PromptTokensDetails, Usage)
+from paged_tutorial.serving import structured_output
 from paged_tutorial.serving.api_logprobs import chat_logprobs, completion_logprobs
 from paged_tutorial.serving.engine_loop import EngineLoop
 from paged_tutorial.serving.metrics import CONTENT_TYPE, ServerMetrics
@@ -184,6 +185,7 @@ def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = N
     ``max_body_bytes``: a larger request body is a 413.  ``body_timeout_s``: a body not fully
     received this long after its request began is a 408."""
     loop = engine_loop or EngineLoop(engine)
+    structured_output.preload()            # not inside the first request asking for JSON
     created = int(time.time())
     metrics = ServerMetrics(loop.stats, served_model_name)
     expected_authorization = None if api_key is None else f"Bearer {api_key}".encode()

@@ -50,6 +50,18 @@ def _xgrammar():
     return xgrammar
 
 
+def preload() -> bool:
+    """Import xgrammar (and the transformers tokenizer class it reads) now, when the server is
+    built, rather than inside the first request that asks for JSON; False when it is not
+    installed (such a request is then a 400 saying how to install it)."""
+    try:
+        _xgrammar()
+        from transformers import PreTrainedTokenizerFast  # noqa: F401
+    except (RuntimeError, ImportError):
+        return False
+    return True
+
+
 @lru_cache(maxsize=4)
 def _compiler(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
     """One grammar compiler per tokenizer (it caches the grammars it compiled)."""
