@@ -16,7 +16,8 @@ engine has N slots (``--max-slots`` to change it): everything decodes together b
   first token is each stream's first text chunk.
 
 Writes JSON (``serve-<date>.json`` in benchmarks/results, or ``--out``): the two
-throughputs, their ratio, first-token p50 / p90 both ways, and the setting.  The answers are
+throughputs, their ratio, first-token p50 / p90 both ways, the CPU time per generated token of
+the server's event-loop thread and engine thread (Linux), and the setting.  The answers are
 checked to be the same tokens both ways (greedy).
 """
 
@@ -28,6 +29,7 @@ import datetime as dt
 import inspect
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import threading
@@ -85,6 +87,21 @@ def _clients(url: str, model: str, prompts: list[str], max_tokens: int, queue) -
                "tokens": sum(r[2] for r in results), "texts": [r[3] for r in results]})
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds each named thread of this process has used (Linux's /proc; {} elsewhere):
+    the event loop's ("uvicorn") and the engine loop's, whatever else the machine runs."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[thread.name] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
 def served(engine, prompts, max_tokens, name):
     from paged_tutorial.serving.app import build_app
     from paged_tutorial.serving.server import BackgroundServer
@@ -100,11 +117,16 @@ def served(engine, prompts, max_tokens, name):
         warm.start()
         queue.get(timeout=600)
         warm.join()
+        before = thread_cpu_s()
         child = context.Process(target=_clients,
                                 args=(server.url, name, prompts, max_tokens, queue))
         child.start()
         result = queue.get(timeout=3600)
         child.join()
+        after = thread_cpu_s()
+    result["thread_cpu_s"] = {thread: round(after[thread] - before[thread], 3)
+                              for thread in ("uvicorn", "engine-loop")
+                              if thread in before and thread in after}
     return result
 
 
@@ -188,6 +210,10 @@ def main(argv=None) -> int:
         "offline_wall_s": round(off["wall_s"], 3), "served_wall_s": round(srv["wall_s"], 3),
         "engine_generate_wall_s": round(off["engine_generate_wall_s"], 3),
         "tokens": off["tokens"], "served_tokens": srv["tokens"],
+        # CPU time of the server's two threads while serving, per generated token
+        "served_thread_cpu_us_per_token": {
+            thread: round(1e6 * seconds / srv["tokens"], 1)
+            for thread, seconds in srv["thread_cpu_s"].items()},
         "same_answers": off["texts"] == srv["texts"],
     }
     print(json.dumps(data, indent=1))
