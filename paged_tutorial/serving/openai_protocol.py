@@ -1,24 +1,27 @@
-"""The OpenAI API's requests checked and turned into engine terms; its response and error bodies.
+"""The OpenAI API's requests turned into engine terms; the error body every refusal carries.
 
-``completion_request(body, ...)`` and ``chat_request(body, ...)`` read a decoded JSON body and
-return a ``ParsedRequest`` (prompts as token ids, one ``SamplingParams``, whether to stream), or
-raise ``APIError`` with the HTTP status and the OpenAI-style error body the client shows.
+``completion_request(raw, ...)`` and ``chat_request(raw, ...)`` read a request body (bytes of
+JSON) through the pydantic types of ``api_models.py`` and return a ``ParsedRequest`` (prompts as
+token ids, one ``SamplingParams`` per prompt, whether to stream), or raise ``APIError`` with the
+HTTP status and the OpenAI-style error body the client shows: ``{"error": {"message", "type",
+"param", "code"}}``, ``param`` naming the field (``messages.[0].content`` for a nested one).
 
-What is accepted (as OpenAI and vLLM's server): ``model``, ``prompt`` (a string, a list of
-strings, token ids, or a list of token-id lists) or ``messages``, ``max_tokens``
-(``max_completion_tokens`` for chat), ``temperature`` (default 1), ``top_p``, ``n``, ``stop``,
-``seed``, ``stream``, ``stream_options.include_usage``, ``user`` (a label, unused), and vLLM's
-extensions ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``.  A field this server does
-not implement (``logprobs``, ``echo``, penalties, ``logit_bias``, tools, ...) is refused with a
-400 naming it, never ignored: its answer would not be what the client asked for.
+The shape of each field is the pydantic type's business; every range (``max_tokens``,
+``temperature``, ``top_p``, ``n``, ...) is ``SamplingParams``', and the prompt's length against
+the model's is checked here, per prompt.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from paged_tutorial.engine.sampling_params import SamplingParams, is_integer
+from pydantic import ValidationError
+
+from paged_tutorial.engine.sampling_params import SamplingParams
+from paged_tutorial.serving.api_models import (OFF_VALUES, ChatCompletionRequest,
+                                               CompletionRequest)
 from paged_tutorial.serving.prompts import encode_conversation, encode_prompt
+from paged_tutorial.serving.structured_output import json_processor
 
 #: max_tokens of /v1/completions when the client gives none (OpenAI's default)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -26,16 +29,10 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_ANSWERS_PER_REQUEST = 128
 
 _SAMPLING = ("temperature", "top_p", "n", "stop", "seed", "top_k", "min_p", "ignore_eos",
-             "stop_token_ids")
-_COMMON = {"model", "stream", "stream_options", "user", "max_tokens", *_SAMPLING}
-COMPLETION_FIELDS = _COMMON | {"prompt"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
-#: fields accepted only at the value that means "off"
-_OFF_VALUES = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "logit_bias": (None, {}), "best_of": (None, 1), "suffix": (None, ""),
-               "tools": (None, []), "tool_choice": (None, "none"),
-               "response_format": (None, {"type": "text"}), "repetition_penalty": (None, 1, 1.0)}
+             "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "min_tokens")
+_PROMPT_SHAPES = ("'prompt' must be a string, a list of strings, a list of token ids or a list "
+                  "of token-id lists")
 
 
 class APIError(Exception):
@@ -60,63 +57,112 @@ class ParsedRequest:
     params: list[SamplingParams]     # one per prompt (max_tokens fitted to its length)
     stream: bool
     include_usage: bool
+    top_logprobs: int | None = None  # logprobs asked for: how many most likely tokens each
 
 
-def _check_fields(body, allowed: set[str]) -> None:
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    for name, value in body.items():
-        if name in allowed:
-            continue
-        if name in _OFF_VALUES:
-            if value in _OFF_VALUES[name]:
-                continue
+def _param(loc: tuple) -> str | None:
+    """pydantic's error location as OpenAI names a parameter: ``messages.[0].content``."""
+    parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in loc
+             if not (isinstance(p, str) and ("[" in p or p in ("str", "list")))]
+    return ".".join(parts) or None
+
+
+def _refusal(exc: ValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming the field."""
+    error = exc.errors(include_url=False)[0]
+    loc, kind = error["loc"], error["type"]
+    if kind == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {error['msg']}")
+    if kind in ("model_type", "model_attributes_type") and not loc:
+        return APIError(400, "the request body must be a JSON object")
+    param = _param(loc)
+    if loc and loc[0] == "prompt":
+        return APIError(400, _PROMPT_SHAPES, "prompt")
+    if kind == "missing":
+        if param == "model":
+            return APIError(400, "'model' is required: the name /v1/models lists", "model")
+        return APIError(400, f"{param!r} is required", param)
+    if kind == "extra_forbidden":
+        return APIError(400, f"unknown field {param!r}", param)
+    return APIError(400, f"{param}: {error['msg']}, got {error.get('input')!r}", param)
+
+
+def _read(model_type, raw: bytes):
+    try:
+        request = model_type.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _refusal(exc) from None
+    for name, off in OFF_VALUES.items():
+        value = getattr(request, name, None)
+        if value not in off:
             raise APIError(400, f"{name}={value!r} is not supported by this server", name)
-        raise APIError(400, f"unknown field {name!r}", name)
+    return request
 
 
-def _check_model(body, served: str) -> None:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise APIError(400, "'model' is required: the name /v1/models lists", "model")
-    if model != served:
-        raise APIError(404, f"The model `{model}` does not exist: this server serves "
+def _check_model(request, served: str) -> None:
+    if request.model != served:
+        raise APIError(404, f"The model `{request.model}` does not exist: this server serves "
                             f"`{served}`", "model", code="model_not_found")
 
 
-def _bool(body, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
+def _include_usage(request) -> bool:
+    if request.stream_options is None:
         return False
-    if not isinstance(value, bool):
-        raise APIError(400, f"{name} must be true or false, got {value!r}", name)
-    return value
-
-
-def _include_usage(body, stream: bool) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
+    if not request.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise APIError(400, "stream_options takes only include_usage", "stream_options")
-    value = options.get("include_usage", False)
-    if not isinstance(value, bool):
-        raise APIError(400, "stream_options.include_usage must be true or false",
-                       "stream_options")
-    return value
+    return request.stream_options.include_usage
 
 
-def _sampling(body, max_tokens, default_temperature: float = 1.0) -> SamplingParams:
-    given = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
+def _logprobs(request) -> int | None:
+    """How many most likely tokens to report per position (None: no logprobs at all)."""
+    if isinstance(request, CompletionRequest):
+        top = request.logprobs
+    elif request.logprobs:
+        top = request.top_logprobs or 0
+    elif request.top_logprobs is not None:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    else:
+        top = None
+    if top is not None and request.stream:
+        raise APIError(400, "logprobs with stream=true is not supported by this server: ask "
+                            "without streaming", "logprobs")
+    return top
+
+
+def _grammar(request, engine) -> list | None:
+    """``response_format`` as a logits processor holding the answer to JSON (None: free text)."""
+    form = request.response_format
+    if form is None or form.type == "text":
+        return None
+    if engine.tokenizer is None:
+        raise APIError(400, "response_format needs the model's tokenizer, and this model has "
+                            "none", "response_format")
+    schema = None
+    if form.type == "json_schema":
+        if form.json_schema is None or form.json_schema.schema_ is None:
+            raise APIError(400, "response_format of type json_schema needs "
+                                "json_schema.schema: the JSON schema the answer must follow",
+                           "response_format")
+        schema = form.json_schema.schema_
+    try:
+        return [json_processor(engine.tokenizer, engine.config.vocab_size,
+                               sorted(engine.eos_token_ids), schema)]
+    except (ValueError, RuntimeError) as exc:      # a schema it cannot read; no xgrammar
+        raise APIError(400, str(exc), "response_format") from None
+
+
+def _sampling(request, max_tokens, logprobs: int | None, grammar: list | None,
+              default_temperature: float = 1.0) -> SamplingParams:
+    given = {name: getattr(request, name) for name in _SAMPLING
+             if getattr(request, name) is not None}
+    if logprobs is not None:
+        given["logprobs"] = logprobs
+    if grammar is not None:
+        given["logits_processors"] = grammar
     given.setdefault("temperature", default_temperature)
-    if max_tokens is not None and (not is_integer(max_tokens) or max_tokens < 1):
+    if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}",
                        "max_tokens")
-    for name in ("top_k", "n", "seed"):
-        if name in given and not is_integer(given[name]):
-            raise APIError(400, f"{name} must be an integer, got {given[name]!r}", name)
     if given.get("n", 1) > MAX_ANSWERS_PER_REQUEST:
         raise APIError(400, f"n must be at most {MAX_ANSWERS_PER_REQUEST}, got {given['n']}", "n")
     if max_tokens is not None:
@@ -124,7 +170,8 @@ def _sampling(body, max_tokens, default_temperature: float = 1.0) -> SamplingPar
     try:
         return SamplingParams(**given)
     except (ValueError, TypeError) as exc:
-        param = next((n for n in (*given, "max_tokens") if str(exc).startswith(n)), None)
+        param = next((n for n in sorted((*given, "max_tokens"), key=len, reverse=True)
+                      if str(exc).startswith(n)), None)
         raise APIError(400, str(exc), param) from None
 
 
@@ -146,16 +193,14 @@ def _fit(engine, prompt_ids: list[int], max_tokens: int | None, param: str) -> i
     return max_tokens
 
 
-def completion_request(body, engine, served_model: str) -> ParsedRequest:
-    _check_fields(body, COMPLETION_FIELDS)
-    _check_model(body, served_model)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
-                                   and all(is_integer(t) for t in prompt)):
+def completion_request(raw: bytes, engine, served_model: str) -> ParsedRequest:
+    request = _read(CompletionRequest, raw)
+    _check_model(request, served_model)
+    prompt = request.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise APIError(400, "'prompt' must be a string, a list of strings, a list of token ids "
-                            "or a list of token-id lists", "prompt")
+    if not prompt:
+        raise APIError(400, _PROMPT_SHAPES, "prompt")
     if len(prompt) > MAX_ANSWERS_PER_REQUEST:
         raise APIError(400, f"at most {MAX_ANSWERS_PER_REQUEST} prompts per request, got "
                             f"{len(prompt)}", "prompt")
@@ -164,47 +209,28 @@ def completion_request(body, engine, served_model: str) -> ParsedRequest:
                for p in prompt]
     except (ValueError, TypeError) as exc:
         raise APIError(400, f"prompt: {exc}", "prompt") from None
-    return _parsed(body, engine, ids, body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS),
-                   "prompt")
+    max_tokens = (COMPLETIONS_DEFAULT_MAX_TOKENS if request.max_tokens is None
+                  else request.max_tokens)
+    return _parsed(request, engine, ids, max_tokens, "prompt")
 
 
-def _message_text(message) -> dict:
-    """A message whose content may be a list of text parts -> content as one string."""
-    if not isinstance(message, dict):
-        raise APIError(400, "each message must be an object with 'role' and 'content'",
-                       "messages")
-    content = message.get("content")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text"
-                   and isinstance(p.get("text"), str) for p in content):
-            raise APIError(400, "this server takes text content parts only "
-                                "({'type': 'text', 'text': ...})", "messages")
-        content = "".join(p["text"] for p in content)
-    if not isinstance(message.get("role"), str) or not isinstance(content, str):
-        raise APIError(400, "each message needs a string 'role' and a string 'content'",
-                       "messages")
-    return {"role": message["role"], "content": content}
-
-
-def chat_request(body, engine, served_model: str) -> ParsedRequest:
-    _check_fields(body, CHAT_FIELDS)
-    _check_model(body, served_model)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "'messages' must be a non-empty list of messages", "messages")
-    messages = [_message_text(m) for m in messages]
+def chat_request(raw: bytes, engine, served_model: str) -> ParsedRequest:
+    request = _read(ChatCompletionRequest, raw)
+    _check_model(request, served_model)
+    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
     try:
         ids = encode_conversation(engine, messages).token_ids
     except (ValueError, TypeError) as exc:
         raise APIError(400, f"messages: {exc}", "messages") from None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return _parsed(body, engine, [ids], max_tokens, "messages")
+    max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
+                  else request.max_tokens)
+    return _parsed(request, engine, [ids], max_tokens, "messages")
 
 
-def _parsed(body, engine, prompts: list[list[int]], max_tokens, param: str) -> ParsedRequest:
-    stream = _bool(body, "stream")
-    include_usage = _include_usage(body, stream)
-    base = _sampling(body, max_tokens)
+def _parsed(request, engine, prompts: list[list[int]], max_tokens, param: str) -> ParsedRequest:
+    include_usage = _include_usage(request)
+    top_logprobs = _logprobs(request)
+    base = _sampling(request, max_tokens, top_logprobs, _grammar(request, engine))
     params = [replace(base, max_tokens=_fit(engine, ids, max_tokens, param))
               for ids in prompts]
-    return ParsedRequest(prompts, params, stream, include_usage)
+    return ParsedRequest(prompts, params, bool(request.stream), include_usage, top_logprobs)

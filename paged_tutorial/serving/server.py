@@ -20,7 +20,18 @@ import uvicorn
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, keeping the signals it drained for instead of raising them again."""
+    """uvicorn's server, remembering the first signal that stopped it instead of raising it
+    again after the drain (``handle_exit`` and ``capture_signals`` are uvicorn's documented
+    hooks for subclasses; nothing private is read)."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.stopped_by: int | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -35,20 +46,29 @@ class _Server(uvicorn.Server):
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
 
-    @property
-    def stopped_by(self) -> int | None:
-        return self._captured_signals[0] if self._captured_signals else None
+
+#: what ``serve`` and ``BackgroundServer`` allow unless told otherwise: connections served at
+#: once (more get a 503), and how long an idle keep-alive connection stays open
+LIMIT_CONCURRENCY = 512
+TIMEOUT_KEEP_ALIVE_S = 5.0
 
 
-def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str):
+def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str,
+            limit_concurrency: int | None, timeout_keep_alive_s: float):
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          timeout_graceful_shutdown=drain_timeout_s, lifespan="on")
+                          timeout_graceful_shutdown=drain_timeout_s, lifespan="on",
+                          limit_concurrency=limit_concurrency,
+                          timeout_keep_alive=timeout_keep_alive_s)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
-          log_level: str = "info") -> int | None:
-    """Serve until Ctrl-C or SIGTERM, then drain; return the signal's number."""
-    server = _Server(_config(app, host, port, drain_timeout_s, log_level))
+          log_level: str = "info", limit_concurrency: int | None = LIMIT_CONCURRENCY,
+          timeout_keep_alive_s: float = TIMEOUT_KEEP_ALIVE_S) -> int | None:
+    """Serve until Ctrl-C or SIGTERM, then drain; return the signal's number.
+    ``limit_concurrency``: connections (and requests) served at once, more are answered 503;
+    ``timeout_keep_alive_s``: an idle keep-alive connection is closed after this long."""
+    server = _Server(_config(app, host, port, drain_timeout_s, log_level, limit_concurrency,
+                             timeout_keep_alive_s))
     server.run()
     return server.stopped_by
 
@@ -62,13 +82,16 @@ class BackgroundServer:
     Leaving the block (or ``stop()``) shuts it down the way SIGTERM does."""
 
     def __init__(self, app, host: str = "127.0.0.1", drain_timeout_s: float = 10.0,
-                 log_level: str = "warning", start_timeout_s: float = 60.0):
+                 log_level: str = "warning", start_timeout_s: float = 60.0,
+                 limit_concurrency: int | None = LIMIT_CONCURRENCY,
+                 timeout_keep_alive_s: float = TIMEOUT_KEEP_ALIVE_S):
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         self.host, self.port = self._socket.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self._server = _Server(_config(app, host, self.port, drain_timeout_s, log_level))
+        self._server = _Server(_config(app, host, self.port, drain_timeout_s, log_level,
+                                       limit_concurrency, timeout_keep_alive_s))
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},
                                         name="uvicorn", daemon=True)
