@@ -27,7 +27,7 @@ import numpy as np
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
                                                   short)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles.faults import checker_fault_message, is_checker_fault
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -158,7 +159,9 @@ class Puzzle:
                 ko=f"{particle(str(self.function_name), '이/가')} 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
         except Wrong as wrong:
             return Verdict("wrong", wrong.message, wrong.figure)
-        except Exception as exc:       # her code, run where no host_call wraps it
+        except Exception as exc:       # her code, run where no host_call wraps it, or ours
+            if is_checker_fault(exc):
+                return Verdict("unsolved", checker_fault_message(exc, self.function_name))
             return Verdict("wrong", say(
                 en=f"grading stopped: {type(exc).__name__} was raised while your "
                    f"{self.function_name} ran: {_text_of(exc)}",

@@ -43,6 +43,7 @@ from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_
                        quiet_nan_arithmetic)
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
+from paged_tutorial.teaching.puzzles.faults import is_checker_fault
 from paged_tutorial.teaching.verdict import Verdict
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
@@ -178,6 +179,8 @@ def run(prep: Prepared, parts) -> KernelRun:
                         ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
                     ) from None
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        if is_checker_fault(exc):
+            raise
         raise Wrong(say(en=f"the kernel failed with your function: {_first_line(exc)}",
                         ko=f"여러분의 함수로 커널이 실패했습니다: {_first_line(exc)}")) from None
     out = q.cpu()
@@ -508,6 +511,8 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
         error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
                     ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        if is_checker_fault(exc):
+            raise
         error = _first_line(exc)
     if error is not None:
         return BodyRun(None, logs, shared, [], error)
