@@ -27,6 +27,7 @@ import numpy as np
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.teaching.error_text import error_text, exception_text
 from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
@@ -201,14 +202,14 @@ def checked(cls):
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
                         ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
-                           f"free_blocks에서 꺼냈습니다 (IndexError: {exc}): 이 할당기는 선점을 일으키지 "
+                           f"free_blocks에서 꺼냈습니다 ({error_text('IndexError', str(exc))}): 이 할당기는 선점을 일으키지 "
                            "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
-                                ko=f"{call}에서 IndexError 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             after = self.table.entries
             problem = _wrong_rule(slot, new_len, before, after, c)
             if problem is None:
@@ -237,7 +238,7 @@ def checked(cls):
                                    ko="ensure_capacity와 release를 작성하세요")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
@@ -521,10 +522,12 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
                          after_step=after_step)
     except AssertionError as exc:
         raise Wrong(say(en=f"the cache's invariants broke: {exc}",
-                        ko=f"캐시의 불변식이 깨졌습니다: {exc}")) from None
+                        ko=f"캐시의 불변식이 깨졌습니다: "
+                           f"{error_text('AssertionError', str(exc))}")) from None
     except ValueError as exc:          # the engine's check of a -1 entry before a write
         raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
-                        ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
+                        ko=f"엔진이 멈췄습니다: "
+                           f"{error_text('ValueError', str(exc).splitlines()[0])}")) from None
     if diff is not None:
         i, what = diff
         raise Wrong(_describe_difference(mine, stock, i, what))

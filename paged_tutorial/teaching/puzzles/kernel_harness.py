@@ -41,6 +41,7 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
+from paged_tutorial.teaching.error_text import error_text
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
 from paged_tutorial.teaching.puzzles.faults import is_checker_fault
@@ -379,12 +380,14 @@ class BodyRun:
 
 
 def _first_line(exc: Exception) -> str:
+    """The last line of ``exc``'s message, without the simulator's thread ids, as
+    ``error_text`` words it in the language in use."""
     text = str(exc).strip()
     line = text.splitlines()[-1] if text else ""
     # the simulator prefixes a thread's exception with its ids: "tid=[3, 0, 0] ctaid=[0, 0, 0]: "
     if line.startswith("tid=") and "]: " in line:
         line = line.split("]: ", 2)[-1]
-    return f"{type(exc).__name__}: {line}"
+    return error_text(type(exc).__name__, line)
 
 
 #: a simulated launch of a graded case takes seconds; one still running after this long is
