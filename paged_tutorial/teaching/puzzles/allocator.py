@@ -617,20 +617,19 @@ class AllocatorPuzzle(Puzzle):
 
 
 ENSURE_DOC = Text(
-    en="Give `slot` a physical block in every layer for each logical block that\n"
-       "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
-       "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
-       "        CacheFullError, changing nothing.",
-    ko="위치 0..new_len-1에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
-       "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
-       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
+    en="Back positions 0..new_len-1 of `slot` with physical blocks in every layer,\n"
+       "        taken from self.free_blocks as the article's engine takes them (the record\n"
+       "        above shows its order).  If that cannot be done: raise CacheFullError,\n"
+       "        changing nothing.",
+    ko="`slot`의 위치 0..new_len-1이 모든 레이어에서 물리 블록을 갖게 합니다. 블록은\n"
+       "        글의 엔진처럼 self.free_blocks에서 가져옵니다 (순서는 위의 기록에 있습니다).\n"
+       "        그럴 수 없으면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
 RELEASE_DOC = Text(
-    en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
-       "        logical block by logical block), reset its entries to -1; return the\n"
-       "        pushed blocks in order.",
-    ko="`slot`이 가진 모든 블록을 self.free_blocks에 (레이어 바깥, 논리 블록 안쪽\n"
-       "        순서로) 밀어 넣고 그 항목을 -1로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
-       "        돌려줍니다.")
+    en="Give every block `slot` owns back to self.free_blocks, in the order the\n"
+       "        article's engine gives them back, leaving `slot` with none; return the\n"
+       "        blocks given back, in that order.",
+    ko="`slot`이 가진 모든 블록을 글의 엔진과 같은 순서로 self.free_blocks에 돌려주고\n"
+       "        `slot`에는 블록을 남기지 않습니다; 돌려준 블록을 그 순서대로 돌려줍니다.")
 
 PUZZLES = (
     AllocatorPuzzle(

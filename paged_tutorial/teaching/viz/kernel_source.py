@@ -238,10 +238,7 @@ def fold(pieces: list[SourcePiece], solved: set[str],
     an unsolved puzzle's worked solution's lines to ``...`` with the puzzle named.  The
     article's own version of a body part (``article_version``) stays shown, as the puzzle asks
     what it gets wrong, except for those lines."""
-    from paged_tutorial.teaching.answer_lines import puzzle_answer_lines
-
-    hidden = {name: lines for name, lines in puzzle_answer_lines().items()
-              if name not in solved and lines}
+    hidden = _hidden(solved)
     out = []
     for p in pieces:
         code = p.code
@@ -266,31 +263,50 @@ def fold(pieces: list[SourcePiece], solved: set[str],
     return out
 
 
-def _told(d) -> str:
+def _told(d, hidden: dict[str, set[str]] | None = None) -> str:
     """A departure's text for the page: how the port does it, unless that is what the reader
-    writes in a puzzle (then the puzzle is named and the fix stays hers to find)."""
+    writes in a puzzle (then the puzzle is named and the fix stays hers to find), or its text
+    holds a line of an unsolved puzzle's worked solution (``hidden``: then only the puzzle is
+    named)."""
+    from paged_tutorial.teaching.answer_lines import found_in
+
     if d.puzzle:
         return (f"{d.text}  How the port does it is yours to write in puzzle {d.puzzle} "
                 f"(pt.exercises.reveal({d.puzzle!r}) shows it).")
+    for name, lines in (hidden or {}).items():
+        if found_in(f"{d.text}\n{d.fix}", lines):
+            return (f"How the port does it is folded until you solve puzzle {name}, where you "
+                    f"write it (pt.exercises.reveal({name!r}) shows it).")
     return f"{d.text}  {d.fix}" if d.fix else d.text
+
+
+def _hidden(solved) -> dict[str, set[str]]:
+    """The worked solutions' lines of the puzzles not in ``solved`` (None: her record's)."""
+    from paged_tutorial.teaching.answer_lines import puzzle_answer_lines
+
+    solved = solved_puzzles() if solved is None else set(solved)
+    return {name: lines for name, lines in puzzle_answer_lines().items()
+            if name not in solved and lines}
 
 
 class DepartureList:
     """``attention.DEPARTURES`` as a numbered list (HTML in Jupyter, text elsewhere); a fix the
     reader writes in a puzzle is named, not shown."""
 
-    def __init__(self, items=attention.DEPARTURES):
+    def __init__(self, items=attention.DEPARTURES, solved=None):
         self.items = tuple(items)
+        self.hidden = _hidden(solved)
 
     def __str__(self) -> str:
-        return "\n".join(f"{i}. {d.title} ({d.article}): {_told(d)}"
+        return "\n".join(f"{i}. {d.title} ({d.article}): {_told(d, self.hidden)}"
                          for i, d in enumerate(self.items, start=1))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<li><b>{html.escape(d.title)}</b> (<code>{html.escape(d.article)}"
-                       f"</code>): {html.escape(_told(d))}</li>" for d in self.items)
+                       f"</code>): {html.escape(_told(d, self.hidden))}</li>"
+                       for d in self.items)
         return f"<ol>{rows}</ol>"
 
 
@@ -305,14 +321,16 @@ def _line_ranges(article: str) -> list[tuple[int, int]]:
     return out
 
 
-def departures(lines: int | str | None = None) -> DepartureList:
+def departures(lines: int | str | None = None, solved=None) -> DepartureList:
     """Where the port in ``attention.py`` departs from the article's kernel, and why: all of
-    them, or those that concern ``lines`` of kernels.cu (an int or "486-508")."""
+    them, or those that concern ``lines`` of kernels.cu (an int or "486-508").  A departure
+    whose words hold a line of a puzzle not yet ``solved`` (by default: her record's) names
+    the puzzle instead."""
     if lines is None:
-        return DepartureList()
+        return DepartureList(solved=solved)
     text = str(lines).replace("kernels.cu:", "")
     lo, _, hi = text.partition("-")
     lo, hi = int(lo), int(hi or lo)
     chosen = [d for d in attention.DEPARTURES
               if any(a <= hi and lo <= b for a, b in _line_ranges(d.article))]
-    return DepartureList(chosen)
+    return DepartureList(chosen, solved=solved)
