@@ -10,7 +10,7 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.cache import paged_cache
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import allocator, base, block_layout, faults
+from paged_tutorial.teaching.puzzles import allocator, base, block_layout, faults, mistakes
 
 
 def test_frames_are_told_apart_by_whose_code_they_run():
@@ -19,6 +19,7 @@ def test_frames_are_told_apart_by_whose_code_they_run():
     assert faults.origin(np.__file__) == "library"
     assert faults.origin(__file__) == "learner"
     assert faults.origin("/tmp/ipykernel_1234/567.py") == "learner"
+    assert faults.origin(mistakes.__file__) == "learner"        # a demonstrated answer
 
 
 def _offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM, ITEMSIZE):

@@ -21,6 +21,10 @@ from paged_tutorial.teaching.language import particle, say
 #: the package's folder, and the checker's folder inside it
 PACKAGE_DIR = Path(__file__).resolve().parents[2]
 CHECKER_DIR = PACKAGE_DIR / "teaching"
+#: answers the package itself ships (the mistakes a chapter demonstrates, the worked
+#: solutions): graded like hers, so their frames count as an answer's, not the checker's
+ANSWER_FILES = (CHECKER_DIR / "puzzles" / "mistakes.py",
+                CHECKER_DIR / "exercises" / "solutions.py")
 #: how many of the checker's frames a fault report shows, innermost last
 SHOWN_FRAMES = 6
 
@@ -47,12 +51,15 @@ def _within(path: Path, folder: Path) -> bool:
 def origin(filename: str) -> str:
     """Whose code a frame of ``filename`` runs: "checker" (``paged_tutorial/teaching``),
     "package" (the rest of the package), "library" (the interpreter, installed libraries,
-    frozen modules) or "learner" (anything else: a notebook cell, her own file)."""
+    frozen modules) or "learner" (anything else: a notebook cell, her own file, or an answer
+    the package ships: ``ANSWER_FILES``)."""
     if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
         return "library"
     try:
         path = Path(filename).resolve()
     except (OSError, ValueError):
+        return "learner"
+    if path in ANSWER_FILES:
         return "learner"
     if _within(path, CHECKER_DIR):
         return "checker"
