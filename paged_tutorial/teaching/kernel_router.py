@@ -86,7 +86,8 @@ class KernelRouter(RecordingBackend):
         if self.groups_of_layer is not None:
             layers = ", ".join(f"layer {layer} (kv group(s) {', '.join(map(str, groups))})"
                                for layer, groups in sorted(self.groups_of_layer.items()))
-            groups = "each"
+            return (f"{self.inner.describe()}, with decode attention of {layers} answered by "
+                    f"{getattr(self.kernel, 'label', type(self.kernel).__name__)}")
         return (f"{self.inner.describe()}, with decode attention of {layers}, {groups} "
                 f"answered by {getattr(self.kernel, 'label', type(self.kernel).__name__)}")
 
