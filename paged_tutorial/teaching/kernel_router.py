@@ -46,7 +46,10 @@ class RoutedCall:
 class KernelRouter(RecordingBackend):
     """Every op to ``inner``; the decode attention of ``layers`` x ``kv_groups`` to
     ``kernel`` (see the module docstring).  ``layers`` / ``kv_groups``: iterables of ints, or
-    None for all."""
+    None for all; ``kv_groups`` may also map each layer to its own groups
+    (``{0: [0], 15: [1], 29: [2]}``: three layers spread over the model, one group each, as
+    much simulated work as one layer's three groups), and then ``layers`` defaults to its
+    keys."""
 
     def __init__(self, kernel, inner="torch", layers=None, kv_groups=None):
         if not callable(getattr(kernel, "decode_attention", None)):
@@ -55,6 +58,19 @@ class KernelRouter(RecordingBackend):
                             f"{type(kernel).__name__}")
         super().__init__(inner, ops=())
         self.kernel = kernel
+        #: layer -> its own kv groups, when ``kv_groups`` is a mapping
+        self.groups_of_layer = None
+        if isinstance(kv_groups, dict):
+            self.groups_of_layer = {layer: tuple(sorted(set(_ints(groups, "kv_groups"))))
+                                    for layer, groups in zip(_ints(kv_groups, "layers"),
+                                                             kv_groups.values())}
+            if layers is None:
+                layers = list(self.groups_of_layer)
+            missing = sorted(set(_ints(layers, "layers")) - set(self.groups_of_layer))
+            if missing:
+                raise ValueError(f"KernelRouter: layer(s) {missing} have no kv groups in the "
+                                 f"kv_groups mapping; give each routed layer its groups")
+            kv_groups = None
         self.layers = None if layers is None else frozenset(_ints(layers, "layers"))
         self.kv_groups = None if kv_groups is None else tuple(sorted(set(_ints(kv_groups,
                                                                                "kv_groups"))))
@@ -67,6 +83,11 @@ class KernelRouter(RecordingBackend):
             f"layer(s) {', '.join(map(str, sorted(self.layers)))}"
         groups = "every kv group" if self.kv_groups is None else \
             f"kv group(s) {', '.join(map(str, self.kv_groups))}"
+        if self.groups_of_layer is not None:
+            layers = ", ".join(f"layer {layer} (kv group(s) {', '.join(map(str, groups))})"
+                               for layer, groups in sorted(self.groups_of_layer.items()))
+            return (f"{self.inner.describe()}, with decode attention of {layers} answered by "
+                    f"{getattr(self.kernel, 'label', type(self.kernel).__name__)}")
         return (f"{self.inner.describe()}, with decode attention of {layers}, {groups} "
                 f"answered by {getattr(self.kernel, 'label', type(self.kernel).__name__)}")
 
@@ -76,13 +97,15 @@ class KernelRouter(RecordingBackend):
     def _groups_for(self, layer: int, num_kv_heads: int) -> tuple:
         if self.layers is not None and layer not in self.layers:
             return ()
-        if self.kv_groups is None:
+        chosen = self.kv_groups if self.groups_of_layer is None else \
+            self.groups_of_layer[layer]
+        if chosen is None:
             return tuple(range(num_kv_heads))
-        bad = [g for g in self.kv_groups if g >= num_kv_heads]
+        bad = [g for g in chosen if g >= num_kv_heads]
         if bad:
             raise ValueError(f"KernelRouter: kv group(s) {bad} do not exist: the cache has "
                              f"{num_kv_heads} kv heads (groups 0-{num_kv_heads - 1})")
-        return self.kv_groups
+        return chosen
 
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
                          max_seq_len=None):

@@ -88,3 +88,28 @@ def test_router_sends_only_the_chosen_calls_to_the_kernel(case):
             q.clone(), cache, table, 0, lens, slots, 0.2)
     with pytest.raises(TypeError, match="decode_attention"):
         KernelRouter(object(), "torch")
+
+
+def test_each_layer_may_have_its_own_kv_groups(case):
+    """Three layers spread over a model, one kv group each: as much simulated work as one
+    layer's groups, and the kernel still answers in every one of them."""
+    cache, q, table, lens, slots, reference = case
+    seen = []
+
+    class Marked:
+        label = "marked"
+
+        def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
+                             kv_group=None):
+            seen.append((layer, kv_group))
+            return q
+
+    router = KernelRouter(Marked(), TorchBackend(cache.device), kv_groups={0: [2], 1: [0, 1]})
+    assert router.layers == {0, 1}
+    assert "layer 0 (kv group(s) 2)" in router.describe()
+    for layer in (0, 1):
+        router.decode_attention(q.clone(), cache, table, layer, lens, slots, 0.2)
+    assert seen == [(0, 2), (1, 0), (1, 1)]
+    assert [call.kv_groups for call in router.routed] == [(2,), (0, 1)]
+    with pytest.raises(ValueError, match="no kv groups"):
+        KernelRouter(Marked(), TorchBackend(cache.device), layers=[0, 1], kv_groups={0: [1]})

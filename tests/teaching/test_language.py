@@ -15,6 +15,7 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import answers, registry
 from paged_tutorial.teaching.exercises.registry import Exercise
+from paged_tutorial.teaching.error_text import ORIGINAL_LABEL
 from paged_tutorial.teaching.language import GLOSSARY, Text, set_language
 from paged_tutorial.teaching.puzzles.base import Puzzle
 
@@ -200,8 +201,8 @@ ENGLISH_ALLOWED = {"nan", "inf", "bf16", "float32", "float64", "int32", "int", "
 def english_sentence(text: str) -> str | None:
     """The first run of three or more English words in ``text`` outside code (backticks, names
     with _ or digits, calls), or None."""
-    text = re.sub(r"\b[A-Z][A-Za-z]*(?:Error|Exception|Interrupt)(?:[가이] 발생했습니다)?: .*?"
-                  r"(?= \(호출 인자|\.  |$)", " ", text)     # Python's own message, quoted
+    # Python's own message, quoted once after its label, runs to the next Korean word
+    text = re.sub(rf"{ORIGINAL_LABEL}: [^\uac00-\ud7a3]*", " ", text)
     plain = re.sub(r"`[^`]*`|\S*[_\d(=\[.]\S*", " ", text)
     words = [w for w in re.findall(r"[A-Za-z]+|[^\sA-Za-z]+", plain)]
     run = []
@@ -219,8 +220,11 @@ def english_sentence(text: str) -> str | None:
 def test_english_sentence_finds_english_and_spares_code():
     assert english_sentence("[4 layers, slot 0 holding 35 tokens] 블록이 모자랍니다") == \
         "slot holding tokens"
+    assert english_sentence("함수에서 예외가 발생했습니다: 인덱스 2가 2번 축의 크기 2를 "
+                            "벗어났습니다 (영어 원문: IndexError: index 2 is out of bounds for "
+                            "axis 2) (호출 인자 slot=0)") is None        # Python's own words
     assert english_sentence("함수에서 IndexError가 발생했습니다: index 2 is out of bounds for "
-                            "axis 2 (호출 인자 slot=0)") is None        # Python's own words
+                            "axis 2 (호출 인자 slot=0)") is not None     # unlabelled, unexplained
     assert english_sentence("스레드 0이 `block_table[3]`을 읽었습니다") is None
     assert english_sentence("the loop reads every block") == "the loop reads"
     assert english_sentence("커널 출력이 torch 오라클과 같습니다 (head_dim 24, q 헤드 2개)") is None

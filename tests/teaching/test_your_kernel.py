@@ -241,3 +241,21 @@ def test_her_table_index_from_max_seq_len_takes_the_kernels_place(sharp_model, s
     kernel = ex.your_kernel(fill_unsolved=True)
     assert ("block_table_index", "02.table_index", "yours") in kernel.origins
     assert generate(sharp_model, KernelRouter(kernel, "torch")) == stock_tokens
+
+
+def test_an_attention_difference_names_the_part_that_makes_it(sharp_model, nothing_solved):
+    """When her kernel's attention is far from the other backend's, 05b names the part whose
+    swap for the worked one brings the difference back to rounding."""
+    solved.remember("05.softmax_update", softmax_update_without_rescale)
+    solved.remember("04.token_score", ex.reveal("04.token_score").code)
+    kernel = ex.your_kernel(fill_unsolved=True)
+
+    def difference(k):
+        router = KernelRouter(k, "torch")
+        generate(sharp_model, router)
+        return max(c.max_abs_diff for c in router.routed)
+    said = ex.which_part_differs(kernel, difference)
+    assert "your softmax_update computes another attention" in said, said
+    assert "token_score computes" not in said
+    right = ex.your_kernel(use_solutions=True)
+    assert "up to rounding" in ex.which_part_differs(right, difference)

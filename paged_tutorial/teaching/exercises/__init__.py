@@ -32,7 +32,8 @@ from paged_tutorial.teaching.exercises.registry import check, expected_answer, g
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language
 from paged_tutorial.teaching.exercises.your_kernel import (UnsolvedParts, YourKernel,
-                                                           which_part_changed, your_kernel)
+                                                           which_part_changed, which_part_differs,
+                                                           your_kernel)
 from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
 from paged_tutorial.teaching.verdict import Verdict
 
@@ -46,4 +47,5 @@ def puzzle(name: str):
 
 __all__ = ["AllocatorBase", "UnsolvedParts", "Verdict", "YourKernel", "check",
            "expected_answer", "get", "grade", "grade_notebook", "names", "progress", "puzzle",
-           "reveal", "set_language", "which_part_changed", "your_kernel"]
+           "reveal", "set_language", "which_part_changed", "which_part_differs",
+           "your_kernel"]

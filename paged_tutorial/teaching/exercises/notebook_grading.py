@@ -29,6 +29,7 @@ from pathlib import Path
 
 from paged_tutorial.teaching.exercises.progress import collecting, known_with_notes, table
 from paged_tutorial.teaching.exercises.registry import names as all_names
+from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import language, particle, pinned, say, set_language
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 
@@ -213,8 +214,7 @@ def run_notebook(path: str | os.PathLike, language_code: str | None = None) -> N
                 except Exception as exc:          # the reader's cell: report, go on
                     errors.append(say(
                         en=f"code cell {number} raised {type(exc).__name__}: {_text_of(exc)}",
-                        ko=f"코드 셀 {number}에서 {particle(type(exc).__name__, '이/가')} "
-                           f"발생했습니다: {_text_of(exc)}"))
+                        ko=f"코드 셀 {number}에서 예외가 발생했습니다: {exception_text(exc)}"))
     finally:
         os.chdir(here)
         set_language(spoken)

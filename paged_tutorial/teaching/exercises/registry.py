@@ -21,6 +21,7 @@ from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
 from paged_tutorial.teaching.exercises.progress import record
 from paged_tutorial.teaching.exercises.solution_code import Solution
+from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -149,8 +150,8 @@ def grade(name: str, answer) -> Verdict:
         return Verdict("wrong", say(
             en=f"your answer raised {type(exc).__name__} while it was being compared "
                f"({_text_of(exc)}): an answer is a plain value ({_what(item)})",
-            ko=f"답을 비교하는 동안 {particle(type(exc).__name__, '이/가')} 발생했습니다 "
-               f"({_text_of(exc)}): 답은 평범한 값입니다 ({_what(item)})"))
+            ko=f"답을 비교하는 동안 예외가 발생했습니다 ({exception_text(exc)}): 답은 평범한 "
+               f"값입니다 ({_what(item)})"))
 
 
 def _what(item) -> str:
@@ -193,7 +194,7 @@ def check(name: str, answer, draw: bool | None = None, remember: bool = True) ->
             figure = verdict.figure()
         except Exception as exc:      # a picture of her run that cannot be drawn
             print(say(en=f"(the figure could not be drawn: {type(exc).__name__}: {exc})",
-                      ko=f"(그림을 그릴 수 없습니다: {type(exc).__name__}: {exc})"))
+                      ko=f"(그림을 그릴 수 없습니다: {exception_text(exc)})"))
             return verdict.ok
         if figure is not None and _in_notebook():
             import matplotlib.pyplot as plt

@@ -271,3 +271,49 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                ko=f"{where}.  여러분의 부분({names}) 중 어느 하나를 풀이 예시로 바꿔도 그 토큰 "
                   "전에 텍스트가 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
                   "부르는 단계(테이블 인덱스, K 주소)가 다릅니다")
+
+
+#: an attention difference from the other backend at or above this is not rounding
+FAR_FROM_ROUNDING = 1e-3
+
+
+def which_part_differs(kernel: YourKernel, difference: Callable[[YourKernel], float]) -> str:
+    """Which part of hers makes ``kernel``'s attention differ from the other backend's even
+    when the tokens came out the same: ``difference(kernel)`` runs the routed generation with a
+    kernel and returns the largest difference it saw; each of her body parts in turn is
+    replaced by the worked one, and the first whose replacement brings the difference below
+    ``FAR_FROM_ROUNDING`` is named."""
+    worst = difference(kernel)
+    if worst < FAR_FROM_ROUNDING:
+        return say(en=f"{kernel.label}'s attention equals the other backend's up to rounding "
+                      f"({worst:.1e})",
+                   ko=f"{kernel.label}의 어텐션은 다른 백엔드의 것과 반올림 오차 안에서 같습니다 "
+                      f"({worst:.1e})")
+    yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
+             if origin == YOURS and part in BODY_PUZZLES]
+    for part, puzzle in yours:
+        swapped = difference(kernel.with_worked(part))
+        if swapped < FAR_FROM_ROUNDING:
+            return say(
+                en=f"{kernel.label}'s attention differs from the other backend's by {worst:.1e}; "
+                   f"with the worked solution in place of your {part} (puzzle {puzzle}, notebook "
+                   f"{puzzle[:2]}) and every other part unchanged it differs by {swapped:.1e}: "
+                   f"your {part} computes another attention.  Compare it with "
+                   f"reveal({puzzle!r}) line by line",
+                ko=f"{kernel.label}의 어텐션이 다른 백엔드의 것과 {worst:.1e}만큼 다릅니다. "
+                   f"여러분의 {part} 자리에 풀이 예시를 넣고 (퍼즐 {puzzle}, 노트북 {puzzle[:2]}) "
+                   f"나머지는 그대로 두면 차이가 {swapped:.1e}입니다: 다른 어텐션을 계산하는 것은 "
+                   f"여러분의 {part}입니다.  reveal({puzzle!r})과 한 줄씩 비교해 보세요")
+    if not yours:
+        return say(en=f"the attention differs by {worst:.1e} with every part of the body a "
+                      "worked solution: the difference comes from the steps around the body (the "
+                      "table index, the K address) or from the backend",
+                   ko=f"본문의 모든 부분이 풀이 예시인데도 어텐션이 {worst:.1e}만큼 다릅니다: 차이는 "
+                      "본문 밖의 단계(테이블 인덱스, K 주소)나 백엔드에서 옵니다")
+    names = ", ".join(part for part, _ in yours)
+    return say(en=f"the attention differs by {worst:.1e}, and replacing any one of your parts "
+                  f"({names}) by the worked solution does not bring it to rounding: more than one "
+                  "of your parts differs from the article's, or the steps they call do",
+               ko=f"어텐션이 {worst:.1e}만큼 다르고, 여러분의 부분({names}) 중 어느 하나를 풀이 "
+                  "예시로 바꿔도 반올림 오차로 돌아오지 않습니다: 여러분의 부분 둘 이상이 글의 "
+                  "코드와 다르거나, 그 부분들이 부르는 단계가 다릅니다")

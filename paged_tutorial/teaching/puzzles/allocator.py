@@ -27,7 +27,8 @@ import numpy as np
 from paged_tutorial.cache.block_allocator import (BlockAllocator, CacheFullError,
                                                   FreeListAllocator)
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.error_text import error_text, exception_text
+from paged_tutorial.teaching.language import Text, particle, say, term
 from paged_tutorial.teaching.puzzles import shapes
 from paged_tutorial.teaching.puzzles.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
                                                   short)
@@ -201,14 +202,14 @@ def checked(cls):
                            "too few blocks are free, raise CacheFullError before popping; the "
                            "scheduler then preempts a request and frees its blocks",
                         ko=f"{particle(call, '은/는')} 블록 {need}개가 필요한데 {len(free)}개만 남았고, 빈 "
-                           f"free_blocks에서 꺼냈습니다 (IndexError: {exc}): 이 할당기는 선점을 일으키지 "
+                           f"free_blocks에서 꺼냈습니다 ({error_text('IndexError', str(exc))}): 이 할당기는 선점을 일으키지 "
                            "못합니다.  블록이 모자라면 꺼내기 전에 CacheFullError를 내세요; "
                            "그러면 스케줄러가 요청 하나를 선점해 블록을 돌려받습니다")) from None
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
-                                ko=f"{call}에서 IndexError 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             after = self.table.entries
             problem = _wrong_rule(slot, new_len, before, after, c)
             if problem is None:
@@ -237,7 +238,7 @@ def checked(cls):
                                    ko="ensure_capacity와 release를 작성하세요")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
-                                ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
+                                ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
             if self.free_blocks[:len(free)] != free:
                 raise Wrong(say(en=f"{call} changed the free blocks already there: release only "
@@ -521,10 +522,12 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
                          after_step=after_step)
     except AssertionError as exc:
         raise Wrong(say(en=f"the cache's invariants broke: {exc}",
-                        ko=f"캐시의 불변식이 깨졌습니다: {exc}")) from None
+                        ko=f"캐시의 불변식이 깨졌습니다: "
+                           f"{error_text('AssertionError', str(exc))}")) from None
     except ValueError as exc:          # the engine's check of a -1 entry before a write
         raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
-                        ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
+                        ko=f"엔진이 멈췄습니다: "
+                           f"{error_text('ValueError', str(exc).splitlines()[0])}")) from None
     if diff is not None:
         i, what = diff
         raise Wrong(_describe_difference(mine, stock, i, what))
@@ -614,20 +617,19 @@ class AllocatorPuzzle(Puzzle):
 
 
 ENSURE_DOC = Text(
-    en="Give `slot` a physical block in every layer for each logical block that\n"
-       "        positions 0..new_len-1 need and that has none yet (entry -1), popped from\n"
-       "        the end of self.free_blocks, layer by layer.  Too few free: raise\n"
-       "        CacheFullError, changing nothing.",
-    ko="위치 0..new_len-1에 필요한데 아직 블록이 없는 (항목 -1) 논리 블록마다, 모든\n"
-       "        레이어에 self.free_blocks 끝에서 꺼낸 물리 블록을 레이어 순서로 줍니다.\n"
-       "        블록이 모자라면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
+    en="Back positions 0..new_len-1 of `slot` with physical blocks in every layer,\n"
+       "        taken from self.free_blocks as the article's engine takes them (the record\n"
+       "        above shows its order).  If that cannot be done: raise CacheFullError,\n"
+       "        changing nothing.",
+    ko="`slot`의 위치 0..new_len-1이 모든 레이어에서 물리 블록을 갖게 합니다. 블록은\n"
+       "        글의 엔진처럼 self.free_blocks에서 가져옵니다 (순서는 위의 기록에 있습니다).\n"
+       "        그럴 수 없으면 아무것도 바꾸지 말고 CacheFullError를 냅니다.")
 RELEASE_DOC = Text(
-    en="Push every block `slot` owns back onto self.free_blocks (layer by layer,\n"
-       "        logical block by logical block), reset its entries to -1; return the\n"
-       "        pushed blocks in order.",
-    ko="`slot`이 가진 모든 블록을 self.free_blocks에 (레이어 바깥, 논리 블록 안쪽\n"
-       "        순서로) 밀어 넣고 그 항목을 -1로 되돌립니다; 밀어 넣은 블록을 그 순서대로\n"
-       "        돌려줍니다.")
+    en="Give every block `slot` owns back to self.free_blocks, in the order the\n"
+       "        article's engine gives them back, leaving `slot` with none; return the\n"
+       "        blocks given back, in that order.",
+    ko="`slot`이 가진 모든 블록을 글의 엔진과 같은 순서로 self.free_blocks에 돌려주고\n"
+       "        `slot`에는 블록을 남기지 않습니다; 돌려준 블록을 그 순서대로 돌려줍니다.")
 
 PUZZLES = (
     AllocatorPuzzle(

@@ -19,7 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
+from paged_tutorial.teaching.puzzles.faults import checker_fault_message, is_checker_fault
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -158,12 +160,14 @@ class Puzzle:
                 ko=f"{particle(str(self.function_name), '이/가')} 아직 아무것도 돌려주지 않습니다: 본문을 작성하세요"))
         except Wrong as wrong:
             return Verdict("wrong", wrong.message, wrong.figure)
-        except Exception as exc:       # her code, run where no host_call wraps it
+        except Exception as exc:       # her code, run where no host_call wraps it, or ours
+            if is_checker_fault(exc):
+                return Verdict("unsolved", checker_fault_message(exc, self.function_name))
             return Verdict("wrong", say(
                 en=f"grading stopped: {type(exc).__name__} was raised while your "
                    f"{self.function_name} ran: {_text_of(exc)}",
-                ko=f"채점이 멈췄습니다: 여러분의 {self.function_name} 실행 중 "
-                   f"{particle(type(exc).__name__, '이/가')} 발생했습니다: {_text_of(exc)}"))
+                ko=f"채점이 멈췄습니다: 여러분의 {self.function_name} 실행 중 예외가 "
+                   f"발생했습니다: {exception_text(exc)}"))
         figure = None
         if isinstance(message, tuple):          # a picture of the run, drawn on success too
             message, figure = message
@@ -405,8 +409,8 @@ def host_call(fn: Callable, args: tuple, names: list[str], allow_none: bool = Fa
         call = describe_args(names, args)
         raise Wrong(say(en=f"your function raised {type(exc).__name__}: {_text_of(exc)} (called "
                            f"with {call})",
-                        ko=f"함수에서 {particle(type(exc).__name__, '이/가')} 발생했습니다: "
-                           f"{_text_of(exc)} (호출 인자 {call})")) from None
+                        ko=f"함수에서 예외가 발생했습니다: {exception_text(exc)} "
+                           f"(호출 인자 {call})")) from None
     if value is None and not allow_none:
         raise Unsolved()
     return value

@@ -41,8 +41,10 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
+from paged_tutorial.teaching.error_text import error_text
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.puzzles.base import Wrong, host_call, host_only_code, need_int
+from paged_tutorial.teaching.puzzles.faults import is_checker_fault
 from paged_tutorial.teaching.verdict import Verdict
 
 #: agreement with the torch oracle (float32 throughout; the reader may sum in float64)
@@ -178,6 +180,8 @@ def run(prep: Prepared, parts) -> KernelRun:
                         ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
                     ) from None
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        if is_checker_fault(exc):
+            raise
         raise Wrong(say(en=f"the kernel failed with your function: {_first_line(exc)}",
                         ko=f"여러분의 함수로 커널이 실패했습니다: {_first_line(exc)}")) from None
     out = q.cpu()
@@ -376,12 +380,14 @@ class BodyRun:
 
 
 def _first_line(exc: Exception) -> str:
+    """The last line of ``exc``'s message, without the simulator's thread ids, as
+    ``error_text`` words it in the language in use."""
     text = str(exc).strip()
     line = text.splitlines()[-1] if text else ""
     # the simulator prefixes a thread's exception with its ids: "tid=[3, 0, 0] ctaid=[0, 0, 0]: "
     if line.startswith("tid=") and "]: " in line:
         line = line.split("]: ", 2)[-1]
-    return f"{type(exc).__name__}: {line}"
+    return error_text(type(exc).__name__, line)
 
 
 #: a simulated launch of a graded case takes seconds; one still running after this long is
@@ -508,6 +514,8 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
         error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
                     ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
+        if is_checker_fault(exc):
+            raise
         error = _first_line(exc)
     if error is not None:
         return BodyRun(None, logs, shared, [], error)

@@ -66,3 +66,43 @@ def test_a_fix_she_writes_in_a_puzzle_is_named_not_shown():
     for d in hidden:
         assert d.fix not in shown and f"puzzle {d.puzzle}" in shown
     assert "score[0]" not in shown and "zero product" not in shown
+
+
+ALL_PUZZLES = ("02.table_index", "03.k_index", "03.walk_blocks", "04.token_score",
+               "05.softmax_update", "05.write_output")
+
+
+def test_what_she_is_about_to_write_is_folded_until_solved():
+    from paged_tutorial.teaching.answer_lines import found_in, puzzle_answer_lines
+
+    answers = puzzle_answer_lines()
+    for lines in ("461-469", "470-485", "486-508", "509-522"):
+        for parts in (attention.ARTICLE_PARTS, attention.ARTICLE_LAYOUT_PARTS):
+            text = str(kernel_source(lines, parts=parts, solved=()))
+            for name in ALL_PUZZLES:
+                assert not found_in(text, answers[name]), (lines, name)
+    who = str(kernel_source("461-469", solved=()))
+    assert "q_head // q_per_kv" not in who and "q_row_stride + q_head" not in who
+    assert "folded until you solve 03.k_index" in who and "05.write_output" in who
+    shuffle = str(kernel_source("486-493", with_parts=False,
+                                parts=attention.ARTICLE_LAYOUT_PARTS, solved=()))
+    assert "shfl_down_sync" not in shuffle and "04.token_score" in shuffle
+    assert '"""' not in shuffle                           # the docstring is not shown either
+    address = str(kernel_source(484, solved=()))
+    assert "def k_index(" in address and "BLOCK_ELEMS +" not in address
+
+
+def test_a_solved_part_is_shown_whole():
+    text = str(kernel_source("461-522", solved=ALL_PUZZLES))
+    assert "kv_head = q_head // q_per_kv" in text
+    assert "cuda.shfl_down_sync(WARP_FULL_MASK, qk, 16)" in text
+    assert "folded" not in text
+
+
+def test_solved_is_read_from_her_progress_record():
+    from paged_tutorial.teaching.exercises.progress import record
+    from paged_tutorial.teaching.verdict import Verdict
+
+    assert "q_head // q_per_kv" not in str(kernel_source("461-469"))
+    record("03.k_index", Verdict("correct", "right"))
+    assert "q_head // q_per_kv" in str(kernel_source("461-469"))

@@ -1,0 +1,58 @@
+"""Python's and the simulator's English exception lines inside a Korean verdict are explained in
+Korean, with the English quoted once after its label; an English verdict quotes them as they
+are."""
+
+from __future__ import annotations
+
+import pytest
+
+import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.teaching.error_text import ORIGINAL_LABEL, error_text, in_korean
+from paged_tutorial.teaching.language import set_language
+from test_language import english_sentence
+
+SHARED = ("dot_products[1] read by thread 0 of block (0, 0), but dot_products has 1 cell(s) "
+          "(0..0): on a GPU that access lands outside the array")
+
+
+@pytest.mark.parametrize("kind,message,korean", [
+    ("IndexError", "index 40 is out of bounds for axis 0 with size 32",
+     "인덱스 40이 0번 축의 크기 32를 벗어났습니다"),
+    ("IndexError", SHARED, "스레드 0이 `dot_products[1]`을 읽었는데, `dot_products`의 칸은 1개뿐"),
+    ("IndexError", "pop from empty list", "빈 리스트에서 pop으로 꺼냈습니다"),
+    ("ZeroDivisionError", "division by zero", "0으로 나눴습니다"),
+    ("NameError", "name 'term' is not defined", "정의되지 않은 이름 `term`을 썼습니다"),
+    ("KeyError", "7", "없는 키를 찾았습니다"),
+    ("SomethingNew", "whatever it says", "예외가 발생했습니다"),
+])
+def test_each_message_is_said_in_korean(kind, message, korean):
+    assert korean in in_korean(kind, message)
+    set_language("ko")
+    said = error_text(kind, message)
+    assert said.startswith(korean.split("`")[0]) or korean in said
+    assert said.count(f"{ORIGINAL_LABEL}: {kind}: {message}") == 1
+    assert english_sentence(said) is None
+    set_language("en")
+    assert error_text(kind, message) == f"{kind}: {message}"
+
+
+def _offset_raising(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
+                    ITEMSIZE):
+    return [0, 1][token_in_block + 5]
+
+
+def _k_index_raising(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_DIM,
+                     HEAD_DIM):
+    return [token][thread_id + 5]
+
+
+@pytest.mark.parametrize("name,answer", [("01.kv_offset", _offset_raising),
+                                         ("03.k_index", _k_index_raising)])
+def test_a_korean_verdict_explains_the_exception_and_quotes_it_once(name, answer):
+    set_language("ko")
+    verdict = ex.grade(name, answer)
+    assert verdict.status == "wrong"
+    assert "리스트의 인덱스가 범위를 벗어났습니다" in verdict.message, verdict.message
+    assert verdict.message.count("IndexError") == 1
+    assert f"{ORIGINAL_LABEL}: IndexError: list index out of range" in verdict.message
+    assert english_sentence(verdict.message) is None, verdict.message
