@@ -75,15 +75,16 @@ def preload() -> bool:
 
 @lru_cache(maxsize=4)
 def _grammar_tokenizer(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
-    """llguidance's view of ``tokenizer`` (every token's bytes, the end-of-sequence ids), built
-    once per tokenizer: it takes about a second.  Its vocabulary is the model's ``vocab_size``
-    (a model may pad its embedding past the tokenizer's last id), never less than the
-    tokenizer's."""
+    """llguidance's view of ``tokenizer`` (every token's bytes, its end-of-sequence token: the
+    first of ``stop_token_ids``), built once per tokenizer: it takes about a second.  Its
+    vocabulary is the model's ``vocab_size`` (a model may pad its embedding past the tokenizer's
+    last id), never less than the tokenizer's.  (Older llguidance releases take a single
+    end-of-sequence id, so the processor copies the first one's bit in the mask to the others.)"""
     llg = _llguidance()
     backend = tokenizer.backend                      # a `tokenizers.Tokenizer`
     size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
     return llg.LLTokenizer(backend.to_str(), n_vocab=size,
-                           eos_token=list(stop_token_ids) or None)
+                           eos_token=stop_token_ids[0] if stop_token_ids else None)
 
 
 def compile_json(tokenizer, vocab_size: int, stop_token_ids, schema: dict | str | None):
@@ -115,7 +116,7 @@ class JSONLogitsProcessor:
         self.llg = _llguidance()
         self.grammar_tokenizer = grammar_tokenizer
         self.grammar = grammar
-        self.stop_token_ids = frozenset(stop_token_ids)
+        self.stop_token_ids = tuple(stop_token_ids)   # the first is llguidance's own
         self.answers: dict[int, list] = {}     # id(output list) -> [matcher, tokens followed]
 
     def _matcher(self, output_token_ids: list[int]):
@@ -141,6 +142,8 @@ class JSONLogitsProcessor:
             return logits
         bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:logits.shape[-1]]
+        if len(self.stop_token_ids) > 1:
+            allowed[list(self.stop_token_ids[1:])] = allowed[self.stop_token_ids[0]]
         refused = torch.from_numpy(allowed == 0).to(logits.device)
         logits.view(-1, logits.shape[-1]).masked_fill_(refused, float("-inf"))
         return logits

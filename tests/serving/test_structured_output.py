@@ -95,6 +95,10 @@ def test_a_recomputed_answer_starts_over_and_one_past_its_end_is_left_alone(chat
     assert torch.isfinite(processor(output, torch.zeros(vocab))).all()   # ignore_eos: free
     output.append(brace)
     assert torch.isfinite(processor(output, torch.zeros(vocab))).all()
+    two_ends = eos + [chat_tokenizer.backend.token_to_id("<|endoftext|>")]
+    complete = json_processor(chat_tokenizer, vocab, two_ends)(
+        chat_tokenizer.encode('{"a": 1}'), torch.zeros(vocab))
+    assert torch.isfinite(complete).nonzero().flatten().tolist() == sorted(two_ends)
     wide = json_processor(chat_tokenizer, vocab + 64, eos)   # a model padding its vocabulary
     padded = wide([], torch.zeros(vocab + 64))
     assert torch.isinf(padded[vocab:]).all() and torch.isfinite(padded[brace])
