@@ -12,6 +12,7 @@
 #   macOS 14+ on Apple silicon  numba-cuda 0.20.1 (pure Python; simulator only), no cuda-bindings
 #   Windows x86-64, Linux       numba-cuda 0.30.x (GPU kernels + simulator)
 #   Linux with the gpu extra    triton
+#   every platform (serve)      llguidance 1.x (response_format), no xgrammar
 #   Colab (Linux, CUDA 12/13)   the notebooks' install: .[hf] plus numba-cuda's cu12 / cu13 extra
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,20 +75,28 @@ if resolve macos-dev aarch64-apple-darwin dev; then
     expect macos-dev numba-cuda '^0\.20\.1$'
     expect macos-dev cuda-bindings '^$'
     expect macos-dev torch '^2\.'
+    expect macos-dev llguidance '^1\.'
+    expect macos-dev xgrammar '^$'
     expect macos-dev triton '^$'
 fi
 if resolve windows-dev x86_64-pc-windows-msvc dev; then
     expect windows-dev numba-cuda '^0\.30\.'
     expect windows-dev torch '^2\.'
+    expect windows-dev llguidance '^1\.'
+    expect windows-dev xgrammar '^$'
     expect windows-dev triton '^$'
 fi
 if resolve linux-dev x86_64-manylinux_2_28 dev; then
     expect linux-dev numba-cuda '^0\.30\.'
     expect linux-dev torch '^2\.'
+    expect linux-dev llguidance '^1\.'
+    expect linux-dev xgrammar '^$'
 fi
 if resolve linux-arm-dev aarch64-manylinux_2_28 dev; then
     expect linux-arm-dev numba-cuda '^0\.30\.'
     expect linux-arm-dev torch '^2\.'
+    expect linux-arm-dev llguidance '^1\.'
+    expect linux-arm-dev xgrammar '^$'
 fi
 if resolve linux-gpu x86_64-manylinux_2_28 dev gpu; then
     expect linux-gpu triton '^3\.'

@@ -6,7 +6,7 @@ tokens, cancel), ``stop_text`` (stop strings over streamed text), ``prompts`` (p
 conversations to token ids), and the server: ``engine_loop`` (the thread that steps the
 engine), ``api_models`` (the API's request and response bodies as pydantic types),
 ``openai_protocol`` (requests turned into SamplingParams, error bodies), ``api_logprobs``
-(logprobs in OpenAI's shapes), ``structured_output`` (response_format: xgrammar masking the
+(logprobs in OpenAI's shapes), ``structured_output`` (response_format: llguidance masking the
 logits), ``app`` (the ASGI application), ``metrics`` (Prometheus text through
 prometheus_client), ``server`` (uvicorn in the foreground, or on a background thread), ``cli``
 (``serve_main``).

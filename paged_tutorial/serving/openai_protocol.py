@@ -147,7 +147,7 @@ def _grammar(request, engine) -> list | None:
     try:
         return [json_processor(engine.tokenizer, engine.config.vocab_size,
                                sorted(engine.eos_token_ids), schema)]
-    except (ValueError, RuntimeError) as exc:      # a schema it cannot read; no xgrammar
+    except (ValueError, RuntimeError) as exc:      # a schema it cannot use; no llguidance
         raise APIError(400, str(exc), "response_format") from None
 
 

@@ -1,10 +1,13 @@
-"""``response_format`` (json_object, json_schema) through xgrammar masking the sampler's
+"""``response_format`` (json_object, json_schema) through llguidance masking the sampler's
 logits: the processor's mask on its own, and the embedded SmolLM2 answering the ``openai``
 client with JSON that parses and follows the schema."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,7 +17,7 @@ import paged_tutorial as pt
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
-pytest.importorskip("xgrammar")
+pytest.importorskip("llguidance")
 
 from paged_tutorial.serving.app import build_app  # noqa: E402
 from paged_tutorial.serving.server import BackgroundServer  # noqa: E402
@@ -61,6 +64,57 @@ def test_a_schema_that_is_not_one_is_a_400_naming_response_format(tiny_model):
                 "model": "tiny", "prompt": "hi", "response_format": form})
             assert response.status_code == 400, form
             assert response.json()["error"]["param"].startswith("response_format")
+            if form.get("json_schema", {}).get("schema"):
+                assert "nonsense" in response.json()["error"]["message"]
+
+
+def test_a_schema_it_cannot_use_is_a_value_error_naming_the_problem(chat_tokenizer):
+    vocab, eos = chat_tokenizer.vocab_size, [chat_tokenizer.backend.token_to_id("<|im_end|>")]
+    for schema, problem in (({"type": "nonsense"}, "nonsense"),
+                            ({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}},
+                             "nowhere"),
+                            ('{"type": "object"', "not JSON"),
+                            ("[1, 2]", "must be a JSON object")):
+        with pytest.raises(ValueError, match=problem):
+            json_processor(chat_tokenizer, vocab, eos, schema)
+    as_text = json_processor(chat_tokenizer, vocab, eos, json.dumps(SCHEMA))
+    assert torch.equal(torch.isinf(as_text([], torch.zeros(vocab))),
+                       torch.isinf(json_processor(chat_tokenizer, vocab, eos, SCHEMA)(
+                           [], torch.zeros(vocab))))
+
+
+def test_a_recomputed_answer_starts_over_and_one_past_its_end_is_left_alone(chat_tokenizer):
+    vocab, eos = chat_tokenizer.vocab_size, [chat_tokenizer.backend.token_to_id("<|im_end|>")]
+    processor = json_processor(chat_tokenizer, vocab, eos)          # any JSON object
+    brace = chat_tokenizer.encode("{")[0]
+    output = chat_tokenizer.encode('{"a": 1')
+    assert torch.isinf(processor(output, torch.zeros(vocab))[brace])   # inside the object
+    output.clear()                                          # preempted: its tokens recomputed
+    assert torch.isfinite(processor(output, torch.zeros(vocab))[brace])
+    output.extend(chat_tokenizer.encode('{"a": 1}') + eos)
+    assert torch.isfinite(processor(output, torch.zeros(vocab))).all()   # ignore_eos: free
+    output.append(brace)
+    assert torch.isfinite(processor(output, torch.zeros(vocab))).all()
+    two_ends = eos + [chat_tokenizer.backend.token_to_id("<|endoftext|>")]
+    complete = json_processor(chat_tokenizer, vocab, two_ends)(
+        chat_tokenizer.encode('{"a": 1}'), torch.zeros(vocab))
+    assert torch.isfinite(complete).nonzero().flatten().tolist() == sorted(two_ends)
+    wide = json_processor(chat_tokenizer, vocab + 64, eos)   # a model padding its vocabulary
+    padded = wide([], torch.zeros(vocab + 64))
+    assert torch.isinf(padded[vocab:]).all() and torch.isfinite(padded[brace])
+
+
+def test_building_a_processor_imports_neither_transformers_nor_triton():
+    script = ("import sys\n"
+              f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from tiny_chat_model import smollm2_tokenizer\n"
+              "from paged_tutorial.serving import structured_output\n"
+              "tokenizer = smollm2_tokenizer()\n"
+              "structured_output.json_processor(tokenizer, tokenizer.vocab_size, [2])\n"
+              "print(sorted({'transformers', 'triton', 'xgrammar'} & set(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.slow
