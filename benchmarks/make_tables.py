@@ -4,7 +4,7 @@
 
 Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json``,
 ``attention-*.json``, ``kernels-*.json``, ``profile-*.json`` and ``gpu-tests-*.json`` (written
-on the GPU by ``decode.py``, ``attention.py``, ``kernels.py``, ``profile_step.py`` and
+on the GPU by ``decode.py``, ``attention.py``, ``kernel_speeds.py``, ``profile_step.py`` and
 ``gpu_tests.py``, all run by ``gpu_all.sh``), prints the
 tables, draws ``decode-<date>.png`` and ``attention-<date>.png`` beside them, and with
 ``--doc`` rewrites that page's block between ``<!-- benchmarks:start -->`` and
