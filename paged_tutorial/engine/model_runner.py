@@ -14,6 +14,9 @@ request narrows its draw with ``top_k`` or ``min_p`` runs eagerly and is sampled
 ``backends/batched_sampling.py`` (the same rule in torch ops, on any device), whatever the
 backend's own sampler supports.
 
+On the CPU the runner chooses torch's thread count when it is built and looks again before each
+step (``threads.py``: the user's choice first, else what the other processes leave free).
+
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
 
@@ -39,6 +42,7 @@ from paged_tutorial.engine.decode_rows import DecodeRows
 from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.backends.sampling_rule import request_uniform
 from paged_tutorial.step_inputs import StepInputPacker, StepInputs
+from paged_tutorial.threads import adapt_threads, configure_threads
 from paged_tutorial.engine.scheduler import ScheduledBatch
 
 
@@ -50,6 +54,8 @@ class ModelRunner:
         self.cache = cache
         self.max_seq_len = max_seq_len
         self.device = backend.device
+        if self.device.type == "cpu":            # torch's CPU threads, chosen for this machine
+            configure_threads()
         self.llama = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
@@ -109,6 +115,8 @@ class ModelRunner:
         """Run the batch: one sampled token per request, the logits, and whether each row of
         logits is finite (read back with the tokens)."""
         requests = batch.requests
+        if self.device.type == "cpu":
+            adapt_threads()
         t0 = time.perf_counter()
         if batch.kind == "decode":
             rows = batch.rows if batch.rows is not None else DecodeRows.of(requests)

@@ -41,6 +41,7 @@ from paged_tutorial.loading.weights import (expected_tensor_shapes, load_gguf,
 
 from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
 from paged_tutorial.loading.dtype_choice import choose_dtype
+from paged_tutorial.threads import configure_threads
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class Model:
 
 # --- load_model --------------------------------------------------------------------------------
 
-def load_model(source, dtype: str | None = None, device=None, progress: bool = False) -> Model:
+def load_model(source, dtype: str | None = None, device=None, progress: bool = False,
+               threads: int | None = None) -> Model:
     """Load a model from an alias, a ``.gguf`` file, a HF folder or a hub id (see module doc).
 
     ``device`` (default: the CPU) is where the weights go, one tensor at a time, converted to
@@ -143,10 +145,14 @@ def load_model(source, dtype: str | None = None, device=None, progress: bool = F
     the returned model's ``dtype_reason`` says why, and the ``paged_tutorial`` logger says it
     at INFO level); ``progress=True`` shows a tqdm bar on stderr while they load.  A device
     this machine does not have is refused before anything is read (``devices.check_device``);
-    ``"meta"`` is accepted here (shapes and dtypes without memory), though no engine runs there."""
+    ``"meta"`` is accepted here (shapes and dtypes without memory), though no engine runs there.
+    ``threads``: how many threads torch's CPU ops use (``threads.configure_threads``); None
+    chooses for this machine when the model goes to the CPU."""
     if str(device) != "meta":
         check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cpu" or threads is not None:
+        configure_threads(threads)
     choice = choose_dtype(source, device, dtype)
     log.info("loading %s in %s", source, choice.line())
     model = _load(source, choice.dtype, device, progress)
