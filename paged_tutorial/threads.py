@@ -13,10 +13,10 @@ meanwhile.  On a 2-core machine with one busy process beside it, SmolLM2 decodes
    CLI's ``--threads N``): N threads, kept for the rest of the process.
 2. ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment (torch read it at import):
    kept.
-3. ``torch.set_num_threads(n)`` called by the user after ``paged_tutorial`` was imported (the
-   count differs from the one torch started with, or from the one chosen here last): kept from
-   then on.  A call made before importing ``paged_tutorial`` cannot be told from torch's own
-   default; pass ``threads=`` instead.
+3. ``torch.set_num_threads(n)`` called by the user, before or after the package chose: kept
+   from then on, when ``n`` differs from torch's own default (the usable CPUs or the physical
+   cores, ``torch_defaults``) and from the count chosen here last; a call that sets one of those
+   counts cannot be told from no call: pass ``threads=`` to fix such a count.
 4. Otherwise automatic: ``cores_free`` cores, where the cores are those this process may run
    on and the busy ones are the CPU time other processes took on them (``/proc/stat`` less this
    process's own time, so our own threads never count against us), at least 1 and at most
@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -64,6 +65,26 @@ def usable_cores() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+def physical_cores(cores: list[int]) -> int:
+    """How many physical cores the given CPUs belong to (hyper-threads of one core count once;
+    the CPUs themselves where the system does not say)."""
+    groups = set()
+    for cpu in cores:
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            groups.add(siblings.read_text().strip())
+        except OSError:
+            groups.add(str(cpu))
+    return len(groups)
+
+
+def torch_defaults() -> set[int]:
+    """The counts torch starts with when nobody chose one: its OpenMP and MKL defaults are the
+    usable CPUs or the physical cores, depending on the build."""
+    cores = usable_cores()
+    return {len(cores), physical_cores(cores), os.cpu_count() or 1}
 
 
 def threads_for(cores: int, busy_elsewhere: float) -> int:
@@ -126,7 +147,8 @@ class ThreadPolicy:
     """The process's choice: set by ``configure_threads``, followed by ``adapt_threads``."""
 
     def __init__(self):
-        self.started_with = torch.get_num_threads()
+        #: the counts torch has when nobody set one (a count outside them was someone's choice)
+        self.defaults = torch_defaults()
         self.choice: ThreadChoice | None = None
         self.watch: CoreWatch | None = None
         self.last_look = 0.0
@@ -143,7 +165,7 @@ class ThreadPolicy:
         if given is not None:
             ours = {given}
         else:                      # a thread not given a count here holds torch's or our last
-            ours = {self.started_with} | ({self.choice.threads} if self.choice else set())
+            ours = self.defaults | ({self.choice.threads} if self.choice else set())
         return None if now in ours else ThreadChoice(now, "torch.set_num_threads")
 
     def automatic(self) -> int:

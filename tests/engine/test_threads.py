@@ -95,6 +95,29 @@ def test_the_environment_and_an_explicit_torch_call_are_respected():
     assert call_out == "3 torch.set_num_threads"
 
 
+def test_a_count_set_before_the_package_chose_is_kept_unless_it_is_torchs_default():
+    """A notebook's ``torch.set_num_threads`` before loading a model: kept when it is a choice
+    (a count torch would not start with), replaced by the automatic choice when it is torch's
+    own default."""
+    chosen = next(n for n in (3, 5, 7) if n not in threads.torch_defaults())
+    out = run_fresh(f"""
+        import torch
+        torch.set_num_threads({chosen})
+        import paged_tutorial as pt
+        from paged_tutorial.threads import configure_threads, current_choice
+        print(configure_threads(), current_choice().source)
+    """)
+    assert out == f"{chosen} torch.set_num_threads"
+    default = max(threads.torch_defaults())
+    out = run_fresh(f"""
+        import torch
+        torch.set_num_threads({default})
+        from paged_tutorial.threads import configure_threads, current_choice
+        print(current_choice(), configure_threads() >= 1, current_choice().source)
+    """)
+    assert out == "None True automatic"
+
+
 def test_a_cpu_engine_chooses_automatically_and_is_followed_before_steps():
     out = run_fresh("""
         import torch
