@@ -18,7 +18,7 @@
 # tests: benchmarks/gpu_tests.py -> gpu-tests-<date>.json (counts, failures, model_present).
 # core: benchmarks/decode.py --skip-smollm2 -> decode-<date>.json (correctness vs HF first,
 #   then speed); benchmarks/attention.py -> attention-<date>.json; benchmarks/profile_step.py
-#   -> profile-<date>.json.  By hand: benchmarks/kernels.py (small kernels, GEMV vs cuBLAS) and
+#   -> profile-<date>.json.  By hand: benchmarks/kernel_speeds.py (small kernels, GEMV vs cuBLAS) and
 #   benchmarks/decode_trees.py (one change at a time: several checkouts' decode steps, alternating).
 # smollm2: benchmarks/decode.py --only-smollm2 -> decode-smollm2-<date>.json (tokens vs HF
 #   float32, then ms per token vs HF); benchmarks/torch_backend_decode.py -> torch-decode-<date>.json

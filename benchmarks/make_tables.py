@@ -4,7 +4,7 @@
 
 Reads the newest ``cpu-generate-*.json`` (``cpu_generate.py``), ``decode-*.json``,
 ``attention-*.json``, ``kernels-*.json``, ``profile-*.json`` and ``gpu-tests-*.json`` (written
-on the GPU by ``decode.py``, ``attention.py``, ``kernels.py``, ``profile_step.py`` and
+on the GPU by ``decode.py``, ``attention.py``, ``kernel_speeds.py``, ``profile_step.py`` and
 ``gpu_tests.py``, all run by ``gpu_all.sh``), prints the
 tables, draws ``decode-<date>.png`` and ``attention-<date>.png`` beside them, and with
 ``--doc`` rewrites that page's block between ``<!-- benchmarks:start -->`` and
@@ -27,6 +27,19 @@ def newest(folder: Path, stem: str) -> dict | None:
     """The newest ``<stem>-<date>.json`` (not ``<stem>-rerun-<date>.json``: results.py's rule)."""
     files = dated_files(stem, folder)
     return json.loads(files[-1][1].read_text()) if files else None
+
+
+def newest_name(folder: Path, stem: str) -> str | None:
+    """The file name ``newest`` reads for ``stem``, or None."""
+    files = dated_files(stem, folder)
+    return files[-1][1].name if files else None
+
+
+def sources_line(folder: Path) -> str:
+    """Which committed files the tables below were made from (so the page cannot name others)."""
+    names = [newest_name(folder, stem) for stem in SOURCES]
+    return "Made from: " + ", ".join(f"`{n}`" for n in names if n) + \
+        " (`python benchmarks/make_tables.py --doc docs/measured.md`)."
 
 
 def fmt(x, digits=2):
@@ -273,6 +286,8 @@ def plot_attention(a: dict, path: Path) -> None:
 
 
 def cpu_table(c: dict) -> str:
+    if "phase" in c["rows"][0]:
+        return cpu_threads_table(c)
     out = [f"CPU, {c['model']}, greedy, {len(c['prompts'])} chat prompts x "
            f"{c['new_tokens_per_prompt']} new tokens; {c['machine']}, torch {c['torch']}, "
            f"{c['date']}.  Seconds for the whole run, the median of {c.get('repeats', 1)} "
@@ -287,7 +302,28 @@ def cpu_table(c: dict) -> str:
     return "\n".join(out)
 
 
+def cpu_threads_table(c: dict) -> str:
+    """The run that times every thread count, idle and beside a busy process."""
+    out = [f"CPU, {c['model']}, greedy, {len(c['prompts'])} chat prompts x "
+           f"{c['new_tokens_per_prompt']} new tokens; {c['machine']}, torch {c['torch']}, "
+           f"{c['date']}; loaded: {c['loaded']}; load average at each phase's start "
+           f"{c['load_average_1_5_15_min_at_each_phase_start']}.  Seconds for the whole run, "
+           f"the median of {c['repeats']} (lower is better); HF at its best thread count.", "",
+           "| machine | ours: slots | ours, threads chosen by the package | ours at its best "
+           "count | default / best (target <= 1.25) | HF generate | ours / HF (target) | "
+           "same tokens as HF |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in c["rows"]:
+        out.append(f"| {r['phase']} | {r['max_slots']} | {r['ours_median_s']:.1f} s | "
+                   f"{r['ours_best_median_s']:.1f} s ({r['ours_best_threads']}) | "
+                   f"{r['ratio_default_over_best_threads']:.2f}x | {r['hf_median_s']:.1f} s "
+                   f"({r['hf_best_threads']}) | {r['ratio_ours_over_hf']:.2f}x "
+                   f"(<= {r['target_ours_over_hf']}) | {all(r['same_tokens_as_hf'])} |")
+    return "\n".join(out)
+
+
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+#: the result files the tables are made from, newest of each
+SOURCES = ("cpu-generate", "decode", "attention", "kernels", "profile", "gpu-tests")
 
 
 def write_doc(doc: Path, text: str) -> None:
@@ -313,7 +349,7 @@ def main(argv=None):
     if c is None and d is None and a is None:
         print(f"no cpu-generate-, decode- or attention-*.json in {folder}", file=sys.stderr)
         return 1
-    parts = []
+    parts = [sources_line(folder)]
     if c:
         parts.append(cpu_table(c))
     if d:

@@ -11,6 +11,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from paged_tutorial.loading.catalog import models_help
+
 EXIT_USAGE = 2
 # The largest values the numeric options take: beyond them a value is a typo, not a request.
 MAX_TOKENS_OPTION = 2 ** 24
@@ -119,9 +121,7 @@ reads one from a file (repeatable).  Without prompts and without --chat, nothing
 backends:
 {backends}
 
-models: smollm2-135m (embedded, English only), llama-3.2-1b (gated hub repo), llama-3.2-1b-ungated
-(same weights, no login), kanana-nano-2.1b (Korean and English), a .gguf file, a Hugging Face
-model folder, or any hub id of a Llama-architecture model.
+{models}
 
 server: '{prog} serve --help' lists the options of the OpenAI-compatible server.
 
@@ -137,7 +137,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog,
         description="Generate text with the paged-attention engine: answer prompts, or chat.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EPILOG.format(backends=backends, prog=prog))
+        epilog=EPILOG.format(backends=backends, prog=prog, models=models_help()))
     p.add_argument("prompt", nargs="*", metavar="PROMPT",
                    help="prompts, each served in a slot; '-' reads one from standard input")
     p.add_argument("-f", "--file", action="append", default=[], metavar="FILE",

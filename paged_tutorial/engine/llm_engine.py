@@ -61,6 +61,7 @@ from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.cache.prefix_cache import PrefixCache, PrefixCachingKVCache
 from paged_tutorial.devices import check_device
+from paged_tutorial.engine.first_call import prepare_first_call
 from paged_tutorial.engine.engine_core import EngineCore, StepReport
 from paged_tutorial.engine.engine_lock import EngineLock
 from paged_tutorial.engine.interrupts import SIGNALS
@@ -161,6 +162,7 @@ class Engine:
                                self.outputs)
         self.prompts = PromptChecker(self.tokenizer, self.config.vocab_size, model.source,
                                      self.cache_config)
+        prepare_first_call(self.backend, self.tokenizer)     # no first import after this
         self.requests = RequestRegistry()    # the requests whose result is not taken yet
         self.lock = EngineLock()             # one step at a time; no re-entry from callbacks
         #: request -> forget it too; cancels asked for mid-step, applied at the next one

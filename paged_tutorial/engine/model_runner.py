@@ -16,6 +16,9 @@ some request needs more (top-k, min-p, penalties, ``min_tokens``, logits process
 the batch's ``LogitsControls`` (``sampling_controls.py``); the backend decides how to draw.  A
 decode batch with controls is not replayed from a graph (a replay calls no Python).
 
+On the CPU the runner chooses torch's thread count when it is built and looks again before each
+step (``threads.py``: the user's choice first, else what the other processes leave free).
+
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
 
@@ -44,6 +47,7 @@ from paged_tutorial.engine.request import Request, RequestError
 from paged_tutorial.engine.sampling_controls import sampling_controls
 from paged_tutorial.backends.sampling_rule import request_uniform
 from paged_tutorial.step_inputs import StepInputPacker, StepInputs
+from paged_tutorial.threads import adapt_threads, configure_threads
 from paged_tutorial.engine.scheduler import ScheduledBatch
 
 
@@ -55,6 +59,8 @@ class ModelRunner:
         self.cache = cache
         self.max_seq_len = max_seq_len
         self.device = backend.device
+        if self.device.type == "cpu":            # torch's CPU threads, chosen for this machine
+            configure_threads()
         self.llama = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
@@ -119,6 +125,8 @@ class ModelRunner:
         logits is finite (read back with the tokens); with them the logprobs that requests
         asked for."""
         requests = batch.requests
+        if self.device.type == "cpu":
+            adapt_threads()
         t0 = time.perf_counter()
         prompt_rows = None
         if batch.kind == "decode":

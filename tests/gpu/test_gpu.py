@@ -231,7 +231,7 @@ def test_prefill_attention_one_varlen_call(nb, ref):
 @pytest.mark.parametrize("n_rows", [1, 2, 4])
 def test_gemv_at_llama_shapes(nb, n_rows, monkeypatch):
     """The GEMV kernel at every Llama matrix, for 1, 2 and 4 token rows (the engine uses it
-    at one row, gemv.MAX_ROWS; kernels.py times it at more)."""
+    at one row, gemv.MAX_ROWS; benchmarks/kernel_speeds.py times it at more)."""
     monkeypatch.setattr(gemv, "MAX_ROWS", 4)
     g = torch.Generator(device="cuda").manual_seed(7)
     for n_out, k in [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (V, 2048)]:

@@ -223,7 +223,8 @@ def test_embedded_smollm2_missing(monkeypatch):
 
 
 def test_load_model_unknown_source_lists_accepted_forms(tmp_path):
-    with pytest.raises(FileNotFoundError, match="accepted: 'smollm2-135m'.*hub id"):
+    with pytest.raises(FileNotFoundError, match=r"accepted: a name \(smollm2-135m.*qwen2\.5-0\.5b"
+                                                r".*hub id.*Qwen2ForCausalLM, Qwen3ForCausalLM"):
         load_model(str(tmp_path / "nothing here"))
 
 

@@ -16,7 +16,7 @@ BENCHMARKS = REPO / "benchmarks"
 
 #: script -> the call that does its work
 THIN = {"decode.py": "decode_ladder.run", "attention.py": "attention_bench.run",
-        "kernels.py": "kernel_bench.run", "profile_step.py": "step_profile.run",
+        "kernel_speeds.py": "kernel_bench.run", "profile_step.py": "step_profile.run",
         "prefix_sharing.py": "prefix_sharing_bench.run", "racecheck.py": "racecheck.run"}
 
 

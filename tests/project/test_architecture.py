@@ -93,9 +93,9 @@ def test_no_import_cycles():
 #: (the package's root and the command line sit on top with teaching/)
 LAYERS = (
     # contracts: they import nothing above them (the model families: tensor names, shapes and
-    # forward differences; which devices exist)
+    # forward differences; which devices exist; how many CPU threads torch uses)
     ("paged_tutorial.config", "paged_tutorial.step_inputs", "paged_tutorial.families",
-     "paged_tutorial.devices"),
+     "paged_tutorial.devices", "paged_tutorial.threads"),
     ("paged_tutorial.cache",),
     ("paged_tutorial.loading",),
     ("paged_tutorial.backends",),

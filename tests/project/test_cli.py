@@ -71,7 +71,7 @@ def test_help_lists_backends_models_and_defaults(capsys):
         assert f"\n  {name} " in text, name          # one described line per backend
     assert "(default: 64)" in text and "(default: auto)" in text
     assert "(default: smollm2-135m)" in text
-    assert "kanana-nano-2.1b" in text and "English only" in text
+    assert "kanana-nano-2.1b" in text and "qwen2.5-0.5b" in text and "Qwen3ForCausalLM" in text
 
 
 # --- generating --------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import json
 import multiprocessing
 import os
 import re
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -304,16 +306,32 @@ def test_a_solved_item_stays_solved_and_a_later_try_is_noted(capsys):
     assert "solved" in row and "a later try" in row
 
 
-def _write_verdicts(path: str, worker: int, count: int) -> None:
+def _write_verdicts(path: str, worker: int, count: int, start, without_fcntl: bool) -> None:
+    """One notebook's writer: waits for the others at ``start``, then records ``count``
+    verdicts, each write held open a moment so that the writers' read-change-writes overlap
+    unless the lock orders them."""
     os.environ["PAGED_TUTORIAL_PROGRESS"] = path
+    if without_fcntl:                      # as on Windows: no fcntl module to lock with
+        sys.modules["fcntl"] = None
+    slow_write = progress.write_atomically
+
+    def write_late(*args):
+        time.sleep(0.02)
+        slow_write(*args)
+
+    progress.write_atomically = write_late
+    start.wait(30)
     for i in range(count):
         progress.record(f"99.w{worker}_{i}", Verdict("wrong", f"try {i} of worker {worker}"))
 
 
-def test_eight_notebooks_writing_at_once_lose_nothing(tmp_path):
+@pytest.mark.parametrize("without_fcntl", [False, True], ids=["fcntl", "no-fcntl"])
+def test_eight_notebooks_writing_at_once_lose_nothing(tmp_path, without_fcntl):
     path = str(tmp_path / "shared.json")
     context = multiprocessing.get_context("fork")
-    workers = [context.Process(target=_write_verdicts, args=(path, w, 4)) for w in range(8)]
+    start = context.Barrier(8)
+    workers = [context.Process(target=_write_verdicts, args=(path, w, 4, start, without_fcntl))
+               for w in range(8)]
     for w in workers:
         w.start()
     for w in workers:

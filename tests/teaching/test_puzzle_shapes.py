@@ -5,9 +5,12 @@ nothing to inherit."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
+
+from paged_tutorial.backends.numba_cuda.runtime import access_log
 
 from paged_tutorial.cache import CacheFullError
 from paged_tutorial.config import CacheConfig
@@ -119,3 +122,27 @@ def test_idle_threads_that_leave_the_buffer_are_named_not_reported_as_a_crash(mo
     assert verdict.status == "wrong"
     assert "head_dim 24" in verdict.message and "own no dimension" in verdict.message
     assert "IndexError" not in verdict.message
+    if access_log.AVAILABLE:          # the simulator logs the reads: the idle ones are named
+        assert re.search(r"thread (2[4-9]|3[01]) read element", verdict.message)
+    else:                             # a GPU logs none (idle reads there return NaN)
+        assert "The reads were the article's" not in verdict.message
+
+
+def test_without_a_read_log_a_wrong_output_does_not_claim_the_reads_were_right(monkeypatch):
+    """On a GPU no access is logged: a NaN output is reported with what to check, the idle
+    threads of a partly used warp named, never as 'the reads were the article's'."""
+    import torch
+
+    from helpers.kernel_bodies import WRONG_BODIES
+    from paged_tutorial.teaching import exercises as ex
+    from paged_tutorial.teaching.puzzles.kernel_harness import BodyRun
+
+    seed = 574544877
+    monkeypatch.setattr(shapes, "fresh_rng", lambda: (np.random.default_rng(seed), seed))
+    monkeypatch.setattr(block_walk, "run_body", lambda prep, parts: BodyRun(
+        torch.full_like(prep.reference, float("nan")), None, None, [(0, 0)], None))
+    fn = WRONG_BODIES["03.walk_blocks"]["owns_dim ignored: threads past head_dim read too"][0]
+    message = ex.grade("03.walk_blocks", fn).message
+    assert "NaN" in message and "A GPU logs no reads" in message
+    assert "threads 24-31 own no dimension" in message
+    assert "The reads were the article's" not in message

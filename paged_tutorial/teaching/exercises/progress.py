@@ -11,7 +11,8 @@ user's cache (``records_folder()``: ``$XDG_CACHE_HOME/paged_tutorial``, by defau
 ``~/.cache/paged_tutorial``); the environment variable ``PAGED_TUTORIAL_PROGRESS`` names
 another file, or turns the file off with ``off``.
 
-Every change is a read, a change and a write under a lock (``<file>.lock``), written to a
+Every change is a read, a change and a write under a file lock (``<file>.lock``,
+``record_lock.py``), written to a
 temporary file and renamed over the record, so notebooks writing at once lose nothing and a
 reader never sees half a file.  A record that is not what this module writes is never a
 crash: a file that is not JSON (or not an object) is set aside as ``<file>.corrupt`` and a new
@@ -29,6 +30,7 @@ import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 
+from paged_tutorial.teaching.exercises.record_lock import held
 from paged_tutorial.teaching.language import Text, particle, say
 
 _SEEN: dict[str, dict] = {}
@@ -119,23 +121,6 @@ def _read(path: Path | None) -> dict:
     return read_record(path)[0]
 
 
-@contextmanager
-def _locked(path: Path):
-    """Hold ``<path>.lock`` (an exclusive lock, where the system has one) in the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        try:
-            import fcntl
-        except ImportError:                               # no fcntl: the rename still holds
-            yield
-            return
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
@@ -169,7 +154,7 @@ def merged(old: dict | None, new: dict) -> dict:
 
 
 def _save(path: Path, name: str, entry: dict) -> None:
-    with _locked(path):
+    with held(path):
         saved, notes = read_record(path)
         if notes and not saved and path.is_file():
             # not ours to overwrite: keep what was there for her to look at

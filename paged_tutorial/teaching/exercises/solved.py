@@ -7,7 +7,8 @@ is also written down as its source code, one file per puzzle, in a folder of the
 (``store_folder()``: ``$PAGED_TUTORIAL_SOLVED``, else ``solved`` in the folder of her records,
 ``~/.cache/paged_tutorial/solved`` by default, beside ``progress.json``); another process
 rebuilds it from there.  A file is written whole or not at all (a temporary file renamed over
-it).  A file that no longer holds one function (edited, truncated, damaged) is reported with
+it), under its file lock (``record_lock.py``), so two notebooks solving the same puzzle at
+once leave one whole answer.  A file that no longer holds one function (edited, truncated, damaged) is reported with
 its path and the way out (``SolvedFileError``), never as a bare ``SyntaxError``.  A function
 whose source cannot be read (typed at a plain Python prompt) is remembered in this process
 only.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from paged_tutorial.teaching.exercises.progress import records_folder, write_atomically
+from paged_tutorial.teaching.exercises.record_lock import held
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 
@@ -83,9 +85,9 @@ def remember(name: str, fn: Callable) -> None:
     if source is None:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, f"# {name}: {fn.__name__}, remembered when its verdict was "
-                               f"correct\n{source}")
+        with held(path):
+            write_atomically(path, f"# {name}: {fn.__name__}, remembered when its verdict was "
+                                   f"correct\n{source}")
     except OSError:                                      # a read-only home: this process only
         pass
 
@@ -144,4 +146,5 @@ def clear() -> None:
     folder = store_folder()
     if folder.is_dir():
         for path in folder.glob("*.py"):
-            path.unlink()
+            with held(path):
+                path.unlink(missing_ok=True)

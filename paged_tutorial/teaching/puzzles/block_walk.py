@@ -230,11 +230,34 @@ def _grade_case(parts, case):
         raise Wrong(at + wrong.message, wrong.figure) from None
     if result.bad:
         row, h = result.bad[0]
+        if not result.logs:
+            raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case), figure)
         raise Wrong(at + bad_summary(prep, result) + say(
             en=".  The reads were the article's: what happens to each token's score and V?",
             ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?"),
             _figure(prep, result.logs, row, h))
     return figure
+
+
+def unlogged_reads_hint(case) -> str:
+    """What a wrong output can be told where no access log exists (on a GPU): the reads were
+    not seen, so the verdict names what to check, idle threads first when the launch has
+    them, and where the reads can be seen."""
+    from paged_tutorial.backends.numba_cuda.kernels import attention
+
+    threads = attention.block_threads(case.head_dim)
+    idle = say(en=f"; at head_dim {case.head_dim} threads {case.head_dim}-{threads - 1} own no "
+                  "dimension (owns_dim is False) and must read nothing: a read of theirs is "
+                  "poisoned memory here",
+               ko=f"; head_dim {case.head_dim}에서는 {case.head_dim}-{threads - 1}번 스레드가 "
+                  "맡은 차원이 없어 (owns_dim은 False) 아무것도 읽으면 안 됩니다: 그 읽기가 "
+                  "여기서는 오염된 메모리입니다") if threads > case.head_dim else ""
+    return say(en=".  A GPU logs no reads, so which thread read what is not known here (the "
+                  "simulator, without a GPU, names it): check the block count, the table index, "
+                  "the last block's fill and each thread's K and V addresses" + idle,
+               ko=".  GPU는 읽기를 기록하지 않아 어느 스레드가 무엇을 읽었는지 여기서는 알 수 "
+                  "없습니다 (GPU 없이 시뮬레이터에서 채점하면 알려 줍니다): 블록 수, 테이블 "
+                  "인덱스, 마지막 블록의 채움, 각 스레드의 K·V 주소를 확인하세요" + idle)
 
 
 DOCSTRING = Text(

@@ -57,7 +57,7 @@ from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kerne
 
 #: rows of x (tokens) up to which the GEMV replaces cuBLAS: from two rows on cuBLAS is faster
 #: (each extra row costs this kernel a full pass of FMAs per weight chunk; the comparison is
-#: ``benchmarks/kernels.py``'s "gemv" table, figures in ``docs/measured.md``)
+#: ``benchmarks/kernel_speeds.py``'s "gemv" table, figures in ``docs/measured.md``)
 MAX_ROWS = 1
 #: warps per block (the simulator runs two: every thread is a Python thread)
 WARPS = 2 if SIMULATING else 8

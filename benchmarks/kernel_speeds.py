@@ -1,7 +1,7 @@
 """The small kernels of a step against the bandwidth they should reach, and the GEMV against
 cuBLAS, on the GPU, in one command:
 
-    python benchmarks/kernels.py [--out DIR]
+    python benchmarks/kernel_speeds.py [--out DIR]
 
 Llama-3.2-1B shapes, bf16.  For each op and token count T (1 and 64: decode; 2048: a
 2 x 1024 prefill) the bytes it must move (each input read once, each output written once), the

@@ -1,0 +1,37 @@
+"""What the first ``generate``, ``stream`` or ``chat`` would import, imported when the engine is
+built instead.
+
+Python imports a module once, the first time it is asked for; an exception that arrives in the
+middle of that first import (Ctrl-C: a ``KeyboardInterrupt`` at any instant) leaves the module
+half-initialised in ``sys.modules``, and every later use fails with "partially initialized
+module".  So nothing on the serving path may import for the first time after construction:
+``prepare_first_call`` runs, at construction, everything that imports lazily there:
+
+- the torch backend on the CPU: the compiled matrix-vector product (``cpu_matvec.py``: Numba,
+  imported and the product compiled, or read from Numba's disk cache, by one tiny product);
+- the tokenizer's chat template: compiled and rendered once (Jinja2 and what rendering
+  imports); a template that fails is left to fail, with its own message, when it is used.
+
+``tests/engine/test_interrupts.py`` checks that ``sys.modules`` does not grow on the first
+call after construction, and interrupts calls at random instants, the first included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged_tutorial.backends import cpu_matvec
+from paged_tutorial.backends.base import Backend
+from paged_tutorial.loading.tokenizer import Tokenizer
+
+
+def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
+    """Import (and compile) now what the first call on ``backend`` with ``tokenizer`` would."""
+    if backend.device.type == "cpu":
+        one = torch.zeros(1, 1, dtype=torch.float32)
+        cpu_matvec.matvec(one, one)
+    if isinstance(getattr(tokenizer, "chat_template", None), str) and tokenizer.chat_template:
+        try:
+            tokenizer.render_chat("Hello")
+        except Exception:       # the template's fault: reported when a chat uses it
+            pass
