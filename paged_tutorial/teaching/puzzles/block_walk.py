@@ -43,13 +43,19 @@ def cases() -> list[KernelCase]:
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
+    sizes = shapes.distinct(rng, shapes.BLOCK_SIZES, 2)       # two different BLOCK_SIZEs
+    bs = sizes[0]
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
-                        lens=[shapes.partly_filled(rng, 17, 26), int(rng.integers(1, 13))],
-                        num_layers=3, max_seq_len=16 * shapes.pick(rng, (2, 4)))
+                        lens=[shapes.partly_filled(rng, bs + 1, max(min(3 * bs, 40), bs + 2),
+                                                   bs),
+                              int(rng.integers(1, 13))],
+                        num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
+                        **shapes.drawn_constants(rng, dims[0], bs))
+    bs = sizes[1]
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
-                         lens=[16 * int(rng.integers(1, 3))], num_layers=2,
-                         max_seq_len=16 * shapes.pick(rng, (3, 5)),
-                         max_slots=2, slots=[1])
+                         lens=[bs * int(rng.integers(1, max(2, 32 // bs) + 1))], num_layers=2,
+                         max_seq_len=bs * shapes.pick(rng, (4, 6)),
+                         max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
 

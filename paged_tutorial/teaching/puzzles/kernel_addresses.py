@@ -47,14 +47,16 @@ def table_cases() -> list[KernelCase]:
     per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
     short = int(rng.integers(0, 2))            # the layout whose last block is cut short
     out = []
+    sizes = shapes.distinct(rng, shapes.BLOCK_SIZES, 2)
     for i in range(2):
-        n = slots[i]
-        max_seq_len = BLOCK_SIZE * per_seq[i] - (int(rng.integers(1, BLOCK_SIZE))
-                                                 if i == short else 0)
+        n, bs = slots[i], sizes[i]
+        max_seq_len = bs * per_seq[i] - (int(rng.integers(1, bs)) if i == short else 0)
         lens = [int(rng.integers(1, min(40, max_seq_len) + 1)) for _ in range(n)]
-        out.append(shapes.case(rng, seed + i, head_dim=shapes.pick(rng, (16, 24)), gqa=(1, 1),
+        head_dim = shapes.pick(rng, (16, 24))
+        out.append(shapes.case(rng, seed + i, head_dim=head_dim, gqa=(1, 1),
                                lens=lens, num_layers=layers[i], max_slots=n,
-                               slots=list(rng.permutation(n)), max_seq_len=max_seq_len))
+                               slots=list(rng.permutation(n)), max_seq_len=max_seq_len,
+                               **shapes.drawn_constants(rng, head_dim, bs)))
     return out
 
 
@@ -93,7 +95,8 @@ def k_cases() -> list[KernelCase]:
     if 8 in ratios:                           # 8 q heads per kv head: only two kv heads
         kv_heads[ratios.index(8)], kv_heads[1 - ratios.index(8)] = 2, 3
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=(kv_heads[i], ratios[i]),
-                        lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0])
+                        lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0],
+                        **shapes.drawn_constants(rng, dims[i]))
             for i in range(2)]
 
 

@@ -35,9 +35,10 @@ def cases() -> list[KernelCase]:
     times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
     relative to the running max overflows even a float64."""
     rng, seed = shapes.fresh_rng()
-    ordinary = shapes.case(rng, seed, head_dim=shapes.pick(rng, (16, 24, 32)), gqa=(1, 1),
+    head_dim = shapes.pick(rng, (16, 24, 32))
+    ordinary = shapes.case(rng, seed, head_dim=head_dim, gqa=(1, 1),
                            lens=[int(rng.integers(18, 31))], max_slots=1, slots=[0],
-                           q_scale=1.5)
+                           q_scale=1.5, **shapes.drawn_constants(rng, head_dim))
     return [ordinary, wide_case(rng, seed + 1)]
 
 
@@ -45,9 +46,13 @@ def wide_case(rng, seed: int) -> KernelCase:
     """A few tokens whose widest score is past ``WIDE_SCORE`` and ``RISE`` above the first
     token's (redrawn until it is)."""
     for attempt in range(64):
-        wide = shapes.case(rng, seed + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
+        head_dim = shapes.pick(rng, (16, 24, 32))
+        constants = shapes.drawn_constants(rng, head_dim)
+        # q scaled so that the scores (scale included) reach several hundred
+        q_scale = float(rng.uniform(650.0, 800.0)) / (constants["scale"] * np.sqrt(head_dim))
+        wide = shapes.case(rng, seed + attempt, head_dim=head_dim,
                            gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1, slots=[0],
-                           q_scale=float(rng.uniform(650.0, 800.0)))
+                           q_scale=q_scale, **constants)
         scores, _ = _scores_and_values(prepare(wide))
         # the max is past what a double's exp() holds, and it rises far above the first score:
         # an update that keeps its first max overflows as surely as one that keeps none

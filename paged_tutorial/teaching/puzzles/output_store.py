@@ -30,12 +30,13 @@ def cases() -> list[KernelCase]:
     dims = shapes.distinct(rng, shapes.PARTIAL_WARP_HEAD_DIMS, 2)
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 2)
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
-                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))])
+                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))],
+                        **shapes.drawn_constants(rng, dims[i]))
             for i in range(2)]
 
 
 def q_element_name(case, element: int) -> str:
-    row, rem = divmod(int(element), case.n_q_heads * case.head_dim)
+    row, rem = divmod(int(element), case.q_row_stride)
     head, dim = divmod(rem, case.head_dim)
     return say(en=f"row {row}, q head {head}, dim {dim}", ko=f"행 {row}, q 헤드 {head}, 차원 {dim}")
 
@@ -49,7 +50,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                       ko=f"스레드 블록 (행 {row}, q 헤드 {h})")
             mine = sorted((r for r in writes.records if r.block == (row, h) and r.op == "W"),
                           key=lambda r: (r.thread, r.seq))
-            base = (row * case.n_q_heads + h) * case.head_dim
+            base = row * case.q_row_stride + h * case.head_dim
             for r in mine:
                 if r.index != base + r.thread or r.thread >= case.head_dim:
                     if r.thread >= case.head_dim:

@@ -49,7 +49,8 @@ def cases() -> list[KernelCase]:
     rng, seed = shapes.fresh_rng()
     partial = shapes.pick(rng, (72, 80, 88))
     return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
-                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0])
+                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0],
+                        **shapes.drawn_constants(rng, d))
             for i, d in enumerate((32, 64, partial))]
 
 
