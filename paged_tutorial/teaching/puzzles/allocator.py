@@ -20,6 +20,8 @@ invariants after every step, and finally compares every request's tokens with it
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,7 +172,8 @@ def checked(cls):
             need = int(((before[slot, :, :c.blocks_for_tokens(new_len)]) < 0).sum())
             call = f"ensure_capacity(slot={slot}, new_len={new_len})"
             try:
-                super().ensure_capacity(slot, new_len)
+                with through_the_api(self.table):
+                    super().ensure_capacity(slot, new_len)
             except CacheFullError:
                 if not np.array_equal(self.table.entries, before) or self.free_blocks != free \
                         or not _same_state(state, _state(self)):
@@ -193,6 +196,8 @@ def checked(cls):
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
                                    ko="ensure_capacity와 release를 작성하세요")) from None
+            except BehindTheApi:
+                raise Wrong(behind_the_api_message(cls, "ensure_capacity")) from None
             except IndexError as exc:
                 if len(free) < need:
                     raise Wrong(say(
@@ -229,12 +234,15 @@ def checked(cls):
             before, free = self.table.entries.copy(), list(self.free_blocks)
             call = f"release(slot={slot})"
             try:
-                returned = super().release(slot)
+                with through_the_api(self.table):
+                    returned = super().release(slot)
             except (Wrong, Unsolved):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
                                    ko="ensure_capacity와 release를 작성하세요")) from None
+            except BehindTheApi:
+                raise Wrong(behind_the_api_message(cls, "release")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
                                 ko=f"{call}에서 {type(exc).__name__} 발생: {exc}")) from None
@@ -291,6 +299,60 @@ def checked(cls):
             return returned
 
     return Checked
+
+
+#: the table's methods that edit entries: the only way an allocator may write the table (they
+#: record what changed, so the device copy hears of it)
+TABLE_EDITS = ("assign", "assign_entries", "assign_columns", "unassign", "unassign_column",
+               "unassign_slot")
+
+
+class BehindTheApi(Exception):
+    """The answer wrote ``table.entries`` itself instead of through the table's methods."""
+
+
+@contextlib.contextmanager
+def through_the_api(table):
+    """While the answer runs, ``table.entries`` can be written only by the table's own edit
+    methods (``TABLE_EDITS``); a direct write raises ``BehindTheApi``."""
+    entries = table.entries
+    was = entries.flags.writeable
+
+    def editing(method):
+        def edit(*args, **kwargs):
+            entries.flags.writeable = True
+            try:
+                return method(*args, **kwargs)
+            finally:
+                entries.flags.writeable = False
+        return edit
+
+    for name in TABLE_EDITS:
+        if hasattr(table, name):
+            setattr(table, name, editing(getattr(table, name)))
+    entries.flags.writeable = False
+    try:
+        yield
+    except ValueError as exc:
+        if "read-only" in str(exc):
+            raise BehindTheApi() from None
+        raise
+    finally:
+        entries.flags.writeable = was
+        for name in TABLE_EDITS:
+            vars(table).pop(name, None)
+
+
+def behind_the_api_message(cls, method: str) -> str:
+    where = f"{getattr(cls, '__name__', 'your class')}.{method}"
+    return say(en=f"{where} wrote self.table.entries directly: the table records each edit made "
+                  "with self.table.assign / unassign so that the device copy the kernels read "
+                  "is updated; an entry written behind them never reaches the GPU.  Edit the "
+                  "table only through its methods",
+               ko=f"{particle(where, '이/가')} self.table.entries에 직접 썼습니다: 테이블은 "
+                  "self.table.assign / unassign으로 한 수정만 기록해 커널이 읽는 디바이스 "
+                  "사본에 보냅니다; 그 밖에서 쓴 항목은 GPU에 닿지 않습니다.  테이블은 그 "
+                  "메서드로만 고치세요")
 
 
 def _state(allocator) -> dict:

@@ -73,6 +73,9 @@ class KernelCase:
     #: elements between the end of one q row's heads and the next row (q rows of a wider
     #: matrix: the kernel's q_row_stride is n_q_heads * head_dim + q_row_pad)
     q_row_pad: int = 0
+    #: dimensions (from 0) of every KV head whose V is 0 in every token: their output is
+    #: exactly 0 (acc is 0), which a store that skips zeros leaves unwritten
+    zero_v_dims: int = 0
 
     @property
     def config(self) -> CacheConfig:
@@ -128,6 +131,9 @@ def prepare(case: KernelCase) -> Prepared:
         cache.ensure_capacity(slot, n)
     gen = torch.Generator().manual_seed(case.seed)
     cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=gen).to(cache.buffer.device))
+    if case.zero_v_dims:
+        halves = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
+        halves[:, 1, :, :, :case.zero_v_dims] = 0.0
     q = torch.randn(len(case.rows), case.n_q_heads, case.head_dim, generator=gen) * case.q_scale
     slots = [s for s, _ in case.rows]
     lens = [n for _, n in case.rows]

@@ -23,14 +23,24 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
                                                             is_stub,
                                                             prepare, run_body)
 
+#: head_dims of whole warps (no idle thread: a guard derived from HEAD_DIM % 32 fails here)
+FULL_WARP_HEAD_DIMS = (32, 64)
+
+
 def cases() -> list[KernelCase]:
-    """Two launches drawn afresh, each with two batch rows and a head_dim whose last warp is
-    partly used (threads past head_dim own nothing), with different numbers of q heads."""
+    """Two launches drawn afresh, each with two batch rows in q rows wider than their heads:
+    one head_dim whose last warp is partly used (threads past head_dim own nothing), one of
+    whole warps; different numbers of q heads; in the first, V is 0 in a few dimensions, so
+    their output is exactly 0."""
     rng, seed = shapes.fresh_rng()
-    dims = shapes.distinct(rng, shapes.PARTIAL_WARP_HEAD_DIMS, 2)
+    dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng,
+                                                                          FULL_WARP_HEAD_DIMS)]
+    order = rng.permutation(2)
+    dims = [dims[i] for i in order]
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 2)
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
                         lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))],
+                        zero_v_dims=int(rng.integers(1, 4)) if i == 0 else 0,
                         **shapes.drawn_constants(rng, dims[i]))
             for i in range(2)]
 

@@ -65,6 +65,8 @@ def describe(case: KernelCase) -> str:
         drawn.append(f"scale {case.softmax_scale:.4g}")
     if case.q_row_pad:
         drawn.append(f"q_row_stride {case.q_row_stride}")
+    if case.zero_v_dims:
+        drawn.append(f"V = 0 in dims 0-{case.zero_v_dims - 1}")
     extra = "".join(f", {d}" for d in drawn)
     return say(en=f"head_dim {case.head_dim}, {case.num_kv_heads} kv head(s) x {ratio} q "
                   f"head(s) each, {case.num_layers} layer(s) (layer {case.layer} read), "
@@ -77,7 +79,7 @@ def describe(case: KernelCase) -> str:
 def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layers: int = 1,
          max_slots: int | None = None, slots=None, max_seq_len: int | None = None,
          q_scale: float = 1.0, block_size: int = BLOCK_SIZE, scale: float | None = None,
-         q_row_pad: int = 0) -> KernelCase:
+         q_row_pad: int = 0, zero_v_dims: int = 0) -> KernelCase:
     """One launch: batch row i reads cache slot ``slots[i]`` (default: the rows in reverse
     order of their slots, so batch row and slot differ) with ``lens[i]`` tokens.  A check
     passes ``block_size``, ``scale`` and ``q_row_pad`` drawn with ``drawn_constants`` (the
@@ -92,11 +94,12 @@ def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layer
                        n_q_heads=kv * ratio, num_layers=num_layers, max_slots=max_slots,
                        max_seq_len=max_seq_len, layer=layer,
                        num_blocks=blocks_needed(lens, num_layers, bs) + 2, q_scale=q_scale,
-                       seed=seed, block_size=bs, scale=scale, q_row_pad=int(q_row_pad))
+                       seed=seed, block_size=bs, scale=scale, q_row_pad=int(q_row_pad),
+                       zero_v_dims=zero_v_dims)
     return KernelCase(describe(draft), **{f: getattr(draft, f) for f in (
         "rows", "head_dim", "num_kv_heads", "n_q_heads", "num_layers", "max_slots",
         "max_seq_len", "layer", "num_blocks", "q_scale", "seed", "block_size", "scale",
-        "q_row_pad")})
+        "q_row_pad", "zero_v_dims")})
 
 
 def partly_filled(rng, low: int = 1, high: int = 2 * BLOCK_SIZE,
