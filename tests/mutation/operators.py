@@ -4,7 +4,8 @@ Operators (each mutant changes one place):
 
 - ``constant``: a named constant (an upper-case name: BLOCK_SIZE, HEAD_DIM, KV_DIM...) replaced
   by the value it has in the article's setting and by that value's neighbours;
-- ``literal``: an integer literal replaced by its neighbours (a shuffle offset among them);
+- ``literal``: an integer literal replaced by its neighbours, its double and its half (a
+  shuffle offset among them);
 - ``binop``: an arithmetic operator swapped (``+ -``, ``* //``, ``// / %``...);
 - ``compare``: a comparison swapped (``< <=``, ``> >=``, ``== !=``, ``< >``);
 - ``drop_term``: one operand of a ``+``/``-`` dropped (an index term);
@@ -94,8 +95,8 @@ def _places(tree):
                 out.append(("constant", node, ("expr", ast.Constant(new)),
                             f"{node.id} -> {new}"))
         if isinstance(node, ast.Constant) and type(node.value) is int and node.value < 1 << 20:
-            for new in sorted({node.value - 1, node.value + 1, node.value * 2}
-                              - {node.value}):
+            for new in sorted({node.value - 1, node.value + 1, node.value * 2,
+                               node.value // 2} - {node.value}):
                 out.append(("literal", node, ("expr", ast.Constant(new)),
                             f"{node.value} -> {new}"))
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _BINOP_SWAPS:

@@ -219,8 +219,9 @@ PUZZLES = (
              ko="V는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
                 "V_OFFSET입니다)."),
         Text(en="a real Engine (torch backend, bf16, 2 KV heads, then a float32 shape drawn "
-                "afresh): your offsets place K and V, the decode attention reads them",
-             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 새로 뽑은 "
-                "모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
+                "afresh with its own BLOCK_SIZE): your offsets place K and V, the decode "
+                "attention reads them",
+             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 BLOCK_SIZE와 함께 "
+                "새로 뽑은 모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
         "main.cpp:866-872, kernels.cu:484-485", grade),
 )

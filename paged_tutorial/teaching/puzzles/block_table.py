@@ -154,9 +154,11 @@ PUZZLES = (
                 "the logical block into a physical one.",
              ko="위치 하나는 논리 블록 하나와 그 안의 행 하나에 속합니다; 테이블이 논리 블록을 물리 "
                 "블록으로 바꿉니다."),
-        Text(en="a real Engine (torch backend, 2 slots x 2-4 layers, a free list shuffled afresh): "
-                "your function places every token, the decode attention reads through the table",
-             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, 새로 섞은 빈 블록 목록): 직접 "
+        Text(en="a real Engine (torch backend, 2 slots x 2-4 layers, BLOCK_SIZE 4 or 8, a free "
+                "list shuffled afresh): your function places every token, the decode attention "
+                "reads through the table",
+             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, BLOCK_SIZE 4 또는 8, 새로 섞은 빈 "
+                "블록 목록): 직접 "
                 "쓴 함수가 모든 토큰을 놓고, 디코드 어텐션이 테이블을 거쳐 읽습니다"),
         "main.cpp:265, 858", grade),
 )

@@ -37,17 +37,20 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, three layers then two (and other numbers of logical blocks per sequence, so
-    no table stride can be a constant), a batch whose rows are in the reverse order of their
-    slots, sequences with a partly filled last block and one whose last block is full."""
+    other than 4, two different BLOCK_SIZEs (8, 16 or 32), three layers then two (and other
+    numbers of logical blocks per sequence, so no table stride can be a constant), a batch
+    whose rows are in the reverse order of their slots, a sequence of three blocks, the last
+    partly filled, and one whose last block is full; softmax scales that are not
+    1/sqrt(head_dim) and q rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
-    sizes = shapes.distinct(rng, shapes.BLOCK_SIZES, 2)       # two different BLOCK_SIZEs
+    # two different BLOCK_SIZEs; the first small enough that its sequence spans three blocks
+    first_bs = shapes.pick(rng, (8, 16))
+    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs])]
     bs = sizes[0]
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
-                        lens=[shapes.partly_filled(rng, bs + 1, max(min(3 * bs, 40), bs + 2),
-                                                   bs),
+                        lens=[shapes.partly_filled(rng, 2 * bs + 1, 3 * bs - 1, bs),
                               int(rng.integers(1, 13))],
                         num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
                         **shapes.drawn_constants(rng, dims[0], bs))

@@ -34,10 +34,11 @@ RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a
 
 
 def table_cases() -> list[KernelCase]:
-    """Two table layouts drawn afresh: slots, layers (the one read among them) and logical
-    blocks per sequence all differ between the two, no layout has as many layers as logical
-    blocks per sequence, and one layout's max_seq_len is not a multiple of BLOCK_SIZE (its
-    rows are max_seq_len / BLOCK_SIZE rounded up)."""
+    """Two table layouts drawn afresh: slots, layers (the one read among them), logical
+    blocks per sequence and BLOCK_SIZE (8, 16 or 32) all differ between the two, no layout has
+    as many layers as logical blocks per sequence, and one layout's max_seq_len is not a
+    multiple of BLOCK_SIZE (its rows are max_seq_len / BLOCK_SIZE rounded up); softmax scales
+    and q row strides are drawn too."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
@@ -86,8 +87,9 @@ K_INDEX_GQA_RATIOS = (1, 2, 3, 4, 8)
 def k_cases() -> list[KernelCase]:
     """Two launches drawn afresh with different head_dims (one with a partly used last warp),
     numbers of KV heads (two or three, so the KV head a query head reads shows) and GQA ratios
-    (two different ones among 1, 2, 3, 4 and 8), so that no stride and no ratio can be a
-    constant."""
+    (two different ones among 1, 2, 3, 4 and 8), BLOCK_SIZE (8, 16 or 32), a softmax scale that
+    is not 1/sqrt(head_dim) and q rows wider than their heads, so that no stride and no ratio
+    can be a constant."""
     rng, seed = shapes.fresh_rng()
     dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng, (16, 32, 64))]
     kv_heads = shapes.distinct(rng, (2, 3), 2)

@@ -33,7 +33,9 @@ RISE = 200.0
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: a few dozen ordinary tokens (the running max rises several
     times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
-    relative to the running max overflows even a float64."""
+    relative to the running max overflows even a float64; BLOCK_SIZE, the softmax scale and the
+    q row stride drawn for each.  Before them, on the host (``check_far_below``): thousands of
+    tokens 16 below the running max, and a max that climbs a few points a token."""
     rng, seed = shapes.fresh_rng()
     head_dim = shapes.pick(rng, (16, 24, 32))
     ordinary = shapes.case(rng, seed, head_dim=head_dim, gqa=(1, 1),
@@ -321,8 +323,11 @@ PUZZLES = (
              ko="d와 acc는 누적 최댓값 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
+                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check; "
+                "first, on the host, thousands of tokens far below the running max and a max "
+                "that climbs a few points a token",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수"),
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수; 그 전에 호스트에서, 누적 "
+                "최댓값보다 한참 낮은 토큰 수천 개와 토큰마다 조금씩 오르는 최댓값"),
         "kernels.cu:509-519", grade),
 )

@@ -186,10 +186,11 @@ PUZZLES = (
         "def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), two launches of two rows drawn afresh for every check: head_dims with a "
-                "partly used last warp, one to three q heads",
+                "GPU), two launches of two rows drawn afresh for every check: a head_dim with a "
+                "partly used last warp and one of whole warps, one to three q heads, q rows wider "
+                "than their heads",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, "
-                "q 헤드 한 개에서 세 개"),
+                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim과 "
+                "워프를 다 쓰는 head_dim, q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행"),
         "kernels.cu:522", grade),
 )

@@ -323,7 +323,6 @@ def probe(fn) -> None:
 
 
 def grade(fn) -> str:
-    probe(fn)
     drawn = draw_scenarios()
     for scenario in drawn:
         stock = stock_results(scenario)
@@ -345,6 +344,7 @@ def grade(fn) -> str:
                                f"engine's: {mine} vs {list(stock)}",
                             ko=f"[{scenario.label()}] 실행이 엔진과 다릅니다: "
                                f"{mine} 대 {list(stock)}"))
+    probe(fn)
     run_ = " | ".join(s.label() for s in drawn)
     return say(en=f"3 scenarios drawn for this check ({run_}): every decision equals the "
                   "engine's, and so do every request's cached tokens and generated tokens",

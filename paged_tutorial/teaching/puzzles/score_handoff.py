@@ -51,7 +51,8 @@ MANY_WARP_HEAD_DIMS = (104, 120, 128, 136, 152)
 def cases() -> list[KernelCase]:
     """Three launches drawn afresh: one warp (head_dim 32), a head_dim of three warps whose
     last one is partly used, and one of four or five warps, each a few tokens long (so a
-    combine that adds at most two or three warps fails)."""
+    combine that adds at most two or three warps fails), each with its own BLOCK_SIZE, a
+    softmax scale that is not 1/sqrt(head_dim) and q rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
     dims = (32, shapes.pick(rng, THREE_WARP_HEAD_DIMS), shapes.pick(rng, MANY_WARP_HEAD_DIMS))
     return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
