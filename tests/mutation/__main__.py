@@ -1,11 +1,13 @@
-"""``python -m tests.mutation [PUZZLE ...] [--list]``: every mutant of each puzzle's worked
+"""``python -m tests.mutation [PUZZLE ...] [--list | --relist]``: every mutant of each puzzle's worked
 solution (all puzzles by default) through its grader and the deep oracle; writes
 ``tests/mutation/report.json`` (then ``PYTHONPATH=. python tests/teaching/test_puzzles_doc.py``
 regenerates ``docs/puzzles.md`` from it)."""
 
 import sys
 
-from tests.mutation.run import mutants_of, run
+import json
+
+from tests.mutation.run import REPORT_FILE, apply_equivalent_list, mutants_of, run
 from tests.mutation.targets import TARGETS
 
 
@@ -15,6 +17,10 @@ def main(argv) -> int:
     if unknown:
         print(f"no puzzle named {', '.join(unknown)}; puzzles: {', '.join(TARGETS)}")
         return 2
+    if "--relist" in argv:              # the report again against today's equivalent.json
+        report = apply_equivalent_list(json.loads(REPORT_FILE.read_text()))
+        REPORT_FILE.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        return 0
     if "--list" in argv:
         for name in names:
             for m in mutants_of(name):

@@ -106,8 +106,20 @@ def run(puzzles, report_path: Path | None = REPORT_FILE, log=sys.stdout) -> dict
                   file=log, flush=True)
         report["puzzles"][puzzle] = summarize(outcomes)
         report["date"] = time.strftime("%Y-%m-%d")
+        apply_equivalent_list(report)
         if report_path is not None:
             report_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    return report
+
+
+def apply_equivalent_list(report: dict) -> dict:
+    """The report's equivalent and unlisted counts recomputed from its mutants that pass both
+    the check and the deep oracle, against today's ``equivalent.json``."""
+    listed = equivalent_list()
+    for puzzle, row in report.get("puzzles", {}).items():
+        passing = row.get("passing_both", [])
+        row["equivalent"] = sum(k in listed.get(puzzle, {}) for k in passing)
+        row["unlisted"] = len(passing) - row["equivalent"]
     return report
 
 
