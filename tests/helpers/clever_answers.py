@@ -121,6 +121,22 @@ def token_score_module_array(q_val, k, thread_id, scale, dot_products, score):
     return _SCORE[0]
 
 
+def token_score_float_warp_index(q_val, k, thread_id, scale, dot_products, score):
+    qk = q_val * k
+    for off in (16, 8, 4, 2, 1):
+        qk += cuda.shfl_down_sync(WARP_FULL_MASK, qk, off)
+    if thread_id % WARP_SIZE == 0:
+        dot_products[thread_id / WARP_SIZE] = qk         # a float index: no GPU compiles it
+    cuda.syncthreads()
+    if thread_id == 0:
+        total = float32(0.0)
+        for w in range(NUM_WARPS):
+            total += dot_products[w]
+        score[0] = total * scale
+    cuda.syncthreads()
+    return score[0]
+
+
 # --- reductions and guards hard-coded to what is drawn --------------------------------------
 
 def token_score_three_warps(q_val, k, thread_id, scale, dot_products, score):
@@ -259,6 +275,8 @@ CLEVER = {
         "the score handed over in a module-level array": (token_score_module_array,
                                                           "keeps state"),
         "a combine of at most three warps": (token_score_three_warps, "warp"),
+        "the warp's cell indexed by thread_id / WARP_SIZE (a float)":
+            (token_score_float_warp_index, "float index"),
     },
     "05.softmax_update": {
         "drops tokens far below the running max": (softmax_drops_far_below, "below"),

@@ -1,4 +1,4 @@
-"""``python -m tests.mutation [PUZZLE ...] [--list | --relist]``: every mutant of each puzzle's worked
+"""``python -m tests.mutation [PUZZLE ...] [--list | --relist | --recheck]``: every mutant of each puzzle's worked
 solution (all puzzles by default) through its grader and the deep oracle; writes
 ``tests/mutation/report.json`` (then ``PYTHONPATH=. python tests/teaching/test_puzzles_doc.py``
 regenerates ``docs/puzzles.md`` from it)."""
@@ -7,7 +7,7 @@ import sys
 
 import json
 
-from tests.mutation.run import REPORT_FILE, apply_equivalent_list, mutants_of, run
+from tests.mutation.run import REPORT_FILE, apply_equivalent_list, mutants_of, recheck, run
 from tests.mutation.targets import TARGETS
 
 
@@ -20,6 +20,9 @@ def main(argv) -> int:
     if "--relist" in argv:              # the report again against today's equivalent.json
         report = apply_equivalent_list(json.loads(REPORT_FILE.read_text()))
         REPORT_FILE.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        return 0
+    if "--recheck" in argv:             # the report's passing mutants against today's checks
+        recheck(names)
         return 0
     if "--list" in argv:
         for name in names:

@@ -123,6 +123,33 @@ def apply_equivalent_list(report: dict) -> dict:
     return report
 
 
+def recheck(puzzles, report_path: Path = REPORT_FILE, log=sys.stdout) -> dict:
+    """Grade again the mutants the report has passing both the check and the deep oracle (after
+    a check was made stricter: every mutant it refused before it refuses still) and move the
+    ones it now refuses to the refused count."""
+    report = json.loads(report_path.read_text())
+    for puzzle in puzzles:
+        row = report["puzzles"].get(puzzle)
+        if row is None:
+            continue
+        made = {m.key: m for m in mutants_of(puzzle)}
+        still = []
+        for key in row["passing_both"]:
+            answer, verdict = grade(puzzle, made[key])
+            refused = answer is None or verdict.status != "correct"
+            print(f"{puzzle} recheck {'refused' if refused else 'passes'} {key}", file=log,
+                  flush=True)
+            if refused:
+                row["refused"] += 1
+                row["by_operator"][made[key].operator]["refused"] += 1
+            else:
+                still.append(key)
+        row["passing_both"] = still
+    apply_equivalent_list(report)
+    report_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    return report
+
+
 def summarize(outcomes: list[Outcome]) -> dict:
     count = {s: sum(o.status == s for o in outcomes)
              for s in ("refused", "equivalent", "hole", "unlisted")}
