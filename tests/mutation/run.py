@@ -104,6 +104,9 @@ def run(puzzles, report_path: Path | None = REPORT_FILE, log=sys.stdout) -> dict
             print(f"{puzzle} {i + 1}/{len(all_)} {outcome.status:10s} {outcome.seconds:5.1f}s "
                   f"{mutant.key}" + (f"  DEEP: {outcome.deep}" if outcome.deep else ""),
                   file=log, flush=True)
+        if report_path is not None and report_path.exists():   # another run may have written
+            report = json.loads(report_path.read_text())
+            report.setdefault("puzzles", {})
         report["puzzles"][puzzle] = summarize(outcomes)
         report["date"] = time.strftime("%Y-%m-%d")
         apply_equivalent_list(report)
@@ -134,6 +137,15 @@ def recheck(puzzles, report_path: Path = REPORT_FILE, log=sys.stdout) -> dict:
             continue
         made = {m.key: m for m in mutants_of(puzzle)}
         still = []
+        holes = [h["key"] for h in row["holes_found"]]
+        for key in holes:
+            answer, verdict = grade(puzzle, made[key])
+            if answer is None or verdict.status != "correct":
+                print(f"{puzzle} recheck refused (was a hole) {key}", file=log, flush=True)
+                row["refused"] += 1
+                row["hole"] -= 1
+                row["by_operator"][made[key].operator]["refused"] += 1
+                row["holes_found"] = [h for h in row["holes_found"] if h["key"] != key]
         for key in row["passing_both"]:
             answer, verdict = grade(puzzle, made[key])
             refused = answer is None or verdict.status != "correct"
