@@ -56,9 +56,10 @@ def cases() -> list[KernelCase]:
                         num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
+    per_seq = shapes.pick(rng, (4, 6))
+    full_blocks = int(rng.integers(1, min(max(2, 32 // bs), per_seq - 1) + 1))   # a row spare
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
-                         lens=[bs * int(rng.integers(1, max(2, 32 // bs) + 1))], num_layers=2,
-                         max_seq_len=bs * shapes.pick(rng, (4, 6)),
+                         lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
                          max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
