@@ -392,7 +392,8 @@ def probe_full(cls, bs: int = 16) -> str:
     """Two calls where 0 < free blocks < needed, at a table layout drawn afresh with ``bs``
     tokens per block: a prompt that needs more blocks than are free, and a decode step that
     starts a new block in every layer with one block fewer free than layers.  Each must raise
-    CacheFullError and change nothing; returns the layouts probed."""
+    CacheFullError and change nothing.  Then the same decode step with exactly as many blocks
+    free as layers, which must succeed.  Returns the layouts probed."""
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.teaching.puzzles import shapes
 
@@ -404,9 +405,11 @@ def probe_full(cls, bs: int = 16) -> str:
     prompt = int(rng.integers(bs + 1, 3 * bs))         # slot 1's prompt
     prompt_need = -(-prompt // bs) * num_layers
     probed = []
-    for call in ("prompt", "decode"):
-        # 0 < free < needed; a decode step is one short of a block per layer
-        free = int(rng.integers(1, num_layers)) if call == "prompt" else num_layers - 1
+    for call in ("prompt", "decode", "exact"):
+        # 0 < free < needed; a decode step is one short of a block per layer, then has exactly
+        # one per layer
+        free = {"prompt": int(rng.integers(1, num_layers)), "decode": num_layers - 1,
+                "exact": num_layers}[call]
         config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
                              dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
                              max_slots=2, max_seq_len=4 * bs, block_size=bs)
@@ -420,6 +423,14 @@ def probe_full(cls, bs: int = 16) -> str:
             raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
                         f"seed {seed}] {wrong.message}") from None
         slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
+        if call == "exact":
+            try:
+                allocator.ensure_capacity(slot, new_len)
+            except Wrong as wrong:
+                raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, exactly {free} blocks free "
+                            f"for a decode step that starts a block in each of them, seed "
+                            f"{seed}] {wrong.message}") from None
+            continue
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
         where = say(en=f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
