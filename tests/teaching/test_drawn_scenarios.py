@@ -10,6 +10,8 @@ import itertools
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.teaching.puzzles import puzzle
+from paged_tutorial.teaching.puzzles.base import Wrong
 from paged_tutorial.teaching.puzzles import allocator, prefix_sharing, table_sync
 
 
@@ -55,7 +57,10 @@ def test_a_table_sync_that_replays_the_entries_one_check_copied_is_refused():
         script.append(list(changed))
         for i in changed:
             device[i] = host[i]
-    assert ex.grade("06.table_sync", recording).status == "correct"
+    # a check refuses the recording outright (it keeps a list between calls); its grader alone
+    # shows that the next check draws another run, which the replay gets wrong
+    assert "keeps state" in ex.grade("06.table_sync", recording).message
+    puzzle("06.table_sync").grader(recording)
     calls = itertools.count()
 
     def replays(host, device, changed):
@@ -64,8 +69,9 @@ def test_a_table_sync_that_replays_the_entries_one_check_copied_is_refused():
             if i < len(host):
                 device[i] = host[i]
     verdict = ex.grade("06.table_sync", replays)
-    assert verdict.status == "wrong", verdict.message
-    assert "seed " in verdict.message
+    assert verdict.status == "wrong" and "keeps state" in verdict.message, verdict.message
+    with pytest.raises(Wrong, match="seed "):
+        puzzle("06.table_sync").grader(replays)
 
 
 def test_a_share_rule_that_remembers_one_checks_chains_is_refused():
@@ -77,14 +83,16 @@ def test_a_share_rule_that_remembers_one_checks_chains_is_refused():
         if answer:
             shared.add((tuple(tokens), logical_block, n_tokens))
         return answer
-    assert ex.grade("09.can_share", recording).status == "correct"
+    assert "keeps state" in ex.grade("09.can_share", recording).message
+    puzzle("09.can_share").grader(recording)
     assert shared
 
     def remembers(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
         return (tuple(tokens), logical_block, n_tokens) in shared
     verdict = ex.grade("09.can_share", remembers)
-    assert verdict.status == "wrong", verdict.message
-    assert "seed " in verdict.message
+    assert verdict.status == "wrong" and "keeps state" in verdict.message, verdict.message
+    with pytest.raises(Wrong, match="seed "):
+        puzzle("09.can_share").grader(remembers)
 
 
 @pytest.mark.parametrize("name,answer", [

@@ -37,24 +37,33 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert all(c.head_dim % 32 for c in walk)                    # partly used last warps
         assert len({c.head_dim for c in walk}) == 2
         assert all(c.n_q_heads // c.num_kv_heads != 4 for c in walk)
+        assert any(c.num_kv_heads > 1 for c in walk)        # token and KV head strides differ
         assert len({(c.num_layers, c.max_seq_len) for c in walk}) == 2
-        assert any(n % 16 for c in walk for _, n in c.rows)          # a partly filled block
-        assert any(n % 16 == 0 for c in walk for _, n in c.rows)     # a full last block
+        assert len({c.block_size for c in walk}) == 2                 # BLOCK_SIZE drawn
+        assert any(n % c.block_size for c in walk for _, n in c.rows)    # a partly filled block
+        assert any(n % c.block_size == 0 for c in walk for _, n in c.rows)   # a full last one
+        assert any(n > 2 * c.block_size for c in walk for _, n in c.rows)    # past two blocks
         assert walk[0].rows[0][0] != 0                                # row 0 is not slot 0
         table = kernel_addresses.table_cases()
         assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
         assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
-        assert sum(c.max_seq_len % 16 != 0 for c in table) == 1     # one row length rounded up
+        assert sum(c.max_seq_len % c.block_size != 0 for c in table) == 1   # one rounded up
+        assert len({c.block_size for c in table}) == 2
         assert all(n <= c.max_seq_len for c in table for _, n in c.rows)
         k = kernel_addresses.k_cases()
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
         assert len({c.n_q_heads // c.num_kv_heads for c in k}) == 2          # two GQA ratios
         assert all(c.num_kv_heads >= 2 for c in k)          # the KV head a q head reads shows
         store = output_store.cases()
-        assert len({c.head_dim for c in store}) == 2 and all(c.head_dim % 32 for c in store)
+        assert len({c.head_dim for c in store}) == 2
+        assert sorted(c.head_dim % 32 == 0 for c in store) == [False, True]   # partial, whole
+        assert any(c.zero_v_dims for c in store)             # an output that is exactly 0
         dims = sorted(c.head_dim for c in score_handoff.cases())
-        assert dims[:2] == [32, 64] and 64 < dims[2] < 96
+        assert dims[0] == 32 and 64 < dims[1] < 96 and dims[2] > 128      # 1, 3 and 5 warps
+        for c in walk + table + k + store:                   # constants no answer may assume
+            assert c.scale is not None and abs(c.softmax_scale * c.head_dim ** 0.5 - 1) > 0.1
+            assert c.q_row_stride > c.n_q_heads * c.head_dim
 
 
 def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():

@@ -99,6 +99,29 @@ def wrong_answers(name: str) -> list[str]:
     return list(WRONG[name])
 
 
+def clever_answers(name: str) -> list[str]:
+    from helpers.clever_answers import CLEVER
+    return list(CLEVER.get(name, {}))
+
+
+MUTATION_REPORT = HERE.parents[1] / "mutation" / "report.json"
+
+
+def mutation_line(name: str) -> str:
+    """Mutants made / refused / equivalent / holes for ``name``, from the committed report."""
+    import json
+
+    report = json.loads(MUTATION_REPORT.read_text()) if MUTATION_REPORT.exists() else {}
+    row = report.get("puzzles", {}).get(name)
+    if row is None:
+        return "- **Mutants of the worked solution:** not in the report yet"
+    holes = row["hole"] + row["unlisted"]
+    return (f"- **Mutants of the worked solution** (`python -m tests.mutation`, "
+            f"{report.get('date', '?')}): {row['made']} made, {row['refused']} refused by the "
+            f"check, {row['equivalent']} equivalent (listed with reasons in "
+            f"`tests/mutation/equivalent.json`), {holes} hole(s)")
+
+
 def render() -> str:
     out = [
         "# The puzzles: what each check runs, what it rejects",
@@ -119,6 +142,19 @@ def render() -> str:
         "comment or blank line):",
         "what a right answer takes.",
         "",
+        "Mutants: `python -m tests.mutation` makes every mutant of each worked solution (a named "
+        "constant replaced by",
+        "today's value or a neighbour, an operator or comparison swapped, an index term dropped, "
+        "arguments swapped,",
+        "a loop bound moved by one, a statement or a barrier deleted, a shuffle offset changed, "
+        "min/max swapped),",
+        "grades each with the puzzle's check, and runs every one the check passes through a deep "
+        "oracle (`tests/mutation/deep.py`:",
+        "BLOCK_SIZE 8/16/32, up to eleven blocks, head_dims of four and five warps, GQA 5 and 7, "
+        "strided q rows, drawn",
+        "scales, scores spanning +-1000, regrading on fresh draws).  A mutant the check passes and "
+        "the oracle refuses is a hole.",
+        "",
     ]
     for p in PUZZLES:
         draw = inspect.getdoc(DRAWS[p.name]) or ""
@@ -133,6 +169,12 @@ def render() -> str:
         out += [f"  - {what}" for what in wrong_answers(p.name)]
         for test in NAMED_TESTS.get(p.name, []):
             out.append(f"  - `{test}`")
+        clever = clever_answers(p.name)
+        if clever:
+            out.append("- **Clever wrong answers rejected** (`test_clever_wrong_answers.py::"
+                       f"test_clever_wrong_answer_is_refused[{p.name}-...]`):")
+            out += [f"  - {what}" for what in clever]
+        out.append(mutation_line(p.name))
         out.append("")
     return "\n".join(out)
 

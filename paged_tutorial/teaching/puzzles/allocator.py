@@ -20,6 +20,8 @@ invariants after every step, and finally compares every request's tokens with it
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,7 +173,8 @@ def checked(cls):
             need = int(((before[slot, :, :c.blocks_for_tokens(new_len)]) < 0).sum())
             call = f"ensure_capacity(slot={slot}, new_len={new_len})"
             try:
-                super().ensure_capacity(slot, new_len)
+                with through_the_api(self.table):
+                    super().ensure_capacity(slot, new_len)
             except CacheFullError:
                 if not np.array_equal(self.table.entries, before) or self.free_blocks != free \
                         or not _same_state(state, _state(self)):
@@ -194,6 +197,8 @@ def checked(cls):
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
                                    ko="ensure_capacity와 release를 작성하세요")) from None
+            except BehindTheApi:
+                raise Wrong(behind_the_api_message(cls, "ensure_capacity")) from None
             except IndexError as exc:
                 if len(free) < need:
                     raise Wrong(say(
@@ -230,12 +235,15 @@ def checked(cls):
             before, free = self.table.entries.copy(), list(self.free_blocks)
             call = f"release(slot={slot})"
             try:
-                returned = super().release(slot)
+                with through_the_api(self.table):
+                    returned = super().release(slot)
             except (Wrong, Unsolved):
                 raise
             except NotImplementedError:
                 raise Unsolved(say(en="write ensure_capacity and release",
                                    ko="ensure_capacity와 release를 작성하세요")) from None
+            except BehindTheApi:
+                raise Wrong(behind_the_api_message(cls, "release")) from None
             except Exception as exc:
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
                                 ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
@@ -294,6 +302,60 @@ def checked(cls):
     return Checked
 
 
+#: the table's methods that edit entries: the only way an allocator may write the table (they
+#: record what changed, so the device copy hears of it)
+TABLE_EDITS = ("assign", "assign_entries", "assign_columns", "unassign", "unassign_column",
+               "unassign_slot")
+
+
+class BehindTheApi(Exception):
+    """The answer wrote ``table.entries`` itself instead of through the table's methods."""
+
+
+@contextlib.contextmanager
+def through_the_api(table):
+    """While the answer runs, ``table.entries`` can be written only by the table's own edit
+    methods (``TABLE_EDITS``); a direct write raises ``BehindTheApi``."""
+    entries = table.entries
+    was = entries.flags.writeable
+
+    def editing(method):
+        def edit(*args, **kwargs):
+            entries.flags.writeable = True
+            try:
+                return method(*args, **kwargs)
+            finally:
+                entries.flags.writeable = False
+        return edit
+
+    for name in TABLE_EDITS:
+        if hasattr(table, name):
+            setattr(table, name, editing(getattr(table, name)))
+    entries.flags.writeable = False
+    try:
+        yield
+    except ValueError as exc:
+        if "read-only" in str(exc):
+            raise BehindTheApi() from None
+        raise
+    finally:
+        entries.flags.writeable = was
+        for name in TABLE_EDITS:
+            vars(table).pop(name, None)
+
+
+def behind_the_api_message(cls, method: str) -> str:
+    where = f"{getattr(cls, '__name__', 'your class')}.{method}"
+    return say(en=f"{where} wrote self.table.entries directly: the table records each edit made "
+                  "with self.table.assign / unassign so that the device copy the kernels read "
+                  "is updated; an entry written behind them never reaches the GPU.  Edit the "
+                  "table only through its methods",
+               ko=f"{particle(where, '이/가')} self.table.entries에 직접 썼습니다: 테이블은 "
+                  "self.table.assign / unassign으로 한 수정만 기록해 커널이 읽는 디바이스 "
+                  "사본에 보냅니다; 그 밖에서 쓴 항목은 GPU에 닿지 않습니다.  테이블은 그 "
+                  "메서드로만 고치세요")
+
+
 def _state(allocator) -> dict:
     """Everything the allocator holds besides the table, config and listeners, copied."""
     import copy
@@ -331,7 +393,8 @@ def probe_full(cls, bs: int = 16) -> str:
     """Two calls where 0 < free blocks < needed, at a table layout drawn afresh with ``bs``
     tokens per block: a prompt that needs more blocks than are free, and a decode step that
     starts a new block in every layer with one block fewer free than layers.  Each must raise
-    CacheFullError and change nothing; returns the layouts probed."""
+    CacheFullError and change nothing.  Then the same decode step with exactly as many blocks
+    free as layers, which must succeed.  Returns the layouts probed."""
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.teaching.puzzles import shapes
 
@@ -343,9 +406,11 @@ def probe_full(cls, bs: int = 16) -> str:
     prompt = int(rng.integers(bs + 1, 3 * bs))         # slot 1's prompt
     prompt_need = -(-prompt // bs) * num_layers
     probed = []
-    for call in ("prompt", "decode"):
-        # 0 < free < needed; a decode step is one short of a block per layer
-        free = int(rng.integers(1, num_layers)) if call == "prompt" else num_layers - 1
+    for call in ("prompt", "decode", "exact"):
+        # 0 < free < needed; a decode step is one short of a block per layer, then has exactly
+        # one per layer
+        free = {"prompt": int(rng.integers(1, num_layers)), "decode": num_layers - 1,
+                "exact": num_layers}[call]
         config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
                              dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
                              max_slots=2, max_seq_len=4 * bs, block_size=bs)
@@ -359,6 +424,14 @@ def probe_full(cls, bs: int = 16) -> str:
             raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
                         f"seed {seed}] {wrong.message}") from None
         slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
+        if call == "exact":
+            try:
+                allocator.ensure_capacity(slot, new_len)
+            except Wrong as wrong:
+                raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, exactly {free} blocks free "
+                            f"for a decode step that starts a block in each of them, seed "
+                            f"{seed}] {wrong.message}") from None
+            continue
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
         where = say(en=f"{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "

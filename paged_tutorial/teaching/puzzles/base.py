@@ -22,6 +22,7 @@ import numpy as np
 from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.puzzles.faults import checker_fault_message, is_checker_fault
+from paged_tutorial.teaching.puzzles import kept_state
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -123,7 +124,8 @@ class Puzzle:
                 ko=f"{particle(self.function_name, '을/를')} 작성해 그대로 넘기세요 (호출 결과가 아니라 그 자체)"))
         refused = self.check_answer(answer)
         if refused is None and not worked:
-            borrowed = ends_the_program(answer) or borrowed_code(answer)
+            borrowed = ends_the_program(answer) or borrowed_code(answer) or \
+                kept_state.refusal(answer)
             if borrowed is not None:
                 refused = Verdict("wrong", borrowed)
         if refused is not None:

@@ -114,12 +114,18 @@ ENGINE = dict(device="cpu", max_slots=1, max_seq_len=32)
 CHAPTER_SHAPE = ("bfloat16", 2, 8)
 
 
-def shapes_to_run() -> list[tuple[str, int, int]]:
+def shapes_to_run() -> list[tuple]:
     """The engine shapes one check runs: the chapter's, then one drawn afresh in float32
-    (4-byte elements) with another KV-head count and head_dim, so that no constant of the first
-    can stand in for BLOCK_SIZE, KV_DIM, HEAD_DIM or ITEMSIZE."""
+    (4-byte elements) with another KV-head count, head_dim and BLOCK_SIZE (4, 8 or 32 tokens
+    per block), so that no constant of the first can stand in for BLOCK_SIZE, KV_DIM, HEAD_DIM
+    or ITEMSIZE."""
     rng, _ = shapes.fresh_rng()
-    return [CHAPTER_SHAPE, ("float32", shapes.pick(rng, (1, 3)), shapes.pick(rng, (4, 12, 16)))]
+    return [CHAPTER_SHAPE, ("float32", shapes.pick(rng, (1, 3)), shapes.pick(rng, (4, 12, 16)),
+                            shapes.pick(rng, DRAWN_BLOCK_SIZES))]
+
+
+#: tokens per block the drawn shape takes (never the chapter's 16)
+DRAWN_BLOCK_SIZES = (4, 8, 32)
 
 
 @lru_cache(maxsize=8)
@@ -136,7 +142,8 @@ def shaped_model(dtype: str, kv_heads: int, head_dim: int):
 @lru_cache(maxsize=8)
 def stock_run(shape=CHAPTER_SHAPE):
     """(cache config, steps) of a stock engine of ``shape`` serving REQUESTS."""
-    engine = engine_with_cache(shaped_model(*shape), backend="torch", **ENGINE)
+    engine = engine_with_cache(shaped_model(*shape[:3]), backend="torch",
+                               block_size=_block_size(shape), **ENGINE)
     return engine.cache_config, run(engine, REQUESTS)
 
 
@@ -151,16 +158,24 @@ def grade(fn) -> str:
                   "표준 엔진과 비트 단위로 같습니다")
 
 
+def _block_size(shape) -> int:
+    """A shape's tokens per block: its fourth entry, the engine's default when it has none."""
+    from paged_tutorial.config import BLOCK_SIZE_DEFAULT
+
+    return shape[3] if len(shape) > 3 else BLOCK_SIZE_DEFAULT
+
+
 def grade_shape(fn, shape) -> None:
     config, stock = stock_run(shape)
-    where = say(en=f"[{shape[0]}, {shape[1]} KV head(s) x {shape[2]}] ",
-                ko=f"[{shape[0]}, KV 헤드 {shape[1]}개 x {shape[2]}] ")
+    bs = _block_size(shape)
+    where = say(en=f"[{shape[0]}, {shape[1]} KV head(s) x {shape[2]}, BLOCK_SIZE {bs}] ",
+                ko=f"[{shape[0]}, KV 헤드 {shape[1]}개 x {shape[2]}, BLOCK_SIZE {bs}] ")
     try:
         offsets = offsets_of(fn, config)
     except Wrong as wrong:
         raise Wrong(where + wrong.message, figure=wrong.figure) from None
-    engine = engine_with_cache(shaped_model(*shape), backend=OffsetWriterBackend(offsets),
-                               **ENGINE)
+    engine = engine_with_cache(shaped_model(*shape[:3]), backend=OffsetWriterBackend(offsets),
+                               block_size=bs, **ENGINE)
     mine, diff = run(engine, REQUESTS, poison=True, against=stock)
 
     if diff is not None:
@@ -204,8 +219,9 @@ PUZZLES = (
              ko="V는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
                 "V_OFFSET입니다)."),
         Text(en="a real Engine (torch backend, bf16, 2 KV heads, then a float32 shape drawn "
-                "afresh): your offsets place K and V, the decode attention reads them",
-             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 새로 뽑은 "
-                "모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
+                "afresh with its own BLOCK_SIZE): your offsets place K and V, the decode "
+                "attention reads them",
+             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 BLOCK_SIZE와 함께 "
+                "새로 뽑은 모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
         "main.cpp:866-872, kernels.cu:484-485", grade),
 )

@@ -64,17 +64,24 @@ class LocatingWriterBackend(TorchBackend):
             view[phys, 1, row] = v[i].reshape(-1).to(view.dtype)
 
 
-def draw_run() -> tuple[int, int]:
-    """(layers, free-list shuffle seed) of one check, drawn afresh: the table's layout and the
-    blocks each token gets change from check to check, so no remembered block stands in for
-    the table lookup."""
+def draw_run() -> tuple[int, int, int]:
+    """(layers, free-list shuffle seed, BLOCK_SIZE) of one check, drawn afresh: the table's
+    layout, the blocks each token gets and the tokens per block (8 or 4: never the engine's
+    16, so the 20-token prompt spans three or five blocks) change from check to check, so no
+    remembered block and no constant stands in for the table lookup."""
     rng, _ = shapes.fresh_rng()
-    return shapes.pick(rng, (2, 3, 4)), int(rng.integers(1, 2 ** 31))
+    return (shapes.pick(rng, (2, 3, 4)), int(rng.integers(1, 2 ** 31)),
+            shapes.pick(rng, BLOCK_SIZES))
+
+
+#: tokens per block 02.locate draws from (the engine's 16 never: the prompts would fit in two)
+BLOCK_SIZES = (4, 8)
 
 
 @lru_cache(maxsize=4)
-def stock_run(num_layers: int, shuffle: int):
-    engine = engine_with_cache(tiny_model(num_layers), backend="torch", **ENGINE)
+def stock_run(num_layers: int, shuffle: int, block_size: int = 16):
+    engine = engine_with_cache(tiny_model(num_layers), backend="torch", block_size=block_size,
+                               **ENGINE)
     return engine.cache_config, run(engine, REQUESTS, shuffle_seed=shuffle)
 
 
@@ -98,10 +105,11 @@ def explain(backend: LocatingWriterBackend, table: np.ndarray, bs: int) -> tuple
 
 
 def grade(fn) -> str:
-    num_layers, shuffle = draw_run()
-    config, stock = stock_run(num_layers, shuffle)
+    num_layers, shuffle, block_size = draw_run()
+    config, stock = stock_run(num_layers, shuffle, block_size)
     backend = LocatingWriterBackend(fn)
-    engine = engine_with_cache(tiny_model(num_layers), backend=backend, **ENGINE)
+    engine = engine_with_cache(tiny_model(num_layers), backend=backend, block_size=block_size,
+                               **ENGINE)
     mine, diff = run(engine, REQUESTS, shuffle_seed=shuffle, poison=True, against=stock)
 
     if diff is not None:
@@ -112,16 +120,20 @@ def grade(fn) -> str:
             from paged_tutorial.teaching.viz.layout import plot_placements
 
             return plot_placements(config, rows)
-        raise Wrong(say(en=f"[{num_layers} layers, free list shuffled with seed {shuffle}] the "
+        raise Wrong(say(en=f"[{num_layers} layers, BLOCK_SIZE {block_size}, free list shuffled "
+                           f"with seed {shuffle}] the "
                            f"engine's {step.kind} step {step.index} differs from a stock "
                            f"engine's: {message}",
-                        ko=f"[레이어 {num_layers}개, 시드 {particle(shuffle, '으로/로')} 섞은 빈 블록 목록] 엔진의 "
+                        ko=f"[레이어 {num_layers}개, BLOCK_SIZE {block_size}, 시드 "
+                           f"{particle(shuffle, '으로/로')} 섞은 빈 블록 목록] 엔진의 "
                            f"{term(step.kind)} 스텝 {particle(step.index, '이/가')} 표준 엔진과 다릅니다: "
                            f"{message}"), figure=draw)
-    return say(en=f"2 slots x {num_layers} layers from a free list shuffled afresh: every token "
+    return say(en=f"2 slots x {num_layers} layers, BLOCK_SIZE {block_size}, from a free list "
+                  "shuffled afresh: every token "
                   "written where the decode kernel reads it; logits bit-identical to a stock "
                   "engine's",
-               ko=f"슬롯 2개 x 레이어 {num_layers}개, 새로 섞은 빈 블록 목록에서: 모든 토큰을 디코드 "
+               ko=f"슬롯 2개 x 레이어 {num_layers}개, BLOCK_SIZE {block_size}, 새로 섞은 빈 블록 "
+                  "목록에서: 모든 토큰을 디코드 "
                   "커널이 읽는 자리에 썼고, 로짓이 표준 엔진과 비트 단위로 같습니다")
 
 
@@ -142,9 +154,11 @@ PUZZLES = (
                 "the logical block into a physical one.",
              ko="위치 하나는 논리 블록 하나와 그 안의 행 하나에 속합니다; 테이블이 논리 블록을 물리 "
                 "블록으로 바꿉니다."),
-        Text(en="a real Engine (torch backend, 2 slots x 2-4 layers, a free list shuffled afresh): "
-                "your function places every token, the decode attention reads through the table",
-             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, 새로 섞은 빈 블록 목록): 직접 "
+        Text(en="a real Engine (torch backend, 2 slots x 2-4 layers, BLOCK_SIZE 4 or 8, a free "
+                "list shuffled afresh): your function places every token, the decode attention "
+                "reads through the table",
+             ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, BLOCK_SIZE 4 또는 8, 새로 섞은 빈 "
+                "블록 목록): 직접 "
                 "쓴 함수가 모든 토큰을 놓고, 디코드 어텐션이 테이블을 거쳐 읽습니다"),
         "main.cpp:265, 858", grade),
 )

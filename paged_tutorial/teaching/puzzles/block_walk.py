@@ -37,19 +37,30 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, three layers then two (and other numbers of logical blocks per sequence, so
-    no table stride can be a constant), a batch whose rows are in the reverse order of their
-    slots, sequences with a partly filled last block and one whose last block is full."""
+    other than 4, two different BLOCK_SIZEs (8, 16 or 32), three layers then two (and other
+    numbers of logical blocks per sequence, so no table stride can be a constant), a batch
+    whose rows are in the reverse order of their slots, a sequence of three blocks, the last
+    partly filled, and one whose last block is full; softmax scales that are not
+    1/sqrt(head_dim) and q rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
-    layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1)), 2)
+    # one KV head, then two or three (a K address that swaps the token and the KV head shows)
+    layouts = [shapes.pick(rng, ((1, 2), (1, 3))), shapes.pick(rng, ((2, 1), (3, 1), (2, 3)))]
+    # two different BLOCK_SIZEs; the first small enough that its sequence spans three blocks
+    first_bs = shapes.pick(rng, (8, 16))
+    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs])]
+    bs = sizes[0]
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
-                        lens=[shapes.partly_filled(rng, 17, 26), int(rng.integers(1, 13))],
-                        num_layers=3, max_seq_len=16 * shapes.pick(rng, (2, 4)))
+                        lens=[shapes.partly_filled(rng, 2 * bs + 1, 3 * bs - 1, bs),
+                              int(rng.integers(1, 13))],
+                        num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
+                        **shapes.drawn_constants(rng, dims[0], bs))
+    bs = sizes[1]
+    per_seq = shapes.pick(rng, (4, 6))
+    full_blocks = int(rng.integers(1, min(max(2, 32 // bs), per_seq - 1) + 1))   # a row spare
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
-                         lens=[16 * int(rng.integers(1, 3))], num_layers=2,
-                         max_seq_len=16 * shapes.pick(rng, (3, 5)),
-                         max_slots=2, slots=[1])
+                         lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
+                         max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
 

@@ -34,10 +34,11 @@ RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a
 
 
 def table_cases() -> list[KernelCase]:
-    """Two table layouts drawn afresh: slots, layers (the one read among them) and logical
-    blocks per sequence all differ between the two, no layout has as many layers as logical
-    blocks per sequence, and one layout's max_seq_len is not a multiple of BLOCK_SIZE (its
-    rows are max_seq_len / BLOCK_SIZE rounded up)."""
+    """Two table layouts drawn afresh: slots, layers (the one read among them), logical
+    blocks per sequence and BLOCK_SIZE (8, 16 or 32) all differ between the two, no layout has
+    as many layers as logical blocks per sequence, and one layout's max_seq_len is not a
+    multiple of BLOCK_SIZE (its rows are max_seq_len / BLOCK_SIZE rounded up); softmax scales
+    and q row strides are drawn too."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
@@ -47,14 +48,16 @@ def table_cases() -> list[KernelCase]:
     per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
     short = int(rng.integers(0, 2))            # the layout whose last block is cut short
     out = []
+    sizes = shapes.distinct(rng, shapes.BLOCK_SIZES, 2)
     for i in range(2):
-        n = slots[i]
-        max_seq_len = BLOCK_SIZE * per_seq[i] - (int(rng.integers(1, BLOCK_SIZE))
-                                                 if i == short else 0)
+        n, bs = slots[i], sizes[i]
+        max_seq_len = bs * per_seq[i] - (int(rng.integers(1, bs)) if i == short else 0)
         lens = [int(rng.integers(1, min(40, max_seq_len) + 1)) for _ in range(n)]
-        out.append(shapes.case(rng, seed + i, head_dim=shapes.pick(rng, (16, 24)), gqa=(1, 1),
+        head_dim = shapes.pick(rng, (16, 24))
+        out.append(shapes.case(rng, seed + i, head_dim=head_dim, gqa=(1, 1),
                                lens=lens, num_layers=layers[i], max_slots=n,
-                               slots=list(rng.permutation(n)), max_seq_len=max_seq_len))
+                               slots=list(rng.permutation(n)), max_seq_len=max_seq_len,
+                               **shapes.drawn_constants(rng, head_dim, bs)))
     return out
 
 
@@ -84,8 +87,9 @@ K_INDEX_GQA_RATIOS = (1, 2, 3, 4, 8)
 def k_cases() -> list[KernelCase]:
     """Two launches drawn afresh with different head_dims (one with a partly used last warp),
     numbers of KV heads (two or three, so the KV head a query head reads shows) and GQA ratios
-    (two different ones among 1, 2, 3, 4 and 8), so that no stride and no ratio can be a
-    constant."""
+    (two different ones among 1, 2, 3, 4 and 8), BLOCK_SIZE (8, 16 or 32), a softmax scale that
+    is not 1/sqrt(head_dim) and q rows wider than their heads, so that no stride and no ratio
+    can be a constant."""
     rng, seed = shapes.fresh_rng()
     dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng, (16, 32, 64))]
     kv_heads = shapes.distinct(rng, (2, 3), 2)
@@ -93,7 +97,8 @@ def k_cases() -> list[KernelCase]:
     if 8 in ratios:                           # 8 q heads per kv head: only two kv heads
         kv_heads[ratios.index(8)], kv_heads[1 - ratios.index(8)] = 2, 3
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=(kv_heads[i], ratios[i]),
-                        lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0])
+                        lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0],
+                        **shapes.drawn_constants(rng, dims[i]))
             for i in range(2)]
 
 

@@ -69,14 +69,33 @@ class KernelCase:
     num_blocks: int = 16
     q_scale: float = 1.0
     seed: int = 0
+    block_size: int = 16
+    #: the softmax scale the kernel is launched with; None: the model's 1/sqrt(head_dim)
+    scale: float | None = None
+    #: elements between the end of one q row's heads and the next row (q rows of a wider
+    #: matrix: the kernel's q_row_stride is n_q_heads * head_dim + q_row_pad)
+    q_row_pad: int = 0
+    #: dimensions (from 0) of every KV head whose V is 0 in every token: their output is
+    #: exactly 0 (acc is 0), which a store that skips zeros leaves unwritten
+    zero_v_dims: int = 0
 
     @property
     def config(self) -> CacheConfig:
         return CacheConfig(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
                            head_dim=self.head_dim, dtype="float32",
-                           kv_cache_bytes=self.num_blocks * 2 * 16 * self.num_kv_heads
-                           * self.head_dim * 4,
-                           max_slots=self.max_slots, max_seq_len=self.max_seq_len)
+                           kv_cache_bytes=self.num_blocks * 2 * self.block_size
+                           * self.num_kv_heads * self.head_dim * 4,
+                           max_slots=self.max_slots, max_seq_len=self.max_seq_len,
+                           block_size=self.block_size)
+
+    @property
+    def q_row_stride(self) -> int:
+        """Elements from one batch row of q to the next, as the kernel is given it."""
+        return self.n_q_heads * self.head_dim + self.q_row_pad
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
 
 
 @dataclass
@@ -114,10 +133,13 @@ def prepare(case: KernelCase) -> Prepared:
         cache.ensure_capacity(slot, n)
     gen = torch.Generator().manual_seed(case.seed)
     cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=gen).to(cache.buffer.device))
+    if case.zero_v_dims:
+        halves = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
+        halves[:, 1, :, :, :case.zero_v_dims] = 0.0
     q = torch.randn(len(case.rows), case.n_q_heads, case.head_dim, generator=gen) * case.q_scale
     slots = [s for s, _ in case.rows]
     lens = [n for _, n in case.rows]
-    scale = 1.0 / math.sqrt(case.head_dim)
+    scale = case.softmax_scale
     cpu = clone_cache(cache, "cpu")
     from paged_tutorial.backends.torch_ref import TorchBackend
 
@@ -135,6 +157,25 @@ def prepare(case: KernelCase) -> Prepared:
                         for (row, h), t in traces.items())
     return Prepared(case, cache, poisoned, q, reference, traces, scale, slots, lens,
                     max_abs_score)
+
+
+def launch_q(prep: Prepared, device) -> torch.Tensor:
+    """A fresh copy of the case's q on ``device``, as the kernel gets it: [rows, heads,
+    head_dim] whose rows are ``case.q_row_stride`` elements apart (the padding between rows
+    holds NaN: a read of it poisons the output)."""
+    case = prep.case
+    rows, width = len(case.rows), case.n_q_heads * case.head_dim
+    storage = torch.full((rows, case.q_row_stride), float("nan"), dtype=prep.q.dtype)
+    storage[:, :width] = prep.q.reshape(rows, width)
+    return storage.to(device)[:, :width].unflatten(1, (case.n_q_heads, case.head_dim))
+
+
+def q_span(q: torch.Tensor) -> torch.Tensor:
+    """The flat span of q's storage the kernel addresses (row stride included), so that an
+    access log's index is the kernel's own ``row * q_row_stride + head * HEAD_DIM + dim``."""
+    rows = q.shape[0]
+    span = (rows - 1) * q.stride(0) + q.shape[1] * q.shape[2] if rows else 0
+    return q.as_strided((span,), (1,), q.storage_offset())
 
 
 @dataclass
@@ -159,7 +200,7 @@ def run(prep: Prepared, parts) -> KernelRun:
     if host_only is not None:
         raise Wrong(host_only)
     dev = kernel_device()
-    q = prep.q.to(dev).clone()
+    q = launch_q(prep, dev)
     table = prep.poisoned.device_block_table()
     logs = None
     try:
@@ -489,7 +530,7 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     if host_only is not None:
         return BodyRun(None, None, None, [], host_only)
     dev = kernel_device()
-    q = prep.q.to(dev).clone()
+    q = launch_q(prep, dev)
     table = prep.poisoned.device_block_table()
     logs = shared = None
     error = None
@@ -502,7 +543,8 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
         with quiet_nan_arithmetic(), simulated_time_limit(limit):
             if access_log.AVAILABLE:
                 with access_log.record_kernel_accesses(kv_cache=prep.poisoned.buffer,
-                                                       block_table=table, q=q) as logs, \
+                                                       block_table=table,
+                                                       q=q_span(q)) as logs, \
                         access_log.record_shared_accesses() as shared:
                     launch()
             else:

@@ -33,21 +33,34 @@ RISE = 200.0
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: a few dozen ordinary tokens (the running max rises several
     times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
-    relative to the running max overflows even a float64."""
+    relative to the running max overflows even a float64; BLOCK_SIZE, the softmax scale and the
+    q row stride drawn for each.  Before them, on the host (``check_far_below``): thousands of
+    tokens 16 below the running max, and a max that climbs a few points a token."""
     rng, seed = shapes.fresh_rng()
-    ordinary = shapes.case(rng, seed, head_dim=shapes.pick(rng, (16, 24, 32)), gqa=(1, 1),
+    head_dim = shapes.pick(rng, (16, 24, 32))
+    ordinary = shapes.case(rng, seed, head_dim=head_dim, gqa=(1, 1),
                            lens=[int(rng.integers(18, 31))], max_slots=1, slots=[0],
-                           q_scale=1.5)
-    return [ordinary, wide_case(rng, seed + 1)]
+                           q_scale=1.5, **shapes.drawn_constants(rng, head_dim))
+    return [ordinary, wide_case(rng, seed + 1, drawn=True)]
 
 
-def wide_case(rng, seed: int) -> KernelCase:
+def wide_case(rng, seed: int, drawn: bool = False) -> KernelCase:
     """A few tokens whose widest score is past ``WIDE_SCORE`` and ``RISE`` above the first
-    token's (redrawn until it is)."""
+    token's (redrawn until it is); with ``drawn``, BLOCK_SIZE, the scale and the q row stride
+    are drawn too (a check's case; without, the model's, as a notebook's fixed demo)."""
     for attempt in range(64):
-        wide = shapes.case(rng, seed + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
-                           gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1, slots=[0],
-                           q_scale=float(rng.uniform(650.0, 800.0)))
+        if not drawn:
+            wide = shapes.case(rng, seed + attempt, head_dim=shapes.pick(rng, (16, 24, 32)),
+                               gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1,
+                               slots=[0], q_scale=float(rng.uniform(650.0, 800.0)))
+        else:
+            head_dim = shapes.pick(rng, (16, 24, 32))
+            constants = shapes.drawn_constants(rng, head_dim)
+            # q scaled so that the scores (scale included) reach several hundred
+            q_scale = float(rng.uniform(650.0, 800.0)) / (constants["scale"] * np.sqrt(head_dim))
+            wide = shapes.case(rng, seed + attempt, head_dim=head_dim,
+                               gqa=(1, 1), lens=[int(rng.integers(6, 11))], max_slots=1,
+                               slots=[0], q_scale=q_scale, **constants)
         scores, _ = _scores_and_values(prepare(wide))
         # the max is past what a double's exp() holds, and it rises far above the first score:
         # an update that keeps its first max overflows as surely as one that keeps none
@@ -159,6 +172,67 @@ def _first_divergence(scores, mine, article) -> str:
                ko="호스트 재현은 글의 업데이트와 같습니다; 돌려주는 값의 타입을 비교해 보세요")
 
 
+#: how far below the running max the far-below probe's tokens score: exp(-FAR_BELOW) is still
+#: above half a float32 ulp of 1, so each of them still changes d in float32
+FAR_BELOW = 16.0
+#: how many such tokens the probe folds in: together they move acc / d far past the tolerance
+FAR_BELOW_TOKENS = 3000
+
+
+def check_far_below(fn) -> None:
+    """One token, then ``FAR_BELOW_TOKENS`` tokens ``FAR_BELOW`` below it, replayed on the host
+    with the reader's update and the article's: each of them weighs little, but together they
+    weigh much, so an update that skips tokens far below the running max (or otherwise leaves
+    small weights out) is refused."""
+    rng, _ = shapes.fresh_rng()
+    top = float(rng.uniform(-50.0, 50.0))
+    scores = np.array([top] + [top - FAR_BELOW] * FAR_BELOW_TOKENS)
+    values = np.array([0.0] + [1.0] * FAR_BELOW_TOKENS)
+    climb = top + float(rng.uniform(2.0, 4.0)) * np.arange(CLIMB_TOKENS)
+    climbing = _host_difference(fn, climb, rng.standard_normal(CLIMB_TOKENS))
+    if climbing is not None:
+        raise Wrong(say(en=f"scores climbing by a few points a token, from {climb[0]:.4g} to "
+                           f"{climb[-1]:.4g}: {climbing}",
+                        ko=f"토큰마다 몇씩 오르는 점수 ({climb[0]:.4g}에서 {climb[-1]:.4g}까지): "
+                           f"{climbing}"))
+    mine, article = replay(fn, scores, values), replay(article_update, scores, values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        got = mine[-1, 2] / mine[-1, 1] if len(mine) == len(article) else float("nan")
+    want = article[-1, 2] / article[-1, 1]
+    if not np.isfinite(got) or abs(got - want) > 1e-4 * (1 + abs(want)) + 0.05 * abs(want):
+        raise Wrong(say(
+            en=f"a token scoring {top:.4g}, then {FAR_BELOW_TOKENS} tokens scoring "
+               f"{top - FAR_BELOW:.4g} ({FAR_BELOW:g} below the running max; V = 1 for them, 0 "
+               f"for the first): acc / d is {got:.4g} with your update, {want:.4g} with the "
+               "article's.  Each of those tokens weighs exp(-16) of the first, but together "
+               "they count: every token is folded in, however far below the running max",
+            ko=f"점수 {top:.4g}인 토큰 하나, 그 뒤 점수 {top - FAR_BELOW:.4g}인 토큰 "
+               f"{FAR_BELOW_TOKENS}개 (누적 최댓값보다 {FAR_BELOW:g} 낮음; V는 그 토큰들이 1, "
+               f"첫 토큰이 0): acc / d가 여러분의 업데이트로는 {got:.4g}, 글의 것으로는 "
+               f"{want:.4g}입니다.  그 토큰 하나하나는 첫 토큰의 exp(-16)배지만 모이면 "
+               "무게가 있습니다: 누적 최댓값보다 얼마나 낮든 모든 토큰을 더하세요"))
+
+
+#: tokens of the climbing probe (a few points a token): far enough for a max that is not kept
+#: up to date to overflow a float32 (exp(89)) whatever lag it allows below a few hundred
+CLIMB_TOKENS = 150
+
+
+def _host_difference(fn, scores, values) -> str | None:
+    """The first token where the reader's update, replayed on the host, leaves the article's
+    acc / d, in words; None when they agree throughout."""
+    mine, article = replay(fn, scores, values), replay(article_update, scores, values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        got = mine[:, 2] / mine[:, 1]
+        want = article[:, 2] / article[:, 1]
+    n = len(article)
+    bad = [t for t in range(n) if t >= len(mine) or not np.isfinite(got[t])
+           or abs(got[t] - want[t]) > 1e-4 * (1 + abs(want[t]))]
+    if not bad:
+        return None
+    return _first_divergence(scores, mine, article)
+
+
 def _grade_case(fn, parts, case):
     """Run one launch with ``parts`` (``fn`` the update in them); raise Wrong naming the shape
     and the first token that differs, replayed on the host."""
@@ -207,6 +281,7 @@ def grade(fn) -> tuple:
         raise Wrong(_three_numbers(first))
     f32 = np.float32
     check_compiles(fn, (f32(-np.inf), f32(0.0), f32(0.0), f32(0.5), f32(1.0)))
+    check_far_below(fn)
     parts = attention.ARTICLE_PARTS.replace(softmax_update=fn)
     drawn = cases()
     for case in drawn:
@@ -254,8 +329,11 @@ PUZZLES = (
              ko="d와 acc는 누적 최댓값 기준으로 유지됩니다: 최대가 오르면 지금까지 더한 값을 새 "
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check",
+                "GPU), ordinary scores and scores up to +-800, drawn afresh for every check; "
+                "first, on the host, thousands of tokens far below the running max and a max "
+                "that climbs a few points a token",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수"),
+                "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수; 그 전에 호스트에서, 누적 "
+                "최댓값보다 한참 낮은 토큰 수천 개와 토큰마다 조금씩 오르는 최댓값"),
         "kernels.cu:509-519", grade),
 )

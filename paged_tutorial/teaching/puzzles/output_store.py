@@ -23,19 +23,30 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
                                                             is_stub,
                                                             prepare, run_body)
 
+#: head_dims of whole warps (no idle thread: a guard derived from HEAD_DIM % 32 fails here)
+FULL_WARP_HEAD_DIMS = (32, 64)
+
+
 def cases() -> list[KernelCase]:
-    """Two launches drawn afresh, each with two batch rows and a head_dim whose last warp is
-    partly used (threads past head_dim own nothing), with different numbers of q heads."""
+    """Two launches drawn afresh, each with two batch rows in q rows wider than their heads:
+    one head_dim whose last warp is partly used (threads past head_dim own nothing), one of
+    whole warps; different numbers of q heads; in the first, V is 0 in a few dimensions, so
+    their output is exactly 0."""
     rng, seed = shapes.fresh_rng()
-    dims = shapes.distinct(rng, shapes.PARTIAL_WARP_HEAD_DIMS, 2)
+    dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng,
+                                                                          FULL_WARP_HEAD_DIMS)]
+    order = rng.permutation(2)
+    dims = [dims[i] for i in order]
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 2)
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
-                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))])
+                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))],
+                        zero_v_dims=int(rng.integers(1, 4)) if i == 0 else 0,
+                        **shapes.drawn_constants(rng, dims[i]))
             for i in range(2)]
 
 
 def q_element_name(case, element: int) -> str:
-    row, rem = divmod(int(element), case.n_q_heads * case.head_dim)
+    row, rem = divmod(int(element), case.q_row_stride)
     head, dim = divmod(rem, case.head_dim)
     return say(en=f"row {row}, q head {head}, dim {dim}", ko=f"행 {row}, q 헤드 {head}, 차원 {dim}")
 
@@ -49,7 +60,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
                       ko=f"스레드 블록 (행 {row}, q 헤드 {h})")
             mine = sorted((r for r in writes.records if r.block == (row, h) and r.op == "W"),
                           key=lambda r: (r.thread, r.seq))
-            base = (row * case.n_q_heads + h) * case.head_dim
+            base = row * case.q_row_stride + h * case.head_dim
             for r in mine:
                 if r.index != base + r.thread or r.thread >= case.head_dim:
                     if r.thread >= case.head_dim:
@@ -175,10 +186,11 @@ PUZZLES = (
         "def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), two launches of two rows drawn afresh for every check: head_dims with a "
-                "partly used last warp, one to three q heads",
+                "GPU), two launches of two rows drawn afresh for every check: a head_dim with a "
+                "partly used last warp and one of whole warps, one to three q heads, q rows wider "
+                "than their heads",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, "
-                "q 헤드 한 개에서 세 개"),
+                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim과 "
+                "워프를 다 쓰는 head_dim, q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행"),
         "kernels.cu:522", grade),
 )

@@ -261,6 +261,67 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
                   "있던 토큰을 다시 계산했습니다")
 
 
+def probe_cases(rng) -> list:
+    """(what, arguments) of the host probe: records a share rule must tell apart whatever the
+    engine's streams happen to ask, drawn afresh (tokens, BLOCK_SIZE, the block's place)."""
+    from paged_tutorial.cache.prefix_cache import CachedBlock
+
+    bs = shapes.pick(rng, (8, 16))
+    lb = int(rng.integers(1, 4))
+    n_tokens = (lb + 2) * bs + int(rng.integers(0, bs))
+    tokens = tuple(int(t) for t in rng.choice(500, bs, replace=False))
+    parent = CachedBlock(11, tuple(int(t) for t in rng.integers(0, 500, bs)), None, lb - 1,
+                         (1,))
+    twin = CachedBlock(12, parent.tokens, None, lb - 1, (2,))
+    shuffled = tuple(tokens[i] for i in np.roll(np.arange(bs), int(rng.integers(1, bs))))
+    middle = list(tokens)
+    middle[int(rng.integers(1, bs - 1))] += 1000
+    record = lambda toks, par, at=lb: CachedBlock(13, tuple(toks), par, at, (3,))  # noqa: E731
+    return [
+        (say(en="the same tokens after the same block", ko="같은 블록 뒤의 같은 토큰"),
+         (record(tokens, parent), tokens, parent, lb, n_tokens, bs)),
+        (say(en="block 0 with the same tokens (no parent on either side)",
+             ko="같은 토큰의 0번 블록 (양쪽 모두 부모 없음)"),
+         (record(tokens, None, 0), tokens, None, 0, n_tokens, bs)),
+        (say(en="the same tokens in another order", ko="순서만 다른 같은 토큰"),
+         (record(shuffled, parent), tokens, parent, lb, n_tokens, bs)),
+        (say(en="the same first and last token, another one in between",
+             ko="첫 토큰과 끝 토큰은 같고 가운데 토큰 하나가 다름"),
+         (record(middle, parent), tokens, parent, lb, n_tokens, bs)),
+        (say(en="a parent holding the same tokens as the block before, but another cached "
+                "block than the one this request shares",
+             ko="앞 블록과 같은 토큰을 담았지만 이 요청이 공유하는 것과는 다른 캐시 블록인 부모"),
+         (record(tokens, twin), tokens, parent, lb, n_tokens, bs)),
+        (say(en=f"a block with no parent found for logical block {lb} (past the first)",
+             ko=f"논리 블록 {lb} (첫 블록이 아님)에서 찾은 부모 없는 블록"),
+         (record(tokens, None), tokens, parent, lb, n_tokens, bs)),
+        (say(en="the block of the prompt's last token", ko="프롬프트 마지막 토큰의 블록"),
+         (record(tokens, parent), tokens, parent, lb, (lb + 1) * bs, bs)),
+    ]
+
+
+PROBE_NAMES = ["found", "tokens", "previous", "logical_block", "n_tokens", "BLOCK_SIZE"]
+
+
+def probe(fn) -> None:
+    """The rule on records built to tell each shortcut apart (``probe_cases``): a token
+    compare that ignores order or looks at some tokens only, a parent compared by its tokens
+    rather than as the very block shared, a parentless record taken anywhere."""
+    rng, _ = shapes.fresh_rng()
+    for what, args in probe_cases(rng):
+        want = may_share(*args)
+        got = host_call(fn, args, PROBE_NAMES)
+        if isinstance(got, (bool, np.bool_)) and bool(got) == want:
+            continue
+        found, tokens, previous, lb, n_tokens, bs = args
+        raise Wrong(say(
+            en=f"{what} (logical block {lb}, BLOCK_SIZE {bs}, n_tokens {n_tokens}; "
+               f"found.tokens {found.tokens}, tokens {tokens}): your rule says {got!r}, the "
+               f"answer is {want}",
+            ko=f"{what} (논리 블록 {lb}, BLOCK_SIZE {bs}, n_tokens {n_tokens}; found.tokens "
+               f"{found.tokens}, tokens {tokens}): 규칙은 {got!r}, 답은 {want}"))
+
+
 def grade(fn) -> str:
     drawn = draw_scenarios()
     for scenario in drawn:
@@ -283,6 +344,7 @@ def grade(fn) -> str:
                                f"engine's: {mine} vs {list(stock)}",
                             ko=f"[{scenario.label()}] 실행이 엔진과 다릅니다: "
                                f"{mine} 대 {list(stock)}"))
+    probe(fn)
     run_ = " | ".join(s.label() for s in drawn)
     return say(en=f"3 scenarios drawn for this check ({run_}): every decision equals the "
                   "engine's, and so do every request's cached tokens and generated tokens",

@@ -6,8 +6,8 @@ limit 3: its kernel hands the score over in ``dot_products[0]``, which the next 
 publish overwrites with no barrier in between).
 
 The grader compiles her ``token_score`` into the article's kernel (``KernelParts``) and runs it
-for head_dim 32 (one warp), 64 (the article's two) and one drawn afresh for every check whose
-last warp is partly filled (72-88: three warps)
+for head_dim 32 (one warp), a head_dim of three warps whose last warp holds a lane or two (65, 66)
+and one of five warps (129-132), drawn afresh for every check,
 on a poisoned cache, against the torch oracle.  In the simulator it also records every
 shared-memory access with its barrier epoch (``access_log.record_shared_accesses``) and every
 barrier, and rejects, naming threads, cells and lines:
@@ -42,15 +42,25 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 WARP_SIZE = 32
 
 
+#: head_dims of three warps whose last one holds a lane or two: a warp count that rounds
+#: head_dim / 33 or / 31 up, or leaves the last warp out, is wrong here
+THREE_WARP_HEAD_DIMS = (65, 66)
+#: head_dims of five warps, the last holding a few lanes
+MANY_WARP_HEAD_DIMS = (129, 130, 131, 132)
+
+
 def cases() -> list[KernelCase]:
-    """Three launches drawn afresh: one warp (head_dim 32), the article's two (64), and a
-    head_dim of three warps whose last one is partly used, each a few tokens long (so a
-    combine that adds at most two warps fails)."""
+    """Three launches drawn afresh: one warp (head_dim 32), a head_dim of three warps whose
+    last one is partly used, and one of five warps, each a few tokens long (so a
+    combine that adds at most two or three warps fails; each last warp holds only a lane or
+    a few, so a warp count rounded from head_dim / 33 fails), each with its own BLOCK_SIZE, a
+    softmax scale that is not 1/sqrt(head_dim) and q rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
-    partial = shapes.pick(rng, (72, 80, 88))
+    dims = (32, shapes.pick(rng, THREE_WARP_HEAD_DIMS), shapes.pick(rng, MANY_WARP_HEAD_DIMS))
     return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
-                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0])
-            for i, d in enumerate((32, 64, partial))]
+                        lens=[int(rng.integers(2, 6))], max_slots=1, slots=[0],
+                        **shapes.drawn_constants(rng, d))
+            for i, d in enumerate(dims)]
 
 
 def warps(head_dim: int) -> int:
@@ -249,10 +259,12 @@ PUZZLES = (
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), head_dim 32, 64 and one of three warps, the last partly used, drawn "
-                "afresh for every check, with the simulator's shared-memory race check",
+                "GPU), head_dim 32, one of three warps and one of five (the last holding a lane "
+                "or a few), drawn afresh for every check with BLOCK_SIZE and the scale, with the "
+                "simulator's shared-memory race check",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "head_dim 32, 64, 그리고 채점할 때마다 새로 뽑는, 워프 세 개 중 마지막을 "
-                "일부만 쓰는 head_dim 하나; 시뮬레이터의 공유 메모리 경합 검사 포함"),
+                "head_dim 32, 그리고 채점할 때마다 BLOCK_SIZE, scale과 함께 새로 뽑는, 워프 세 "
+                "개와 다섯 개 (마지막 워프는 레인 한두 개만 씀)의 head_dim 하나씩; "
+                "시뮬레이터의 공유 메모리 경합 검사 포함"),
         "kernels.cu:486-508", grade),
 )

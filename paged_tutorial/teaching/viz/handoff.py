@@ -92,11 +92,13 @@ def plot_q_writes(case, writes_by_thread: dict, row: int = 0, q_head: int = 0):
     from matplotlib.patches import Rectangle
 
     n_rows, heads, dim = len(case.rows), case.n_q_heads, case.head_dim
+    stride = getattr(case, "q_row_stride", heads * dim)   # q rows may be wider than heads
     grid = np.full((n_rows * heads, dim), np.nan)
     for thread, elements in writes_by_thread.items():
         for e in np.asarray(elements).ravel().tolist():
-            if 0 <= e < grid.size:
-                grid.flat[e] = thread
+            r, rem = divmod(int(e), stride)
+            if 0 <= r < n_rows and rem < heads * dim:
+                grid.flat[r * heads * dim + rem] = thread
     fig, ax = plt.subplots(figsize=(6.4, 0.35 * n_rows * heads + 1.2), dpi=FIG_DPI)
     cmap = plt.get_cmap("turbo").with_extremes(bad="#dddddd")
     ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=max(dim - 1, 1),

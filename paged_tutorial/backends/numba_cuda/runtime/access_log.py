@@ -290,6 +290,10 @@ class SharedCells:
 
     def _note(self, op: str, index, frame, value=None):
         t, block, thread = _here()
+        if isinstance(index, (float, np.floating)):
+            raise IndexError(f"{self.name}[{index!r}] by thread {thread} of block {block}: a "
+                             "float index (a GPU compiles no array access with one; use // "
+                             "rather than /)")
         try:
             i = int(index)
         except TypeError:

@@ -1,0 +1,223 @@
+"""What an answer may not do besides computing from its arguments: keep state between calls
+(a module-level or class-level dict, list, set or array it reads or writes, a ``global`` it
+assigns, a memoizing decorator, a mutable default), or reach the running program around its
+arguments (``sys.modules``, ``getattr(obj, "__subclasses__")``, frames, globals, ``eval``).
+
+Every check calls an answer many times while the table, the free list and the shapes change
+between calls: a remembered result goes stale, and code that finds the engine's or the
+checker's objects by another path than its arguments could read or change how it is graded.
+``refusal(answer)`` says, in words, what the answer did; None when it does neither.
+"""
+
+from __future__ import annotations
+
+import collections
+import dis
+import inspect
+import types
+
+import numpy as np
+
+from paged_tutorial.teaching.language import particle, say
+
+#: containers that keep what is put in them from one call to the next
+MUTABLE_TYPES = (dict, list, set, bytearray, np.ndarray, collections.deque)
+#: names (attributes, builtins, or strings passed to getattr) that reach the running program
+#: around an answer's arguments
+REACHING_NAMES = ("__subclasses__", "__mro__", "__bases__", "__base__", "__globals__",
+                  "__closure__", "__code__", "__builtins__", "__dict__", "modules",
+                  "_getframe", "currentframe", "f_back", "f_globals", "f_locals",
+                  "get_referrers", "get_referents", "get_objects", "globals", "locals", "vars",
+                  "eval", "exec", "compile", "__import__")
+#: modules whose import gives an answer the running program rather than arithmetic
+REACHING_MODULES = ("sys", "gc", "inspect", "builtins", "ctypes", "importlib", "types",
+                    "__main__")
+#: the functions the graders' own code is in (never an answer's helper)
+PACKAGE = "paged_tutorial"
+
+
+def _functions(answer):
+    """(where, function) for ``answer``, a class's methods (its own and its non-package bases'),
+    and every plain helper function they call through a global or a closure, each once."""
+    todo = []
+    if inspect.isclass(answer):
+        for klass in answer.__mro__:
+            if str(klass.__module__).startswith(PACKAGE) or klass is object:
+                continue
+            for name, value in vars(klass).items():
+                value = getattr(value, "__func__", value)
+                if inspect.isfunction(value):
+                    todo.append((f"{answer.__name__}.{name}", value))
+    else:
+        fn = getattr(answer, "py_func", answer)
+        if inspect.isfunction(fn):
+            todo.append((getattr(fn, "__name__", "your function"), fn))
+    seen = set()
+    while todo:
+        where, fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        yield where, fn
+        for _, value in _globals_used(fn) + _cells(fn):
+            if inspect.isfunction(value) and not str(value.__module__).startswith(PACKAGE):
+                todo.append((value.__name__, value))
+
+
+def _codes(code):
+    out = [code]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out += _codes(const)
+    return out
+
+
+def _globals_used(fn) -> list:
+    names = set()
+    for code in _codes(fn.__code__):
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"):
+                names.add(ins.argval)
+    g = fn.__globals__
+    return [(n, g[n]) for n in sorted(names) if n in g]
+
+
+def _cells(fn) -> list:
+    out = []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:
+            continue
+    return out
+
+
+def _kind(value) -> str:
+    if isinstance(value, np.ndarray):
+        return say(en="an array", ko="배열")
+    return say(en=f"a {type(value).__name__}", ko=type(value).__name__)
+
+
+def _keeps(where: str, what: str) -> str:
+    return say(en=f"{where} keeps state between calls: {what}.  The check calls it many times "
+                  "while the table, the free list and the shapes change between calls, so "
+                  "anything remembered from an earlier call is stale; compute the answer from "
+                  "the arguments on every call (a kernel part hands values between threads "
+                  "through the shared arrays it is given)",
+               ko=f"{particle(where, '이/가')} 호출 사이에 상태를 간직합니다: {what}.  채점은 "
+                  "테이블, 빈 블록 목록, 모양이 바뀌는 사이에 여러 번 부르므로 앞선 호출에서 "
+                  "기억한 것은 낡은 값입니다; 매 호출마다 인자로 답을 계산하세요 (커널 부분은 "
+                  "스레드 사이의 값을 받은 공유 배열로 넘깁니다)")
+
+
+def _reaches(where: str, what: str) -> str:
+    return say(en=f"{where} reaches the running program around its arguments: {what}.  An "
+                  "answer computes its result from its arguments; it may not look up the "
+                  "engine's or the checker's objects another way",
+               ko=f"{particle(where, '이/가')} 인자 밖의 실행 중인 프로그램에 닿습니다: "
+                  f"{what}.  답은 인자로 결과를 계산할 뿐, 엔진이나 채점기의 객체를 다른 "
+                  "길로 찾으면 안 됩니다")
+
+
+def _state_of_function(where: str, fn) -> str | None:
+    for code in _codes(fn.__code__):
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                return _keeps(where, say(en=f"it assigns the module-level name "
+                                            f"`{ins.argval}` (global {ins.argval})",
+                                         ko=f"모듈 수준의 이름 `{ins.argval}`에 대입합니다 "
+                                            f"(global {ins.argval})"))
+    for name, value in _globals_used(fn):
+        if isinstance(value, MUTABLE_TYPES):
+            return _keeps(where, say(en=f"it uses the module-level `{name}` ({_kind(value)}), "
+                                        "which outlives the call",
+                                     ko=f"호출보다 오래 사는 모듈 수준의 `{name}` "
+                                        f"({_kind(value)})을 씁니다"))
+        if inspect.isclass(value) and not str(value.__module__).startswith(PACKAGE):
+            kept = _class_state(value)
+            if kept is not None:
+                return _keeps(where, say(en=f"it uses {kept}", ko=f"{kept}을 씁니다"))
+        if callable(value) and hasattr(value, "cache_info"):
+            return _keeps(where, say(en=f"it calls `{name}`, memoized with functools' cache",
+                                     ko=f"functools 캐시로 기억하는 `{name}`을 부릅니다"))
+    for name, value in _cells(fn):
+        if isinstance(value, MUTABLE_TYPES):
+            return _keeps(where, say(en=f"it uses `{name}` ({_kind(value)}) from an enclosing "
+                                        "function, which outlives the call",
+                                     ko=f"바깥 함수의 `{name}` ({_kind(value)})을 씁니다. 이는 "
+                                        "호출보다 오래 삽니다"))
+    defaults = list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+    if any(isinstance(d, MUTABLE_TYPES) for d in defaults):
+        return _keeps(where, say(en="a default argument is a mutable container, shared by "
+                                    "every call",
+                                 ko="기본 인자가 모든 호출이 함께 쓰는 변경 가능한 컨테이너입니다"))
+    return None
+
+
+def _reach_of_function(where: str, fn) -> str | None:
+    for code in _codes(fn.__code__):
+        for ins in dis.get_instructions(code):
+            if ins.opname == "IMPORT_NAME":
+                top = str(ins.argval).split(".")[0]
+                if top in REACHING_MODULES:
+                    return _reaches(where, say(en=f"it imports {ins.argval}",
+                                               ko=f"{particle(str(ins.argval), '을/를')} "
+                                                  "가져옵니다"))
+        used = [n for n in code.co_names if n in REACHING_NAMES]
+        if used:
+            return _reaches(where, say(en=f"it uses {used[0]}", ko=f"{used[0]}을 씁니다"))
+        strings = [c for c in code.co_consts if isinstance(c, str) and c in REACHING_NAMES]
+        if strings:
+            return _reaches(where, say(en=f"it names {strings[0]!r} (getattr with a name "
+                                          "finds what an attribute would)",
+                                       ko=f"{strings[0]!r}라는 이름을 씁니다 (getattr에 이름을 "
+                                          "주면 속성과 같은 것에 닿습니다)"))
+    for name, value in _globals_used(fn) + _cells(fn):
+        if isinstance(value, types.ModuleType) and \
+                value.__name__.split(".")[0] in REACHING_MODULES:
+            return _reaches(where, say(en=f"it uses the module {value.__name__} (as {name})",
+                                       ko=f"모듈 {value.__name__} ({name})을 씁니다"))
+    return None
+
+
+def _class_state(klass) -> str | None:
+    """The first mutable class attribute of ``klass`` (or its non-package bases), in words."""
+    for base in klass.__mro__:
+        if str(base.__module__).startswith(PACKAGE) or base is object:
+            continue
+        for name, value in vars(base).items():
+            if isinstance(value, MUTABLE_TYPES):
+                return say(en=f"the class attribute `{base.__name__}.{name}` ({_kind(value)}), "
+                              "shared by every call",
+                           ko=f"모든 호출이 함께 쓰는 클래스 속성 `{base.__name__}.{name}` "
+                              f"({_kind(value)})")
+    return None
+
+
+def refusal(answer) -> str | None:
+    """Why ``answer`` is refused for keeping state between calls or reaching around its
+    arguments, in words naming what it did; None when it does neither."""
+    if callable(answer) and not inspect.isclass(answer) and hasattr(answer, "cache_info"):
+        return _keeps(getattr(answer, "__name__", "your function"),
+                      say(en="it is memoized with functools' cache",
+                          ko="functools 캐시로 결과를 기억합니다"))
+    if inspect.isclass(answer):
+        for klass in answer.__mro__:
+            if str(klass.__module__).startswith(PACKAGE) or klass is object:
+                continue
+            for name, value in vars(klass).items():
+                if isinstance(value, MUTABLE_TYPES):
+                    return _keeps(f"{answer.__name__}", say(
+                        en=f"the class attribute `{klass.__name__}.{name}` ({_kind(value)}) "
+                           "is shared by every allocator the check makes",
+                        ko=f"클래스 속성 `{klass.__name__}.{name}` ({_kind(value)})은 채점이 "
+                           "만드는 모든 할당기가 함께 씁니다"))
+                if hasattr(getattr(value, "__func__", value), "cache_info"):
+                    return _keeps(f"{answer.__name__}.{name}", say(
+                        en="it is memoized with functools' cache",
+                        ko="functools 캐시로 결과를 기억합니다"))
+    for where, fn in _functions(answer):
+        problem = _reach_of_function(where, fn) or _state_of_function(where, fn)
+        if problem is not None:
+            return problem
+    return None
