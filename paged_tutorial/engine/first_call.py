@@ -10,7 +10,9 @@ module".  So nothing on the serving path may import for the first time after con
 - the torch backend on the CPU: the compiled matrix-vector product (``cpu_matvec.py``: Numba,
   imported and the product compiled, or read from Numba's disk cache, by one tiny product);
 - the tokenizer's chat template: compiled and rendered once (Jinja2 and what rendering
-  imports); a template that fails is left to fail, with its own message, when it is used.
+  imports); a template that fails is left to fail, with its own message, when it is used;
+- a backend that compiles kernels: the modules Numba's argument typing imports at a kernel's
+  first launch (``NUMBA_LAUNCH_TYPING``; found on a GPU by the test below).
 
 ``tests/engine/test_interrupts.py`` checks that ``sys.modules`` does not grow on the first
 call after construction, and interrupts calls at random instants, the first included.
@@ -18,11 +20,16 @@ call after construction, and interrupts calls at random instants, the first incl
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from paged_tutorial.backends import cpu_matvec
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.loading.tokenizer import Tokenizer
+
+#: modules Numba's typing of launch arguments imports the first time a kernel is launched
+NUMBA_LAUNCH_TYPING = ("numba.core.typing.bufproto", "numba.core.typing.cffi_utils")
 
 
 def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
@@ -30,6 +37,9 @@ def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
     if backend.device.type == "cpu":
         one = torch.zeros(1, 1, dtype=torch.float32)
         cpu_matvec.matvec(one, one)
+    if backend.compiles_kernels:
+        for name in NUMBA_LAUNCH_TYPING:
+            importlib.import_module(name)
     if isinstance(getattr(tokenizer, "chat_template", None), str) and tokenizer.chat_template:
         try:
             tokenizer.render_chat("Hello")

@@ -127,8 +127,8 @@ def test_a_cpu_engine_chooses_automatically_and_is_followed_before_steps():
         looks = []
         automatic = threads.POLICY.automatic
         threads.POLICY.automatic = lambda: looks.append(1) or automatic()
-        model = pt.load_model("smollm2-135m", dtype="float32")
-        engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=64)
+        model = pt.load_model("smollm2-135m", dtype="float32", device="cpu")
+        engine = pt.Engine(model, backend="torch", device="cpu", max_slots=1, max_seq_len=64)
         choice = threads.current_choice()
         engine.generate(["Hi"], pt.SamplingParams(max_tokens=3))
         print(choice.source, 1 <= choice.threads <= len(threads.usable_cores()), len(looks) > 2)

@@ -10,10 +10,12 @@ checker's traceback, and does not call her answer wrong.
 
 from __future__ import annotations
 
+import importlib.metadata
 import site
 import sys
 import sysconfig
 import traceback
+from functools import lru_cache
 from pathlib import Path
 
 from paged_tutorial.teaching.language import particle, say
@@ -48,6 +50,28 @@ def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+@lru_cache(maxsize=1)
+def _installed_names() -> frozenset[str]:
+    """Top-level names that installed distributions provide (numpy, torch, ...), wherever on
+    ``sys.path`` they were installed (a ``--target`` folder on PYTHONPATH too)."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+def _installed_elsewhere(path: Path) -> bool:
+    """Whether ``path`` lies in a distribution installed into a folder of ``sys.path`` that
+    is not one of the interpreter's own (``_LIBRARIES``)."""
+    for entry in sys.path:
+        try:
+            folder = Path(entry or ".").resolve()
+        except (OSError, ValueError):
+            continue
+        if path != folder and _within(path, folder):
+            top = path.relative_to(folder).parts[0]
+            if top.removesuffix(".py") in _installed_names():
+                return True
+    return False
+
+
 def origin(filename: str) -> str:
     """Whose code a frame of ``filename`` runs: "checker" (``paged_tutorial/teaching``),
     "package" (the rest of the package), "library" (the interpreter, installed libraries,
@@ -65,7 +89,7 @@ def origin(filename: str) -> str:
         return "checker"
     if _within(path, PACKAGE_DIR):
         return "package"
-    if any(_within(path, folder) for folder in _LIBRARIES):
+    if any(_within(path, folder) for folder in _LIBRARIES) or _installed_elsewhere(path):
         return "library"
     return "learner"
 
