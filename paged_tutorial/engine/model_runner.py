@@ -50,7 +50,7 @@ class ModelRunner:
         self.cache = cache
         self.max_seq_len = max_seq_len
         self.device = backend.device
-        self.llama = build_network(model, backend, max_positions=max_seq_len)
+        self.network = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
         #: host seconds of the last ``run``, per phase (see the module docstring)
@@ -58,7 +58,7 @@ class ModelRunner:
         self.graphs = None
         if cuda_graphs:
             from paged_tutorial.engine.cuda_graphs import DecodeGraphs
-            self.graphs = DecodeGraphs(self.llama, cache, max_slots)
+            self.graphs = DecodeGraphs(self.network, cache, max_slots)
 
     # --- inputs ----------------------------------------------------------------------------
     @staticmethod
@@ -127,7 +127,7 @@ class ModelRunner:
             filtered = any(r.params.filters_vocabulary for r in requests)
             inputs = self.prefill_inputs(requests)
         t1 = time.perf_counter()
-        logits = self.llama.forward(inputs, self.cache)
+        logits = self.network.forward(inputs, self.cache)
         t2 = time.perf_counter()
         if filtered:
             next_ids = sample_batched(
