@@ -101,10 +101,14 @@ def _failure(event: tuple) -> APIError:
     return APIError(500, event[1], kind="server_error")
 
 
-def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = None) -> FastAPI:
+def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = None, *,
+              api_key: str | None = None, max_body_bytes: int = 2 ** 20,
+              body_timeout_s: float = 30.0) -> FastAPI:
     """The ASGI application serving ``engine`` under the name ``served_model_name``.  The
     engine thread starts with the application (its lifespan) and is stopped, after serving
-    everything queued, when the application shuts down."""
+    everything queued, when the application shuts down.  ``api_key``, ``max_body_bytes`` and
+    ``body_timeout_s`` (the serve command's --api-key, --max-body-bytes, --body-timeout) are
+    kept in ``app.state``."""
     loop = engine_loop or EngineLoop(engine)
     created = int(time.time())
 
@@ -118,6 +122,9 @@ def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = N
 
     app = FastAPI(title="paged-tutorial", lifespan=lifespan)
     app.state.engine_loop = loop
+    app.state.api_key = api_key
+    app.state.max_body_bytes = max_body_bytes
+    app.state.body_timeout_s = body_timeout_s
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):

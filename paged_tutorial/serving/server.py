@@ -40,15 +40,22 @@ class _Server(uvicorn.Server):
         return self._captured_signals[0] if self._captured_signals else None
 
 
-def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str):
+def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str,
+            limit_concurrency: int | None = None, timeout_keep_alive_s: float = 5.0):
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          timeout_graceful_shutdown=drain_timeout_s, lifespan="on")
+                          timeout_graceful_shutdown=drain_timeout_s, lifespan="on",
+                          limit_concurrency=limit_concurrency,
+                          timeout_keep_alive=timeout_keep_alive_s)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
-          log_level: str = "info") -> int | None:
-    """Serve until Ctrl-C or SIGTERM, then drain; return the signal's number."""
-    server = _Server(_config(app, host, port, drain_timeout_s, log_level))
+          log_level: str = "info", *, limit_concurrency: int | None = None,
+          timeout_keep_alive_s: float = 5.0) -> int | None:
+    """Serve until Ctrl-C or SIGTERM, then drain; return the signal's number.
+    ``limit_concurrency``: connections served at once (more get 503);
+    ``timeout_keep_alive_s``: an idle keep-alive connection is closed after this."""
+    server = _Server(_config(app, host, port, drain_timeout_s, log_level, limit_concurrency,
+                             timeout_keep_alive_s))
     server.run()
     return server.stopped_by
 
