@@ -157,13 +157,6 @@ class Engine:
         next step."""
         self.transaction.cancel(self.requests.get(request_id), forget)
 
-    def _cancel_all(self, requests: list[Request]) -> None:
-        """Cancel those of ``requests`` the engine still runs, in one critical section."""
-        with self.lock.state("cancel"):
-            for request in requests:
-                if not request.finished and self.requests.holds(request):
-                    self.core.cancel(request)
-
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
@@ -284,7 +277,7 @@ class Engine:
                     self._run(requests, on_step)
                 return [GenerationResult.of(r) for r in requests]
             except BaseException:
-                self._cancel_all(requests)
+                self.transaction.cancel_all(requests)
                 raise
             finally:
                 self.requests.forget(requests)

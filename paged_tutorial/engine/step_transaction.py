@@ -105,6 +105,13 @@ class StepTransaction:
             if forget:
                 self.requests.forget([request])
 
+    def cancel_all(self, requests: list[Request]) -> None:
+        """Cancel those of ``requests`` the engine still runs, in one critical section."""
+        with self.lock.state("cancel"):
+            for request in requests:
+                if not request.finished and self.requests.holds(request):
+                    self.core.cancel(request)
+
     def apply_deferred_cancels(self) -> None:
         pending, self.deferred_cancels = self.deferred_cancels, {}
         for request, forget in sorted(pending.items(), key=lambda kv: kv[0].request_id):

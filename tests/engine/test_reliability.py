@@ -34,7 +34,8 @@ def solo_tokens(model, prompt, n, max_seq_len=96):
 
 # --- bad input ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(max_tokens=-1), "max_tokens must be an integer >= 0"),
+    (dict(max_tokens=-1), "max_tokens must be an integer from 1 to 16777216"),
+    (dict(max_tokens=0), "max_tokens must be an integer from 1 to"),
     (dict(temperature=-0.5), "temperature must be >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
