@@ -217,8 +217,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     # sampling: parsed as numbers here, their ranges are SamplingParams' (see parse)
     p.add_argument("--max-tokens", type=integer,
                    default=d["max_tokens"],
-                   help=f"tokens to generate per prompt (default: %(default)s; from 1 to "
-                        f"{MAX_TOKENS_LIMIT})")
+                   help=f"tokens to generate per prompt (default: %(default)s), 1 to "
+                        f"{MAX_TOKENS_LIMIT}")
     p.add_argument("--temperature", type=number,
                    default=d["temperature"], help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-p", type=number, default=d["top_p"],

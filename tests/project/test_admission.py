@@ -138,7 +138,7 @@ def test_the_limits_are_the_apis_own():
     from paged_tutorial.cli import options
 
     text = " ".join(options.build_parser().format_help().split())
-    assert f"from 1 to {MAX_TOKENS_LIMIT})" in text
+    assert f"(default: 64), 1 to {MAX_TOKENS_LIMIT}" in text
     with pytest.raises(pt.AdmissionError, match=str(MAX_TOKENS_LIMIT)):
         pt.SamplingParams(max_tokens=MAX_TOKENS_LIMIT + 1)
     assert pt.SamplingParams(max_tokens=MAX_TOKENS_LIMIT).max_tokens == MAX_TOKENS_LIMIT
