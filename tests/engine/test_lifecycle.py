@@ -214,7 +214,7 @@ def test_an_abandoned_stream_is_cancelled_when_collected(tiny_model):
 
 def test_stream_with_context_manager_and_too_long_prompt(tiny_model):
     engine = make_engine(tiny_model, max_seq_len=32)
-    with pytest.raises(ValueError, match="no room for an answer"):
+    with pytest.raises(ValueError, match="the prompt has 40 tokens but max_seq_len is 32"):
         engine.stream(list(range(40)), max_tokens=4)
     with engine.stream(PROMPTS[0], max_tokens=30) as stream:
         engine.step()
