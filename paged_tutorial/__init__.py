@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from paged_tutorial.backends.recording import OpCall, RecordingBackend
     from paged_tutorial.cache import BlockEvent, PagedKVCache
     from paged_tutorial.config import CacheConfig, ModelConfig, llama_3_2_1b_config
+    from paged_tutorial.engine.limits import AdmissionError
     from paged_tutorial.engine import (Engine, GenerationResult, SamplingParams, StepReport,
                                        TokenStream)
     from paged_tutorial.loading.models import Model, load_model, random_model
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockEvent", "CacheConfig", "CompletionOutput", "Engine", "GenerationResult", "LLM",
+__all__ = ["AdmissionError", "BlockEvent", "CacheConfig", "CompletionOutput", "Engine", "GenerationResult", "LLM",
            "Model", "ModelConfig", "OpCall", "PagedKVCache", "RecordingBackend", "RequestOutput",
            "SamplingParams", "StepReport", "TextPrompt", "TokenStream", "TokensPrompt",
            "exercises", "llama_3_2_1b_config",
@@ -50,6 +51,7 @@ _LAZY_NAMES = {
     "BlockEvent": "paged_tutorial.cache", "PagedKVCache": "paged_tutorial.cache",
     "CacheConfig": "paged_tutorial.config", "ModelConfig": "paged_tutorial.config",
     "llama_3_2_1b_config": "paged_tutorial.config",
+    "AdmissionError": "paged_tutorial.engine.limits",
     "Engine": "paged_tutorial.engine", "GenerationResult": "paged_tutorial.engine",
     "SamplingParams": "paged_tutorial.engine", "StepReport": "paged_tutorial.engine",
     "TokenStream": "paged_tutorial.engine",

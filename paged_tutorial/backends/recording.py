@@ -108,9 +108,14 @@ class RecordingBackend(Backend):
                       values, self.current_step)
         out = method(*args, **kwargs)
         self.calls.append(call)
+        self.returned(name, bound.arguments, out)
         if self.on_call is not None:
             self.on_call(call)
         return out
+
+    def returned(self, name: str, arguments: dict, out) -> None:
+        """Called after each recorded op with its arguments (by name) and what it returned: a
+        subclass that looks at outputs overrides it (``engine/numerical_faults.py``)."""
 
     # --- the contract, forwarded -----------------------------------------------------------
     def linear(self, x, weight, bias=None):

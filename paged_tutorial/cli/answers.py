@@ -20,13 +20,6 @@ def answer_object(index: int, prompt: str, result, timings: dict) -> dict:
             "seed": result.seed, "timings": timings}
 
 
-def too_long_message(label: str, prompt_tokens: int, max_seq_len: int, templated: bool) -> str:
-    with_template = " (with the chat template)" if templated else ""
-    return (f"{label} is {prompt_tokens} tokens{with_template}, but --max-seq-len is "
-            f"{max_seq_len} (prompt and answer together, so prompts of at most "
-            f"{max_seq_len - 1} tokens): shorten the prompt or raise --max-seq-len")
-
-
 def run(args, prompts: list[str], out, err) -> int:
     """Answer ``prompts`` with the engine ``args`` describe; 0 when every answer was written."""
     engine, timing = start_engine(args, err)
@@ -47,21 +40,15 @@ def run(args, prompts: list[str], out, err) -> int:
                 out.flush()
         return on_token
 
-    try:
-        requests = [engine.add_request(engine_prompt(engine, chat_messages(p, args.system)),
-                                       max_tokens=args.max_tokens,
-                                       temperature=args.temperature, top_p=args.top_p,
-                                       seed=args.seed, chat=not args.no_chat,
-                                       on_token=on_token_for(i))
-                    for i, p in enumerate(prompts)]
-    except (ValueError, TypeError) as exc:
-        raise UsageError(one_line(exc)) from exc
-    too_long = [(i, r) for i, r in enumerate(requests) if r.finish_reason == "prompt_too_long"]
-    if too_long:
-        i, request = too_long[0]
-        label = "the prompt" if single else f"prompt {i + 1}"
-        raise UsageError(too_long_message(label, len(request.prompt_ids), engine.max_seq_len,
-                                          templated=not args.no_chat))
+    requests = []
+    for i, prompt in enumerate(prompts):       # each admitted (or refused) as it is queued
+        try:
+            requests.append(engine.add_request(
+                engine_prompt(engine, chat_messages(prompt, args.system)),
+                max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                seed=args.seed, chat=not args.no_chat, on_token=on_token_for(i)))
+        except (ValueError, TypeError) as exc:
+            raise UsageError(("" if single else f"prompt {i + 1}: ") + one_line(exc)) from exc
     index_of = {r.request_id: i for i, r in enumerate(requests)}
     shown: set[int] = set()
 
@@ -91,7 +78,7 @@ def run(args, prompts: list[str], out, err) -> int:
         for request_id in report.finished:
             if request_id in index_of and request_id not in shown:
                 show(request_id)
-    for r in requests:                  # finished when queued (0 tokens)
+    for r in requests:                  # any answer no step report named (none expected)
         if r.request_id not in shown:
             show(r.request_id)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 from paged_tutorial.cli import ctrl_c
-from paged_tutorial.cli.answers import too_long_message
 from paged_tutorial.cli.prompts import engine_prompt
 from paged_tutorial.cli.startup import UsageError, start_engine, warn_about_korean
 from paged_tutorial.cli.streams import one_line
@@ -120,14 +119,9 @@ def run_chat(args, out, err, stdin=None) -> int:
             said, result = answer(engine, messages, args, out, err)
         except (ValueError, TypeError) as exc:
             conversation.withdraw()
-            print(f"error: {one_line(exc)}", file=err, flush=True)
-            continue
-        if result is not None and result.finish_reason == "prompt_too_long":
-            conversation.withdraw()
-            why = too_long_message("the conversation", len(result.prompt_token_ids),
-                                   engine.max_seq_len, templated=True)
-            print(f"error: {why}; or end this conversation (Ctrl-D) and start a new one",
-                  file=err, flush=True)
+            hint = "; or end this conversation (Ctrl-D) and start a new one" if getattr(
+                exc, "field", None) == "prompt" else ""
+            print(f"error: {one_line(exc)}{hint}", file=err, flush=True)
             continue
         out.write("\n")
         out.flush()

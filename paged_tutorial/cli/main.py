@@ -11,7 +11,8 @@ output any more (``| head -c 1``, or started with it closed) the command stops q
 status 141, as a shell reports for a writer that SIGPIPE ended; when standard error cannot be
 written, diagnostics are dropped and the answer still goes out.  No traceback in any of these.
 
-``serve`` as the first argument hands the rest to the server's command line.
+``serve`` as the first argument is the subcommand that starts the OpenAI-compatible server
+(``serve.py``; its options are parsed by the same parser, ``options.py``).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
 
 
 def serve(argv: list[str]) -> int:
-    """``serve ...``: the OpenAI-compatible server's own command line."""
-    from paged_tutorial.serving.cli import serve_main
+    """``serve ...``: the OpenAI-compatible server (its options: ``options.py``)."""
+    from paged_tutorial.cli.options import parse
+    from paged_tutorial.cli.serve import run_serve
 
-    return serve_main(argv)
+    return run_serve(parse([SERVE, *argv]))
 
 
 def _descriptor_is_open(fd: int) -> bool:

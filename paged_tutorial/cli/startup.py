@@ -80,6 +80,9 @@ def start_engine(args, err):
     loading line and the engine's line on ``err``."""
     import paged_tutorial as pt
     from paged_tutorial.loading.dtype_choice import choose_dtype
+    from paged_tutorial.threads import configure_threads
+
+    configure_threads(args.threads)
 
     if args.backend != "numba-sim":          # the GPU's context is made while numba imports
         from paged_tutorial.engine.cuda_start import CudaStart

@@ -51,8 +51,8 @@ def default_buckets(max_batch: int) -> list[int]:
 class DecodeGraphs:
     """Replays captured decode steps of a ``DecoderNetwork`` (model/decoder.py) on a CUDA backend."""
 
-    def __init__(self, llama, cache, max_batch: int, buckets: list[int] | None = None):
-        backend = llama.backend
+    def __init__(self, network, cache, max_batch: int, buckets: list[int] | None = None):
+        backend = network.backend
         if backend.device.type != "cuda" or not backend.graph_capturable:
             raise ValueError(f"CUDA graphs are captured for a graph-capturable backend (numba, "
                              f"torch) on a GPU only, got {backend.describe()}: pass "
@@ -61,7 +61,7 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs cannot capture the {backend.name} backend's "
                              "host-side input checks (check_inputs / debug=True): turn them "
                              "off, or pass cuda_graphs=False")
-        self.llama, self.cache, self.backend = llama, cache, backend
+        self.network, self.cache, self.backend = network, cache, backend
         self.max_batch = max_batch
         self.buckets = sorted(buckets) if buckets else default_buckets(max_batch)
         if self.buckets[-1] < max_batch:
@@ -106,7 +106,7 @@ class DecodeGraphs:
         inputs = StepInputs("decode", x["token_ids"], x["positions"], x["slots"], x["slots"],
                             x["seq_lens"], self.cache.device_block_table(), num_seqs=bucket,
                             max_query_len=1)
-        logits = self.llama.forward(inputs, self.cache)
+        logits = self.network.forward(inputs, self.cache)
         next_ids = self.backend.sample(logits, x["temperature"], x["top_p"], x["uniforms"])
         return logits, next_ids
 

@@ -3,10 +3,11 @@
     Scheduler.schedule -> ModelRunner.run -> Scheduler.postprocess (commit)
                                           \\-> Scheduler.rollback (anything raised)
 
-A step is one critical section (``interrupts.py``), opened for the model run: Ctrl-C there
-rolls the batch back (every request of it preempted, recomputed later with the same tokens),
-and a signal anywhere else waits until the bookkeeping it cut into is whole again.  Tokens are
-appended only after the model run fully succeeded.  Three faults finish one request and spare
+``step`` is the step itself; ``StepTransaction`` (``step_transaction.py``) guards it: one
+critical section (``interrupts.py``) opened for the model run, where Ctrl-C rolls the batch
+back (every request of it preempted, recomputed later with the same tokens), while a signal
+anywhere else waits until the bookkeeping it cut into is whole again.  Tokens are appended
+only after the model run fully succeeded.  Three faults finish one request and spare
 the others: its random stream or its detokenizer fails (``RequestError``, finish_reason
 ``"error"``), or its row of logits is not finite (finish_reason ``"non_finite"``, with the
 layer where its activations first went non-finite, found by ``numerical_faults.py``).
@@ -17,18 +18,16 @@ The core knows nothing of callers: who submitted what, results, threads and call
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.engine.interrupts import SIGNALS
 from paged_tutorial.engine.model_runner import ModelRunner, record_logprobs
 from paged_tutorial.engine.numerical_faults import NON_FINITE, describe_non_finite
 from paged_tutorial.engine.output_processor import OutputProcessor
-from paged_tutorial.engine.request import Request, RequestError, Status
+from paged_tutorial.engine.request import Request, Status
 from paged_tutorial.engine.scheduler import Scheduler
 
 
@@ -74,13 +73,8 @@ class EngineCore:
 
     # --- requests in and out ---------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a validated request (or finish it at once when it has no room to answer)."""
-        if len(request.prompt_ids) >= self.scheduler.max_seq_len:
-            self.scheduler.finish(request, "prompt_too_long")
-        elif request.params.max_tokens == 0:
-            self.scheduler.finish(request, "length")
-        else:
-            self.scheduler.add(request)
+        """Queue a request ``Admission.request`` made (its prompt leaves room for an answer)."""
+        self.scheduler.add(request)
 
     def cancel(self, request: Request) -> None:
         """Finish a request now; a running one gives its slot and blocks back at once."""
@@ -96,62 +90,48 @@ class EngineCore:
         return self.scheduler.has_work()
 
     # --- one step ----------------------------------------------------------------------------
-    def step(self) -> tuple[StepReport, CommittedTokens]:
-        """Admit what fits and prefill it; otherwise decode every running request.  Returns
-        the report and the tokens committed, for the caller's callbacks."""
-        t0 = time.perf_counter()
-        committed = CommittedTokens()
-        phases = {}
-        with SIGNALS.critical():
-            try:
-                batch = self.scheduler.schedule()
-            except BaseException:            # a cache listener raised: undo the admissions
-                self.scheduler.abort_schedule()
-                raise
-            phases["schedule"] = time.perf_counter() - t0
-            if batch is None:
-                report = StepReport(self.step_count, "idle", [], [], 0)
-            else:
-                report = StepReport(self.step_count, batch.kind,
-                                    [r.request_id for r in batch.requests],
-                                    [r.slot for r in batch.requests], batch.num_tokens,
-                                    preempted=[r.request_id for r in batch.preempted])
-            if batch is not None and batch.requests:
-                try:
-                    with SIGNALS.open():
-                        self.backend.begin_step(self.step_count)
-                        output = self.model_runner.run(batch)
-                except RequestError as failure:     # one request's own fault: drop it alone
-                    with SIGNALS.critical():
-                        self.scheduler.rollback(batch, count=False)
-                        self.fail(failure.request, str(failure))
-                    report.finished = [failure.request.request_id]
-                except BaseException:
-                    with SIGNALS.critical():
-                        self.scheduler.rollback(batch)
-                    raise
-                else:
-                    phases.update(self.model_runner.phase_seconds)
-                    t_post = time.perf_counter()
-                    committed = self.commit(batch, output)
-                    phases["postprocess"] = time.perf_counter() - t_post
-                    report.finished = [r.request_id for r in batch.requests
-                                       if r.status is Status.FINISHED]
-                    committed_ids = report.request_ids if \
-                        len(committed.requests) == len(batch.requests) else \
-                        [r.request_id for r in committed.requests]
-                    report.new_tokens = dict(zip(committed_ids, committed.token_ids))
-                    if self.record_logits:
-                        report.logits = output.logits.detach().float().cpu()
-            self.step_count += 1
-            t_release = time.perf_counter()
-            self.scheduler.release_retired()   # last: a raising cache listener finds all done
-            phases["release"] = time.perf_counter() - t_release
-            report.num_free_blocks = self.cache.num_free
-            report.num_evictable_blocks = self.cache.num_evictable_blocks
-            report.phase_seconds = phases
-            report.seconds = time.perf_counter() - t0
-        return report, committed
+    def step(self, guard) -> tuple[StepReport, CommittedTokens]:
+        """Admit what fits and prefill it; otherwise decode every running request.  ``guard``
+        (the ``StepTransaction``) times each phase, keeps Ctrl-C out of the bookkeeping and
+        rolls the batch back when the run fails.  Returns the report and the tokens committed,
+        for the caller's callbacks."""
+        batch = guard.phase("schedule", self.scheduler.schedule,
+                            undo=self.scheduler.abort_schedule)
+        report, committed = self.new_report(batch), CommittedTokens()
+        if batch is not None and batch.requests:
+            output = guard.model_run(batch, self.run, report)
+            if output is not None:
+                committed = guard.phase("postprocess", self.commit, batch, output)
+                self.describe_commit(report, batch, committed, output)
+        self.step_count += 1
+        # last: a cache listener that raises finds the step's bookkeeping all done
+        guard.phase("release", self.scheduler.release_retired)
+        report.num_free_blocks = self.cache.num_free
+        report.num_evictable_blocks = self.cache.num_evictable_blocks
+        return guard.finish(report), committed
+
+    def run(self, batch):
+        """The model run of a batch: its sampled tokens and logits."""
+        self.backend.begin_step(self.step_count)
+        return self.model_runner.run(batch)
+
+    def new_report(self, batch) -> StepReport:
+        if batch is None:
+            return StepReport(self.step_count, "idle", [], [], 0)
+        return StepReport(self.step_count, batch.kind, [r.request_id for r in batch.requests],
+                          [r.slot for r in batch.requests], batch.num_tokens,
+                          preempted=[r.request_id for r in batch.preempted])
+
+    def describe_commit(self, report: StepReport, batch, committed: CommittedTokens,
+                        output) -> None:
+        """What the commit did, into the report: finished requests, tokens, logits."""
+        report.finished = [r.request_id for r in batch.requests
+                           if r.status is Status.FINISHED]
+        committed_ids = report.request_ids if len(committed.requests) == len(batch.requests) \
+            else [r.request_id for r in committed.requests]
+        report.new_tokens = dict(zip(committed_ids, committed.token_ids))
+        if self.record_logits:
+            report.logits = output.logits.detach().float().cpu()
 
     def commit(self, batch, output) -> CommittedTokens:
         """Append the step's tokens (``Scheduler.postprocess``) and their text; a request whose

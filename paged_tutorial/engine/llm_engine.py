@@ -4,9 +4,10 @@
 
 ``generate`` and ``stream`` are the one-call APIs; ``add_request`` / ``step`` / ``cancel``
 expose the loop underneath for notebooks and tests that watch the cache change step by step.
-The Engine puts together the pieces, one job per file: ``prompts.py`` (what a caller submits,
-checked and encoded), ``request_registry.py`` (requests held until their result is taken),
-``engine_lock.py`` (threads and re-entry), ``engine_core.py`` (the step: commit or roll back),
+The Engine puts together the pieces (``engine_parts.py``), one job per file: ``admission.py``
+(what a caller submits, checked and encoded), ``request_registry.py`` (requests held until
+their result is taken), ``engine_core.py`` (the step: schedule, run, commit),
+``step_transaction.py`` (its guards: the lock, Ctrl-C, rollback, timings),
 ``output_processor.py`` (text pieces and on_token callbacks) and ``token_stream.py``.
 
 What the engine guarantees, whatever happens mid-run:
@@ -29,17 +30,18 @@ What the engine guarantees, whatever happens mid-run:
   ``on_step``) raises a RuntimeError naming the call; ``cancel`` and ``add_request`` are
   allowed there.
 - **Validated at the edge.**  Every argument of ``add_request``/``generate``/``stream`` is
-  checked before anything is queued.  A request that still cannot go on for a reason of its
+  checked before anything is queued (``Admission.request``; a refusal is an
+  ``AdmissionError`` naming the field and the fix, a prompt too long for ``max_seq_len``
+  included).  A request that still cannot go on for a reason of its
   own (``RequestError``: its random stream or its detokenizer fails) is finished with
   ``finish_reason "error"`` and the others are served.
 - **Numerical faults are named.**  A request whose row of logits holds a NaN or an inf is
   finished with ``finish_reason "non_finite"`` (that token is not appended) and ``error``
   names the first layer where its activations went non-finite (``numerical_faults.py``); the
   others are served.
-- **Bounded memory.**  The engine keeps a request until its result is taken: ``generate`` and
-  streams take theirs; with ``add_request``, ``pop_result(request_id)`` returns a finished
-  request's result and forgets it (``result`` only reads).  A stream dropped unfinished is
-  cancelled and forgotten.
+- **Bounded memory.**  The engine keeps a request until its result is taken (``generate``
+  and streams take theirs; with ``add_request``, ``pop_result``); a stream dropped
+  unfinished is cancelled and forgotten.
 - **Prefix caching** (``prefix_caching=True``, ``prefix_cache.py``): requests whose prompts
   begin with the same full blocks share those blocks' K/V instead of computing them again,
   and the blocks stay cached after their last user finishes; ``GenerationResult.
@@ -55,39 +57,21 @@ from typing import Callable, Sequence
 
 import torch
 
-from paged_tutorial.backends import make_backend
 from paged_tutorial.backends.base import Backend
-from paged_tutorial.config import CPU_KV_CACHE_BYTES_DEFAULT, GPU_KV_CACHE_BYTES_DEFAULT, CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.cache.prefix_cache import PrefixCache, PrefixCachingKVCache
-from paged_tutorial.devices import check_device
-from paged_tutorial.engine.first_call import prepare_first_call
-from paged_tutorial.engine.engine_core import EngineCore, StepReport
-from paged_tutorial.engine.engine_lock import EngineLock
+from paged_tutorial.config import CacheConfig
+from paged_tutorial.engine.admission import check_chat, check_on_step, check_on_token, \
+    sampling_params
+from paged_tutorial.engine.engine_core import StepReport
+from paged_tutorial.engine.engine_parts import EngineParts, default_kv_cache_bytes
 from paged_tutorial.engine.interrupts import SIGNALS
-from paged_tutorial.engine.model_runner import ModelRunner
-from paged_tutorial.engine.output_processor import OutputProcessor
-from paged_tutorial.engine.prompts import PromptChecker, check_chat, check_on_step, \
-    check_on_token, positive_int, sampling_params
 from paged_tutorial.engine.request import Request
-from paged_tutorial.engine.request_registry import GenerationResult, RequestRegistry
-from paged_tutorial.engine.sampling_params import SamplingParams, check_sample_key, draw_seed, \
-    is_integer
-from paged_tutorial.engine.scheduler import Scheduler
+from paged_tutorial.engine.request_registry import GenerationResult
+from paged_tutorial.engine.sampling_params import SamplingParams, draw_seed, is_integer
 from paged_tutorial.engine.token_stream import TokenStream
 from paged_tutorial.loading.models import Model
 
 __all__ = ["Engine", "GenerationResult", "StepReport", "TokenStream", "default_kv_cache_bytes"]
-
-
-def default_kv_cache_bytes(cache_kwargs: dict, device: torch.device) -> int:
-    """The article's 2 GiB on a GPU; on a CPU just what max_slots full-length sequences need,
-    capped at 256 MiB."""
-    if device.type == "cuda":
-        return GPU_KV_CACHE_BYTES_DEFAULT
-    probe = CacheConfig(**{**cache_kwargs, "kv_cache_bytes": 1 << 62})
-    need = probe.block_table_entries * probe.BLOCK_BYTES
-    return int(min(need, CPU_KV_CACHE_BYTES_DEFAULT))
 
 
 class Engine:
@@ -102,71 +86,12 @@ class Engine:
         those blocks (``prefix_cache.PrefixCachingKVCache``).  ``cache_factory(cache_config,
         device)`` builds the paged cache instead (one with other allocation rules: the puzzles
         of chapters 06 and 09); with ``prefix_caching=True`` its allocator must be a
-        ``PrefixCache``."""
-        if not isinstance(model, Model):
-            raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
-                            f"got {type(model).__name__}")
-        max_slots = positive_int("max_slots", max_slots)
-        block_size = positive_int("block_size", block_size)
-        positions = model.config.max_position_embeddings
-        if max_seq_len is None:
-            max_seq_len = min(2048, positions)
-        max_seq_len = positive_int("max_seq_len", max_seq_len)
-        if max_seq_len > positions and not allow_beyond_max_positions:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings "
-                f"({positions}): RoPE was trained only up to there.  Lower max_seq_len, or pass "
-                f"allow_beyond_max_positions=True if you mean to go past it")
-        if kv_cache_bytes is not None:
-            kv_cache_bytes = positive_int("kv_cache_bytes", kv_cache_bytes)
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
-        check_device(device)
-        self.config = model.config
-        self.tokenizer = model.tokenizer
-        self.backend = make_backend(backend, device, debug)
-        cache_kwargs = dict(num_layers=self.config.num_hidden_layers,
-                            num_kv_heads=self.config.num_key_value_heads,
-                            head_dim=self.config.head_dim, dtype=model.dtype,
-                            max_slots=max_slots, max_seq_len=max_seq_len, block_size=block_size)
-        if kv_cache_bytes is None:
-            kv_cache_bytes = default_kv_cache_bytes(cache_kwargs, self.backend.device)
-        self.cache_config = CacheConfig(kv_cache_bytes=kv_cache_bytes, **cache_kwargs)
-        # the weights once, on the backend's device (the caller's CPU copy, if any, is theirs)
-        self.model = model.to(self.backend.device)
-        # with prefix caching, full prompt blocks are shared between requests (prefix_cache.py)
-        if cache_factory is None:
-            cache_factory = PrefixCachingKVCache if prefix_caching else PagedKVCache
-        self.cache = cache_factory(self.cache_config, self.backend.device)
-        if not isinstance(self.cache, PagedKVCache) or self.cache.config != self.cache_config:
-            raise TypeError("cache_factory(cache_config, device) must return a PagedKVCache "
-                            "built from the cache_config it was given")
-        if prefix_caching and not isinstance(self.cache.allocator, PrefixCache):
-            raise TypeError("prefix_caching=True needs a cache whose allocator is a PrefixCache "
-                            "(a PrefixCachingKVCache): the cache_factory built one with a "
-                            + type(self.cache.allocator).__name__)
-        self.prefix_caching = isinstance(self.cache.allocator, PrefixCache)
-        self.scheduler = Scheduler(self.cache.allocator, max_slots, max_seq_len,
-                                   eos_token_ids=self.config.eos_token_ids)
-        # decode steps replay CUDA graphs (cuda_graphs.py): by default on a backend that can
-        # be captured (numba, torch) on a GPU, without host-side input checks
-        if cuda_graphs is None:
-            cuda_graphs = (self.backend.graph_capturable and self.backend.device.type == "cuda"
-                           and not self.backend.check_inputs)
-        self.model_runner = ModelRunner(self.model, self.backend, self.cache, max_slots,
-                                        max_seq_len, cuda_graphs=bool(cuda_graphs))
-        self.max_slots, self.max_seq_len = max_slots, max_seq_len
-        self.outputs = OutputProcessor(self.tokenizer)
-        #: the loop: add_request, step, cancel; commit and rollback (engine_core.py)
-        self.core = EngineCore(self.scheduler, self.model_runner, self.backend, self.cache,
-                               self.outputs)
-        self.prompts = PromptChecker(self.tokenizer, self.config.vocab_size, model.source,
-                                     self.cache_config)
-        prepare_first_call(self.backend, self.tokenizer)     # no first import after this
-        self.requests = RequestRegistry()    # the requests whose result is not taken yet
-        self.lock = EngineLock()             # one step at a time; no re-entry from callbacks
-        #: request -> forget it too; cancels asked for mid-step, applied at the next one
-        self._deferred_cancels: dict[Request, bool] = {}
+        ``PrefixCache``.  The parts and their checks: ``engine_parts.py``."""
+        parts = EngineParts.build(model, backend, block_size, kv_cache_bytes, max_slots,
+                                  max_seq_len, device, debug, cuda_graphs,
+                                  allow_beyond_max_positions, prefix_caching, cache_factory)
+        vars(self).update(vars(parts))        # config, backend, cache, scheduler, core, ...
+        self.lock = self.transaction.lock
 
     # --- description -----------------------------------------------------------------------
     @property
@@ -204,19 +129,8 @@ class Engine:
     # --- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True) -> list[int]:
         """A string (chat-templated unless chat=False) or token ids -> a list of token ids
-        (``PromptChecker.encode``: integer ids only, inside the vocabulary)."""
-        return self.prompts.encode(prompt, chat=chat)
-
-    def _new_request(self, ids: list[int], params: SamplingParams, sample_key: int | None,
-                    on_token: Callable | None) -> Request:
-        """A Request for validated ids and params, with a fresh id and its detokenizer."""
-        request_id = self.requests.new_id()
-        request = Request(request_id, ids, params,
-                          sample_key=request_id if sample_key is None else sample_key,
-                          on_token=on_token)
-        if self.tokenizer is not None:
-            request.detokenizer = self.tokenizer.stream()
-        return request
+        (``Admission.encode``: integer ids only, inside the vocabulary)."""
+        return self.admission.encode(prompt, chat=chat)
 
     def add_request(self, prompt, params: SamplingParams | None = None, *,
                     max_tokens: int | None = None, temperature: float | None = None,
@@ -225,15 +139,10 @@ class Engine:
         """Validate and queue one request; returns its Request (``request_id`` names it).
         Its sampling stream is keyed by (seed, sample_key), sample_key defaulting to the id;
         ``on_token(request_id, token_id, text_piece)`` is called for each token."""
-        params = sampling_params(params, dict(max_tokens=max_tokens,
-                                              temperature=temperature, top_p=top_p, seed=seed))
-        params = params.with_seed()
-        check_sample_key(sample_key)
-        check_chat(chat)
-        check_on_token(on_token)
-        ids = self.encode_prompt(prompt, chat=chat)
-        self.prompts.check_fits(ids, params)
-        request = self._new_request(ids, params, sample_key, on_token)
+        params = sampling_params(params, dict(max_tokens=max_tokens, temperature=temperature,
+                                              top_p=top_p, seed=seed)).with_seed()
+        request = self.admission.request(prompt, params, self.requests.new_id(), chat=chat,
+                                         on_token=on_token, sample_key=sample_key)
         with self.lock.state("add_request"):
             self.requests.add(request)
             self.core.add_request(request)
@@ -246,21 +155,7 @@ class Engine:
         caller that wants no result (a stream closed unfinished).  Called inside a step on its
         own thread (a cache listener, a stream collected there), the cancel waits for the
         next step."""
-        request = self.requests.get(request_id)
-        if self.lock.mid_step():
-            self._deferred_cancels[request] = forget or self._deferred_cancels.get(request, False)
-            return
-        with self.lock.state("cancel"):
-            self.core.cancel(request)
-            if forget:
-                self.requests.forget([request])
-
-    def _cancel_all(self, requests: list[Request]) -> None:
-        """Cancel those of ``requests`` the engine still runs, in one critical section."""
-        with self.lock.state("cancel"):
-            for request in requests:
-                if not request.finished and self.requests.holds(request):
-                    self.core.cancel(request)
+        self.transaction.cancel(self.requests.get(request_id), forget)
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -279,30 +174,11 @@ class Engine:
             self.step()
         self.requests.forget([request])
 
-    # --- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits and prefill it; otherwise decode every running request
-        (``EngineCore.step``).  The on_token callbacks of the step run after its commit."""
-        self.lock.refuse_reentry("step")
-        return self.lock.step(self._step)
-
-    def _step(self) -> StepReport:
-        with SIGNALS.critical():
-            self._apply_deferred_cancels()
-            report, committed = self.core.step()
-            if committed.requests:              # callbacks: after the commit, interruptible
-                with SIGNALS.open():
-                    self.lock.dispatch(self.outputs.dispatch, committed.requests,
-                                       committed.token_ids, self.core.cancel)
-        return report
-
-    def _apply_deferred_cancels(self) -> None:
-        pending, self._deferred_cancels = self._deferred_cancels, {}
-        for request, forget in sorted(pending.items(), key=lambda kv: kv[0].request_id):
-            if self.requests.holds(request):
-                self.core.cancel(request)
-                if forget:
-                    self.requests.forget([request])
+        (``EngineCore.step`` inside a ``StepTransaction``).  The on_token callbacks of the
+        step run after its commit."""
+        return self.transaction.step()
 
     # --- results ---------------------------------------------------------------------------------
     @property
@@ -370,31 +246,24 @@ class Engine:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or (
                 prompts and is_integer(prompts[0])):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
+        keywords = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         if isinstance(params, Sequence):
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
-            per_prompt = [sampling_params(p, {}) for p in params]
-            if any(v is not None for v in (max_tokens, temperature, top_p, seed)):
+            if any(v is not None for v in keywords.values()):
                 raise TypeError("pass either params= or the sampling keywords, not both")
+            per_prompt = [sampling_params(p, {}) for p in params]
         else:
-            one = sampling_params(params, dict(max_tokens=max_tokens,
-                                               temperature=temperature, top_p=top_p,
-                                               seed=seed))
-            per_prompt = [one] * len(prompts)
+            per_prompt = [sampling_params(params, keywords)] * len(prompts)
         call_seed = draw_seed()
-        per_prompt = [p.with_seed(call_seed) for p in per_prompt]
         check_on_token(on_token)
         check_on_step(on_step)
-        # validate everything before queueing anything, so a bad prompt loses nothing
-        encoded = [self.encode_prompt(p, chat=chat) for p in prompts]
-        for ids, p in zip(encoded, per_prompt):
-            self.prompts.check_fits(ids, p)
-        requests = []
-        for i, (ids, p) in enumerate(zip(encoded, per_prompt)):
-            callback = None
-            if on_token is not None:
-                callback = (lambda i: lambda _rid, tok, piece: on_token(i, tok, piece))(i)
-            requests.append(self._new_request(ids, p, sample_key=i, on_token=callback))
+        # every request admitted before any is queued, so a bad prompt loses nothing
+        requests = [self.admission.request(
+            prompt, p.with_seed(call_seed), self.requests.new_id(), chat=chat, sample_key=i,
+            on_token=None if on_token is None else
+            (lambda i: lambda _rid, tok, piece: on_token(i, tok, piece))(i))
+            for i, (prompt, p) in enumerate(zip(prompts, per_prompt))]
         # One critical section for the whole call (entered before anything is queued, so an
         # interrupt while it swaps the handlers finds nothing to undo), open while it steps:
         # the cleanup below then runs in nested sections, which cannot be cut at their start.
@@ -408,7 +277,7 @@ class Engine:
                     self._run(requests, on_step)
                 return [GenerationResult.of(r) for r in requests]
             except BaseException:
-                self._cancel_all(requests)
+                self.transaction.cancel_all(requests)
                 raise
             finally:
                 self.requests.forget(requests)
@@ -422,9 +291,4 @@ class Engine:
         self.lock.refuse_reentry("stream")
         request = self.add_request(prompt, params, max_tokens=max_tokens,
                                    temperature=temperature, top_p=top_p, seed=seed, chat=chat)
-        if request.finish_reason == "prompt_too_long":
-            self.requests.forget([request])
-            raise ValueError(f"the prompt has {len(request.prompt_ids)} tokens and max_seq_len "
-                             f"is {self.max_seq_len}: there is no room for an answer.  Shorten "
-                             f"the prompt or build the Engine with a larger max_seq_len")
         return TokenStream(self, request)

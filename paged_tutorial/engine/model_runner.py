@@ -61,7 +61,7 @@ class ModelRunner:
         self.device = backend.device
         if self.device.type == "cpu":            # torch's CPU threads, chosen for this machine
             configure_threads()
-        self.llama = build_network(model, backend, max_positions=max_seq_len)
+        self.network = build_network(model, backend, max_positions=max_seq_len)
         #: builds each step's ``StepInputs``; counts its packs and host-to-device copies
         self.packer = StepInputPacker(self.device)
         #: host seconds of the last ``run``, per phase (see the module docstring)
@@ -69,7 +69,7 @@ class ModelRunner:
         self.graphs = None
         if cuda_graphs:
             from paged_tutorial.engine.cuda_graphs import DecodeGraphs
-            self.graphs = DecodeGraphs(self.llama, cache, max_slots)
+            self.graphs = DecodeGraphs(self.network, cache, max_slots)
 
     # --- inputs ----------------------------------------------------------------------------
     @staticmethod
@@ -147,7 +147,7 @@ class ModelRunner:
             inputs = self.prefill_inputs(requests, prompt_rows)
             controlled = any(r.params.needs_sampling_controls for r in requests)
         t1 = time.perf_counter()
-        logits = self.llama.forward(inputs, self.cache)
+        logits = self.network.forward(inputs, self.cache)
         t2 = time.perf_counter()
         all_logits = logits
         if prompt_rows:

@@ -4,10 +4,10 @@ The engine reads, with each step's sampled tokens, whether every row of logits i
 flag per row, in the same device-to-host copy).  A request whose row holds a NaN or an inf is
 finished with finish_reason ``"non_finite"`` -- its token is not appended, the other requests
 go on -- and only then is the fault searched for: the request's tokens are run again as one
-prefill on a scratch cache, through ``ActivationWatch``, a backend that forwards every op to
-the engine's backend and looks at what each op returns.  The first op whose output is not
-finite names the layer (or the embedding, or the final norm and LM head); the message says so
-and what to check.
+prefill on a scratch cache, through ``ActivationWatch``, a ``RecordingBackend`` that forwards
+every op to the engine's backend and looks at what each op returns.  The first op whose
+output is not finite names the layer (or the embedding, or the final norm and LM head); the
+message says so and what to check.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import dataclasses
 import torch
 
 from paged_tutorial.backends.base import Backend
+from paged_tutorial.backends.recording import RecordingBackend
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.engine.request import NON_FINITE, Request
 from paged_tutorial.model.decoder import build_network
@@ -29,88 +30,37 @@ def is_finite(x) -> bool:
     return not torch.is_tensor(x) or bool(torch.isfinite(x).all())
 
 
-class ActivationWatch(Backend):
-    """Forwards every op to ``inner`` and remembers the first one whose output is not finite:
+class ActivationWatch(RecordingBackend):
+    """A ``RecordingBackend`` that remembers the first op whose output is not finite:
     ``where`` ("layer 3", "the embedding", "the final norm / LM head") and ``op``.  The layer
     an op belongs to is the one whose input norm ran last (``input_norms``: the id of each
-    layer's input-norm weight -> its index; ``final_norm``: the final norm's weight)."""
+    layer's input-norm weight -> its index; ``final_norm``: the final norm's weight).  Ops
+    that write in place (``rope``, ``rope_write_kv``) are judged by the q and k they wrote."""
 
     def __init__(self, inner: Backend, input_norms: dict[int, int],
                  final_norm: torch.Tensor | None):
-        self.inner = inner
+        super().__init__(inner)
         self.name = f"watch({inner.name})"
-        self.device = inner.device
         self.input_norms = input_norms
         self.final_norm = final_norm
         self.part = "the embedding"
         self.where: str | None = None
         self.op: str | None = None
 
-    def observe(self, op: str, out):
-        if self.where is None and not all(is_finite(t) for t in
-                                          (out if isinstance(out, tuple) else (out,))):
-            self.where, self.op = self.part, op
-        return out
+    def returned(self, name: str, arguments: dict, out) -> None:
+        if "norm" in name:
+            self.enter(arguments["weight"])
+        if name in ("rope", "rope_write_kv"):
+            out = (arguments["q"], arguments["k"])
+        if self.where is None and name != "sample" and not all(
+                is_finite(t) for t in (out if isinstance(out, tuple) else (out,))):
+            self.where, self.op = self.part, name
 
     def enter(self, norm_weight: torch.Tensor) -> None:
         if norm_weight is self.final_norm:
             self.part = "the final norm / LM head"
         elif id(norm_weight) in self.input_norms:
             self.part = f"layer {self.input_norms[id(norm_weight)]}"
-
-    # --- the contract, forwarded and watched -------------------------------------------------
-    def linear(self, x, weight, bias=None):
-        return self.observe("linear", self.inner.linear(x, weight, bias))
-
-    def embed(self, weight, token_ids):
-        return self.observe("embed", self.inner.embed(weight, token_ids))
-
-    def rms_norm(self, x, weight, eps):
-        self.enter(weight)
-        return self.observe("rms_norm", self.inner.rms_norm(x, weight, eps))
-
-    def add_rms_norm(self, x, residual, weight, eps):
-        self.enter(weight)
-        out = self.inner.add_rms_norm(x, residual, weight, eps)
-        return self.observe("add_rms_norm", (out, residual))[0]
-
-    def rope(self, q, k, positions, cos, sin):
-        self.inner.rope(q, k, positions, cos, sin)
-        self.observe("rope", (q, k))
-
-    def silu_mul(self, gate_up):
-        return self.observe("silu_mul", self.inner.silu_mul(gate_up))
-
-    def linear_silu_mul(self, x, gate_up_weight):
-        return self.observe("linear_silu_mul", self.inner.linear_silu_mul(x, gate_up_weight))
-
-    def write_kv(self, cache, k, v, block_table, layer, slots, positions):
-        self.inner.write_kv(cache, k, v, block_table, layer, slots, positions)
-
-    def qkv_rope_write_kv(self, x, qkv_weight, n_q_heads, positions, cos, sin, cache,
-                          block_table, layer, slots):
-        return self.observe("qkv_rope_write_kv", self.inner.qkv_rope_write_kv(
-            x, qkv_weight, n_q_heads, positions, cos, sin, cache, block_table, layer, slots))
-
-    def prefill_attention(self, q, k, v, inputs, scale):
-        return self.observe("prefill_attention",
-                            self.inner.prefill_attention(q, k, v, inputs, scale))
-
-    def prefill_attention_from_cache(self, q, cache, block_table, layer, inputs, scale):
-        return self.observe("prefill_attention_from_cache",
-                            self.inner.prefill_attention_from_cache(q, cache, block_table,
-                                                                    layer, inputs, scale))
-
-    def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
-                         max_seq_len=None):
-        return self.observe("decode_attention", self.inner.decode_attention(
-            q, cache, block_table, layer, seq_lens, active_slots, scale, max_seq_len))
-
-    def sample(self, logits, temperature, top_p, uniforms):
-        return self.inner.sample(logits, temperature, top_p, uniforms)
-
-    def synchronize(self) -> None:
-        self.inner.synchronize()
 
 
 def find_non_finite(model, backend: Backend, cache_config, token_ids: list[int],

@@ -32,8 +32,7 @@ class Status(enum.Enum):
 #: non-finite (``numerical_faults.py``)
 NON_FINITE = "non_finite"
 #: every finish_reason a result can carry ("running" while it is not finished)
-FINISH_REASONS = ("eos", "length", "max_seq_len", "prompt_too_long", "cancelled", "error",
-                  NON_FINITE)
+FINISH_REASONS = ("eos", "length", "max_seq_len", "cancelled", "error", NON_FINITE)
 
 
 class RequestError(Exception):

@@ -21,8 +21,8 @@ class GenerationResult:
     prompt_token_ids: list[int]
     token_ids: list[int]                 # generated ids only (an EOS that ended it included)
     text: str                            # exactly the concatenation of the streamed pieces
-    finish_reason: str                   # eos | length | max_seq_len | prompt_too_long |
-    #                                      cancelled | error | non_finite (see ``error``)
+    finish_reason: str                   # eos | length | max_seq_len | cancelled | error |
+    #                                      non_finite (see ``error``)
     num_preemptions: int = 0
     seed: int | None = None
     time_to_first_token_s: float | None = None

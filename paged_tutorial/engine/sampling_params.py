@@ -6,8 +6,8 @@ unchanged.  Two defaults differ: ``temperature`` is 0 (greedy) and ``max_tokens`
 Everything a caller can get wrong is refused here, before a request is queued, with a message
 that names the argument, the value and the accepted range:
 
-- ``max_tokens``: an integer >= 0 (numpy integers are fine; floats, strings and bools are
-  not: ``max_tokens=2.5`` would otherwise be silently truncated).
+- ``max_tokens``: an integer from 1 to ``MAX_TOKENS_LIMIT`` (numpy integers are fine; floats,
+  strings and bools are not: ``max_tokens=2.5`` would otherwise be silently truncated).
 - ``temperature``: a finite number >= 0.  0 means greedy.  A positive temperature below
   ``GREEDY_BELOW`` is treated as greedy too: ``logits / 1e-39`` overflows to inf and the softmax
   to NaN, and a NaN distribution has no defined sample (vLLM uses the same cut-off).
@@ -23,7 +23,8 @@ that names the argument, the value and the accepted range:
 - ``stop``: a string or a list of strings; the answer ends before the first one that appears
   in the text (finish_reason "stop"; the stop string is not part of the text).
 - ``stop_token_ids``: token ids that end the answer like an end-of-sequence token.
-- ``n``: how many answers to sample for each prompt (an integer >= 1).
+- ``n``: how many answers to sample for each prompt (an integer from 1 to
+  ``MAX_ANSWERS_PER_REQUEST``).
 - ``presence_penalty``, ``frequency_penalty``: in [-2, 2] (OpenAI's): subtracted from the logit
   of each token already generated, once (presence) or once per time it was generated
   (frequency).  Positive values push the answer towards new tokens.
@@ -43,6 +44,9 @@ Logprobs are those of the model's own distribution (``log_softmax`` of its float
 before temperature, penalties, processors or top-k/top-p shape the draw: vLLM's default
 ``logprobs_mode="raw_logprobs"``.
 
+A refusal is an ``AdmissionError`` (a ``ValueError``, ``limits.py``) whose ``field`` names the
+argument.
+
 ``pt.LLM`` and the server apply ``stop``, ``stop_token_ids`` and ``n`` (``serving/``); the
 sampler (``backends/sampling_rule.py``) applies ``temperature``, ``top_p``, ``top_k`` and
 ``min_p``, and ``backends/logits_controls.py`` the penalties, ``min_tokens`` and the logits
@@ -60,9 +64,11 @@ import os
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from paged_tutorial.engine.limits import MAX_ANSWERS_PER_REQUEST, MAX_TOKENS_LIMIT, SEED_LIMIT, \
+    AdmissionError
+
 #: a positive temperature below this is greedy: logits / T would overflow float32
 GREEDY_BELOW = 1e-5
-SEED_LIMIT = 2 ** 64
 #: the most top tokens ``logprobs`` / ``prompt_logprobs`` may ask for (vLLM's default
 #: ``max_logprobs``)
 MAX_LOGPROBS = 20
@@ -95,8 +101,8 @@ def check_sample_key(sample_key) -> None:
     """``sample_key``: None (the request's id is used) or an integer in [0, 2**64)."""
     if sample_key is not None and (not is_integer(sample_key)
                                    or not 0 <= sample_key < SEED_LIMIT):
-        raise ValueError(f"sample_key must be None or an integer in [0, 2**64), got "
-                         f"{sample_key!r}")
+        raise AdmissionError("sample_key", f"sample_key must be None or an integer in "
+                             f"[0, 2**64), got {sample_key!r}")
 
 
 @dataclass(frozen=True)
@@ -120,33 +126,37 @@ class SamplingParams:
     logits_processors: list[Callable] | None = None
 
     def __post_init__(self):
-        if not is_integer(self.max_tokens) or self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be an integer >= 0, got "
-                             f"{self.max_tokens!r}")
+        if not is_integer(self.max_tokens) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            raise AdmissionError("max_tokens", f"max_tokens must be an integer from 1 to "
+                                 f"{MAX_TOKENS_LIMIT}, got {self.max_tokens!r}")
+        if not is_integer(self.n) or not 1 <= self.n <= MAX_ANSWERS_PER_REQUEST:
+            raise AdmissionError("n", f"n must be an integer from 1 to {MAX_ANSWERS_PER_REQUEST} "
+                                 f"(answers per prompt), got {self.n!r}")
         self._check_controls()
-        if not is_integer(self.n) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1 (answers per prompt), got {self.n!r}")
         if not is_integer(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be an integer >= 1, or 0 or -1 for all tokens, got "
-                             f"{self.top_k!r}")
+            raise AdmissionError("top_k", f"top_k must be an integer >= 1, or 0 or -1 for all "
+                                 f"tokens, got {self.top_k!r}")
         min_p = finite_float(self.min_p)
         if min_p is None or not 0.0 <= min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 keeps all tokens), got {self.min_p!r}")
+            raise AdmissionError("min_p", f"min_p must be in [0, 1] (0 keeps all tokens), got "
+                                 f"{self.min_p!r}")
         object.__setattr__(self, "top_k", max(int(self.top_k), 0))
         object.__setattr__(self, "min_p", min_p)
         object.__setattr__(self, "stop", _stop_strings(self.stop))
         object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
         temperature, top_p = finite_float(self.temperature), finite_float(self.top_p)
         if temperature is None or temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy) and finite, got "
-                             f"{self.temperature!r}")
+            raise AdmissionError("temperature", f"temperature must be >= 0 (0 means greedy) "
+                                 f"and finite, got {self.temperature!r}")
         if top_p is None or not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise AdmissionError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not is_integer(self.seed)
                                       or not 0 <= self.seed < SEED_LIMIT):
-            raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
+            raise AdmissionError("seed", f"seed must be None or an integer in [0, 2**64), got "
+                                 f"{self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+            raise AdmissionError("ignore_eos", f"ignore_eos must be True or False, got "
+                                 f"{self.ignore_eos!r}")
         # store plain Python numbers (numpy scalars would leak into results)
         object.__setattr__(self, "max_tokens", int(self.max_tokens))
         object.__setattr__(self, "n", int(self.n))
@@ -178,23 +188,23 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = finite_float(getattr(self, name))
             if value is None or not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
-                raise ValueError(f"{name} must be in [-2, 2] (0 leaves the logits alone), got "
+                raise AdmissionError(name, f"{name} must be in [-2, 2] (0 leaves the logits alone), got "
                                  f"{getattr(self, name)!r}")
             object.__setattr__(self, name, value)
         repetition = finite_float(self.repetition_penalty)
         if repetition is None or repetition <= 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 leaves the logits alone), "
+            raise AdmissionError("repetition_penalty", f"repetition_penalty must be > 0 (1 leaves the logits alone), "
                              f"got {self.repetition_penalty!r}")
         object.__setattr__(self, "repetition_penalty", repetition)
         if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}]"
+            raise AdmissionError("min_tokens", f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}]"
                              f", got {self.min_tokens!r}")
         object.__setattr__(self, "min_tokens", int(self.min_tokens))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not is_integer(value)
                                       or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}] "
+                raise AdmissionError(name, f"{name} must be None or an integer in [0, {MAX_LOGPROBS}] "
                                  f"(how many top tokens to report besides the chosen one), "
                                  f"got {value!r}")
             if value is not None:
@@ -203,7 +213,7 @@ class SamplingParams:
         if processors is not None:
             if callable(processors) or not isinstance(processors, (list, tuple)) or \
                     not all(callable(fn) for fn in processors):
-                raise ValueError("logits_processors must be a list of functions "
+                raise AdmissionError("logits_processors", "logits_processors must be a list of functions "
                                  "fn(output_token_ids, logits) -> logits, got "
                                  f"{processors!r}")
             object.__setattr__(self, "logits_processors", list(processors) or None)
@@ -223,10 +233,11 @@ def _stop_strings(stop) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise AdmissionError("stop", f"stop must be a string or a list of strings, got "
+                             f"{stop!r}")
     if any(not s for s in stop):
-        raise ValueError("stop strings must not be empty: an empty string would end every "
-                         "answer before its first token")
+        raise AdmissionError("stop", "stop strings must not be empty: an empty string would "
+                             "end every answer before its first token")
     return list(stop)
 
 
@@ -234,8 +245,8 @@ def _stop_token_ids(ids) -> list[int]:
     if ids is None:
         return []
     if not isinstance(ids, (list, tuple)) or not all(is_integer(t) and t >= 0 for t in ids):
-        raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got "
-                         f"{ids!r}")
+        raise AdmissionError("stop_token_ids", f"stop_token_ids must be a list of token ids "
+                             f"(integers >= 0), got {ids!r}")
     return [int(t) for t in ids]
 
 

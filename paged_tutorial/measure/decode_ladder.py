@@ -308,7 +308,7 @@ def time_prefill(model, matmul_tflops, hf=None, **kw) -> dict:
     res["engine_tflops"] = flops / (res["engine_ms"] * 1e-3) / 1e12
     res["engine_pct_of_matmul_rate"] = 100 * res["engine_tflops"] / matmul_tflops
     # the forward pass alone (no host bookkeeping), CUDA events
-    runner, cache = engine.model_runner.llama, engine.cache
+    runner, cache = engine.model_runner.network, engine.cache
     for r, p in enumerate(prompts):
         cache.ensure_capacity(r, len(p))
     inputs = engine.model_runner.packer.prefill(prompts, [0] * len(prompts),

@@ -2,6 +2,6 @@
 
 import sys
 
-from paged_tutorial.serving.cli import serve_main
+from paged_tutorial.cli.main import main
 
-sys.exit(serve_main(sys.argv[1:]))
+sys.exit(main(["serve", *sys.argv[1:]]))

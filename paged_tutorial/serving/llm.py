@@ -29,7 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from paged_tutorial.engine.llm_engine import Engine
-from paged_tutorial.engine.sampling_params import SEED_LIMIT, SamplingParams, is_integer
+from paged_tutorial.engine.limits import SEED_LIMIT
+from paged_tutorial.engine.sampling_params import SamplingParams, is_integer
 from paged_tutorial.loading.models import Model, load_model
 from paged_tutorial.serving.answers import Answer
 from paged_tutorial.serving.outputs import RequestMetrics, RequestOutput, position_logprobs
@@ -119,8 +120,8 @@ class LLM:
     def _run(self, prompts: list[EncodedPrompt], sampling_params,
              use_tqdm: bool) -> list[RequestOutput]:
         per_prompt = self._per_prompt(sampling_params, len(prompts))
-        for prompt, params in zip(prompts, per_prompt):
-            check_prompt_fits(self.engine, prompt.token_ids)
+        for prompt, params in zip(prompts, per_prompt):     # all admitted before any is queued
+            self.engine.admission.check(prompt.token_ids, params)
         outputs, answers = [], []
         try:
             for prompt, params in zip(prompts, per_prompt):
@@ -169,10 +170,3 @@ class LLM:
             if bar is not None:
                 bar.close()
 
-
-def check_prompt_fits(engine, token_ids: list[int]) -> None:
-    """A prompt must leave room for at least one generated token."""
-    if len(token_ids) >= engine.max_seq_len:
-        raise ValueError(f"the prompt has {len(token_ids)} tokens and the model's length limit "
-                         f"(max_model_len / max_seq_len) is {engine.max_seq_len}: there is no "
-                         f"room for an answer.  Shorten the prompt or raise max_model_len")

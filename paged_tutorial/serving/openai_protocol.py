@@ -20,13 +20,12 @@ from pydantic import ValidationError
 from paged_tutorial.engine.sampling_params import SamplingParams
 from paged_tutorial.serving.api_models import (OFF_VALUES, ChatCompletionRequest,
                                                CompletionRequest)
+from paged_tutorial.engine.limits import MAX_ANSWERS_PER_REQUEST, AdmissionError
 from paged_tutorial.serving.prompts import encode_conversation, encode_prompt
 from paged_tutorial.serving.structured_output import json_processor
 
 #: max_tokens of /v1/completions when the client gives none (OpenAI's default)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-#: the most answers one request may ask for (n), and the most prompts one completion may carry
-MAX_ANSWERS_PER_REQUEST = 128
 
 _SAMPLING = ("temperature", "top_p", "n", "stop", "seed", "top_k", "min_p", "ignore_eos",
              "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -153,6 +152,8 @@ def _grammar(request, engine) -> list | None:
 
 def _sampling(request, max_tokens, logprobs: int | None, grammar: list | None,
               default_temperature: float = 1.0) -> SamplingParams:
+    """The request's sampling fields as SamplingParams: its ranges are the engine's own
+    (``sampling_params.py``), a refusal a 400 naming the field."""
     given = {name: getattr(request, name) for name in _SAMPLING
              if getattr(request, name) is not None}
     if logprobs is not None:
@@ -160,31 +161,21 @@ def _sampling(request, max_tokens, logprobs: int | None, grammar: list | None,
     if grammar is not None:
         given["logits_processors"] = grammar
     given.setdefault("temperature", default_temperature)
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}",
-                       "max_tokens")
-    if given.get("n", 1) > MAX_ANSWERS_PER_REQUEST:
-        raise APIError(400, f"n must be at most {MAX_ANSWERS_PER_REQUEST}, got {given['n']}", "n")
     if max_tokens is not None:
         given["max_tokens"] = max_tokens
     try:
         return SamplingParams(**given)
-    except (ValueError, TypeError) as exc:
-        param = next((n for n in sorted((*given, "max_tokens"), key=len, reverse=True)
-                      if str(exc).startswith(n)), None)
-        raise APIError(400, str(exc), param) from None
+    except (ValueError, TypeError) as exc:          # an AdmissionError names its field
+        raise APIError(400, str(exc), getattr(exc, "field", None)) from None
 
 
-def _fit(engine, prompt_ids: list[int], max_tokens: int | None, param: str) -> int:
-    """max_tokens for this prompt: as asked, or all the room left when not given; a prompt
-    or an answer too long for the model's length is a 400."""
-    room = engine.max_seq_len - len(prompt_ids)
-    if room < 1:
-        raise APIError(400, f"the prompt has {len(prompt_ids)} tokens and this model's "
-                            f"maximum context length is {engine.max_seq_len}: shorten it",
-                       param, code="context_length_exceeded")
-    if max_tokens is None:
-        return room
+def _fit(engine, prompt_ids: list[int], max_tokens: int | None) -> int:
+    """max_tokens for this prompt: as asked, or all the room left when not given.  As in
+    OpenAI's API (and vLLM's server), an answer asked to run past the model's length is a 400
+    here, where the Python API stops it there (finish_reason "length")."""
+    room = engine.admission.room(prompt_ids)
+    if max_tokens is None or room < 1:          # no room: the admission refuses the prompt
+        return max(room, 1)
     if max_tokens > room:
         raise APIError(400, f"max_tokens={max_tokens} with a prompt of {len(prompt_ids)} tokens "
                             f"exceeds this model's maximum context length "
@@ -231,6 +222,13 @@ def _parsed(request, engine, prompts: list[list[int]], max_tokens, param: str) -
     include_usage = _include_usage(request)
     top_logprobs = _logprobs(request)
     base = _sampling(request, max_tokens, top_logprobs, _grammar(request, engine))
-    params = [replace(base, max_tokens=_fit(engine, ids, max_tokens, param))
-              for ids in prompts]
+    params = []
+    for ids in prompts:
+        fitted = replace(base, max_tokens=_fit(engine, ids, max_tokens))
+        try:
+            engine.admission.check(ids, fitted)
+        except AdmissionError as exc:
+            raise APIError(400, str(exc), param if exc.field == "prompt" else exc.field,
+                           code=exc.code) from None
+        params.append(fitted)
     return ParsedRequest(prompts, params, bool(request.stream), include_usage, top_logprobs)

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 #: the engine's finish reasons (``engine/request.py``) in vLLM's words
 FINISH_REASON_OF_ENGINE = {"eos": "stop", "length": "length", "max_seq_len": "length",
-                           "prompt_too_long": "length", "cancelled": "abort", "error": "error",
-                           "non_finite": "error"}
+                           "cancelled": "abort", "error": "error", "non_finite": "error"}
 
 
 @dataclass

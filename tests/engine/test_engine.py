@@ -157,9 +157,10 @@ def test_finish_reasons(tiny_llama):
     folder, _ = tiny_llama("gqa2-tied-default")
     model = pt.load_model(str(folder), dtype="float32")
     engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=40)
-    too_long, fits_edge, zero = engine.generate([[1] * 40, [2] * 30, [3] * 5],
-                                                max_tokens=20)[0:3]
-    assert too_long.finish_reason == "prompt_too_long" and too_long.token_ids == []
+    with pytest.raises(pt.AdmissionError, match="the prompt has 40 tokens but max_seq_len is 40"):
+        engine.generate([[2] * 30, [1] * 40], max_tokens=20)
+    assert not engine.has_unfinished() and engine.num_requests == 0    # nothing was queued
+    fits_edge, zero = engine.generate([[2] * 30, [3] * 5], max_tokens=20)
     assert fits_edge.finish_reason == "max_seq_len" and len(fits_edge.token_ids) == 10
     assert zero.finish_reason == "length" and len(zero.token_ids) == 20
 

@@ -247,7 +247,7 @@ def test_the_model_run_stays_interruptible_inside_a_step(tiny_model):
         time.sleep(5)                  # the alarm interrupts the sleep
         seen.append("not interrupted")
 
-    engine.model_runner.llama.forward = slow_forward
+    engine.model_runner.network.forward = slow_forward
     previous = signal.signal(signal.SIGALRM, _raise_interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):

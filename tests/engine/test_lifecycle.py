@@ -214,7 +214,7 @@ def test_an_abandoned_stream_is_cancelled_when_collected(tiny_model):
 
 def test_stream_with_context_manager_and_too_long_prompt(tiny_model):
     engine = make_engine(tiny_model, max_seq_len=32)
-    with pytest.raises(ValueError, match="no room for an answer"):
+    with pytest.raises(ValueError, match="the prompt has 40 tokens but max_seq_len is 32"):
         engine.stream(list(range(40)), max_tokens=4)
     with engine.stream(PROMPTS[0], max_tokens=30) as stream:
         engine.step()
@@ -346,7 +346,7 @@ def test_cancel_from_another_thread_is_applied_between_steps(tiny_model, solo):
 # --- 5. weights held once -------------------------------------------------------------------
 def test_weights_are_held_once(tiny_model):
     engine = make_engine(tiny_model, device="cpu")          # the model's own device: no copy
-    layer = engine.model_runner.llama.layers[0]
+    layer = engine.model_runner.network.layers[0]
     w = tiny_model.weights
     for part in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
         assert w[f"model.layers.0.{part}"].untyped_storage().data_ptr() == \

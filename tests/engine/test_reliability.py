@@ -34,7 +34,8 @@ def solo_tokens(model, prompt, n, max_seq_len=96):
 
 # --- bad input ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(max_tokens=-1), "max_tokens must be an integer >= 0"),
+    (dict(max_tokens=-1), "max_tokens must be an integer from 1 to 16777216"),
+    (dict(max_tokens=0), "max_tokens must be an integer from 1 to"),
     (dict(temperature=-0.5), "temperature must be >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
@@ -65,12 +66,12 @@ def test_bad_prompts_leave_engine_usable(tiny_model, prompt, match):
     assert engine.generate([good], max_tokens=4)[0].token_ids == solo_tokens(tiny_model, good, 4)
 
 
-def test_prompt_longer_than_max_seq_len_is_reported_not_truncated(tiny_model):
+def test_prompt_longer_than_max_seq_len_is_refused_not_truncated(tiny_model):
     engine = make_engine(tiny_model, max_seq_len=32)
-    long, ok = engine.generate([list(range(40)), [1, 2]], max_tokens=4)
-    assert long.finish_reason == "prompt_too_long" and long.token_ids == []
-    assert long.prompt_token_ids == list(range(40))
-    assert ok.finish_reason == "length"
+    with pytest.raises(ValueError, match="the prompt has 40 tokens but max_seq_len is 32"):
+        engine.generate([[1, 2], list(range(40))], max_tokens=4)
+    assert not engine.has_unfinished()                 # the good prompt was not queued either
+    assert engine.generate([[1, 2]], max_tokens=4)[0].finish_reason == "length"
 
 
 def test_request_larger_than_whole_cache_fails_at_once(tiny_model):

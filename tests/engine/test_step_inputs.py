@@ -107,7 +107,7 @@ def test_torch_decode_reads_nothing_back_from_the_device(tiny_llama, monkeypatch
     inputs = runner.decode_inputs(requests)
     reads = HostReads()
     with reads:
-        logits = runner.llama.forward(inputs, engine.cache)
+        logits = runner.network.forward(inputs, engine.cache)
     assert reads.seen == [] and logits.shape[0] == 2
 
 

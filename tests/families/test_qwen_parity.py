@@ -104,7 +104,7 @@ def test_a_missing_bias_or_norm_changes_the_tokens(qwen):
     for name, role in (("qwen2", "qkv_bias"), ("qwen3", "q_norm")):
         model, hf = load(qwen, name, "folder")
         engine = pt.Engine(model, backend="torch", max_slots=1, max_seq_len=64)
-        for layer in engine.model_runner.llama.layers:
+        for layer in engine.model_runner.network.layers:
             setattr(layer, role, None)
         out = engine.generate([prompt], max_tokens=8)[0].token_ids
         assert out != hf_greedy(hf, prompt, 8), name

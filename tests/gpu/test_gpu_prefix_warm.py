@@ -50,7 +50,7 @@ def test_warm_prefix_step_queues_its_layers_without_a_host_sync(model_fp32):
     try:
         inputs = eng.model_runner.prefill_inputs(batch.requests)
         assert inputs.reads_cached_context and inputs.token_ids.shape[0] == N * 16
-        eng.model_runner.llama.forward(inputs, eng.cache)
+        eng.model_runner.network.forward(inputs, eng.cache)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     eng.scheduler.rollback(batch, count=False)                # served normally below

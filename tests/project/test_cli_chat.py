@@ -63,8 +63,8 @@ def test_a_conversation_longer_than_max_seq_len_says_so_and_goes_on(tiny_gguf):
     out, err = io.StringIO(), io.StringIO()
     assert chat.run_chat(args, out, err, stdin=io.StringIO("x" * 40 + "\nhi\n")) == 0
     lines = err.getvalue().splitlines()
-    assert any(line.startswith("error: the conversation is") and "--max-seq-len is 24" in line
-               for line in lines), lines
+    assert any(line.startswith("error: the prompt has") and "max_seq_len is 24" in line
+               and "--max-seq-len" in line and "start a new one" in line for line in lines), lines
     assert sum("finish_reason=" in line for line in lines) == 1      # "hi" still answered
 
 

@@ -215,14 +215,15 @@ def test_prompt_longer_than_max_seq_len(tiny_gguf, capsys):
     assert status == cli.EXIT_USAGE and out == ""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err
-    assert "the prompt is 52 tokens" in errors[0] and "--max-seq-len is 16" in errors[0]
+    assert "the prompt has 52 tokens but max_seq_len is 16" in errors[0]
+    assert "raise max_seq_len (--max-seq-len" in errors[0]
 
 
 def test_one_prompt_of_several_too_long(tiny_gguf, capsys):
     status = cli.main(["ab", "x" * 40, "--model", str(tiny_gguf), *FAST, "--max-seq-len", "16"])
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE
-    assert "error: prompt 2 is 40 tokens" in err
+    assert "error: prompt 2: the prompt has 40 tokens" in err
 
 
 def test_undecodable_argv_byte_in_process(capsys):

@@ -8,7 +8,6 @@ Models are tiny GGUF files (2 layers, byte-level tokenizer) with a small chat te
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import shutil
@@ -97,10 +96,10 @@ def test_defaults_read_from_source_equal_the_imported_apis():
         **{name: fields[name] for name in ("max_tokens", "temperature", "top_p", "seed")}}
 
 
-def test_backend_help_names_every_backend():
-    from paged_tutorial.backends import BACKEND_NAMES
+def test_backend_help_is_the_registrys():
+    from paged_tutorial.backends import BACKENDS
 
-    assert tuple(options.backend_help()) == tuple(BACKEND_NAMES)
+    assert options.backend_help() == {name: entry.help for name, entry in BACKENDS.items()}
 
 
 # --- its name --------------------------------------------------------------------------------
@@ -128,15 +127,59 @@ def test_the_installed_command_says_its_own_name():
 
 # --- serve ------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(importlib.util.find_spec("paged_tutorial.serving") is None,
-                    reason="paged_tutorial.serving (the server) is not in this tree")
-def test_serve_is_handed_to_the_servers_command_line(monkeypatch):
-    from paged_tutorial.serving import cli as serving_cli
+def test_serve_options_reach_the_server(monkeypatch):
+    """``serve`` is parsed by the same parser module as the main command: engine options,
+    limits and backends alike; the server's own options arrive as the parsed namespace."""
+    from paged_tutorial.cli import serve as serve_command
 
-    calls = []
-    monkeypatch.setattr(serving_cli, "serve_main", lambda argv: calls.append(argv) or 7)
-    assert main.main(["serve", "--port", "0", "--model", "x"]) == 7
-    assert calls == [["--port", "0", "--model", "x"]]
+    seen = []
+    monkeypatch.setattr(serve_command, "run_serve", lambda args, err=None: seen.append(args) or 7)
+    monkeypatch.setenv(options.API_KEY_ENV, "from-env")
+    assert main.main(["serve", "--port", "0", "--model", "x", "--threads", "3",
+                      "--max-body-bytes", "2048", "--limit-concurrency", "9",
+                      "--timeout-keep-alive", "2.5", "--body-timeout", "4"]) == 7
+    args, = seen
+    assert (args.command, args.port, args.model, args.threads) == ("serve", 0, "x", 3)
+    assert (args.max_body_bytes, args.limit_concurrency, args.timeout_keep_alive,
+            args.body_timeout) == (2048, 9, 2.5, 4.0)
+    assert args.api_key == "from-env"
+    assert options.parse(["serve", "--api-key", "k"]).api_key == "k"
+    defaults = options.parse(["serve"])
+    assert (defaults.max_body_bytes, defaults.limit_concurrency, defaults.timeout_keep_alive,
+            defaults.body_timeout, defaults.max_slots) == (2 ** 20, 512, 5.0, 30.0, 8)
+
+
+@pytest.mark.parametrize("argv", [["serve", "--max-seq-len", str(2 ** 24 + 1)],
+                                  ["serve", "--backend", "tpu"], ["serve", "--threads", "0"],
+                                  ["hi", "--threads", "0"]])
+def test_serve_and_the_main_command_share_their_limits(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        options.parse(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    prog = "python -m paged_tutorial" + (" serve" if argv[0] == "serve" else "")
+    assert err.startswith(f"usage: {prog} ")
+
+
+def test_serve_help_names_the_subcommand_and_every_backend():
+    """Run as the installed command, ``serve --help`` says ``paged-tutorial serve``; its
+    backends are the registry's, with the registry's help; it answers without torch."""
+    code = ("import sys, time; sys.argv[0] = '/somewhere/bin/paged-tutorial'; "
+            "from paged_tutorial.__main__ import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code, "serve", "--help"], capture_output=True,
+                         text=True, env=env(), timeout=120, cwd=ROOT)
+    assert run.stdout.startswith("usage: paged-tutorial serve "), run.stdout
+    assert "HEAVY []" in run.stdout
+    from paged_tutorial.backends import BACKENDS
+
+    flat = " ".join(run.stdout.split())
+    for name, entry in BACKENDS.items():
+        assert f"{name} {' '.join(entry.help.split())}" in flat, name
+    for option in ("--threads", "--api-key", "--max-body-bytes", "--limit-concurrency",
+                   "--timeout-keep-alive", "--body-timeout", "--drain-timeout"):
+        assert option in run.stdout
 
 
 def test_serve_is_dispatched_lazily(monkeypatch):

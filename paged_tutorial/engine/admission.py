@@ -1,6 +1,17 @@
-"""What a caller submits, checked before anything is queued: prompts encoded to token ids,
-the arguments of ``add_request`` / ``generate`` / ``stream`` validated, and a request refused
-if it could not fit even in an empty cache.  Every refusal names the problem and the fix."""
+"""Admission: what a caller submits turned into a ``Request`` the engine can queue, or refused.
+
+Every frontend goes through here: ``Engine.add_request`` / ``generate`` / ``stream``, ``LLM``
+(``serving/llm.py``), the OpenAI server (``serving/openai_protocol.py``) and the command line
+(``cli/``).  Each rule is written once, in this file or in ``SamplingParams`` (the sampling
+ranges, ``sampling_params.py``), with its limit from ``limits.py``; a refusal is one
+``AdmissionError`` naming the field, the value and the fix, so the four frontends say the same
+thing about the same mistake.
+
+    Admission.request(prompt, params, chat=..., on_token=..., sample_key=...)
+      -> encode   a string (chat-templated unless chat=False) or token ids -> token ids
+      -> check    the prompt leaves room for an answer; the request fits an empty cache
+      -> Request  with its detokenizer
+"""
 
 from __future__ import annotations
 
@@ -10,7 +21,12 @@ import numpy as np
 import torch
 
 from paged_tutorial.config import CacheConfig
-from paged_tutorial.engine.sampling_params import SamplingParams, is_integer
+from paged_tutorial.engine.limits import AdmissionError
+from paged_tutorial.engine.request import Request
+from paged_tutorial.engine.sampling_params import SamplingParams, check_sample_key, is_integer
+
+__all__ = ["Admission", "AdmissionError", "check_chat", "check_on_step", "check_on_token",
+           "positive_int", "sampling_params"]
 
 
 def positive_int(name: str, value) -> int:
@@ -57,14 +73,46 @@ def sampling_params(params: SamplingParams | None, keywords: dict) -> SamplingPa
     return SamplingParams(**given)
 
 
-class PromptChecker:
-    """Encodes prompts for one engine and refuses those it could never serve."""
+def prompt_too_long(prompt_tokens: int, max_seq_len: int) -> AdmissionError:
+    """The refusal of a prompt that leaves no room for an answer (every frontend's words)."""
+    return AdmissionError(
+        "prompt", f"the prompt has {prompt_tokens} tokens but max_seq_len is {max_seq_len}: "
+        f"prompt and answer share max_seq_len, so a prompt may have at most {max_seq_len - 1} "
+        f"tokens.  Shorten the prompt or raise max_seq_len (--max-seq-len on the command line, "
+        f"max_model_len for LLM)", code="context_length_exceeded")
+
+
+class Admission:
+    """Encodes and checks the requests of one engine (its tokenizer, vocabulary and cache)."""
 
     def __init__(self, tokenizer, vocab_size: int, source, cache_config: CacheConfig):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.source = source
         self.cache_config = cache_config
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache_config.max_seq_len
+
+    def request(self, prompt, params: SamplingParams, request_id: int, *, chat: bool = True,
+                on_token=None, sample_key: int | None = None) -> Request:
+        """The one call: a validated ``Request`` (not queued yet), or an ``AdmissionError`` /
+        ``TypeError`` naming what is wrong.  Its random stream is keyed by (seed, sample_key),
+        sample_key defaulting to ``request_id``."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        check_sample_key(sample_key)
+        check_chat(chat)
+        check_on_token(on_token)
+        ids = self.encode(prompt, chat=chat)
+        self.check(ids, params)
+        request = Request(request_id, ids, params,
+                          sample_key=request_id if sample_key is None else sample_key,
+                          on_token=on_token)
+        if self.tokenizer is not None:
+            request.detokenizer = self.tokenizer.stream()
+        return request
 
     def encode(self, prompt, chat: bool = True) -> list[int]:
         """A string (chat-templated unless chat=False) or token ids -> a list of token ids.
@@ -74,10 +122,10 @@ class PromptChecker:
         than rounded."""
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("empty prompt: give some text or token ids")
+                raise AdmissionError("prompt", "empty prompt: give some text or token ids")
             if self.tokenizer is None:
-                raise ValueError(f"model {self.source!r} has no tokenizer files: pass "
-                                 "prompts as lists of token ids")
+                raise AdmissionError("prompt", f"model {self.source!r} has no tokenizer files: "
+                                               "pass prompts as lists of token ids")
             ids = self.tokenizer.apply_chat_template(prompt) if chat else \
                 self.tokenizer.encode(prompt)
         elif isinstance(prompt, (np.ndarray, torch.Tensor)):
@@ -93,27 +141,32 @@ class PromptChecker:
             raise TypeError(f"a prompt is a string or a list of token ids, got "
                             f"{type(prompt).__name__}")
         if not ids:
-            raise ValueError("empty prompt: a token-id list needs at least one id")
+            raise AdmissionError("prompt", "empty prompt: give some text or token ids")
         bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < self.vocab_size]
         if bad:
             i, t = bad[0]
-            raise ValueError(f"token id {t} at position {i} is outside the vocabulary "
-                             f"[0, {self.vocab_size}) ({len(bad)} bad id(s) in this prompt)")
+            raise AdmissionError("prompt", f"token id {t} at position {i} is outside the "
+                                 f"vocabulary [0, {self.vocab_size}) ({len(bad)} bad id(s) in "
+                                 f"this prompt)")
         return ids
 
-    def check_fits(self, ids: list[int], params: SamplingParams) -> None:
-        """Refuse a request that could not fit even in an empty cache."""
+    def check(self, ids: list[int], params: SamplingParams) -> None:
+        """Refuse a prompt that leaves no room for an answer, and a request that could not
+        fit even in an empty cache."""
         c = self.cache_config
         if len(ids) >= c.max_seq_len:
-            return                                   # finished at once: prompt_too_long
+            raise prompt_too_long(len(ids), c.max_seq_len)
         worst = min(len(ids) + params.max_tokens, c.max_seq_len)
         blocks = c.blocks_for_tokens(worst) * c.num_layers
         if blocks > c.NUM_BLOCKS:
-            raise ValueError(
-                f"request needs up to {blocks} KV blocks ({worst} tokens x "
-                f"{c.num_layers} layers) but the whole cache holds "
-                f"{c.NUM_BLOCKS}: raise kv_cache_bytes (now "
-                f"{c.kv_cache_bytes}) or lower max_tokens / the prompt")
+            raise AdmissionError(
+                "max_tokens", f"request needs up to {blocks} KV blocks ({worst} tokens x "
+                f"{c.num_layers} layers) but the whole cache holds {c.NUM_BLOCKS}: raise "
+                f"kv_cache_bytes (now {c.kv_cache_bytes}) or lower max_tokens / the prompt")
+
+    def room(self, ids: list[int]) -> int:
+        """How many tokens an answer to ``ids`` can have before max_seq_len ends it."""
+        return self.cache_config.max_seq_len - len(ids)
 
 
 def token_ids_of_array(prompt: np.ndarray | torch.Tensor) -> list[int]:
