@@ -76,8 +76,12 @@ case "$PART" in
 tests)
     # tests/ and the notebooks side by side: tests handed out one by one (--dist load), a
     # notebook's cells kept in order in one process (loadscope); then one summary of both
+    # one test worker per 10 GiB of GPU memory, at most 11: on an 80 GB H100, 11 workers (each
+    # with its engines' caches) ran the card out of memory; on an H200, 11 fit
+    gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    workers=$(( gpu_mib / 10240 )); [ "$workers" -gt 11 ] && workers=11; [ "$workers" -lt 2 ] && workers=2
     python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-suite --timeout 540 \
-        --workers 11 --dist load --only tests > "$OUT/gpu-tests-suite.log" 2>&1 &
+        --workers "$workers" --dist load --only tests > "$OUT/gpu-tests-suite.log" 2>&1 &
     step notebooks 560 python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-notebooks \
         --timeout 540 --workers 3 --only notebooks/*.ipynb
     wait
