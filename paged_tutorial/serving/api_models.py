@@ -48,7 +48,7 @@ class _SamplingFields(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     n: int | None = None
-    stop: str | list[str] | None = None
+    stop: Any = None               # its rule is SamplingParams' (the one admission's words)
     seed: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
