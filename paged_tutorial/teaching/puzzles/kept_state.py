@@ -136,7 +136,7 @@ def _state_of_function(where: str, fn) -> str | None:
         if inspect.isclass(value) and not str(value.__module__).startswith(PACKAGE):
             kept = _class_state(value)
             if kept is not None:
-                return _keeps(where, say(en=f"it uses {kept}", ko=f"{kept}을 씁니다"))
+                return _keeps(where, say(en=f"it uses {kept}", ko=f"{particle(kept, '을/를')} 씁니다"))
         if callable(value) and hasattr(value, "cache_info"):
             return _keeps(where, say(en=f"it calls `{name}`, memoized with functools' cache",
                                      ko=f"functools 캐시로 기억하는 `{name}`을 부릅니다"))
@@ -165,7 +165,7 @@ def _reach_of_function(where: str, fn) -> str | None:
                                                   "가져옵니다"))
         used = [n for n in code.co_names if n in REACHING_NAMES]
         if used:
-            return _reaches(where, say(en=f"it uses {used[0]}", ko=f"{used[0]}을 씁니다"))
+            return _reaches(where, say(en=f"it uses {used[0]}", ko=f"{particle(used[0], '을/를')} 씁니다"))
         strings = [c for c in code.co_consts if isinstance(c, str) and c in REACHING_NAMES]
         if strings:
             return _reaches(where, say(en=f"it names {strings[0]!r} (getattr with a name "
@@ -176,7 +176,7 @@ def _reach_of_function(where: str, fn) -> str | None:
         if isinstance(value, types.ModuleType) and \
                 value.__name__.split(".")[0] in REACHING_MODULES:
             return _reaches(where, say(en=f"it uses the module {value.__name__} (as {name})",
-                                       ko=f"모듈 {value.__name__} ({name})을 씁니다"))
+                                       ko=f"모듈 {particle(f'{value.__name__} ({name})', '을/를')} 씁니다"))
     return None
 
 
