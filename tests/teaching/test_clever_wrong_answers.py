@@ -6,6 +6,7 @@ that ride the tolerance, work done behind the engine's back, and the sharing rul
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 import pytest
 
 matplotlib.use("Agg")
@@ -57,10 +58,24 @@ def test_state_and_reaching_around_are_named_before_the_answer_runs():
     def closure_list(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
         return len(calls) + counter
 
+    def memo_on_a_module(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+        import math
+        try:
+            memo = math._table_memo
+        except AttributeError:
+            memo = {}
+            math._table_memo = memo
+        return memo.setdefault(slot, slot)
+
+    def private_module_attribute(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+        return np._parked.get(slot, slot)
+
     calls: list = []
     expected = {assigns_a_global: "global COUNTER", memoized: "memoized",
                 mutable_default: "default argument", frames: "imports inspect",
-                dunder_by_name: "'__subclasses__'", closure_list: "`calls` (a list)"}
+                dunder_by_name: "'__subclasses__'", closure_list: "`calls` (a list)",
+                memo_on_a_module: "`math._table_memo`",
+                private_module_attribute: "`np._parked`"}
     for answer, text in expected.items():
         message = kept_state.refusal(answer)
         assert message is not None and text in message, (answer.__name__, message)

@@ -194,6 +194,39 @@ def _class_state(klass) -> str | None:
     return None
 
 
+#: instructions that load the object an attribute access then reads or writes
+_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_CLOSURE")
+
+
+def _module_attribute(where: str, fn) -> str | None:
+    """An attribute of a module that ``fn`` writes (``math._memo = {}``: it outlives the call
+    like a global) or a private one it reads (``numpy._handoff``: state parked there)."""
+    found = dict(_cells(fn))
+    found.update((n, v) for n, v in _globals_used(fn))
+    for code in _codes(fn.__code__):
+        instructions = list(dis.get_instructions(code))
+        imported = {after.argval for ins, after in zip(instructions, instructions[1:])
+                    if ins.opname in ("IMPORT_NAME", "IMPORT_FROM")
+                    and after.opname.startswith("STORE_")}
+        for before, ins in zip(instructions, instructions[1:]):
+            if before.opname not in _LOADS or not (
+                    isinstance(found.get(before.argval), types.ModuleType)
+                    or (before.opname == "LOAD_FAST" and before.argval in imported)):
+                continue
+            name = f"{before.argval}.{ins.argval}"
+            if ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
+                return _keeps(where, say(en=f"it sets `{name}`, an attribute of a module, which "
+                                            "outlives the call like a module-level name",
+                                         ko=f"모듈의 속성 {particle(f'`{name}`', '을/를')} 바꿉니다. "
+                                            "이는 모듈 수준의 이름처럼 호출보다 오래 삽니다"))
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and str(ins.argval).startswith("_"):
+                return _keeps(where, say(en=f"it reads `{name}`, a private attribute of a "
+                                            "module, where state can be parked between calls",
+                                         ko=f"모듈의 비공개 속성 {particle(f'`{name}`', '을/를')} "
+                                            "읽습니다. 호출 사이에 상태를 둘 수 있는 곳입니다"))
+    return None
+
+
 def refusal(answer) -> str | None:
     """Why ``answer`` is refused for keeping state between calls or reaching around its
     arguments, in words naming what it did; None when it does neither."""
@@ -217,7 +250,8 @@ def refusal(answer) -> str | None:
                         en="it is memoized with functools' cache",
                         ko="functools 캐시로 결과를 기억합니다"))
     for where, fn in _functions(answer):
-        problem = _reach_of_function(where, fn) or _state_of_function(where, fn)
+        problem = (_reach_of_function(where, fn) or _state_of_function(where, fn)
+                   or _module_attribute(where, fn))
         if problem is not None:
             return problem
     return None
