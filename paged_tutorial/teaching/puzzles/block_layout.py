@@ -116,16 +116,17 @@ CHAPTER_SHAPE = ("bfloat16", 2, 8)
 
 def shapes_to_run() -> list[tuple]:
     """The engine shapes one check runs: the chapter's, then one drawn afresh in float32
-    (4-byte elements) with another KV-head count, head_dim and BLOCK_SIZE (4, 8 or 32 tokens
+    (4-byte elements) with another KV-head count, head_dim and BLOCK_SIZE (6, 12 or 24 tokens
     per block), so that no constant of the first can stand in for BLOCK_SIZE, KV_DIM, HEAD_DIM
-    or ITEMSIZE."""
+    or ITEMSIZE, and no shift can stand in for a product with BLOCK_SIZE."""
     rng, _ = shapes.fresh_rng()
     return [CHAPTER_SHAPE, ("float32", shapes.pick(rng, (1, 3)), shapes.pick(rng, (4, 12, 16)),
                             shapes.pick(rng, DRAWN_BLOCK_SIZES))]
 
 
-#: tokens per block the drawn shape takes (never the chapter's 16)
-DRAWN_BLOCK_SIZES = (4, 8, 32)
+#: tokens per block the drawn shape takes: never the chapter's 16, and never a power of two
+#: (the engine takes any block size, so a shift by log2(BLOCK_SIZE) is a wrong answer)
+DRAWN_BLOCK_SIZES = (6, 12, 24)
 
 
 @lru_cache(maxsize=8)

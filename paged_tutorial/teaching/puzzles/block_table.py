@@ -66,16 +66,18 @@ class LocatingWriterBackend(TorchBackend):
 
 def draw_run() -> tuple[int, int, int]:
     """(layers, free-list shuffle seed, BLOCK_SIZE) of one check, drawn afresh: the table's
-    layout, the blocks each token gets and the tokens per block (8 or 4: never the engine's
-    16, so the 20-token prompt spans three or five blocks) change from check to check, so no
-    remembered block and no constant stands in for the table lookup."""
+    layout, the blocks each token gets and the tokens per block (5 or 6: never the engine's
+    16 and never a power of two, so the 20-token prompt spans four blocks, the last one partly
+    filled at 6, and no shift or mask stands in for the division) change from check to check,
+    so no remembered block and no constant stands in for the table lookup."""
     rng, _ = shapes.fresh_rng()
     return (shapes.pick(rng, (2, 3, 4)), int(rng.integers(1, 2 ** 31)),
             shapes.pick(rng, BLOCK_SIZES))
 
 
-#: tokens per block 02.locate draws from (the engine's 16 never: the prompts would fit in two)
-BLOCK_SIZES = (4, 8)
+#: tokens per block 02.locate draws from (the engine's 16 never: the prompts would fit in two;
+#: no power of two: a shift and a mask would pass for divmod)
+BLOCK_SIZES = (5, 6)
 
 
 @lru_cache(maxsize=4)
