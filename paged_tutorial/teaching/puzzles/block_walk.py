@@ -57,7 +57,9 @@ def cases() -> list[KernelCase]:
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
     per_seq = shapes.pick(rng, (4, 6))
-    full_blocks = int(rng.integers(1, min(max(2, 32 // bs), per_seq - 1) + 1))   # a row spare
+    # at least two full blocks (a row spare): one block of BLOCK_SIZE tokens reads the same
+    # under any block size at least as large, so a literal block size could pass
+    full_blocks = int(rng.integers(2, min(max(2, 32 // bs), per_seq - 1) + 1))
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
                          lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
                          max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
