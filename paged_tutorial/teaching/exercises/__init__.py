@@ -31,7 +31,7 @@ from paged_tutorial.teaching.exercises.notebook_grading import grade_notebook, p
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.exercises.your_kernel import (UnsolvedParts, YourKernel,
+from paged_tutorial.teaching.exercises.your_kernel import (Serving, UnsolvedParts, YourKernel,
                                                            which_part_changed, which_part_differs,
                                                            your_kernel)
 from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
@@ -45,7 +45,7 @@ def puzzle(name: str):
     return find(name)
 
 
-__all__ = ["AllocatorBase", "UnsolvedParts", "Verdict", "YourKernel", "check",
+__all__ = ["AllocatorBase", "Serving", "UnsolvedParts", "Verdict", "YourKernel", "check",
            "expected_answer", "get", "grade", "grade_notebook", "names", "progress", "puzzle",
            "reveal", "set_language", "which_part_changed", "which_part_differs",
            "your_kernel"]
