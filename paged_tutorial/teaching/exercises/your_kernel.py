@@ -21,10 +21,13 @@ code, as ``solutions.reveal`` shows it: what the tests run), and
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
 she did not.
 
-To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``.  When
-her kernel's answer differs from the stock engine's, ``which_part_changed`` finds the part:
-it swaps her parts for the worked ones one at a time (generating only up to the first token
-that differs) and names the part whose swap gives back the stock text.
+To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``;
+``Serving`` is notebook 05b's run (its prompt, block size and routed layers), shared with its
+tests.  When her kernel's answer differs from the stock engine's, ``which_part_changed`` finds
+the part: it swaps her parts (the body's, and the table index and K address when hers) for the
+worked ones one at a time (generating only up to the first token that differs) and names the
+part whose swap gives back the stock text, with the first token that differs and the token
+expected there.
 """
 
 from __future__ import annotations
@@ -308,7 +311,8 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
     ``answer(kernel, n)`` generates the first ``n`` tokens with a kernel (as the answer being
     explained was generated); each part of hers in turn (the body's, then the table index and
     the K address when she solved them) is replaced by the worked one, and the first whose
-    replacement gives back the stock tokens up to the difference is named.  ``token_text(id)`` shows a token (the tokenizer's decode)."""
+    replacement gives back the stock tokens up to the difference is named.  ``token_text(id)``
+    shows a token (the tokenizer's decode)."""
     at = first_difference(mine, stock)
     if at is None:
         return say(en="your kernel's answer is the stock engine's, token for token",
