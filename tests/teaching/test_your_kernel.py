@@ -19,6 +19,7 @@ import pytest
 
 import paged_tutorial as pt
 import paged_tutorial.teaching.exercises as ex
+from helpers.clever_answers import CLEVER
 from helpers.kernel_bodies import WRONG_BODIES
 from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.teaching.exercises import solved
@@ -288,15 +289,16 @@ def table_index_without_the_layer(slot, layer, logical_block, N_LAYERS, MAX_SEQ_
     return slot * N_LAYERS * -(-MAX_SEQ_LEN // BLOCK_SIZE) + logical_block
 
 
-#: puzzle -> a wrong answer to it, as she could have written it: every part 05b assembles
-WRONG_IN_05B = {
-    "02.table_index": table_index_without_the_layer,
-    "03.k_index": k_index_token_stride_head_dim,
-    "03.walk_blocks": walk_blocks_one_block_short,
-    "04.token_score": WRONG_BODIES["04.token_score"]["a shuffle offset sequence that skips 4"][0],
-    "05.softmax_update": softmax_update_without_rescaling_acc,
-    "05.write_output": WRONG_BODIES["05.write_output"]["acc not divided by d"][0],
-}
+#: (puzzle, a wrong answer to it as she could have written it): every part 05b assembles
+WRONG_IN_05B = [
+    ("02.table_index", table_index_without_the_layer),
+    ("03.k_index", k_index_token_stride_head_dim),
+    ("03.walk_blocks", walk_blocks_one_block_short),
+    ("03.walk_blocks", CLEVER["03.walk_blocks"]["the literal 16 for BLOCK_SIZE"][0]),
+    ("04.token_score", WRONG_BODIES["04.token_score"]["a shuffle offset sequence that skips 4"][0]),
+    ("05.softmax_update", softmax_update_without_rescaling_acc),
+    ("05.write_output", WRONG_BODIES["05.write_output"]["acc not divided by d"][0]),
+]
 #: the tokens of 05b's answer these tests compare (each wrong part changes one of them)
 TOKENS_05B = 3
 
@@ -312,7 +314,8 @@ def stock_05b(serving_05b):
 
 
 def test_05b_wrongs_cover_every_part_it_assembles():
-    assert sorted(WRONG_IN_05B) == sorted({**BODY_PUZZLES, **STEP_PUZZLES}.values())
+    assert {puzzle for puzzle, _ in WRONG_IN_05B} == {*BODY_PUZZLES.values(),
+                                                      *STEP_PUZZLES.values()}
 
 
 def test_05b_runs_the_kernel_in_every_layer_on_a_gpu_and_three_spread_layers_on_a_cpu():
@@ -333,14 +336,14 @@ def test_05b_context_spans_at_least_three_blocks_of_sixteen(serving_05b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("puzzle", sorted(WRONG_IN_05B))
+@pytest.mark.parametrize("puzzle, wrong", WRONG_IN_05B,
+                         ids=[f"{puzzle}-{wrong.__name__}" for puzzle, wrong in WRONG_IN_05B])
 def test_a_wrong_part_changes_05bs_text_and_is_named(serving_05b, stock_05b, nothing_solved,
-                                                     puzzle):
+                                                     puzzle, wrong):
     """Her part, wrong in a way its own check refuses, in 05b's run (SmolLM2, its prompt and
     routed layers) with every other part the worked one: the answer changes within the first
     tokens, and the diagnosis names that part, the first token that differs and the token
     expected there."""
-    wrong = WRONG_IN_05B[puzzle]
     assert not ex.grade(puzzle, wrong).ok
     solved.remember(puzzle, wrong)
     kernel = ex.your_kernel(fill_unsolved=True)
@@ -355,3 +358,30 @@ def test_a_wrong_part_changes_05bs_text_and_is_named(serving_05b, stock_05b, not
     assert (f"generated token {at + 1}: {kernel.label} wrote {text(mine[at])!r} where the "
             f"stock engine wrote {text(stock_05b[at])!r}") in said, said
     assert f"your {part} is the part that changes the text" in said, said
+
+
+
+def table_index_row_in_tokens(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    return (slot * N_LAYERS + layer) * MAX_SEQ_LEN + logical_block
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not access_log.AVAILABLE, reason="a read past the block table's end is "
+                    "undefined on a GPU (it may end the process's CUDA context); the simulator "
+                    "stops it")
+def test_a_part_that_reads_past_the_table_stops_05bs_answer_and_is_named(serving_05b, stock_05b,
+                                                                         nothing_solved):
+    """A table index whose rows are MAX_SEQ_LEN entries long reads past the block table in
+    05b's middle layer: the simulator stops the kernel with an IndexError, the answer stops
+    there (said in one line), and the diagnosis names the table index."""
+    wrong = table_index_row_in_tokens
+    assert not ex.grade("02.table_index", wrong).ok
+    solved.remember("02.table_index", wrong)
+    kernel = ex.your_kernel(fill_unsolved=True)
+    mine, stopped = serving_05b.tokens(serving_05b.router(kernel), TOKENS_05B)
+    assert stopped is not None and stopped.startswith("IndexError: ") and "\n" not in stopped
+    assert mine == stock_05b[:len(mine)] and len(mine) < len(stock_05b)
+    said = ex.which_part_changed(kernel, serving_05b.answer, mine, stock_05b,
+                                 serving_05b.token_text)
+    assert f"generated token {len(mine) + 1}: {kernel.label} wrote nothing (it stopped)" in said
+    assert "your block_table_index is the part that changes the text" in said, said

@@ -33,6 +33,7 @@ expected there.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from paged_tutorial.teaching.exercises import solved
@@ -240,20 +241,40 @@ class Serving:
         return engine.generate([self.prompt], max_tokens=max_tokens or self.max_tokens,
                                temperature=0.0)[0]
 
+    def tokens(self, backend, max_tokens: int | None = None) -> tuple[list[int], str | None]:
+        """The greedy answer's token ids with ``backend``, and None; or, when the run raises
+        (a kernel of hers that reads outside the cache stops with an IndexError in the
+        simulator), the tokens made before it and the exception in one line."""
+        import paged_tutorial as pt
+
+        made: list[int] = []
+        engine = pt.Engine(self.model, backend=backend, max_slots=1, block_size=self.block_size)
+        try:
+            engine.generate([self.prompt], max_tokens=max_tokens or self.max_tokens,
+                            temperature=0.0, on_token=lambda i, token, text: made.append(token))
+        except Exception as stopped:        # her kernel's fault, told to her in one line
+            return made, f"{type(stopped).__name__}: {stopped}".splitlines()[0]
+        return made, None
+
     def answer(self, kernel, max_tokens: int | None = None) -> list[int]:
-        """The token ids of the greedy answer with ``kernel`` routed in."""
-        return self.generate(self.router(kernel), max_tokens).token_ids
+        """The token ids of the greedy answer with ``kernel`` routed in (those made before it
+        stopped, when it raised)."""
+        return self.tokens(self.router(kernel), max_tokens)[0]
 
     def difference(self, kernel) -> float:
         """The largest difference of ``kernel``'s attention from the other backend's over the
-        run."""
+        run (infinite when it stopped before any call finished)."""
         router = self.router(kernel)
-        self.generate(router)
-        return max(call.max_abs_diff for call in router.routed)
+        self.tokens(router)
+        return max((call.max_abs_diff for call in router.routed), default=math.inf)
+
+    def text(self, tokens: list[int]) -> str:
+        """Token ids as text (the tokenizer's decode)."""
+        return self.model.tokenizer.decode(tokens)
 
     def token_text(self, token: int) -> str:
-        """One token as text (the tokenizer's decode)."""
-        return self.model.tokenizer.decode([token])
+        """One token as text."""
+        return self.text([token])
 
 
 def part_status() -> list[tuple[str, str, bool]]:
