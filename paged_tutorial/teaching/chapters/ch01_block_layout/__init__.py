@@ -1,0 +1,1 @@
+"""Notebook 01, one block's layout: exercises, the ``block_layout`` puzzle, ``layout`` figures."""

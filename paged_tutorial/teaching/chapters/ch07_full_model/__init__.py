@@ -1,0 +1,1 @@
+"""Notebook 07, the full model: its exercises."""

@@ -1,0 +1,1 @@
+"""Notebook 08, performance: the committed GPU measurements drawn (``performance``)."""

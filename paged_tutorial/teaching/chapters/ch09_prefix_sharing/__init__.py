@@ -1,0 +1,1 @@
+"""Notebook 09, prefix sharing: exercises, the ``prefix_sharing`` puzzle, ``sharing`` figures."""
