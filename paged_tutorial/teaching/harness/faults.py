@@ -25,7 +25,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2]
 CHECKER_DIR = PACKAGE_DIR / "teaching"
 #: answers the package itself ships (the mistakes a chapter demonstrates, the worked
 #: solutions): graded like hers, so their frames count as an answer's, not the checker's
-ANSWER_FILES = (CHECKER_DIR / "puzzles" / "mistakes.py",
+ANSWER_FILES = (CHECKER_DIR / "harness" / "mistakes.py",
                 CHECKER_DIR / "exercises" / "solutions.py")
 #: how many of the checker's frames a fault report shows, innermost last
 SHOWN_FRAMES = 6
