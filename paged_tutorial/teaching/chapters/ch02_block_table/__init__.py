@@ -1,1 +1,0 @@
-"""Notebook 02, the block table: exercises, the ``block_table`` and ``kernel_addresses`` puzzles."""

@@ -1,1 +1,0 @@
-"""Notebook 03, the kernel's addresses: exercises, the ``block_walk`` puzzle, figures."""

@@ -1,1 +1,0 @@
-"""Notebook 04, the warp reduction: exercises, the ``score_handoff`` puzzle, figures."""

@@ -1,1 +1,0 @@
-"""Notebook 05: exercises, the ``online_softmax`` and ``output_store`` puzzles, figures."""

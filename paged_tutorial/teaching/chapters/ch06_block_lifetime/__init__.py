@@ -1,2 +1,0 @@
-"""Notebook 06, block lifetime: exercises, the ``allocator`` and ``table_sync`` puzzles,
-``lifetime``."""

@@ -1,1 +1,0 @@
-"""Notebook 07, the full model: its exercises."""

@@ -1,1 +1,0 @@
-"""Notebook 08, performance: the committed GPU measurements drawn (``performance``)."""
