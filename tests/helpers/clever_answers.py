@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from paged_tutorial.cache import CacheFullError
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 
 # --- a named constant replaced by today's value ---------------------------------------------

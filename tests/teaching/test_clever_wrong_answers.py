@@ -29,7 +29,8 @@ def test_state_and_reaching_around_are_named_before_the_answer_runs():
     import functools
 
     from paged_tutorial.teaching.exercises.solutions import solution_of
-    from paged_tutorial.teaching.puzzles import PUZZLES, kept_state
+    from paged_tutorial.teaching.chapters import PUZZLES
+    from paged_tutorial.teaching.harness import kept_state
 
     for p in PUZZLES:                       # every worked solution computes from its arguments
         assert kept_state.refusal(solution_of(p.name)) is None, p.name

@@ -10,9 +10,10 @@ import itertools
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
-from paged_tutorial.teaching.puzzles import puzzle
-from paged_tutorial.teaching.puzzles.base import Wrong
-from paged_tutorial.teaching.puzzles import allocator, prefix_sharing, table_sync
+from paged_tutorial.teaching.chapters import puzzle
+from paged_tutorial.teaching.harness.base import Wrong
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator, table_sync
+from paged_tutorial.teaching.chapters.ch09_prefix_sharing import prefix_sharing
 
 
 def test_table_sync_draws_a_new_layout_and_stream_every_check():

@@ -153,8 +153,8 @@ print("ok")
 def test_no_grader_imports_the_solutions():
     """Puzzles and the chapters' exercises take their rules from the package and the article's
     constants, never from the worked solutions."""
-    graders = sorted((PACKAGE / "teaching" / "puzzles").glob("*.py")) + \
-        sorted((PACKAGE / "teaching" / "exercises").glob("ch*.py"))
+    graders = sorted((PACKAGE / "teaching" / "chapters").rglob("*.py")) + \
+        sorted((PACKAGE / "teaching" / "harness").glob("*.py"))
     assert len(graders) > 10
     offenders = []
     for path in graders:

@@ -15,8 +15,12 @@ from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.cache import CacheFullError
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.puzzles import (allocator, block_walk, kernel_addresses,
-                                             online_softmax, output_store, score_handoff, shapes)
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
+from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
+from paged_tutorial.teaching.chapters.ch05_online_softmax import online_softmax, output_store
+from paged_tutorial.teaching.chapters.ch04_warp_shuffle_reduction import score_handoff
+from paged_tutorial.teaching.harness import shapes
 
 DRAWS = {"03.walk_blocks": block_walk.cases, "02.table_index": kernel_addresses.table_cases,
          "03.k_index": kernel_addresses.k_cases, "04.token_score": score_handoff.cases,
@@ -93,7 +97,7 @@ def test_allocator_base_gives_no_block_moves_to_inherit():
 
 def test_a_refused_call_must_change_nothing_the_allocator_holds():
     from helpers.wrong_allocators import ArticleAllocator
-    from paged_tutorial.teaching.puzzles.base import Wrong
+    from paged_tutorial.teaching.harness.base import Wrong
 
     class CountsRefusals(ArticleAllocator):
         """Right table and free list, but a refused call still bumps its own counter."""
@@ -144,7 +148,7 @@ def test_without_a_read_log_a_wrong_output_does_not_claim_the_reads_were_right(m
 
     from helpers.kernel_bodies import WRONG_BODIES
     from paged_tutorial.teaching import exercises as ex
-    from paged_tutorial.teaching.puzzles.kernel_harness import BodyRun
+    from paged_tutorial.teaching.harness.kernel_harness import BodyRun
 
     seed = 574544877
     monkeypatch.setattr(shapes, "fresh_rng", lambda: (np.random.default_rng(seed), seed))

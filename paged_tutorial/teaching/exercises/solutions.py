@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 from paged_tutorial.cache.block_allocator import CacheFullError
 from paged_tutorial.teaching.exercises.registry import get

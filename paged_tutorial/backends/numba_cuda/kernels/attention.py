@@ -33,7 +33,7 @@ parts call each other, the device helpers (``load``, ``store``, ``cuda``) and th
 (``BUILD_NAMES``), so the reader's functions need no imports.
 
 Where this port departs from the article, on purpose: see ``DEPARTURES`` (one entry each, with
-the article's lines; ``viz.kernel_source`` shows them next to the code).
+the article's lines; ``kernel_source`` (notebook 03) shows them next to the code).
 """
 
 from __future__ import annotations
