@@ -37,7 +37,7 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, two different BLOCK_SIZEs (8, 16 or 32), three layers then two (and other
+    other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers then two (and other
     numbers of logical blocks per sequence, so no table stride can be a constant), a batch
     whose rows are in the reverse order of their slots, a sequence of three blocks, the last
     partly filled, and one whose last block is full; softmax scales that are not
@@ -46,9 +46,11 @@ def cases() -> list[KernelCase]:
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     # one KV head, then two or three (a K address that swaps the token and the KV head shows)
     layouts = [shapes.pick(rng, ((1, 2), (1, 3))), shapes.pick(rng, ((2, 1), (3, 1), (2, 3)))]
-    # two different BLOCK_SIZEs; the first small enough that its sequence spans three blocks
-    first_bs = shapes.pick(rng, (8, 16))
-    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs])]
+    # two different BLOCK_SIZEs, one of them not a power of two (no shift or mask stands in
+    # for the division); the first small enough that its sequence spans three blocks
+    first_bs = shapes.pick(rng, (8, 12, 16))
+    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs and (
+        first_bs in shapes.UNEVEN_BLOCK_SIZES or b in shapes.UNEVEN_BLOCK_SIZES)])]
     bs = sizes[0]
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
                         lens=[shapes.partly_filled(rng, 2 * bs + 1, 3 * bs - 1, bs),
