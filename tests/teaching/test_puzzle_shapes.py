@@ -65,7 +65,7 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert all(c.num_kv_heads >= 2 for c in k)          # the KV head a q head reads shows
         assert any(c.num_kv_heads >= 4 for c in k)          # no wrap modulo 2 or 3 passes
         ratios = [c.n_q_heads // c.num_kv_heads for c in k]
-        assert any(r & (r - 1) for r in ratios) and max(ratios) > 4   # no shift, large groups
+        assert any(r & (r - 1) for r in ratios) and max(ratios) >= 4  # no shift, large groups
         store = output_store.cases()
         assert len({c.head_dim for c in store}) == 3
         assert sorted(c.head_dim % 32 == 0 for c in store) == [False, False, True]
