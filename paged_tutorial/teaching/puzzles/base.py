@@ -284,11 +284,11 @@ def borrowed_code(answer) -> str | None:
     from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
 
     for where, fn in _code_objects(answer):
+        if _borrowed(fn):
+            return _borrowed_message(where, fn.__name__, _borrowed(fn))
         copied = _package_code(fn)
         if copied is not None:
             return _copied_message(where, copied)
-        if _borrowed(fn):
-            return _borrowed_message(where, fn.__name__, _borrowed(fn))
         imported = _imports(fn.__code__)
         if imported is not None:
             return say(en=f"{where} uses {imported} to reach code beyond its arguments as it "

@@ -182,12 +182,51 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
     return draw
 
 
+#: the kernel's parts a walk may call: the score and the online softmax (notebooks 04 and 05);
+#: every other step of the walk is what this puzzle asks for
+GIVEN_PARTS = ("token_score", "softmax_update")
+
+
+def kernel_steps_called(fn) -> list[str]:
+    """The kernel's own step parts (``block_table_index``, ``k_index``...) that ``fn`` calls
+    by name without defining them itself: the build would hand it the engine's."""
+    from paged_tutorial.backends.numba_cuda.kernels.attention import PART_NAMES, own_function
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    called, todo, seen = [], [getattr(fn, "py_func", fn)], set()
+    while todo:                        # her walk, and the helpers of hers it calls
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        for name in global_names(fn.__code__):
+            value = fn.__globals__.get(name)
+            if own_function(value):
+                todo.append(value)
+            elif name in PART_NAMES and name not in GIVEN_PARTS and name not in called:
+                called.append(name)
+    return called
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     if is_stub(fn):
         raise Unsolved(say(en="walk_blocks has no body yet: write it",
                            ko="walk_blocks의 본문이 아직 없습니다: 작성하세요"))
+    steps = kernel_steps_called(fn)
+    if steps:
+        raise Wrong(say(
+            en=f"walk_blocks calls {', '.join(steps)}, which it does not define: the kernel "
+               "would hand it the engine's own step.  This puzzle is every step of the walk "
+               "(the block count, the table index, the last block's fill, the K and V "
+               "addresses): write them in walk_blocks, or in helpers you define yourself; "
+               "token_score and softmax_update are the parts it may call",
+            ko=f"walk_blocks가 스스로 정의하지 않은 {particle(', '.join(steps), '을/를')} "
+               "부릅니다: 커널은 거기에 엔진 자신의 단계를 넘겨 줍니다.  이 퍼즐은 루프의 모든 "
+               "단계(블록 수, 테이블 인덱스, 마지막 블록의 채움, K·V 주소)입니다: walk_blocks "
+               "안에서, 또는 직접 정의한 도우미 함수로 쓰세요; 부를 수 있는 부분은 token_score와 "
+               "softmax_update입니다"))
     parts = attention.ARTICLE_PARTS.replace(walk_blocks=fn)
     drawn = cases()
     first_figure = None
