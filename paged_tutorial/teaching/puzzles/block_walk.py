@@ -35,13 +35,17 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 
 
+#: the range the second launch's q scale is drawn from (scores of tens, not of a few units)
+SPREAD_Q_SCALE = (4.0, 6.0)
+
+
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
     other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers then two (and other
     numbers of logical blocks per sequence, so no table stride can be a constant), a batch
     whose rows are in the reverse order of their slots, a sequence of three blocks, the last
-    partly filled, and one whose last block is full; softmax scales that are not
-    1/sqrt(head_dim) and q rows wider than their heads."""
+    partly filled, and one whose last block is full, its scores spread over tens; softmax
+    scales that are not 1/sqrt(head_dim) and q rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     # one KV head, then two or three (a K address that swaps the token and the KV head shows)
@@ -62,9 +66,12 @@ def cases() -> list[KernelCase]:
     # at least two full blocks (a row spare): one block of BLOCK_SIZE tokens reads the same
     # under any block size at least as large, so a literal block size could pass
     full_blocks = int(rng.integers(2, min(max(2, 32 // bs), per_seq - 1) + 1))
+    # q scaled so that the scores spread over tens: many tokens score ten or more below the
+    # running max, so a walk that leaves such tokens out of the softmax shows
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
                          lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
-                         max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
+                         max_slots=2, slots=[1], q_scale=float(rng.uniform(*SPREAD_Q_SCALE)),
+                         **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
 
