@@ -35,30 +35,35 @@ from paged_tutorial.teaching.puzzles.kernel_harness import (KernelCase, bad_summ
 
 
 
+#: BLOCK_SIZEs of the first launch (its rows end one token into a block and on a block's end)
+FIRST_BLOCK_SIZES = (8, 12)
 #: the range the second launch's q scale is drawn from (scores of tens, not of a few units)
 SPREAD_Q_SCALE = (4.0, 6.0)
 
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers then two (and other
-    numbers of logical blocks per sequence, so no table stride can be a constant), a batch
-    whose rows are in the reverse order of their slots, a sequence of three blocks, the last
-    partly filled, and one whose last block is full, its scores spread over tens; softmax
-    scales that are not 1/sqrt(head_dim) and q rows wider than their heads."""
+    other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers
+    then two (and other numbers of logical blocks per sequence, so no table stride can be a
+    constant), a batch whose rows are in the reverse order of their slots, a sequence of three
+    blocks, the last holding one token, and whole blocks, the second launch's scores spread
+    over tens; softmax scales that are not 1/sqrt(head_dim) and q rows wider than their
+    heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     # one KV head, then two or three (a K address that swaps the token and the KV head shows)
     layouts = [shapes.pick(rng, ((1, 2), (1, 3))), shapes.pick(rng, ((2, 1), (3, 1), (2, 3)))]
     # two different BLOCK_SIZEs, one of them not a power of two (no shift or mask stands in
-    # for the division); the first small enough that its sequence spans three blocks
-    first_bs = shapes.pick(rng, (8, 12, 16))
+    # for the division); the first small enough that its sequence spans three blocks, and
+    # never 16 (a count rounded up with a literal 15 is right at 16 only)
+    first_bs = shapes.pick(rng, FIRST_BLOCK_SIZES)
     sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs and (
         first_bs in shapes.UNEVEN_BLOCK_SIZES or b in shapes.UNEVEN_BLOCK_SIZES)])]
     bs = sizes[0]
+    # a last block holding one token, and whole blocks: every rounding of the block count
+    # other than up, (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, is wrong at one of the two
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
-                        lens=[shapes.partly_filled(rng, 2 * bs + 1, 3 * bs - 1, bs),
-                              int(rng.integers(1, 13))],
+                        lens=[2 * bs + 1, bs * int(rng.integers(1, 3))],
                         num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
