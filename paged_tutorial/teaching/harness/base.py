@@ -15,6 +15,7 @@ import inspect
 import numbers
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -286,6 +287,9 @@ def borrowed_code(answer) -> str | None:
     for where, fn in _code_objects(answer):
         if _borrowed(fn):
             return _borrowed_message(where, fn.__name__, _borrowed(fn))
+        copied = _package_code(fn)
+        if copied is not None:
+            return _copied_message(where, copied)
         imported = _imports(fn.__code__)
         if imported is not None:
             return say(en=f"{where} uses {imported} to reach code beyond its arguments as it "
@@ -317,6 +321,35 @@ def borrowed_code(answer) -> str | None:
                 values += [(f"{name}.{n}", getattr(value, n)) for n in names
                            if hasattr(value, n)]
     return None
+
+
+#: the folder of the package's own source files: an answer's code is never compiled from them
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
+
+
+def _package_code(fn) -> str | None:
+    """``module.function`` when ``fn`` runs code the package wrote (its code object compiled
+    from one of the package's files, or its globals a package module's), else None: a
+    function remade from another's code object (``types.FunctionType(f.__code__, ...)``, the
+    class found through ``__subclasses__()``) keeps both."""
+    code = fn.__code__
+    module = fn.__globals__.get("__name__")
+    try:
+        in_package = Path(code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+    except (OSError, ValueError):
+        in_package = False
+    if in_package or (isinstance(module, str) and module.startswith("paged_tutorial.")):
+        return f"{module}.{code.co_qualname}"
+    return None
+
+
+def _copied_message(where: str, copied: str) -> str:
+    return say(en=f"{where} runs the package's own code ({copied}), not code you wrote: a "
+                  "function remade from the package's (through __subclasses__() or its "
+                  "__code__) is the package's work.  Write the method yourself",
+               ko=f"{particle(str(where), '이/가')} 여러분이 쓴 코드가 아니라 패키지 자신의 코드"
+                  f"({copied})를 실행합니다: 패키지의 함수로 다시 만든 함수(__subclasses__()나 "
+                  "__code__로 찾은 것)는 패키지의 일입니다.  메서드를 직접 작성하세요")
 
 
 def _has_contents(cell) -> bool:

@@ -24,8 +24,11 @@ from paged_tutorial.teaching.harness.kernel_harness import KernelCase
 PARTIAL_WARP_HEAD_DIMS = (24, 40, 48, 56)
 #: (num_kv_heads, q heads per kv head): GQA ratios other than the article's 4
 GQA_LAYOUTS = ((1, 2), (1, 3), (2, 1), (3, 1), (2, 2))
+#: tokens per block that are not a power of two: the engine and the kernel take any block size,
+#: so a shift by log2(BLOCK_SIZE) or a mask with BLOCK_SIZE - 1 must fail where one is drawn
+UNEVEN_BLOCK_SIZES = (12, 24)
 #: tokens per block a kernel check draws from (the engine's default is 16)
-BLOCK_SIZES = (8, 16, 32)
+BLOCK_SIZES = (8, 12, 16, 24, 32)
 #: softmax scales are drawn as the model's 1/sqrt(head_dim) times one of these (never 1: an
 #: answer that computes 1/sqrt(head_dim) itself instead of using ``scale`` must fail)
 SCALE_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0)

@@ -35,23 +35,32 @@ RUNS_IN = Text(en="the article's decode kernel (attention.py; the simulator on a
 
 def table_cases() -> list[KernelCase]:
     """Two table layouts drawn afresh: slots, layers (the one read among them), logical
-    blocks per sequence and BLOCK_SIZE (8, 16 or 32) all differ between the two, no layout has
-    as many layers as logical blocks per sequence, and one layout's max_seq_len is not a
-    multiple of BLOCK_SIZE (its rows are max_seq_len / BLOCK_SIZE rounded up); softmax scales
-    and q row strides are drawn too."""
+    blocks per sequence and BLOCK_SIZE all differ between the two, and no layout has as many
+    layers as logical blocks per sequence.  One layout's BLOCK_SIZE is not a power of two (12
+    or 24: no shift or mask stands in for the division) and its max_seq_len is one token past
+    a whole number of blocks (its rows hold max_seq_len / BLOCK_SIZE rounded up: every
+    rounding short of the ceiling, ``round`` or adding 0.9 included, is a row too short); the
+    other's max_seq_len is an odd number of whole blocks (a rounding up that adds a block
+    anyway is a row too long).  Softmax scales and q row strides are drawn too."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.distinct(rng, (2, 3), 2)
     layers = shapes.distinct(rng, (2, 3, 4), 2)
-    # MAX_BLOCKS_PER_SEQ: different in the two layouts, and never equal to N_LAYERS (where a
-    # layer stride of N_LAYERS would happen to be right)
-    first = shapes.pick(rng, [m for m in (3, 4, 5) if m != layers[0]])
-    per_seq = [first, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (first, layers[1])])]
-    short = int(rng.integers(0, 2))            # the layout whose last block is cut short
+    short = int(rng.integers(0, 2))            # the layout whose last block holds one token
+    # MAX_BLOCKS_PER_SEQ: different in the two layouts, never equal to N_LAYERS (where a
+    # layer stride of N_LAYERS would happen to be right), and odd where max_seq_len is a
+    # whole number of blocks (round(k + 0.5) is k + 1 for odd k only: banker's rounding)
+    whole = shapes.pick(rng, [m for m in (3, 5) if m != layers[1 - short]])
+    per_seq = [whole, shapes.pick(rng, [m for m in (3, 4, 5) if m not in (whole, layers[short])])]
+    if short == 0:
+        per_seq.reverse()
+    uneven = shapes.pick(rng, shapes.UNEVEN_BLOCK_SIZES)
+    sizes = [uneven, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != uneven])]
+    if short == 1:
+        sizes.reverse()
     out = []
-    sizes = shapes.distinct(rng, shapes.BLOCK_SIZES, 2)
     for i in range(2):
         n, bs = slots[i], sizes[i]
-        max_seq_len = bs * per_seq[i] - (int(rng.integers(1, bs)) if i == short else 0)
+        max_seq_len = bs * (per_seq[i] - 1) + 1 if i == short else bs * per_seq[i]
         lens = [int(rng.integers(1, min(40, max_seq_len) + 1)) for _ in range(n)]
         head_dim = shapes.pick(rng, (16, 24))
         out.append(shapes.case(rng, seed + i, head_dim=head_dim, gqa=(1, 1),
@@ -80,25 +89,35 @@ def table_part(fn, max_seq_len: int):
 _TABLE_PARTS: dict = {}
 
 
-#: q heads per KV head that 03.k_index draws from (the article's is 4)
-K_INDEX_GQA_RATIOS = (1, 2, 3, 4, 8)
+#: q heads per KV head that 03.k_index draws from (the article's is 4): the launch with
+#: four or five KV heads takes one of the small ratios, the other launch one of the large
+K_INDEX_SMALL_RATIOS = (1, 2, 3)
+K_INDEX_LARGE_RATIOS = (4, 5, 6, 7, 8)
+K_INDEX_GQA_RATIOS = K_INDEX_SMALL_RATIOS + K_INDEX_LARGE_RATIOS
+#: KV heads of the launch with many (a KV head wrapped modulo 2 or 3 shows) and of the other
+K_INDEX_MANY_KV_HEADS = (4, 5)
+K_INDEX_FEW_KV_HEADS = (2, 3)
 
 
 def k_cases() -> list[KernelCase]:
-    """Two launches drawn afresh with different head_dims (one with a partly used last warp),
-    numbers of KV heads (two or three, so the KV head a query head reads shows) and GQA ratios
-    (two different ones among 1, 2, 3, 4 and 8), BLOCK_SIZE (8, 16 or 32), a softmax scale that
-    is not 1/sqrt(head_dim) and q rows wider than their heads, so that no stride and no ratio
-    can be a constant."""
+    """Two launches drawn afresh with different head_dims (one with a partly used last warp)
+    and GQA layouts: four or five KV heads with 1, 2 or 3 q heads each, and two or three KV
+    heads with 4 to 8 q heads each (one of the two ratios not a power of two, 3, 5, 6 or 7),
+    so the KV head a query head reads shows and no group size, KV-head count or wrap-around
+    can be a constant; BLOCK_SIZE (8 to 32), a softmax scale that is not 1/sqrt(head_dim) and
+    q rows wider than their heads are drawn too."""
     rng, seed = shapes.fresh_rng()
     dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng, (16, 32, 64))]
-    kv_heads = shapes.distinct(rng, (2, 3), 2)
-    ratios = shapes.distinct(rng, K_INDEX_GQA_RATIOS, 2)
-    if 8 in ratios:                           # 8 q heads per kv head: only two kv heads
-        kv_heads[ratios.index(8)], kv_heads[1 - ratios.index(8)] = 2, 3
-    return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=(kv_heads[i], ratios[i]),
+    while True:
+        ratios = [shapes.pick(rng, K_INDEX_SMALL_RATIOS), shapes.pick(rng, K_INDEX_LARGE_RATIOS)]
+        if any(r & (r - 1) for r in ratios):                 # a ratio not a power of two
+            break
+    kv_heads = [shapes.pick(rng, K_INDEX_MANY_KV_HEADS),
+                2 if ratios[1] > 5 else shapes.pick(rng, K_INDEX_FEW_KV_HEADS)]
+    order = list(rng.permutation(2))                         # which head_dim gets which
+    return [shapes.case(rng, seed + i, head_dim=dims[order[i]], gqa=(kv_heads[i], ratios[i]),
                         lens=[int(rng.integers(17, 25))], max_slots=1, slots=[0],
-                        **shapes.drawn_constants(rng, dims[i]))
+                        **shapes.drawn_constants(rng, dims[order[i]]))
             for i in range(2)]
 
 
@@ -343,7 +362,7 @@ PUZZLES = (
                 "block of query head `q_head` multiplies with q: the K value of dimension\n"
                 "thread_id, for that query head's KV head, token row `token` of physical_block.\n"
                 "Q_PER_KV query heads share each KV head (grouped-query attention), in groups\n"
-                "of consecutive query heads; the check draws Q_PER_KV (1, 2, 3, 4 or 8).\n"
+                "of consecutive query heads; the check draws Q_PER_KV (1 to 8).\n"
                 "Counted in elements, not bytes (the article's byte address divided by 2 for\n"
                 "bf16).  A block holds BLOCK_ELEMS elements: BLOCK_SIZE rows of K, each\n"
                 "KV_DIM = n_kv_heads x HEAD_DIM elements, then the same rows of V (which the\n"
@@ -352,7 +371,7 @@ PUZZLES = (
                 "버퍼의 원소 번호를 돌려주세요: physical_block의 토큰 행 `token`, 그 q 헤드가\n"
                 "읽는 KV 헤드, 차원 thread_id의 K 값입니다.  q 헤드 Q_PER_KV개가 KV 헤드\n"
                 "하나를 함께 씁니다 (GQA). 묶음은 연속한 q 헤드들이고,\n"
-                "채점은 Q_PER_KV를 1, 2, 3, 4, 8 가운데서 뽑습니다.  바이트가 아니라 원소\n"
+                "채점은 Q_PER_KV를 1에서 8 사이에서 뽑습니다.  바이트가 아니라 원소\n"
                 "단위입니다 (글의 바이트 주소를 bf16이면 2로 나눈 값).  블록 하나는\n"
                 "BLOCK_ELEMS 원소를 담습니다: K 행 BLOCK_SIZE개 (행마다 KV_DIM = n_kv_heads x\n"
                 "HEAD_DIM 원소), 그 뒤에 같은 수의 V 행 (커널은 V_OFFSET_ELEMS 뒤에서 찾습니다)."),
@@ -362,9 +381,9 @@ PUZZLES = (
              ko="먼저 KV 헤드: q_head는 Q_PER_KV개씩 묶은 q 헤드의 몇 번째 묶음에 있나요?  "
                 "그다음 네 항: 블록이 시작하는 곳, 그 안에서 행이 시작하는 곳, 행 안에서 그 KV "
                 "헤드 구간이 시작하는 곳, 그리고 스레드 자신의 차원."),
-        Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim, 2 or 3 kv "
-                "heads, two different GQA ratios among 1, 2, 3, 4 and 8)",
-             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim, KV 헤드 2개나 "
-                "3개, 1, 2, 3, 4, 8 가운데 서로 다른 GQA 비율 두 개)"),
+        Text(en=RUNS_IN.en + ", two shapes drawn afresh for every check (head_dim; 4 or 5 kv "
+                "heads with 1-3 q heads each, and 2 or 3 kv heads with 4-8 q heads each)",
+             ko=RUNS_IN.ko + ", 채점할 때마다 새로 뽑는 모양 두 가지 (head_dim; KV 헤드 4개나 "
+                "5개에 각각 q 헤드 1-3개, 그리고 KV 헤드 2개나 3개에 각각 q 헤드 4-8개)"),
         "kernels.cu:468, 484", grade_k_index),
 )

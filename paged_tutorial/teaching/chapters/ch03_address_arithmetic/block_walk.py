@@ -36,24 +36,35 @@ from paged_tutorial.teaching.harness.kernel_harness import (KernelCase, bad_summ
 
 
 
+#: BLOCK_SIZEs of the first launch (its rows end one token into a block and on a block's end)
+FIRST_BLOCK_SIZES = (8, 12)
+#: the range the second launch's q scale is drawn from (scores of tens, not of a few units)
+SPREAD_Q_SCALE = (4.0, 6.0)
+
+
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, two different BLOCK_SIZEs (8, 16 or 32), three layers then two (and other
-    numbers of logical blocks per sequence, so no table stride can be a constant), a batch
-    whose rows are in the reverse order of their slots, a sequence of three blocks, the last
-    partly filled, and one whose last block is full; softmax scales that are not
-    1/sqrt(head_dim) and q rows wider than their heads."""
+    other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers
+    then two (and other numbers of logical blocks per sequence, so no table stride can be a
+    constant), a batch whose rows are in the reverse order of their slots, a sequence of three
+    blocks, the last holding one token, and whole blocks, the second launch's scores spread
+    over tens; softmax scales that are not 1/sqrt(head_dim) and q rows wider than their
+    heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     # one KV head, then two or three (a K address that swaps the token and the KV head shows)
     layouts = [shapes.pick(rng, ((1, 2), (1, 3))), shapes.pick(rng, ((2, 1), (3, 1), (2, 3)))]
-    # two different BLOCK_SIZEs; the first small enough that its sequence spans three blocks
-    first_bs = shapes.pick(rng, (8, 16))
-    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs])]
+    # two different BLOCK_SIZEs, one of them not a power of two (no shift or mask stands in
+    # for the division); the first small enough that its sequence spans three blocks, and
+    # never 16 (a count rounded up with a literal 15 is right at 16 only)
+    first_bs = shapes.pick(rng, FIRST_BLOCK_SIZES)
+    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs and (
+        first_bs in shapes.UNEVEN_BLOCK_SIZES or b in shapes.UNEVEN_BLOCK_SIZES)])]
     bs = sizes[0]
+    # a last block holding one token, and whole blocks: every rounding of the block count
+    # other than up, (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, is wrong at one of the two
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
-                        lens=[shapes.partly_filled(rng, 2 * bs + 1, 3 * bs - 1, bs),
-                              int(rng.integers(1, 13))],
+                        lens=[2 * bs + 1, bs * int(rng.integers(1, 3))],
                         num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
@@ -61,9 +72,12 @@ def cases() -> list[KernelCase]:
     # at least two full blocks (a row spare): one block of BLOCK_SIZE tokens reads the same
     # under any block size at least as large, so a literal block size could pass
     full_blocks = int(rng.integers(2, min(max(2, 32 // bs), per_seq - 1) + 1))
+    # q scaled so that the scores spread over tens: many tokens score ten or more below the
+    # running max, so a walk that leaves such tokens out of the softmax shows
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
                          lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
-                         max_slots=2, slots=[1], **shapes.drawn_constants(rng, dims[1], bs))
+                         max_slots=2, slots=[1], q_scale=float(rng.uniform(*SPREAD_Q_SCALE)),
+                         **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
 
@@ -181,12 +195,51 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
     return draw
 
 
+#: the kernel's parts a walk may call: the score and the online softmax (notebooks 04 and 05);
+#: every other step of the walk is what this puzzle asks for
+GIVEN_PARTS = ("token_score", "softmax_update")
+
+
+def kernel_steps_called(fn) -> list[str]:
+    """The kernel's own step parts (``block_table_index``, ``k_index``...) that ``fn`` calls
+    by name without defining them itself: the build would hand it the engine's."""
+    from paged_tutorial.backends.numba_cuda.kernels.attention import PART_NAMES, own_function
+    from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import global_names
+
+    called, todo, seen = [], [getattr(fn, "py_func", fn)], set()
+    while todo:                        # her walk, and the helpers of hers it calls
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        for name in global_names(fn.__code__):
+            value = fn.__globals__.get(name)
+            if own_function(value):
+                todo.append(value)
+            elif name in PART_NAMES and name not in GIVEN_PARTS and name not in called:
+                called.append(name)
+    return called
+
+
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     if is_stub(fn):
         raise Unsolved(say(en="walk_blocks has no body yet: write it",
                            ko="walk_blocks의 본문이 아직 없습니다: 작성하세요"))
+    steps = kernel_steps_called(fn)
+    if steps:
+        raise Wrong(say(
+            en=f"walk_blocks calls {', '.join(steps)}, which it does not define: the kernel "
+               "would hand it the engine's own step.  This puzzle is every step of the walk "
+               "(the block count, the table index, the last block's fill, the K and V "
+               "addresses): write them in walk_blocks, or in helpers you define yourself; "
+               "token_score and softmax_update are the parts it may call",
+            ko=f"walk_blocks가 스스로 정의하지 않은 {particle(', '.join(steps), '을/를')} "
+               "부릅니다: 커널은 거기에 엔진 자신의 단계를 넘겨 줍니다.  이 퍼즐은 루프의 모든 "
+               "단계(블록 수, 테이블 인덱스, 마지막 블록의 채움, K·V 주소)입니다: walk_blocks "
+               "안에서, 또는 직접 정의한 도우미 함수로 쓰세요; 부를 수 있는 부분은 token_score와 "
+               "softmax_update입니다"))
     parts = attention.ARTICLE_PARTS.replace(walk_blocks=fn)
     drawn = cases()
     first_figure = None

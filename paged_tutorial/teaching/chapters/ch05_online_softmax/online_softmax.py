@@ -177,45 +177,78 @@ def _first_divergence(scores, mine, article) -> str:
 FAR_BELOW = 16.0
 #: how many such tokens the probe folds in: together they move acc / d far past the tolerance
 FAR_BELOW_TOKENS = 3000
+#: the deep probe's tokens score this far below the running max (drawn between the two): each
+#: one's exp() no longer changes d in float32, but it still adds to an acc that starts at 0
+DEEP_BELOW = (24.0, 60.0)
+#: tokens of the deep probe; their V is drawn so that together they weigh as much as the first
+DEEP_BELOW_TOKENS = 400
 
 
 def check_far_below(fn) -> None:
-    """One token, then ``FAR_BELOW_TOKENS`` tokens ``FAR_BELOW`` below it, replayed on the host
-    with the reader's update and the article's: each of them weighs little, but together they
-    weigh much, so an update that skips tokens far below the running max (or otherwise leaves
-    small weights out) is refused."""
+    """Host probes, each replayed with the reader's update and the article's (values drawn
+    afresh, shown only in a refusal):
+
+    - scores that climb slowly (a tenth of a point a token) for over a hundred points, with
+      large V: an update that moves its max only when a score passes it by some margin sums
+      exp() of up to that margin for many tokens, and overflows a float32;
+    - one token, then ``FAR_BELOW_TOKENS`` tokens ``FAR_BELOW`` below it: each weighs little,
+      together much;
+    - one token with V = 0, then ``DEEP_BELOW_TOKENS`` tokens 24 to 60 below it whose V is so
+      large that together they weigh as much as the first: an update that skips tokens far
+      below the running max is refused, whatever its cut-off short of float32's own."""
     rng, _ = shapes.fresh_rng()
     top = float(rng.uniform(-50.0, 50.0))
+    step = float(rng.uniform(*CLIMB_STEP))
+    climb = top + step * np.arange(CLIMB_TOKENS)
+    climb_values = rng.uniform(*CLIMB_VALUES, CLIMB_TOKENS) * rng.choice((-1.0, 1.0))
+    climbing = _host_difference(fn, climb, climb_values)
+    if climbing is not None:
+        raise Wrong(say(en=f"scores climbing by {step:.2g} a token, from {climb[0]:.4g} to "
+                           f"{climb[-1]:.4g}, V of magnitude {CLIMB_VALUES[0]:g}-"
+                           f"{CLIMB_VALUES[1]:g}: {climbing}",
+                        ko=f"토큰마다 {step:.2g}씩 오르는 점수 ({climb[0]:.4g}에서 "
+                           f"{climb[-1]:.4g}까지), 크기 {CLIMB_VALUES[0]:g}-{CLIMB_VALUES[1]:g}"
+                           f"의 V: {climbing}"))
     scores = np.array([top] + [top - FAR_BELOW] * FAR_BELOW_TOKENS)
     values = np.array([0.0] + [1.0] * FAR_BELOW_TOKENS)
-    climb = top + float(rng.uniform(2.0, 4.0)) * np.arange(CLIMB_TOKENS)
-    climbing = _host_difference(fn, climb, rng.standard_normal(CLIMB_TOKENS))
-    if climbing is not None:
-        raise Wrong(say(en=f"scores climbing by a few points a token, from {climb[0]:.4g} to "
-                           f"{climb[-1]:.4g}: {climbing}",
-                        ko=f"토큰마다 몇씩 오르는 점수 ({climb[0]:.4g}에서 {climb[-1]:.4g}까지): "
-                           f"{climbing}"))
+    _far_below_agrees(fn, scores, values, FAR_BELOW, 1.0)
+    depth = float(rng.uniform(*DEEP_BELOW))
+    weight = float(rng.uniform(1.0, 3.0)) * math.exp(depth) / DEEP_BELOW_TOKENS
+    scores = np.array([top] + [top - depth] * DEEP_BELOW_TOKENS)
+    values = np.array([0.0] + [weight] * DEEP_BELOW_TOKENS)
+    _far_below_agrees(fn, scores, values, depth, weight)
+
+
+def _far_below_agrees(fn, scores, values, depth: float, weight: float) -> None:
+    """Refuse ``fn`` if its acc / d after the probe's last token is not the article's."""
     mine, article = replay(fn, scores, values), replay(article_update, scores, values)
     with np.errstate(invalid="ignore", divide="ignore"):
         got = mine[-1, 2] / mine[-1, 1] if len(mine) == len(article) else float("nan")
     want = article[-1, 2] / article[-1, 1]
-    if not np.isfinite(got) or abs(got - want) > 1e-4 * (1 + abs(want)) + 0.05 * abs(want):
-        raise Wrong(say(
-            en=f"a token scoring {top:.4g}, then {FAR_BELOW_TOKENS} tokens scoring "
-               f"{top - FAR_BELOW:.4g} ({FAR_BELOW:g} below the running max; V = 1 for them, 0 "
-               f"for the first): acc / d is {got:.4g} with your update, {want:.4g} with the "
-               "article's.  Each of those tokens weighs exp(-16) of the first, but together "
-               "they count: every token is folded in, however far below the running max",
-            ko=f"점수 {top:.4g}인 토큰 하나, 그 뒤 점수 {top - FAR_BELOW:.4g}인 토큰 "
-               f"{FAR_BELOW_TOKENS}개 (누적 최댓값보다 {FAR_BELOW:g} 낮음; V는 그 토큰들이 1, "
-               f"첫 토큰이 0): acc / d가 여러분의 업데이트로는 {got:.4g}, 글의 것으로는 "
-               f"{want:.4g}입니다.  그 토큰 하나하나는 첫 토큰의 exp(-16)배지만 모이면 "
-               "무게가 있습니다: 누적 최댓값보다 얼마나 낮든 모든 토큰을 더하세요"))
+    if np.isfinite(got) and abs(got - want) <= 1e-4 * (1 + abs(want)) + 0.05 * abs(want):
+        return
+    n, top = len(scores) - 1, scores[0]
+    raise Wrong(say(
+        en=f"a token scoring {top:.4g}, then {n} tokens scoring {top - depth:.4g} ({depth:.3g} "
+           f"below the running max; V = {weight:.3g} for them, 0 for the first): acc / d is "
+           f"{got:.4g} with your update, {want:.4g} with the article's.  Each of those tokens "
+           f"weighs exp(-{depth:.3g}) of the first, but together they count: every token is "
+           "folded in, however far below the running max",
+        ko=f"점수 {top:.4g}인 토큰 하나, 그 뒤 점수 {top - depth:.4g}인 토큰 {n}개 (누적 "
+           f"최댓값보다 {depth:.3g} 낮음; V는 그 토큰들이 {weight:.3g}, 첫 토큰이 0): acc / d가 "
+           f"여러분의 업데이트로는 {got:.4g}, 글의 것으로는 {want:.4g}입니다.  그 토큰 "
+           f"하나하나는 첫 토큰의 exp(-{depth:.3g})배지만 모이면 무게가 있습니다: 누적 "
+           "최댓값보다 얼마나 낮든 모든 토큰을 더하세요"))
 
 
-#: tokens of the climbing probe (a few points a token): far enough for a max that is not kept
-#: up to date to overflow a float32 (exp(89)) whatever lag it allows below a few hundred
-CLIMB_TOKENS = 150
+#: tokens of the climbing probe, and the range its step per token is drawn from: it climbs
+#: over a hundred points, a tenth of a point a token, so a max that lags the scores by up to
+#: its margin sums exp() of nearly that margin for hundreds of tokens
+CLIMB_TOKENS = 1400
+CLIMB_STEP = (0.08, 0.12)
+#: the magnitude of the climbing probe's V (one sign for all): with it, a lag of 80 points
+#: already overflows a float32 (3.4e38) in acc, where the running max keeps acc near V
+CLIMB_VALUES = (100.0, 300.0)
 
 
 def _host_difference(fn, scores, values) -> str | None:

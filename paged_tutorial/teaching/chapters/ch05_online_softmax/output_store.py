@@ -3,7 +3,7 @@ as device code: each thread stores its output dimension, acc / d, over q, at the
 it read its q from (``kernels.cu:469``: the output is in place).
 
 The grader compiles her ``write_output`` into the article's kernel (``KernelParts``) and runs
-it in two launches drawn afresh for every check (``cases``), each a batch of two rows with one
+it in three launches drawn afresh for every check (``cases``), each a batch of two rows with one
 to three q heads and a head_dim whose last warp is partly used (head_dim 40 launches 64
 threads: the last 24 own no dimension), against the torch oracle.  The simulator's log of q must show every thread block
 writing exactly its own head's 40 elements, each once, by the thread that owns it; a store
@@ -24,27 +24,30 @@ from paged_tutorial.teaching.harness.kernel_harness import (KernelCase, bad_summ
                                                             prepare, run_body)
 
 #: head_dims of whole warps (no idle thread: a guard derived from HEAD_DIM % 32 fails here),
-#: each wider than every partly used head_dim, so a guard or a head stride taken from the
-#: other launch's head_dim fails here too
+#: each wider than every narrow partly used head_dim, so a guard or a head stride taken from
+#: that launch's head_dim fails here too
 FULL_WARP_HEAD_DIMS = (64, 96)
+#: head_dims of more than three warps, the last partly used, each wider than every whole-warp
+#: one: a guard that lets every thread store once the head is wide fails here
+WIDE_PARTIAL_HEAD_DIMS = (112, 136, 152)
 
 
 def cases() -> list[KernelCase]:
-    """Two launches drawn afresh, each with two batch rows in q rows wider than their heads:
-    one head_dim whose last warp is partly used (threads past head_dim own nothing), one of
-    whole warps; different numbers of q heads; in the first, V is 0 in a few dimensions, so
-    their output is exactly 0."""
+    """Three launches drawn afresh, in a drawn order, each with two batch rows in q rows wider
+    than their heads: a head_dim whose last warp is partly used (threads past head_dim own
+    nothing), one of whole warps, and one of four or five warps, the last partly used;
+    different numbers of q heads; in the first, V is 0 in a few dimensions, so their output is
+    exactly 0."""
     rng, seed = shapes.fresh_rng()
-    dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS), shapes.pick(rng,
-                                                                          FULL_WARP_HEAD_DIMS)]
-    order = rng.permutation(2)
-    dims = [dims[i] for i in order]
-    layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 2)
+    dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS),
+            shapes.pick(rng, FULL_WARP_HEAD_DIMS), shapes.pick(rng, WIDE_PARTIAL_HEAD_DIMS)]
+    dims = [dims[i] for i in rng.permutation(3)]
+    layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 3)
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
                         lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))],
                         zero_v_dims=int(rng.integers(1, 4)) if i == 0 else 0,
                         **shapes.drawn_constants(rng, dims[i]))
-            for i in range(2)]
+            for i in range(3)]
 
 
 def q_element_name(case, element: int) -> str:
@@ -189,11 +192,12 @@ PUZZLES = (
         "def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), two launches of two rows drawn afresh for every check: a head_dim with a "
-                "partly used last warp and one of whole warps, one to three q heads, q rows wider "
-                "than their heads",
+                "GPU), three launches of two rows drawn afresh for every check: a head_dim with a "
+                "partly used last warp, one of whole warps and one of four or five warps, the "
+                "last partly used; one to three q heads, q rows wider than their heads",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 두 행짜리 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim과 "
-                "워프를 다 쓰는 head_dim, q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행"),
+                "채점할 때마다 새로 뽑는 두 행짜리 런치 세 개: 마지막 워프를 일부만 쓰는 head_dim, "
+                "워프를 다 쓰는 head_dim, 워프 네다섯 개에 마지막 워프를 일부만 쓰는 head_dim; "
+                "q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행"),
         "kernels.cu:522", grade),
 )

@@ -39,7 +39,10 @@ from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 #: what an engine run draws from: layers, tokens per block, slots
 LAYER_CHOICES = (2, 3)
-BLOCK_SIZE_CHOICES = (8, 16)
+BLOCK_SIZE_CHOICES = (8, 12, 16)
+#: the block size among them that is not a power of two: the probe or the engine run takes it,
+#: so a block count by shift or mask fails
+UNEVEN_BLOCK_SIZE = 12
 SLOT_CHOICES = (2, 3)
 #: how many streams are drawn, at most, before one meets 0 < free < needed
 DRAW_ATTEMPTS = 40
@@ -394,7 +397,9 @@ def probe_full(cls, bs: int = 16) -> str:
     tokens per block: a prompt that needs more blocks than are free, and a decode step that
     starts a new block in every layer with one block fewer free than layers.  Each must raise
     CacheFullError and change nothing.  Then the same decode step with exactly as many blocks
-    free as layers, which must succeed.  Returns the layouts probed."""
+    free as layers, and a slot that owns blocks grown by two or three blocks in one call (the
+    contract backs every position below new_len, not only a decode step's), which must
+    succeed.  Returns the layouts probed."""
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.teaching.harness import shapes
 
@@ -405,15 +410,19 @@ def probe_full(cls, bs: int = 16) -> str:
     grow_to = -(-first // bs) * bs + 1                # slot 0's next token starts a block
     prompt = int(rng.integers(bs + 1, 3 * bs))         # slot 1's prompt
     prompt_need = -(-prompt // bs) * num_layers
+    # a slot that owns blocks grows by two or three logical blocks in one call, ending inside
+    # a block (the contract: positions < new_len backed, however far they reach)
+    jump_to = -(-first // bs) * bs + int(rng.integers(1, 3)) * bs + int(rng.integers(2, bs))
+    jump_need = (-(-jump_to // bs) - -(-first // bs)) * num_layers
     probed = []
-    for call in ("prompt", "decode", "exact"):
+    for call in ("prompt", "decode", "exact", "jump"):
         # 0 < free < needed; a decode step is one short of a block per layer, then has exactly
-        # one per layer
+        # one per layer; the long growth has a block to spare
         free = {"prompt": int(rng.integers(1, num_layers)), "decode": num_layers - 1,
-                "exact": num_layers}[call]
+                "exact": num_layers, "jump": jump_need + 1}[call]
         config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
                              dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
-                             max_slots=2, max_seq_len=4 * bs, block_size=bs)
+                             max_slots=2, max_seq_len=6 * bs, block_size=bs)
         Checked = checked(cls)
         cache = PagedKVCache(config, "cpu", allocator=lambda c, t, e: Checked(c, t, e))
         allocator = cache.allocator
@@ -423,7 +432,7 @@ def probe_full(cls, bs: int = 16) -> str:
         except Wrong as wrong:
             raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
                         f"seed {seed}] {wrong.message}") from None
-        slot, new_len = (1, prompt) if call == "prompt" else (0, grow_to)
+        slot, new_len = {"prompt": (1, prompt), "jump": (0, jump_to)}.get(call, (0, grow_to))
         if call == "exact":
             try:
                 allocator.ensure_capacity(slot, new_len)
@@ -431,6 +440,23 @@ def probe_full(cls, bs: int = 16) -> str:
                 raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, exactly {free} blocks free "
                             f"for a decode step that starts a block in each of them, seed "
                             f"{seed}] {wrong.message}") from None
+            continue
+        if call == "jump":
+            try:
+                allocator.ensure_capacity(slot, new_len)
+            except (Wrong, CacheFullError) as wrong:
+                message = getattr(wrong, "message", None) or say(
+                    en=f"it raised CacheFullError with {free} blocks free and {jump_need} "
+                       "needed",
+                    ko=f"블록 {free}개가 남아 있고 {jump_need}개만 필요한데 CacheFullError를 "
+                       "냈습니다")
+                raise Wrong(say(
+                    en=f"[{num_layers} layers, BLOCK_SIZE {bs}, slot 0 holding {first} tokens "
+                       f"grows to {new_len} in one call, {free} blocks free, seed {seed}] "
+                       f"{message}",
+                    ko=f"[레이어 {num_layers}개, BLOCK_SIZE {bs}, 토큰 {first}개를 가진 슬롯 "
+                       f"0이 한 번의 호출로 {new_len}개로 자람, 빈 블록 {free}개, 시드 {seed}] "
+                       f"{message}")) from None
             continue
         need = int((allocator.table.entries[slot, :, :config.blocks_for_tokens(new_len)]
                     < 0).sum())
@@ -572,6 +598,9 @@ def grade(cls) -> str:
     # the probe and the engine run use different block sizes: BLOCK_SIZE is not a constant
     rng, _ = shapes.fresh_rng()
     probe_bs, run_bs = shapes.distinct(rng, BLOCK_SIZE_CHOICES, 2)
+    if UNEVEN_BLOCK_SIZE not in (probe_bs, run_bs):        # one of them not a power of two
+        probe_bs, run_bs = ((UNEVEN_BLOCK_SIZE, run_bs) if rng.integers(0, 2)
+                            else (probe_bs, UNEVEN_BLOCK_SIZE))
     probed = probe_full(cls, probe_bs)
     scenario = draw_scenario(run_bs)
     try:
@@ -731,15 +760,19 @@ PUZZLES = (
                 "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
                 "슬롯의 테이블을 훑습니다."),
         Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
-                "(four or five layers), then a real Engine (torch backend) whose cache allocates "
+                "(four or five layers) and a slot grown by several blocks in one call, then a "
+                "real Engine (torch backend) whose cache allocates "
                 "with your class, next to a stock engine; its layout (2-3 layers, 2-3 slots, "
-                "BLOCK_SIZE 8 or 16: the probe uses the other one), its too small NUM_BLOCKS and "
+                "BLOCK_SIZE 8, 12 or 16: the probe uses another one, and one of the two is 12), "
+                "its too small NUM_BLOCKS and "
                 "its request stream are drawn afresh for every check, so that a decode step "
                 "finds fewer blocks free than it needs, but not none, and the scheduler preempts",
              ko="채점할 때마다 새로 뽑는 테이블 배치(레이어 네 개나 다섯 개)에서 남은 것보다 많은 블록을 "
-                "요구하는 호출 두 번, 그리고 직접 쓴 클래스로 할당하는 캐시를 가진 실제 Engine "
+                "요구하는 호출 두 번과 한 번의 호출로 블록 여러 개만큼 자라는 슬롯, 그리고 직접 쓴 "
+                "클래스로 할당하는 캐시를 가진 실제 Engine "
                 "(torch 백엔드)과 표준 엔진을 나란히 돌린 실행; 엔진의 배치 (레이어 2-3개, 슬롯 "
-                "2-3개, BLOCK_SIZE 8 또는 16: 앞의 호출은 다른 쪽), 모자란 NUM_BLOCKS, 요청 흐름은 "
+                "2-3개, BLOCK_SIZE 8, 12, 16: 앞의 호출은 다른 것이고 둘 중 하나는 12), 모자란 "
+                "NUM_BLOCKS, 요청 흐름은 "
                 "채점할 때마다 새로 뽑아서, 디코드 스텝이 필요한 것보다 적은 (그러나 0은 아닌) "
                 "블록을 만나고 스케줄러가 선점하게 합니다"),
         "main.cpp:266-272, 859-865, 1018-1029", grade),

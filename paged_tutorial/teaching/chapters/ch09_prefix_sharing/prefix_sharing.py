@@ -38,8 +38,9 @@ from paged_tutorial.teaching.harness.base import Puzzle, Wrong, host_call
 from paged_tutorial.teaching.harness.engine_harness import tiny_model
 
 PARAMS = ["found", "tokens", "previous", "logical_block", "n_tokens", "BLOCK_SIZE"]
-#: the tokens per block a scenario draws from; every check has both
-BLOCK_SIZE_CHOICES = (8, 16)
+#: the tokens per block a scenario draws from (the first and the third scenario take two
+#: different ones); the host probe takes a block size that is not a power of two
+BLOCK_SIZE_CHOICES = (8, 12, 16)
 MAX_SEQ_LEN = 64
 MAX_TOKENS = 4
 
@@ -71,8 +72,8 @@ def _colliding(parent, tokens):
 
 def draw_scenarios() -> tuple[Scenario, ...]:
     """The three scenarios of one check, drawn afresh: their token chains (which blocks follow
-    which parents), the prompts' lengths and BLOCK_SIZE (8 or 16, both in every check).  In
-    this order:
+    which parents), the prompts' lengths and BLOCK_SIZE (8, 12 or 16; the first and the third
+    differ).  In this order:
 
     - *the hash ignores the chain*: a hash of a block's own tokens only; a block Y is computed
       after a block V, then asked for after a block X (the first time X is computed, the
@@ -83,8 +84,8 @@ def draw_scenarios() -> tuple[Scenario, ...]:
       blocks, and that system prompt alone (its last block must be computed: the first
       generated token comes from the last token's logits)."""
     rng, seed = shapes.fresh_rng()
-    # the first and the third scenario share blocks after the first: one runs at each size
-    first, third = (int(x) for x in rng.permutation(BLOCK_SIZE_CHOICES))
+    # the first and the third scenario share blocks after the first: each at another size
+    first, third = (int(x) for x in shapes.distinct(rng, BLOCK_SIZE_CHOICES, 2))
     sizes = [first, shapes.pick(rng, BLOCK_SIZE_CHOICES), third]
 
     def ids(n):
@@ -263,16 +264,34 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
 
 def probe_cases(rng) -> list:
     """(what, arguments) of the host probe: records a share rule must tell apart whatever the
-    engine's streams happen to ask, drawn afresh (tokens, BLOCK_SIZE, the block's place)."""
+    engine's streams happen to ask, drawn afresh (tokens, a BLOCK_SIZE that is not a power of
+    two, the block's place).  Every record is one the cache could hold: a record past block 0
+    has a parent one block before it, and two records that hold the same tokens all the way
+    from the start have one key (a key names the contents), so they are never two records."""
     from paged_tutorial.cache.prefix_cache import CachedBlock
 
-    bs = shapes.pick(rng, (8, 16))
-    lb = int(rng.integers(1, 4))
+    bs = shapes.pick(rng, shapes.UNEVEN_BLOCK_SIZES)
+    lb = int(rng.integers(2, 5))
     n_tokens = (lb + 2) * bs + int(rng.integers(0, bs))
+
+    def ids():
+        return tuple(int(t) for t in rng.integers(0, 500, bs))
+
+    def other(tokens):
+        return tuple(t + 500 for t in tokens)
+
     tokens = tuple(int(t) for t in rng.choice(500, bs, replace=False))
-    parent = CachedBlock(11, tuple(int(t) for t in rng.integers(0, 500, bs)), None, lb - 1,
-                         (1,))
-    twin = CachedBlock(12, parent.tokens, None, lb - 1, (2,))
+    chain: list = []                       # the request's cached blocks 0 .. lb-1
+    for j in range(lb):
+        chain.append(CachedBlock(10 + j, ids(), chain[-1] if chain else None, j, (j,)))
+    parent = chain[-1]
+    # the same tokens as the block before, computed after another block (whose own tokens
+    # differ from the request's block there)
+    grand = chain[-2]
+    twin = CachedBlock(40, parent.tokens, CachedBlock(41, other(grand.tokens), grand.parent,
+                                                      lb - 2, (41,)), lb - 1, (40,))
+    # another record under the parent's very key (a hash collision), holding other tokens
+    collider = CachedBlock(parent.key, other(parent.tokens), grand, lb - 1, (42,))
     shuffled = tuple(tokens[i] for i in np.roll(np.arange(bs), int(rng.integers(1, bs))))
     middle = list(tokens)
     middle[int(rng.integers(1, bs - 1))] += 1000
@@ -288,10 +307,16 @@ def probe_cases(rng) -> list:
         (say(en="the same first and last token, another one in between",
              ko="첫 토큰과 끝 토큰은 같고 가운데 토큰 하나가 다름"),
          (record(middle, parent), tokens, parent, lb, n_tokens, bs)),
-        (say(en="a parent holding the same tokens as the block before, but another cached "
-                "block than the one this request shares",
-             ko="앞 블록과 같은 토큰을 담았지만 이 요청이 공유하는 것과는 다른 캐시 블록인 부모"),
+        (say(en="a parent holding the same tokens as the block before, but computed after "
+                "other tokens than the request's (another cached block than the one this "
+                "request shares)",
+             ko="앞 블록과 같은 토큰을 담았지만 요청과 다른 토큰 뒤에서 계산된 부모 (이 요청이 "
+                "공유하는 것과는 다른 캐시 블록)"),
          (record(tokens, twin), tokens, parent, lb, n_tokens, bs)),
+        (say(en="a parent with the same key as the block before (a hash collision) but other "
+                "tokens",
+             ko="앞 블록과 키는 같지만 (해시 충돌) 토큰이 다른 부모"),
+         (record(tokens, collider), tokens, parent, lb, n_tokens, bs)),
         (say(en=f"a block with no parent found for logical block {lb} (past the first)",
              ko=f"논리 블록 {lb} (첫 블록이 아님)에서 찾은 부모 없는 블록"),
          (record(tokens, None), tokens, parent, lb, n_tokens, bs)),
@@ -381,10 +406,11 @@ PUZZLES = (
                 "토큰의 로짓에서 나옵니다: 모든 토큰이 캐시에서 올 수 있을까요?"),
         Text(en="real Engines (torch backend, one slot, 2 layers) whose PrefixCachingKVCache "
                 "asks your rule, next to stock engines, under three hash functions; the token "
-                "chains, the prompts' lengths and BLOCK_SIZE (8 and 16) are drawn afresh for "
-                "every check",
+                "chains, the prompts' lengths and BLOCK_SIZE (8, 12 or 16) are drawn afresh for "
+                "every check, then records built to tell each shortcut apart",
              ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로; 토큰 체인, 프롬프트 "
-                "길이, BLOCK_SIZE (8과 16)는 채점할 때마다 새로 뽑습니다"),
+                "길이, BLOCK_SIZE (8, 12, 16)는 채점할 때마다 새로 뽑고, 그다음 지름길마다 "
+                "가려내도록 만든 레코드"),
         "prefix_cache.may_share", grade),
 )
