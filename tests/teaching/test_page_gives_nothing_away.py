@@ -15,7 +15,7 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.answer_lines import found_in, puzzle_answer_lines
 from paged_tutorial.teaching.exercises.registry import Exercise
-from paged_tutorial.teaching.puzzles import PUZZLES
+from paged_tutorial.teaching.chapters import PUZZLES
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 

@@ -130,7 +130,7 @@ class YourKernel:
         """The compiled kernel for ``cache``'s layout (``attention.kernel_for``, these parts)."""
         from paged_tutorial.backends.numba_cuda.kernels import attention
 
-        from paged_tutorial.teaching.puzzles import kernel_addresses
+        from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
 
         parts = self.parts
         if ("block_table_index", "02.table_index", YOURS) in self.origins:
@@ -289,7 +289,7 @@ def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> You
     from the worked solutions; ``fill_unsolved=True``: yours where solved, the worked solution
     elsewhere."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from paged_tutorial.teaching.puzzles import kernel_addresses
+    from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
 
     if use_solutions and fill_unsolved:
         raise ValueError("your_kernel: use_solutions=True already takes every part from the "
