@@ -751,14 +751,14 @@ PUZZLES = (
                 "    (self.table.entries, -1 = 없음); self.config에 num_layers, BLOCK_SIZE,\n"
                 "    MAX_BLOCKS_PER_SEQ, blocks_for_tokens(n)가 있습니다.  CacheFullError는\n"
                 "    paged_tutorial.cache에 있습니다."),
-        Text(en="Rule 1 (prefill): a -1 entry below the prompt's last logical block gets a block. "
-                "Rule 2 (decode): the token written at position p needs a new block only when p % "
-                "BLOCK_SIZE == 0.  Count what you need before you pop; release walks the slot's "
-                "table in the article's loop order.",
-             ko="규칙 1 (프리필): 프롬프트의 마지막 논리 블록까지 -1인 항목마다 블록 하나. "
-                "규칙 2 (디코드): 위치 p에 쓰는 토큰은 p % BLOCK_SIZE == 0일 때만 새 블록이 "
-                "필요합니다.  꺼내기 전에 필요한 수를 먼저 세세요; 반납은 글의 루프 순서대로 "
-                "슬롯의 테이블을 훑습니다."),
+        Text(en="Once the slot holds new_len tokens, which of its table entries must name a block, "
+                "and which of those already do?  How many blocks is that, and are that many free "
+                "before you pop the first?  For release, read the article's loop "
+                "(main.cpp:1018-1029): which index runs in the outer loop?",
+             ko="슬롯이 토큰 new_len개를 가지게 되면 테이블의 어느 항목이 블록을 가리켜야 하고, "
+                "그중 어느 것이 이미 가리키고 있을까요?  그것이 몇 개이고, 첫 블록을 꺼내기 전에 "
+                "그만큼 비어 있을까요?  반납은 글의 루프 (main.cpp:1018-1029)를 읽어 보세요: "
+                "바깥 루프는 어느 인덱스를 돌까요?"),
         Text(en="two calls that ask for more blocks than are free at a table layout drawn afresh "
                 "(four or five layers) and a slot grown by several blocks in one call, then a "
                 "real Engine (torch backend) whose cache allocates "
