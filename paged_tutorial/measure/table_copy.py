@@ -179,7 +179,8 @@ def measure_decode(model, backend: str | Backend = "auto", *, batch: int = 2,
                    with_graphs: bool | None = None, seed: int = 0) -> dict:
     """The article's per-layer whole-table copies against changed-entries-only sync, on real
     decode steps of ``model``: both arms eager, through the same wrapper, same requests.
-    ``with_graphs`` adds the stock engine with CUDA graphs (default: on the numba backend)."""
+    ``with_graphs`` adds the stock engine with CUDA graphs (default: where the backend compiles
+    kernels, the numba backend on a GPU)."""
     def fresh() -> Backend:              # one backend per engine: no state carried between arms
         return make_backend(backend) if isinstance(backend, str) else backend
 
@@ -218,7 +219,7 @@ def measure_decode(model, backend: str | Backend = "auto", *, batch: int = 2,
     result.update({k: round(v, 5) for k, v in
                    time_one_copy(table_entries, inner.device).items()})
     if with_graphs is None:
-        with_graphs = inner.name == "numba"
+        with_graphs = inner.compiles_kernels      # the numba backend on a GPU
     if with_graphs:
         graphs = run_decode(model, fresh(), batch=batch, prompt_len=prompt_len, steps=steps,
                             warmup=warmup, max_seq_len=max_seq_len,
