@@ -22,7 +22,7 @@ import numpy as np
 from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness.faults import checker_fault_message, is_checker_fault
-from paged_tutorial.teaching.harness import kept_state
+from paged_tutorial.teaching.harness import answer_guard, kept_state
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -82,6 +82,8 @@ class Puzzle:
     article: str                       # the article's lines it replaces (src/...:line)
     grader: Callable[[Callable], Any]  # the success message (or (message, figure)), raises
     #                                    Wrong/Unsolved
+    on_host: bool = False              # run as Python on the host (not compiled by Numba): the
+    #                                    grader gets it watched by ``answer_guard``
 
     @property
     def function_name(self) -> str:
@@ -131,12 +133,20 @@ class Puzzle:
                 refused = Verdict("wrong", borrowed)
         if refused is not None:
             return refused
-        return self._run_grader(answer)
+        if not self.on_host or worked:
+            return self._run_grader(answer)
+        guard = answer_guard.Guard(self.name)
+        verdict = self._run_grader(answer_guard.guarded(answer, guard))
+        if guard.refusal is not None:
+            return Verdict("wrong", guard.refusal)
+        return verdict
 
     def _run_grader(self, answer) -> Verdict:
         try:
             with time_limit(GRADE_LIMIT_S):
                 message = self.grader(answer)
+        except answer_guard.AnswerRefused as refused:
+            return Verdict("wrong", str(refused))
         except TimeLimitExceeded:
             return Verdict("wrong", say(
                 en=f"grading {self.function_name} was still running after {GRADE_LIMIT_S:g} s "
@@ -369,7 +379,7 @@ def _stub_body():
 
 def is_stub(fn) -> bool:
     """Whether ``fn``'s body is still the stub's: a docstring and ``...`` (or ``pass``)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(inspect.unwrap(fn), "__code__", None)
     return code is not None and code.co_code == _stub_body.__code__.co_code
 
 

@@ -386,5 +386,5 @@ PUZZLES = (
              ko="PrefixCachingKVCache가 직접 쓴 규칙에 묻는 실제 Engine들 (torch 백엔드, 슬롯 "
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로; 토큰 체인, 프롬프트 "
                 "길이, BLOCK_SIZE (8과 16)는 채점할 때마다 새로 뽑습니다"),
-        "prefix_cache.may_share", grade),
+        "prefix_cache.may_share", grade, on_host=True),
 )
