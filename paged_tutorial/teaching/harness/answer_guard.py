@@ -214,6 +214,7 @@ def _audit(event: str, args: tuple) -> None:
         return
     if event in ENVIRONMENT_EVENTS:
         key = args[0] if args else "?"
+        key = key.decode(errors="replace") if isinstance(key, bytes) else key
         watch.guard.refuse(_keeps_outside(say(en=f"wrote os.environ[{key!r}]",
                                               ko=f"os.environ[{key!r}]에 썼습니다")))
     if event not in REACHING_EVENTS:

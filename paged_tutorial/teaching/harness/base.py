@@ -115,7 +115,8 @@ class Puzzle:
                 ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); "
                    f"{particle(str(type(answer).__name__), '을/를')} "
                    "받았습니다"))
-        problem = _signature_problem(answer, self.parameters)
+        problem = _signature_problem(answer, self.parameters,
+                                     "the engine" if self.on_host else "the kernel")
         return Verdict("wrong", problem) if problem else None
 
     def grade(self, answer, worked: bool = False) -> Verdict:
@@ -357,19 +358,43 @@ def _borrowed_message(where: str, name: str, module: str) -> str:
                   "퍼즐은 그 단계를 엔진의 것을 부르지 말고 직접 작성하라고 요구합니다")
 
 
-def _signature_problem(fn, parameters: list[str]) -> str | None:
+def _signature_problem(fn, parameters: list[str], caller: str = "the kernel") -> str | None:
+    """What is wrong with ``fn``'s parameters for a call with ``parameters`` (positional, in
+    that order) by ``caller``, naming the parameter at fault; None when nothing is."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = list(inspect.signature(fn).parameters.values())
     except Exception:                 # (TypeError, ValueError), or a hostile __signature__
         return None
+    shown = ", ".join(parameters)
+    star = [p for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    keyword_only = [p for p in params if p.kind == p.KEYWORD_ONLY]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) != len(parameters) or any(
-            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return say(en=f"the function takes {len(positional)} argument(s); the kernel calls it "
-                      f"with {len(parameters)}: ({', '.join(parameters)})",
-                   ko=f"함수가 인자 {len(positional)}개를 받는데, 커널은 {len(parameters)}개로 "
-                      f"부릅니다: ({', '.join(parameters)})")
-    return None
+    extra = positional[len(parameters):]
+    if star:
+        what = say(en=f"its parameter {star[0]}", ko=f"매개변수 {star[0]}")
+    elif keyword_only:
+        what = say(en=f"its parameter `{keyword_only[0].name}` is keyword-only (after *)",
+                   ko=f"매개변수 `{keyword_only[0].name}`는 키워드 전용입니다 (* 뒤)")
+    elif extra and extra[0].default is not inspect.Parameter.empty:
+        shared = isinstance(extra[0].default, kept_state.MUTABLE_TYPES)
+        what = say(en=f"its extra parameter `{extra[0].name}` has a default "
+                      f"({short(extra[0].default)}), which the call never passes"
+                      + (", so it is one container shared by every call (state kept between "
+                         "calls)" if shared else ""),
+                   ko=f"추가 매개변수 `{extra[0].name}`에 호출이 넘기지 않는 기본값"
+                      f"({short(extra[0].default)})이 있습니다"
+                      + ("; 모든 호출이 함께 쓰는 컨테이너 하나입니다 (호출 사이에 간직한 상태)"
+                         if shared else ""))
+    elif len(positional) != len(parameters):
+        what = say(en=f"it takes {len(positional)} argument(s)",
+                   ko=f"인자 {len(positional)}개를 받습니다")
+    else:
+        return None
+    return say(en=f"the function's parameters are not the puzzle's: {what}; {caller} calls it "
+                  f"with exactly {len(parameters)} positional argument(s): ({shown})",
+               ko=f"함수의 매개변수가 퍼즐의 것과 다릅니다: {what}; "
+                  f"{'커널' if caller == 'the kernel' else '엔진'}은 위치 인자 정확히 "
+                  f"{len(parameters)}개로 부릅니다: ({shown})")
 
 
 def _stub_body():
