@@ -370,11 +370,14 @@ def _signature_problem(fn, parameters: list[str], caller: str = "the kernel") ->
     keyword_only = [p for p in params if p.kind == p.KEYWORD_ONLY]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     extra = positional[len(parameters):]
-    if star:
-        what = say(en=f"its parameter {star[0]}", ko=f"매개변수 {star[0]}")
-    elif keyword_only:
-        what = say(en=f"its parameter `{keyword_only[0].name}` is keyword-only (after *)",
-                   ko=f"매개변수 `{keyword_only[0].name}`는 키워드 전용입니다 (* 뒤)")
+    if keyword_only:
+        what = say(en=f"its parameter `{keyword_only[0].name}` is keyword-only (after *), "
+                      "which the call never passes",
+                   ko=f"매개변수 `{keyword_only[0].name}`는 호출이 넘기지 않는 키워드 전용 "
+                      "인자입니다 (* 뒤)")
+    elif star:
+        what = say(en=f"its parameter {star[0]} takes any number of arguments",
+                   ko=f"매개변수 {star[0]}는 인자를 몇 개든 받습니다")
     elif extra and extra[0].default is not inspect.Parameter.empty:
         shared = isinstance(extra[0].default, kept_state.MUTABLE_TYPES)
         what = say(en=f"its extra parameter `{extra[0].name}` has a default "
