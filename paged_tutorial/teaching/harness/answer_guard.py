@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 
 from paged_tutorial.teaching.harness.faults import PACKAGE_DIR, origin
-from paged_tutorial.teaching.language import say
+from paged_tutorial.teaching.language import particle, say
 
 #: builtins (by name) that reach the running program around an answer's arguments
 INTROSPECTION_CALLS = ("__subclasses__", "_getframe", "_current_frames", "get_objects",
@@ -180,6 +180,15 @@ class _Watch:
         return owner is not None and _defines(owner, code)
 
     def profile(self, frame, event, arg):
+        if event not in ("call", "c_call"):
+            return
+        _STATE.in_hook = True          # the frame reads below are the guard's, not hers
+        try:
+            self._look(frame, event, arg)
+        finally:
+            _STATE.in_hook = False
+
+    def _look(self, frame, event, arg):
         if event == "call":
             caller = frame.f_back
             if caller is None or _origin_of(caller.f_code) != "learner":
@@ -188,14 +197,15 @@ class _Watch:
             if _in_package(code):
                 if not self.may_call(frame):
                     self.guard.refuse(_reaches(say(en=f"called {_qualified(code)}",
-                                                   ko=f"{_qualified(code)}를 불렀습니다")))
+                                                   ko=f"{particle(_qualified(code), '을/를')} 불렀습니다")))
             elif any(part in code.co_filename.replace("\\", "/").split("/")
                      or code.co_filename.endswith("/" + part)
                      for part in INTROSPECTION_MODULES):
                 self.guard.refuse(_reaches(say(en=f"called {code.co_name} from "
                                                   f"{Path(code.co_filename).stem}",
                                                ko=f"{Path(code.co_filename).stem}의 "
-                                                  f"{code.co_name}를 불렀습니다")))
+                                                  f"{particle(code.co_name, '을/를')} "
+                                                  "불렀습니다")))
         elif event == "c_call":
             if _origin_of(frame.f_code) != "learner":
                 return
@@ -205,7 +215,7 @@ class _Watch:
                 shown = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}" \
                     if owner is not None else name
                 self.guard.refuse(_reaches(say(en=f"called {shown}",
-                                               ko=f"{shown}를 불렀습니다")))
+                                               ko=f"{particle(shown, '을/를')} 불렀습니다")))
 
 
 def _audit(event: str, args: tuple) -> None:
@@ -230,7 +240,7 @@ def _audit(event: str, args: tuple) -> None:
     if hers:
         what = f"{event} {args[1]!r}" if event == "object.__getattr__" and len(args) > 1 \
             else event
-        watch.guard.refuse(_reaches(say(en=f"read {what}", ko=f"{what}를 읽었습니다")))
+        watch.guard.refuse(_reaches(say(en=f"read {what}", ko=f"{particle(what, '을/를')} 읽었습니다")))
 
 
 def _add_hook() -> None:
