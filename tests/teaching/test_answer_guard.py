@@ -57,7 +57,7 @@ def can_share_through_globals(found, tokens, previous, logical_block, n_tokens, 
     return False
 
 
-def _locate_memo(memo, block_table, slot, layer, position, BLOCK_SIZE):
+def _locate_memo(block_table, slot, layer, position, BLOCK_SIZE, memo):
     key = (slot, layer, position // BLOCK_SIZE)
     return memo.setdefault(key, int(block_table[key])), position % BLOCK_SIZE
 
@@ -83,7 +83,7 @@ def locate_defaulted(block_table, slot, layer, position, BLOCK_SIZE, seen={}):
     ("02.locate", locate_reading_frames, "'tb_frame'"),
     ("02.locate", locate_in_environ, "wrote os.environ['SANDBOX_TEST_"),
     ("09.can_share", can_share_through_globals, "may_share"),
-    ("02.locate", functools.partial(_locate_memo, {}), "functools.partial"),
+    ("02.locate", functools.partial(_locate_memo, memo={}), "functools.partial"),
     ("02.locate", _CallableLocate(), "_CallableLocate object with __call__"),
     ("02.locate", locate_keyword_only, "`memo` is keyword-only"),
     ("02.locate", locate_defaulted, "`seen` has a default ({})"),

@@ -115,8 +115,9 @@ class Puzzle:
                 ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); "
                    f"{particle(str(type(answer).__name__), '을/를')} "
                    "받았습니다"))
-        problem = _signature_problem(answer, self.parameters,
-                                     "the engine" if self.on_host else "the kernel")
+        caller = "the engine" if self.on_host else "the kernel"
+        problem = kept_state.not_plain(answer) or \
+            _signature_problem(answer, self.parameters, caller)
         return Verdict("wrong", problem) if problem else None
 
     def grade(self, answer, worked: bool = False) -> Verdict:

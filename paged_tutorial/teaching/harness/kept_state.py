@@ -228,7 +228,7 @@ def _module_attribute(where: str, fn) -> str | None:
     return None
 
 
-def _not_plain(answer) -> str | None:
+def not_plain(answer) -> str | None:
     """Why ``answer`` is not a plain function or class (a ``functools.partial``, an object
     with ``__call__``, a bound method), which carries what was bound into it from call to
     call; None when it is one."""
@@ -260,9 +260,9 @@ def _not_plain(answer) -> str | None:
 def refusal(answer) -> str | None:
     """Why ``answer`` is refused for keeping state between calls or reaching around its
     arguments, in words naming what it did; None when it does neither."""
-    not_plain = _not_plain(answer)
-    if not_plain is not None:
-        return not_plain
+    plain_problem = not_plain(answer)
+    if plain_problem is not None:
+        return plain_problem
     if callable(answer) and not inspect.isclass(answer) and hasattr(answer, "cache_info"):
         return _keeps(getattr(answer, "__name__", "your function"),
                       say(en="it is memoized with functools' cache",
