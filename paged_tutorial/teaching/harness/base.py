@@ -374,11 +374,11 @@ def _signature_problem(fn, parameters: list[str], caller: str = "the kernel") ->
     if keyword_only:
         what = say(en=f"its parameter `{keyword_only[0].name}` is keyword-only (after *), "
                       "which the call never passes",
-                   ko=f"매개변수 `{keyword_only[0].name}`는 호출이 넘기지 않는 키워드 전용 "
-                      "인자입니다 (* 뒤)")
+                   ko=f"매개변수 {particle(f'`{keyword_only[0].name}`', '은/는')} 호출이 넘기지 "
+                      "않는 키워드 전용 인자입니다 (* 뒤)")
     elif star:
         what = say(en=f"its parameter {star[0]} takes any number of arguments",
-                   ko=f"매개변수 {star[0]}는 인자를 몇 개든 받습니다")
+                   ko=f"매개변수 {particle(str(star[0]), '은/는')} 인자를 몇 개든 받습니다")
     elif extra and extra[0].default is not inspect.Parameter.empty:
         shared = isinstance(extra[0].default, kept_state.MUTABLE_TYPES)
         what = say(en=f"its extra parameter `{extra[0].name}` has a default "
@@ -397,7 +397,7 @@ def _signature_problem(fn, parameters: list[str], caller: str = "the kernel") ->
     return say(en=f"the function's parameters are not the puzzle's: {what}; {caller} calls it "
                   f"with exactly {len(parameters)} positional argument(s): ({shown})",
                ko=f"함수의 매개변수가 퍼즐의 것과 다릅니다: {what}; "
-                  f"{'커널' if caller == 'the kernel' else '엔진'}은 위치 인자 정확히 "
+                  f"{particle('커널' if caller == 'the kernel' else '엔진', '은/는')} 위치 인자 정확히 "
                   f"{len(parameters)}개로 부릅니다: ({shown})")
 
 
