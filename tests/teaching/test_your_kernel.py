@@ -16,6 +16,8 @@ import pytest
 import paged_tutorial as pt
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import solved
+from paged_tutorial.teaching.exercises.solution_code import Solution
+from paged_tutorial.teaching.exercises.solutions import solution_of
 from paged_tutorial.teaching.exercises.your_kernel import BODY_PUZZLES, STEP_PUZZLES
 from paged_tutorial.teaching.kernel_router import KernelRouter
 
@@ -40,6 +42,12 @@ def sharp_model():
         if w.dim() == 2:
             w.mul_(10.0)
     return model
+
+
+def _worked_source(name: str) -> str:
+    """A worked solution's source as she would have typed it herself: read without
+    ``reveal``, which would record the puzzle as revealed."""
+    return Solution(name, solution_of(name)).source
 
 
 def generate(model, backend):
@@ -144,7 +152,7 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved, t
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     source = tmp_path / "her_notebook_cell.py"           # her own copy, with a source file
-    source.write_text(ex.reveal("05.softmax_update").source)
+    source.write_text(_worked_source("05.softmax_update"))
     hers = solved.rebuild(source.read_text(), str(source))
     assert ex.check("05.softmax_update", hers) is True
     assert solved.names() == ["05.softmax_update"]
@@ -163,7 +171,7 @@ def test_a_demonstration_checked_with_remember_false_is_not_hers(nothing_solved)
     from paged_tutorial.teaching.exercises.progress import record_file
 
     before = record_file().read_text() if record_file().is_file() else None
-    demonstration = solved.rebuild(ex.reveal("05.softmax_update").source)
+    demonstration = solved.rebuild(_worked_source("05.softmax_update"))
     assert ex.check("05.softmax_update", demonstration, remember=False) is True
     assert solved.names() == [] and ex.your_kernel(fill_unsolved=True).origins[2][2] != "yours"
     after = record_file().read_text() if record_file().is_file() else None
