@@ -108,10 +108,10 @@ def answer_lines(code) -> set[str]:
 
 def puzzle_answer_lines() -> dict[str, set[str]]:
     """Every puzzle's name -> the reduced lines of its worked solution."""
-    from paged_tutorial.teaching import exercises
     from paged_tutorial.teaching.chapters import PUZZLES
+    from paged_tutorial.teaching.exercises.solutions import solution_of
 
-    return {p.name: answer_lines(exercises.reveal(p.name)) for p in PUZZLES}
+    return {p.name: answer_lines(solution_of(p.name)) for p in PUZZLES}
 
 
 def found_in(text: str, lines: set[str]) -> list[str]:

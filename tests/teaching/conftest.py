@@ -1,6 +1,6 @@
 """Every teaching test keeps the checker's progress record in its own temporary file (never
 the user's cache folder) and starts with none of the verdicts an earlier test of the same
-process got, and starts and ends in English."""
+process got (nor the worked solutions it revealed), and starts and ends in English."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ progress_record = importlib.import_module("paged_tutorial.teaching.exercises.pro
 def own_progress_record(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGED_TUTORIAL_PROGRESS", str(tmp_path / "progress.json"))
     monkeypatch.setattr(progress_record, "_SEEN", {})      # this process's verdicts: the test's own
+    monkeypatch.setattr(progress_record, "_REVEALED", set())   # and the solutions it revealed
     set_language("en")
     yield
     set_language("en")

@@ -23,6 +23,8 @@ from helpers.clever_answers import CLEVER
 from helpers.kernel_bodies import WRONG_BODIES
 from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.teaching.exercises import solved
+from paged_tutorial.teaching.exercises.solution_code import Solution
+from paged_tutorial.teaching.exercises.solutions import solution_of
 from paged_tutorial.teaching.exercises.your_kernel import (BODY_PUZZLES, STEP_PUZZLES,
                                                            first_difference)
 from paged_tutorial.teaching.kernel_router import KernelRouter
@@ -48,6 +50,12 @@ def sharp_model():
         if w.dim() == 2:
             w.mul_(10.0)
     return model
+
+
+def _worked_source(name: str) -> str:
+    """A worked solution's source as she would have typed it herself: read without
+    ``reveal``, which would record the puzzle as revealed."""
+    return Solution(name, solution_of(name)).source
 
 
 def generate(model, backend):
@@ -152,7 +160,7 @@ def test_a_right_answer_checked_is_remembered_across_processes(nothing_solved, t
     from paged_tutorial.backends.numba_cuda.kernels import attention
 
     source = tmp_path / "her_notebook_cell.py"           # her own copy, with a source file
-    source.write_text(ex.reveal("05.softmax_update").source)
+    source.write_text(_worked_source("05.softmax_update"))
     hers = solved.rebuild(source.read_text(), str(source))
     assert ex.check("05.softmax_update", hers) is True
     assert solved.names() == ["05.softmax_update"]
@@ -171,7 +179,7 @@ def test_a_demonstration_checked_with_remember_false_is_not_hers(nothing_solved)
     from paged_tutorial.teaching.exercises.progress import record_file
 
     before = record_file().read_text() if record_file().is_file() else None
-    demonstration = solved.rebuild(ex.reveal("05.softmax_update").source)
+    demonstration = solved.rebuild(_worked_source("05.softmax_update"))
     assert ex.check("05.softmax_update", demonstration, remember=False) is True
     assert solved.names() == [] and ex.your_kernel(fill_unsolved=True).origins[2][2] != "yours"
     after = record_file().read_text() if record_file().is_file() else None
@@ -202,7 +210,7 @@ def test_a_changed_answer_names_the_part_that_changes_it(sharp_model, stock_toke
     """The kernel of 05b with one wrong part of hers (and her right ones): the diagnosis swaps
     each of her parts for the worked one and names the wrong one, with the first token."""
     solved.remember("05.softmax_update", softmax_update_without_rescale)
-    solved.remember("04.token_score", ex.reveal("04.token_score").code)
+    solved.remember("04.token_score", _worked_source("04.token_score"))
     kernel = ex.your_kernel(fill_unsolved=True)
 
     def answer(k, n):
@@ -255,7 +263,7 @@ def test_an_attention_difference_names_the_part_that_makes_it(sharp_model, nothi
     """When her kernel's attention is far from the other backend's, 05b names the part whose
     swap for the worked one brings the difference back to rounding."""
     solved.remember("05.softmax_update", softmax_update_without_rescale)
-    solved.remember("04.token_score", ex.reveal("04.token_score").code)
+    solved.remember("04.token_score", _worked_source("04.token_score"))
     kernel = ex.your_kernel(fill_unsolved=True)
 
     def difference(k):

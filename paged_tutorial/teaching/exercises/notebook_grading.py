@@ -234,7 +234,7 @@ def grade_notebook(path: str | os.PathLike) -> bool:
 
 
 def statuses(prefix: str = "") -> dict[str, str]:
-    """{name: "correct" | "wrong" | "unsolved" | "not tried"} for every exercise and puzzle
+    """{name: "correct" | "revealed" | "wrong" | "unsolved" | "not tried"} for every exercise and puzzle
     (of one chapter with ``prefix="06."``), from the verdicts kept."""
     verdicts = known_with_notes()[0]
     return {n: verdicts[n]["status"] if n in verdicts else "not tried" for n in all_names(prefix)}

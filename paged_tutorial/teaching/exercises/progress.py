@@ -37,11 +37,14 @@ _SEEN: dict[str, dict] = {}
 _COLLECTORS: list[dict] = []
 
 STATUS = {"correct": Text(en="solved", ko="풀었음"),
+          "revealed": Text(en="revealed, not solved", ko="풀이를 봄, 풀지 않음"),
           "wrong": Text(en="not yet", ko="아직"),
           "unsolved": Text(en="not yet", ko="아직"),
           None: Text(en="not tried", ko="시도 안 함")}
 #: the statuses a verdict can have
-STATUSES = ("correct", "wrong", "unsolved")
+STATUSES = ("correct", "wrong", "unsolved", "revealed")
+#: puzzles whose worked solution ``reveal`` handed out in this process before they were solved
+_REVEALED: set[str] = set()
 
 
 def records_folder() -> Path:
@@ -176,6 +179,36 @@ def record(name: str, verdict) -> None:
         _save(path, name, entry)
     except OSError:
         pass
+
+
+def mark_revealed(name: str) -> None:
+    """Note that ``reveal`` showed puzzle ``name``'s worked solution: unless she had already
+    solved it, a right answer checked from now on is recorded as revealed, not solved."""
+    if (_SEEN.get(name) or {}).get("status") == "correct" or \
+            (_read(record_file()).get(name) or {}).get("status") == "correct":
+        return
+    _REVEALED.add(name)
+    record(name, _Revealed())
+
+
+def was_revealed(name: str) -> bool:
+    """Whether puzzle ``name``'s worked solution was revealed before she solved it (in this
+    process, or kept in the record file)."""
+    if name in _REVEALED:
+        return True
+    return (_read(record_file()).get(name) or {}).get("status") == "revealed"
+
+
+class _Revealed:
+    """The record's entry for a puzzle whose worked solution was revealed."""
+
+    status = "revealed"
+
+    @property
+    def message(self) -> str:
+        return say(en="the worked solution was revealed (pt.exercises.reveal) before this "
+                      "puzzle was solved",
+                   ko="퍼즐을 풀기 전에 풀이 예시를 보았습니다 (pt.exercises.reveal)")
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.answers import Kind, as_plain
-from paged_tutorial.teaching.exercises.progress import record
+from paged_tutorial.teaching.exercises.progress import record, was_revealed
 from paged_tutorial.teaching.exercises.solution_code import Solution
 from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
@@ -28,6 +28,7 @@ from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 #: the first word of every verdict line, by status
 MARKS = {"correct": Text(en="✔ correct", ko="✔ 정답"),
+         "revealed": Text(en="✔ revealed", ko="✔ 풀이 봄"),
          "wrong": Text(en="✘ not yet", ko="✘ 아직 아닙니다"),
          "unsolved": Text(en="✘ not solved yet", ko="✘ 아직 풀지 않았습니다")}
 
@@ -184,6 +185,16 @@ def check(name: str, answer, draw: bool | None = None, remember: bool = True) ->
     a classic mistake, which a GPU may grade right by its output alone) is neither remembered
     nor recorded in her progress."""
     verdict = grade(name, answer)
+    if verdict.ok and not isinstance(get(name), Exercise) and was_revealed(name):
+        verdict = Verdict("revealed", say(
+            en=f"right, but this puzzle's worked solution was revealed "
+               f"(pt.exercises.reveal({name!r})) before it was solved, so it is recorded as "
+               "revealed, not solved, and your kernel does not take this answer as yours.  "
+               f"{verdict.message}",
+            ko=f"맞지만, 이 퍼즐은 풀기 전에 풀이 예시를 보았으므로 "
+               f"(pt.exercises.reveal({name!r})) 푼 것이 아니라 풀이를 본 것으로 기록하고, "
+               f"여러분의 커널은 이 답을 여러분의 것으로 쓰지 않습니다.  {verdict.message}"),
+            verdict.figure)
     if remember and verdict.ok and not isinstance(get(name), Exercise):
         solved.remember(name, answer)
     if remember:
@@ -202,7 +213,7 @@ def check(name: str, answer, draw: bool | None = None, remember: bool = True) ->
 
             display(figure)
             plt.close(figure)
-    return verdict.ok
+    return verdict.ok or verdict.status == "revealed"
 
 
 def expected_answer(name: str):

@@ -17,6 +17,7 @@ import math
 from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 from paged_tutorial.cache.block_allocator import CacheFullError
+from paged_tutorial.teaching.exercises.progress import mark_revealed
 from paged_tutorial.teaching.exercises.registry import get
 from paged_tutorial.teaching.exercises.solution_code import Solution
 
@@ -210,4 +211,5 @@ def reveal(name: str):
     code = solution_of(name)
     if name in EXERCISE_SOLUTIONS:
         return code
+    mark_revealed(name)
     return Solution(name, code)

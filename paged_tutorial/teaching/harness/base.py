@@ -23,7 +23,7 @@ import numpy as np
 from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness.faults import checker_fault_message, is_checker_fault
-from paged_tutorial.teaching.harness import kept_state
+from paged_tutorial.teaching.harness import answer_guard, kept_state
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
@@ -83,6 +83,8 @@ class Puzzle:
     article: str                       # the article's lines it replaces (src/...:line)
     grader: Callable[[Callable], Any]  # the success message (or (message, figure)), raises
     #                                    Wrong/Unsolved
+    on_host: bool = False              # run as Python on the host (not compiled by Numba): the
+    #                                    grader gets it watched by ``answer_guard``
 
     @property
     def function_name(self) -> str:
@@ -114,7 +116,9 @@ class Puzzle:
                 ko=f"퍼즐의 답은 함수입니다 ({self.signature[4:]}); "
                    f"{particle(str(type(answer).__name__), '을/를')} "
                    "받았습니다"))
-        problem = _signature_problem(answer, self.parameters)
+        caller = "the engine" if self.on_host else "the kernel"
+        problem = kept_state.not_plain(answer) or \
+            _signature_problem(answer, self.parameters, caller)
         return Verdict("wrong", problem) if problem else None
 
     def grade(self, answer, worked: bool = False) -> Verdict:
@@ -132,12 +136,20 @@ class Puzzle:
                 refused = Verdict("wrong", borrowed)
         if refused is not None:
             return refused
-        return self._run_grader(answer)
+        if not self.on_host or worked:
+            return self._run_grader(answer)
+        guard = answer_guard.Guard(self.name)
+        verdict = self._run_grader(answer_guard.guarded(answer, guard))
+        if guard.refusal is not None:
+            return Verdict("wrong", guard.refusal)
+        return verdict
 
     def _run_grader(self, answer) -> Verdict:
         try:
             with time_limit(GRADE_LIMIT_S):
                 message = self.grader(answer)
+        except answer_guard.AnswerRefused as refused:
+            return Verdict("wrong", str(refused))
         except TimeLimitExceeded:
             return Verdict("wrong", say(
                 en=f"grading {self.function_name} was still running after {GRADE_LIMIT_S:g} s "
@@ -380,19 +392,46 @@ def _borrowed_message(where: str, name: str, module: str) -> str:
                   "퍼즐은 그 단계를 엔진의 것을 부르지 말고 직접 작성하라고 요구합니다")
 
 
-def _signature_problem(fn, parameters: list[str]) -> str | None:
+def _signature_problem(fn, parameters: list[str], caller: str = "the kernel") -> str | None:
+    """What is wrong with ``fn``'s parameters for a call with ``parameters`` (positional, in
+    that order) by ``caller``, naming the parameter at fault; None when nothing is."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = list(inspect.signature(fn).parameters.values())
     except Exception:                 # (TypeError, ValueError), or a hostile __signature__
         return None
+    shown = ", ".join(parameters)
+    star = [p for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    keyword_only = [p for p in params if p.kind == p.KEYWORD_ONLY]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) != len(parameters) or any(
-            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return say(en=f"the function takes {len(positional)} argument(s); the kernel calls it "
-                      f"with {len(parameters)}: ({', '.join(parameters)})",
-                   ko=f"함수가 인자 {len(positional)}개를 받는데, 커널은 {len(parameters)}개로 "
-                      f"부릅니다: ({', '.join(parameters)})")
-    return None
+    extra = positional[len(parameters):]
+    if keyword_only:
+        what = say(en=f"its parameter `{keyword_only[0].name}` is keyword-only (after *), "
+                      "which the call never passes",
+                   ko=f"매개변수 {particle(f'`{keyword_only[0].name}`', '은/는')} 호출이 넘기지 "
+                      "않는 키워드 전용 인자입니다 (* 뒤)")
+    elif star:
+        what = say(en=f"its parameter {star[0]} takes any number of arguments",
+                   ko=f"매개변수 {particle(str(star[0]), '은/는')} 인자를 몇 개든 받습니다")
+    elif extra and extra[0].default is not inspect.Parameter.empty:
+        shared = isinstance(extra[0].default, kept_state.MUTABLE_TYPES)
+        what = say(en=f"its extra parameter `{extra[0].name}` has a default "
+                      f"({short(extra[0].default)}), which the call never passes"
+                      + (", so it is one container shared by every call (state kept between "
+                         "calls)" if shared else ""),
+                   ko=f"추가 매개변수 `{extra[0].name}`에 호출이 넘기지 않는 기본값"
+                      f"({short(extra[0].default)})이 있습니다"
+                      + ("; 모든 호출이 함께 쓰는 컨테이너 하나입니다 (호출 사이에 간직한 상태)"
+                         if shared else ""))
+    elif len(positional) != len(parameters):
+        what = say(en=f"it takes {len(positional)} argument(s)",
+                   ko=f"인자 {len(positional)}개를 받습니다")
+    else:
+        return None
+    return say(en=f"the function's parameters are not the puzzle's: {what}; {caller} calls it "
+                  f"with exactly {len(parameters)} positional argument(s): ({shown})",
+               ko=f"함수의 매개변수가 퍼즐의 것과 다릅니다: {what}; "
+                  f"{particle('커널' if caller == 'the kernel' else '엔진', '은/는')} 위치 인자 정확히 "
+                  f"{len(parameters)}개로 부릅니다: ({shown})")
 
 
 def _stub_body():
@@ -402,7 +441,7 @@ def _stub_body():
 
 def is_stub(fn) -> bool:
     """Whether ``fn``'s body is still the stub's: a docstring and ``...`` (or ``pass``)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(inspect.unwrap(fn), "__code__", None)
     return code is not None and code.co_code == _stub_body.__code__.co_code
 
 

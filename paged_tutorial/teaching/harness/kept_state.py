@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dis
+import functools
 import inspect
 import types
 
@@ -227,9 +228,41 @@ def _module_attribute(where: str, fn) -> str | None:
     return None
 
 
+def not_plain(answer) -> str | None:
+    """Why ``answer`` is not a plain function or class (a ``functools.partial``, an object
+    with ``__call__``, a bound method), which carries what was bound into it from call to
+    call; None when it is one."""
+    if inspect.isfunction(answer) or inspect.isclass(answer) or \
+            inspect.isfunction(getattr(answer, "py_func", None)):
+        return None
+    if isinstance(answer, functools.partial):
+        bound = [f"{name}={_kind(value)}" for name, value in answer.keywords.items()]
+        bound += [_kind(value) for value in answer.args]
+        what = say(en=f"it is a functools.partial, whose bound arguments ({', '.join(bound)}) "
+                      "are the same objects in every call",
+                   ko=f"functools.partial이며, 묶인 인자 ({', '.join(bound)})는 모든 호출에서 "
+                      "같은 객체입니다")
+    elif inspect.ismethod(answer):
+        what = say(en=f"it is a method bound to a {type(answer.__self__).__name__} object, "
+                      "whose attributes outlive the call",
+                   ko=f"{type(answer.__self__).__name__} 객체에 묶인 메서드이며, 그 객체의 "
+                      "속성은 호출보다 오래 삽니다")
+    else:
+        what = say(en=f"it is a {type(answer).__name__} object with __call__, whose "
+                      "attributes outlive the call",
+                   ko=f"__call__을 가진 {type(answer).__name__} 객체이며, 그 속성은 호출보다 "
+                      "오래 삽니다")
+    where = getattr(answer, "__name__", None) or say(en="your answer", ko="답")
+    return _keeps(where, say(en=f"{what}.  The answer is a plain function (def ...)",
+                             ko=f"{what}.  답은 평범한 함수(def ...)입니다"))
+
+
 def refusal(answer) -> str | None:
     """Why ``answer`` is refused for keeping state between calls or reaching around its
     arguments, in words naming what it did; None when it does neither."""
+    plain_problem = not_plain(answer)
+    if plain_problem is not None:
+        return plain_problem
     if callable(answer) and not inspect.isclass(answer) and hasattr(answer, "cache_info"):
         return _keeps(getattr(answer, "__name__", "your function"),
                       say(en="it is memoized with functools' cache",

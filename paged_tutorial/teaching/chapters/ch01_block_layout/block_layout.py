@@ -224,5 +224,5 @@ PUZZLES = (
                 "attention reads them",
              ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 BLOCK_SIZE와 함께 "
                 "새로 뽑은 모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
-        "main.cpp:866-872, kernels.cu:484-485", grade),
+        "main.cpp:866-872, kernels.cu:484-485", grade, on_host=True),
 )

@@ -162,5 +162,5 @@ PUZZLES = (
              ko="실제 Engine (torch 백엔드, 슬롯 2개 x 레이어 2-4개, BLOCK_SIZE 4 또는 8, 새로 섞은 빈 "
                 "블록 목록): 직접 "
                 "쓴 함수가 모든 토큰을 놓고, 디코드 어텐션이 테이블을 거쳐 읽습니다"),
-        "main.cpp:265, 858", grade),
+        "main.cpp:265, 858", grade, on_host=True),
 )

@@ -412,5 +412,5 @@ PUZZLES = (
                 "1개, 레이어 2개), 표준 엔진과 나란히, 해시 함수 세 가지로; 토큰 체인, 프롬프트 "
                 "길이, BLOCK_SIZE (8, 12, 16)는 채점할 때마다 새로 뽑고, 그다음 지름길마다 "
                 "가려내도록 만든 레코드"),
-        "PrefixCachingKVCache.share_rule", grade),
+        "PrefixCachingKVCache.share_rule", grade, on_host=True),
 )
