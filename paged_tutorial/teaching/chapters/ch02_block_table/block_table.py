@@ -151,8 +151,11 @@ def grade(fn) -> str:
     config, stock = stock_run(drawn)
     backend = LocatingWriterBackend(fn)
     engine = engine_with_cache(tiny_model(drawn.layers), backend=backend, **engine_kwargs(drawn))
-    mine, diff = run(engine, drawn.requests, shuffle_seed=drawn.shuffle, poison=True,
-                     against=stock)
+    try:
+        mine, diff = run(engine, drawn.requests, shuffle_seed=drawn.shuffle, poison=True,
+                         against=stock)
+    except Wrong as wrong:                 # refused during a step: name the drawn run too
+        raise Wrong(f"[{drawn.describe()}] {wrong.message}", wrong.figure) from None
 
     if diff is not None:
         step = mine[diff[0]]

@@ -17,8 +17,8 @@ barrier, and rejects, naming threads, cells and lines:
 - a read or write outside a shared array (``dot_products[1]`` with one warp);
 - a race: a write and another thread's access to the same shared cell with no barrier between
   them (a missing barrier, or the article's hand-off through ``dot_products[0]``);
-- a wrong sum, diagnosed in this order: a score that does not follow ``scale`` (the one-hot
-  probe below at two scales), a shared cell read or added into before any thread set it, the
+- a wrong sum, diagnosed in this order: a shared cell read or added into before any thread
+  set it, a score that does not follow ``scale`` (the one-hot probe below at two scales), the
   lanes the shuffle tree counted (a one-hot probe: token t's K is 1 in dimension t only), and
   the cells thread 0 combined.
 
@@ -221,15 +221,15 @@ def _grade_case(parts, case):
     if races:
         raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
     if result.bad:
-        # the first of: the scale, a cell added into before it was set, the shuffle tree,
-        # the cells combined
+        # the first of: a cell read before it was set (its old value makes every probe
+        # below wrong too), the scale, the shuffle tree, the cells combined
         why = [bad_summary(prep, result)]
-        scale = _scale_message(fn)
-        unset = None if scale else _unset_cell_message(result)
+        unset = _unset_cell_message(result)
+        scale = None if unset else _scale_message(fn)
         counts = None if scale or unset else lane_counts(fn)
         lanes = _lanes_message(counts) if counts is not None else None
         if scale or unset or lanes:
-            why.append(scale or unset or lanes)
+            why.append(unset or scale or lanes)
         elif result.shared is not None:
             cells = _combined_cells(result)
             if cells and cells != list(range(warps(d))):
