@@ -110,15 +110,28 @@ def test_kv_offset_right_only_for_the_chapters_bf16_shape_is_refused():
         assert "[bfloat16" in verdict.message and "KV head(s) x" in verdict.message
 
 
-class _MemoByElement:
-    """Offsets (or physical blocks) remembered by a key that leaves the layout out, on a
-    callable object."""
+class _KvOffsetMemo:
+    """Offsets remembered by element and ITEMSIZE, not by layout, on a callable object."""
 
-    def __init__(self, compute, key):
-        self.compute, self.key, self.seen = compute, key, {}
+    def __init__(self):
+        self.seen = {}
 
-    def remember(self, *args):
-        return self.seen.setdefault(self.key(*args), self.compute(*args))
+    def __call__(self, token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
+                 ITEMSIZE):
+        return self.seen.setdefault((token_in_block, kv_head, dim, is_value, ITEMSIZE),
+                                    _kv_offset(token_in_block, kv_head, dim, is_value,
+                                               BLOCK_SIZE, KV_DIM, HEAD_DIM, ITEMSIZE))
+
+
+class _LocateMemo:
+    """Physical blocks remembered by (slot, layer, logical block), on a callable object."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def __call__(self, block_table, slot, layer, position, BLOCK_SIZE):
+        key = (slot, layer, position // BLOCK_SIZE)
+        return self.seen.setdefault(key, int(block_table[key])), position % BLOCK_SIZE
 
 
 def _refused_for_staleness(verdict, effect: str) -> bool:
@@ -129,14 +142,7 @@ def _refused_for_staleness(verdict, effect: str) -> bool:
 
 
 def test_an_offset_remembered_across_layouts_of_one_dtype_is_refused():
-    memo = _MemoByElement(_kv_offset, lambda t, h, d, v, bs, kv_dim, hd, item: (t, h, d, v, item))
-
-    def kv_byte_offset(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM, HEAD_DIM,
-                       ITEMSIZE):
-        return memo.remember(token_in_block, kv_head, dim, is_value, BLOCK_SIZE, KV_DIM,
-                             HEAD_DIM, ITEMSIZE)
-
-    verdict = ex.grade("01.kv_offset", kv_byte_offset)
+    verdict = ex.grade("01.kv_offset", _KvOffsetMemo())
     assert any(_refused_for_staleness(verdict, text)
                for text in ("reads it at byte", "overlap", "outside its")), verdict.message
 
@@ -159,12 +165,7 @@ def test_locate_folding_slots_or_layers_onto_the_old_counts_is_refused():
 
 
 def test_locate_remembering_blocks_of_a_reused_slot_is_refused():
-    memo = _MemoByElement(_locate, lambda table, slot, layer, pos, bs: (slot, layer, pos // bs))
-
-    def locate(block_table, slot, layer, position, BLOCK_SIZE):
-        return memo.remember(block_table, slot, layer, position, BLOCK_SIZE)
-
-    verdict = ex.grade("02.locate", locate)
+    verdict = ex.grade("02.locate", _LocateMemo())
     assert _refused_for_staleness(verdict, "the decode kernel looks for it in block_table"), \
         verdict.message
 
