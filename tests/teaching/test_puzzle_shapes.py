@@ -77,7 +77,7 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert min(c.head_dim for c in store) < 64          # a narrow partly used last warp
         assert any(c.zero_v_dims for c in store)             # an output that is exactly 0
         dims = sorted(c.head_dim for c in score_handoff.cases())
-        assert dims[0] == 32 and 64 < dims[1] < 96 and dims[2] > 128      # 1, 3 and 5 warps
+        assert dims[0] == 32 and 64 < dims[1] < 96 and dims[2] > 256     # 1, 3 and 9+ warps
         for c in walk + table + k + store:                   # constants no answer may assume
             assert c.scale is not None and abs(c.softmax_scale * c.head_dim ** 0.5 - 1) > 0.1
             assert c.q_row_stride > c.n_q_heads * c.head_dim

@@ -47,7 +47,19 @@ DRAWS = {
 
 #: tests beside test_wrong_answer_fails that reject answers to one puzzle: test file -> names
 NAMED_TESTS = {
+    "01.kv_offset": [
+        "test_clever_wrong_answers.py::test_kv_offset_right_only_for_the_chapters_bf16_shape_is_"
+        "refused",
+        "test_clever_wrong_answers.py::test_an_offset_remembered_across_layouts_of_one_dtype_is_"
+        "refused"],
+    "02.locate": [
+        "test_clever_wrong_answers.py::test_locate_folding_slots_or_layers_onto_the_old_counts_"
+        "is_refused",
+        "test_clever_wrong_answers.py::test_locate_remembering_blocks_of_a_reused_slot_is_refused"],
     "03.walk_blocks": [],
+    "04.token_score": [
+        "test_clever_wrong_answers.py::test_token_score_draws_a_head_past_eight_warps_every_check",
+        "test_clever_wrong_answers.py::test_token_score_verdict_names_the_mistake_made"],
     "05.softmax_update": [
         "test_puzzle_shapes.py::test_the_wide_softmax_case_overflows_a_double_without_the_"
         "running_max"],
@@ -59,6 +71,8 @@ NAMED_TESTS = {
         "test_drawn_scenarios.py::test_an_allocator_hard_coded_to_the_old_run_names_the_drawn_"
         "layout"],
     "06.table_sync": [
+        "test_clever_wrong_answers.py::test_table_sync_sending_ids_in_16_bits_is_refused_naming_"
+        "the_cut",
         "test_drawn_scenarios.py::test_a_table_sync_that_replays_the_entries_one_check_copied_"
         "is_refused"],
     "09.can_share": [

@@ -103,6 +103,19 @@ def describe_site(site: tuple) -> str:
     return f"{os.path.basename(code.co_filename)}:{line} ({code.co_name})"
 
 
+def describe_sites_apart(sites) -> list[str]:
+    """``describe_site`` of each site, each followed by as many of its callers ("called from
+    ...") as it takes for no two of them to read the same (one helper called from two
+    branches is two sites)."""
+    def chain(site, depth):
+        return ", called from ".join(describe_site(site[i:]) for i in range(min(depth,
+                                                                               len(site))))
+    depth, deepest = 1, max((len(s) for s in sites), default=1)
+    while depth < deepest and len({chain(s, depth) for s in sites}) < len(sites):
+        depth += 1
+    return [chain(s, depth) for s in sites]
+
+
 def _ranges(ids) -> str:
     """Thread ids as short ranges: [0, 1, 2, 5] -> "0-2, 5"."""
     ids = sorted(ids)
@@ -256,8 +269,9 @@ class LockstepBlock:
         for t in self.at_barrier:
             sites[t.waits_at[1]].append(t.thread_id)
         if len(sites) > 1:
-            where = "; ".join(f"threads {_ranges(ids)} at {describe_site(site)}"
-                              for site, ids in sorted(sites.items(), key=lambda s: min(s[1])))
+            ordered = sorted(sites.items(), key=lambda s: min(s[1]))
+            where = "; ".join(f"threads {_ranges(ids)} at {text}" for (_, ids), text in
+                              zip(ordered, describe_sites_apart([s for s, _ in ordered])))
             self._fail(BarrierDivergence(
                 f"sim_shim: block {self._block_label()}: the threads wait at different "
                 f"syncthreads calls ({where}): a barrier inside a branch that not every thread "
@@ -355,8 +369,9 @@ class LockstepBlock:
         for t in waiting:
             sites[t.waits_at[1]].append(t.thread_id)
         if len(sites) > 1:
-            where = "; ".join(f"threads {_ranges(ids)} at {describe_site(site)}"
-                              for site, ids in sorted(sites.items(), key=lambda s: min(s[1])))
+            ordered = sorted(sites.items(), key=lambda s: min(s[1]))
+            where = "; ".join(f"threads {_ranges(ids)} at {text}" for (_, ids), text in
+                              zip(ordered, describe_sites_apart([s for s, _ in ordered])))
             self._fail(BarrierDivergence(
                 f"sim_shim: block {self._block_label()}, warp {warp}: the lanes wait at "
                 f"different syncwarp calls ({where}): every live lane of the warp must reach "

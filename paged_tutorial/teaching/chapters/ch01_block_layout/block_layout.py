@@ -110,23 +110,38 @@ def explain(offsets: np.ndarray, c) -> str:
 ENGINE = dict(device="cpu", max_slots=1, max_seq_len=32)
 
 
-#: the chapter's engine shape: (dtype, KV heads, head_dim)
+#: the chapter's engine shape: (dtype, KV heads, head_dim), at the engine's BLOCK_SIZE
 CHAPTER_SHAPE = ("bfloat16", 2, 8)
+
+#: (KV heads, head_dim) a drawn bf16 shape takes: never the chapter's head_dim 8 and never its
+#: KV_DIM 16, so neither ITEMSIZE guessed from HEAD_DIM nor the chapter's KV_DIM kept for bf16
+#: places a drawn bf16 element right
+BF16_LAYOUTS = tuple((kv, hd) for kv in (1, 3) for hd in (4, 12, 24))
+#: (KV heads, head_dim) a drawn float32 shape takes (head_dim 8 included: 4-byte elements with
+#: the chapter's head_dim)
+FLOAT32_LAYOUTS = tuple((kv, hd) for kv in (1, 2, 3) for hd in (4, 8, 12, 16))
+
+#: tokens per block a drawn shape takes: never the chapter's 16, and never a power of two
+#: (the engine takes any block size, so a shift by log2(BLOCK_SIZE) is a wrong answer)
+DRAWN_BLOCK_SIZES = (6, 12, 24)
 
 
 def shapes_to_run() -> list[tuple]:
-    """The engine shapes one check runs: the chapter's, then one drawn afresh in float32
-    (4-byte elements) with another KV-head count, head_dim and BLOCK_SIZE (6, 12 or 24 tokens
-    per block), so that no constant of the first can stand in for BLOCK_SIZE, KV_DIM, HEAD_DIM
-    or ITEMSIZE, and no shift can stand in for a product with BLOCK_SIZE."""
+    """The engine shapes one check runs, in this order, each (dtype, KV heads, head_dim,
+    BLOCK_SIZE): the chapter's bf16 shape (the engine's BLOCK_SIZE); a bf16 shape drawn afresh (KV heads, head_dim and
+    BLOCK_SIZE, its KV_DIM never the chapter's); then two float32 shapes (4-byte elements)
+    drawn afresh with different KV_DIMs.  Each dtype thus comes in two layouts within one
+    check, so no constant of one shape stands in for BLOCK_SIZE, KV_DIM, HEAD_DIM or
+    ITEMSIZE, an offset remembered from the first layout of a dtype is wrong at the second, and
+    no shift stands in for a product with BLOCK_SIZE (no drawn BLOCK_SIZE is a power of two)."""
     rng, _ = shapes.fresh_rng()
-    return [CHAPTER_SHAPE, ("float32", shapes.pick(rng, (1, 3)), shapes.pick(rng, (4, 12, 16)),
-                            shapes.pick(rng, DRAWN_BLOCK_SIZES))]
-
-
-#: tokens per block the drawn shape takes: never the chapter's 16, and never a power of two
-#: (the engine takes any block size, so a shift by log2(BLOCK_SIZE) is a wrong answer)
-DRAWN_BLOCK_SIZES = (6, 12, 24)
+    bf16 = shapes.pick(rng, BF16_LAYOUTS)
+    first = shapes.pick(rng, FLOAT32_LAYOUTS)
+    second = shapes.pick(rng, tuple(s for s in FLOAT32_LAYOUTS
+                                    if s[0] * s[1] != first[0] * first[1]))
+    return [CHAPTER_SHAPE] + [(dtype, kv, hd, shapes.pick(rng, DRAWN_BLOCK_SIZES))
+                              for dtype, (kv, hd) in (("bfloat16", bf16), ("float32", first),
+                                                      ("float32", second))]
 
 
 @lru_cache(maxsize=8)
@@ -149,14 +164,16 @@ def stock_run(shape=CHAPTER_SHAPE):
 
 
 def grade(fn) -> str:
-    for shape in shapes_to_run():
+    ran = shapes_to_run()
+    for shape in ran:
         grade_shape(fn, shape)
-    return say(en="a 20-token prompt and 3 decode steps through your layout at two engine shapes "
-                  "(bf16 with 2 KV heads x 8, and one drawn afresh in float32): logits "
+    drawn = ", ".join(f"{dtype} {kv} x {hd} BLOCK_SIZE {bs}" for dtype, kv, hd, bs in ran[1:])
+    return say(en="a 20-token prompt and 3 decode steps through your layout at four engine "
+                  "shapes (bf16 with 2 KV heads x 8, then drawn afresh: " + drawn + "): logits "
                   "bit-identical to a stock engine's",
-               ko="20토큰 프롬프트와 디코드 스텝 3번을 여러분의 배치로 엔진 모양 두 가지에서 "
-                  "돌렸습니다 (bf16에 KV 헤드 2개 x 8, 그리고 float32로 새로 뽑은 모양): 로짓이 "
-                  "표준 엔진과 비트 단위로 같습니다")
+               ko="20토큰 프롬프트와 디코드 스텝 3번을 여러분의 배치로 엔진 모양 네 가지에서 "
+                  "돌렸습니다 (bf16에 KV 헤드 2개 x 8, 그리고 새로 뽑은 모양: " + drawn + "): "
+                  "로짓이 표준 엔진과 비트 단위로 같습니다")
 
 
 def _block_size(shape) -> int:
@@ -219,10 +236,11 @@ PUZZLES = (
                 "article's V_OFFSET).",
              ko="V는 어디서 시작할까요?  그 앞에 있는 K 행 전부의 바이트를 세세요 (그것이 글의 "
                 "V_OFFSET입니다)."),
-        Text(en="a real Engine (torch backend, bf16, 2 KV heads, then a float32 shape drawn "
-                "afresh with its own BLOCK_SIZE): your offsets place K and V, the decode "
-                "attention reads them",
-             ko="실제 Engine (torch 백엔드, bf16, KV 헤드 2개, 이어서 float32로 BLOCK_SIZE와 함께 "
-                "새로 뽑은 모양): 직접 쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
+        Text(en="a real Engine (torch backend) at four shapes: bf16 with 2 KV heads x 8, then "
+                "one bf16 and two float32 shapes drawn afresh (KV heads, head_dim and "
+                "BLOCK_SIZE): your offsets place K and V, the decode attention reads them",
+             ko="실제 Engine (torch 백엔드)을 네 가지 모양으로: bf16에 KV 헤드 2개 x 8, 이어서 "
+                "새로 뽑은 bf16 모양 하나와 float32 모양 둘 (KV 헤드, head_dim, BLOCK_SIZE): 직접 "
+                "쓴 오프셋으로 K와 V를 놓고, 디코드 어텐션이 읽습니다"),
         "main.cpp:866-872, kernels.cu:484-485", grade, on_host=True),
 )

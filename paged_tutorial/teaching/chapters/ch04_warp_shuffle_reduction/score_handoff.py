@@ -7,7 +7,7 @@ publish overwrites with no barrier in between).
 
 The grader compiles her ``token_score`` into the article's kernel (``KernelParts``) and runs it
 for head_dim 32 (one warp), a head_dim of three warps whose last warp holds a lane or two (65, 66)
-and one of five warps (129-132), drawn afresh for every check,
+and one past 256 (9 or 10 warps: 260-292), drawn afresh for every check,
 on a poisoned cache, against the torch oracle.  In the simulator it also records every
 shared-memory access with its barrier epoch (``access_log.record_shared_accesses``) and every
 barrier, and rejects, naming threads, cells and lines:
@@ -17,8 +17,10 @@ barrier, and rejects, naming threads, cells and lines:
 - a read or write outside a shared array (``dot_products[1]`` with one warp);
 - a race: a write and another thread's access to the same shared cell with no barrier between
   them (a missing barrier, or the article's hand-off through ``dot_products[0]``);
-- a wrong sum: a one-hot probe (token t's K is 1 in dimension t only) says which lanes the
-  shuffle tree counted, and the log says which cells thread 0 combined.
+- a wrong sum, diagnosed in this order: a shared cell read or added into before any thread
+  set it, a score that does not follow ``scale`` (the one-hot probe below at two scales), the
+  lanes the shuffle tree counted (a one-hot probe: token t's K is 1 in dimension t only), and
+  the cells thread 0 combined.
 
 After every graded run, right or wrong, the figure is the block's shared-memory hand-off
 (``handoff``).
@@ -45,16 +47,18 @@ WARP_SIZE = 32
 #: head_dims of three warps whose last one holds a lane or two: a warp count that rounds
 #: head_dim / 33 or / 31 up, or leaves the last warp out, is wrong here
 THREE_WARP_HEAD_DIMS = (65, 66)
-#: head_dims of five warps, the last holding a few lanes
-MANY_WARP_HEAD_DIMS = (129, 130, 131, 132)
+#: head_dims past 256 (9 or 10 warps), the last warp holding a few lanes: a combine capped at
+#: the 8 warps of head_dim 256 is wrong here
+MANY_WARP_HEAD_DIMS = (260, 263, 289, 292)
 
 
 def cases() -> list[KernelCase]:
     """Three launches drawn afresh: one warp (head_dim 32), a head_dim of three warps whose
-    last one is partly used, and one of five warps, each a few tokens long (so a
-    combine that adds at most two or three warps fails; each last warp holds only a lane or
-    a few, so a warp count rounded from head_dim / 33 fails), each with its own BLOCK_SIZE, a
-    softmax scale that is not 1/sqrt(head_dim) and q rows wider than their heads."""
+    last one is partly used, and one past 256 (9 or 10 warps), each a few tokens long (so a
+    combine that adds a fixed number of warps, up to eight, fails; each last warp holds only a
+    lane or a few, so a warp count rounded from head_dim / 33 fails), each with its own
+    BLOCK_SIZE, a softmax scale that is not 1/sqrt(head_dim) and q rows wider than their
+    heads."""
     rng, seed = shapes.fresh_rng()
     dims = (32, shapes.pick(rng, THREE_WARP_HEAD_DIMS), shapes.pick(rng, MANY_WARP_HEAD_DIMS))
     return [shapes.case(rng, seed + i, head_dim=d, gqa=(1, 1),
@@ -67,10 +71,11 @@ def warps(head_dim: int) -> int:
     return -(-head_dim // WARP_SIZE)
 
 
-def lane_counts(fn) -> np.ndarray | None:
-    """How many times the reader's shuffle tree counts each lane of warp 0 (simulator only):
-    head_dim 32, 32 tokens, token t's K one-hot in dimension t, q all ones, scale 1, so token
-    t's score is the count of lane t.  None when it cannot be measured."""
+def lane_counts(fn, scale: float = 1.0) -> np.ndarray | None:
+    """How many times the reader's shuffle tree counts each lane of warp 0, times ``scale``
+    (simulator only): head_dim 32, 32 tokens, token t's K one-hot in dimension t, q all ones,
+    so token t's score is ``scale`` times the count of lane t.  None when it cannot be
+    measured."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
     from paged_tutorial.backends.numba_cuda.runtime import access_log
     from paged_tutorial.cache.paged_cache import PagedKVCache
@@ -92,11 +97,11 @@ def lane_counts(fn) -> np.ndarray | None:
     parts = attention.ARTICLE_PARTS.replace(token_score=fn)
     try:
         with quiet_nan_arithmetic(), access_log.record_shared_accesses() as log:
-            attention.decode(q, cache, cache.device_block_table(), 0, [32], [0], 1.0, parts)
+            attention.decode(q, cache, cache.device_block_table(), 0, [32], [0], scale, parts)
     except Exception:
         return None
     # thread 0's last shared write of each token is the score it hands over (score[0] in
-    # the article's layout): with scale 1 it is the number of times lane t was counted
+    # the article's layout): scale times the number of times lane t was counted
     writes = [a for a in log.records if a.thread == 0 and a.op == "W" and a.block == (0, 0)]
     per_token = len(writes) // 32 if len(writes) >= 32 else 0
     if not per_token:
@@ -118,6 +123,59 @@ def _lanes_message(counts: np.ndarray) -> str | None:
                + "; ".join(parts) + " (a probe where token t's K is 1 in dimension t only)",
                ko="워프 0의 셔플 트리가 32개 레인을 한 번씩 더하지 않습니다: " + "; ".join(parts)
                + " (토큰 t의 K가 차원 t에서만 1인 시험 입력)")
+
+
+#: the scales the probe runs at to see whether the score follows ``scale``
+PROBE_SCALES = (1.0, 2.0)
+
+
+def _scale_message(fn) -> str | None:
+    """Why the score does not follow ``scale`` (the lane probe at two scales gives scores that
+    are not in the scales' ratio), or None."""
+    at = [lane_counts(fn, scale) for scale in PROBE_SCALES]
+    if any(counts is None for counts in at):
+        return None
+    (low, s_low), (high, s_high) = zip(at, PROBE_SCALES)
+    if np.allclose(high * s_low, low * s_high, rtol=1e-4, atol=1e-6):
+        return None
+    return say(en=f"the score does not follow `scale`: with the same q and K, token 0 scores "
+                  f"{low[0]:.4g} at scale {s_low:g} and {high[0]:.4g} at scale {s_high:g} (a "
+                  "probe where token t's K is 1 in dimension t only).  Multiply the sum by the "
+                  "`scale` argument exactly once (the model's scale need not be "
+                  "1/sqrt(HEAD_DIM))",
+               ko=f"점수가 `scale`을 따르지 않습니다: 같은 q와 K에서 토큰 0의 점수가 scale "
+                  f"{s_low:g}일 때 {low[0]:.4g}, scale {s_high:g}일 때 {high[0]:.4g}입니다 (토큰 t의 "
+                  "K가 차원 t에서만 1인 시험 입력).  합에 `scale` 인자를 정확히 한 번 곱하세요 "
+                  "(모델의 scale이 1/sqrt(HEAD_DIM)이라는 보장은 없습니다)")
+
+
+def _unset_cell_message(result) -> str | None:
+    """A thread that read a cell of dot_products or score before any thread of its block
+    wrote it in this launch (a sum added into a cell never set: it counts whatever the cell
+    held before), in words, or None."""
+    if result.shared is None:
+        return None
+    written = set()
+    for a in sorted(result.shared.records, key=lambda a: a.seq):
+        if a.array not in ("dot_products", "score"):
+            continue
+        cell = (a.block, a.array, a.index)
+        if a.op == "W":
+            written.add(cell)
+        elif cell not in written:
+            name = f"{a.array}[{a.index}]"
+            return say(
+                en=f"thread {a.thread} read {name} (line {a.site.line} of {a.site.function}: "
+                   f"`{a.site.code()}`) before any thread of block {a.block} had written it: "
+                   "the cell still holds what was there before (another token's or another "
+                   "launch's value), so a sum added into it counts that too.  Write a cell "
+                   "before anything reads or adds into it, for every token",
+                ko=f"스레드 {particle(str(a.thread), '이/가')} 블록 {a.block}의 어느 스레드도 "
+                   f"쓰기 전에 {particle(name, '을/를')} 읽었습니다 ({a.site.function}의 "
+                   f"{a.site.line}번 줄: `{a.site.code()}`): 그 칸에는 전에 있던 값 (다른 토큰이나 "
+                   "다른 런치의 값)이 남아 있으므로, 거기에 더한 합은 그 값까지 셉니다.  토큰마다, "
+                   "무엇이든 칸을 읽거나 더하기 전에 먼저 쓰세요")
+    return None
 
 
 def _combined_cells(result) -> list:
@@ -163,11 +221,15 @@ def _grade_case(parts, case):
     if races:
         raise Wrong(f"{head}: {race_message(races[0], len(races))}", figure)
     if result.bad:
+        # the first of: a cell read before it was set (its old value makes every probe
+        # below wrong too), the scale, the shuffle tree, the cells combined
         why = [bad_summary(prep, result)]
-        counts = lane_counts(fn)
+        unset = _unset_cell_message(result)
+        scale = None if unset else _scale_message(fn)
+        counts = None if scale or unset else lane_counts(fn)
         lanes = _lanes_message(counts) if counts is not None else None
-        if lanes:
-            why.append(lanes)
+        if scale or unset or lanes:
+            why.append(unset or scale or lanes)
         elif result.shared is not None:
             cells = _combined_cells(result)
             if cells and cells != list(range(warps(d))):
@@ -260,12 +322,12 @@ PUZZLES = (
         "def token_score(q_val, k, thread_id, scale, dot_products, score):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), head_dim 32, one of three warps and one of five (the last holding a lane "
-                "or a few), drawn afresh for every check with BLOCK_SIZE and the scale, with the "
+                "GPU), head_dim 32, one of three warps and one past 256 (9 or 10 warps, the last "
+                "holding a lane or a few), drawn afresh for every check with BLOCK_SIZE and the scale, with the "
                 "simulator's shared-memory race check",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "head_dim 32, 그리고 채점할 때마다 BLOCK_SIZE, scale과 함께 새로 뽑는, 워프 세 "
-                "개와 다섯 개 (마지막 워프는 레인 한두 개만 씀)의 head_dim 하나씩; "
+                "개짜리 head_dim 하나와 256을 넘는 head_dim 하나 (워프 9-10개, 마지막 워프는 레인 몇 개만 씀); "
                 "시뮬레이터의 공유 메모리 경합 검사 포함"),
         "kernels.cu:486-508", grade),
 )

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.config import CacheConfig
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness import shapes
 from paged_tutorial.teaching.harness.base import Puzzle, Unsolved, Wrong, host_call, is_stub, short
@@ -36,6 +37,12 @@ SLOT_CHOICES = (2, 3)
 LAYER_CHOICES = (2, 3)
 BLOCK_SIZE_CHOICES = (8, 16)
 BLOCKS_PER_SEQ_CHOICES = (4, 5, 6)
+#: the reader's cache holds at least this many blocks more than 65,536 (the article's own 2 GiB
+#: Llama cache has 65,536), so block ids need more than 16 bits, signed or not
+EXTRA_BLOCKS_CHOICES = (64, 700, 1500)
+#: the id ranges the blocks handed out first are taken from, in turn: below 2**15, from 2**15
+#: (past int16) and from 2**16 (past uint16) to the cache's last block
+ID_RANGE_STARTS = (0, 2 ** 15, 2 ** 16)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Scenario:
     block_size: int
     max_seq_len: int
     seed: int
+    num_blocks: int = 2 ** 16 + EXTRA_BLOCKS_CHOICES[0]     # the reader's cache's blocks
 
     @property
     def engine(self) -> dict:
@@ -58,21 +66,40 @@ class Scenario:
         return dict(max_slots=self.max_slots, max_seq_len=self.max_seq_len,
                     block_size=self.block_size, cuda_graphs=False)
 
+    def hand_out_ids_past_16_bits(self, cache: PagedKVCache) -> None:
+        """Order ``cache``'s free list (a stack: the end is popped first) so that the blocks
+        handed out come from below 2**15, from 2**15 and from 2**16 in turn: the table then
+        holds ids that fit in int16, ids that fit only unsigned, and ids past 16 bits."""
+        rng = np.random.default_rng(self.seed)
+        bounds = list(zip(ID_RANGE_STARTS, ID_RANGE_STARTS[1:] + (cache.NUM_BLOCKS,)))
+        # as many from each range as the table can hold at once, so every block handed out
+        # comes from the ranges in turn
+        per_range = min([cache.config.block_table_entries] + [hi - lo for lo, hi in bounds])
+        ranges = [rng.choice(np.arange(lo, hi), size=per_range, replace=False)
+                  for lo, hi in bounds]
+        first = [int(b) for trio in zip(*ranges) for b in trio]
+        taken = set(first)
+        cache.free_blocks[:] = [b for b in cache.free_blocks if b not in taken] + first[::-1]
+
     def describe(self) -> str:
         lens = ", ".join(f"{len(p)}+{m}" for p, m in self.requests)
         entries = self.max_slots * self.num_layers * (self.max_seq_len // self.block_size)
         return say(en=f"{self.max_slots} slots x {self.num_layers} layers x "
                       f"{self.max_seq_len // self.block_size} logical blocks ({entries} entries), "
-                      f"BLOCK_SIZE {self.block_size}, {len(self.requests)} requests (prompt + "
-                      f"new tokens: {lens}), seed {self.seed}",
+                      f"BLOCK_SIZE {self.block_size}, a cache of {self.num_blocks:,} blocks, "
+                      f"{len(self.requests)} requests (prompt + new tokens: {lens}), seed "
+                      f"{self.seed}",
                    ko=f"슬롯 {self.max_slots}개 x 레이어 {self.num_layers}개 x 논리 블록 "
                       f"{self.max_seq_len // self.block_size}개 (항목 {entries}개), BLOCK_SIZE "
-                      f"{self.block_size}, 요청 {len(self.requests)}개 (프롬프트 + 새 토큰: "
-                      f"{lens}), 시드 {self.seed}")
+                      f"{self.block_size}, 블록 {self.num_blocks:,}개짜리 캐시, 요청 "
+                      f"{len(self.requests)}개 (프롬프트 + 새 토큰: {lens}), 시드 {self.seed}")
 
 
 def draw_scenario() -> Scenario:
-    """A table layout and a request stream no earlier check ran."""
+    """A table layout and a request stream no earlier check ran, and a cache of more than
+    65,536 blocks (the article's 2 GiB Llama cache has 65,536) whose free list hands out ids
+    from below 2**15, from 2**15 and from 2**16 in turn (``hand_out_ids_past_16_bits``), so
+    block ids sent in 16 bits or fewer come out wrong."""
     rng, seed = shapes.fresh_rng()
     slots = shapes.pick(rng, SLOT_CHOICES)
     bs = shapes.pick(rng, BLOCK_SIZE_CHOICES)
@@ -88,7 +115,7 @@ def draw_scenario() -> Scenario:
         ids = tuple(int(t) for t in rng.integers(3, TINY["vocab_size"], prompt))
         requests.append((ids, min(new, max_seq_len - prompt)))
     return Scenario(tuple(requests), slots, shapes.pick(rng, LAYER_CHOICES), bs, max_seq_len,
-                    seed)
+                    seed, 2 ** 16 + shapes.pick(rng, EXTRA_BLOCKS_CHOICES))
 
 
 NAMES = ["host_table", "device_table", "changed"]
@@ -202,20 +229,38 @@ class SyncedByReader(PagedKVCache):
             i = int(stale[0])
             where = tuple(int(x) for x in np.unravel_index(i, self.block_table.shape))
             skipped = [int(j) for j in changed if j in set(stale.tolist())]
+            held, truth = int(self.device_copy.view(-1)[i]), int(host[i])
+            bits = bits_kept(held, truth)
             raise Wrong(say(
                 en=f"after sync {len(self.syncs)} ({len(changed)} entries changed, you wrote "
                    f"{device.writes}), device entry {i} = block_table{list(where)} holds "
-                   f"{int(self.device_copy.view(-1)[i])} while the host table holds "
-                   f"{int(host[i])}; {len(stale)} entries are stale"
-                   + (f", changed but not copied: {short(skipped)}" if skipped else "")
+                   f"{held} while the host table holds {truth}; {len(stale)} entries are stale"
+                   + (f", changed but not right on the device: {short(skipped)}" if skipped
+                      else "")
+                   + (f".  {held} is {truth} cut to {bits} bits: this cache has "
+                      f"{self.NUM_BLOCKS:,} blocks, more ids than {bits} bits hold; send them as "
+                      "the table holds them (int32)" if bits else "")
                    + ".  The kernels would follow the stale entry into another request's block",
                 ko=f"{len(self.syncs)}번째 동기화 뒤 (바뀐 항목 {len(changed)}개, 쓴 항목 "
                    f"{device.writes}개), 디바이스 항목 {i} = block_table{particle(list(where), '이/가')} "
-                   f"{int(self.device_copy.view(-1)[i])}인데 호스트 테이블은 {int(host[i])}입니다; "
+                   f"{held}인데 호스트 테이블은 {truth}입니다; "
                    f"낡은 항목 {len(stale)}개"
-                   + (f", 바뀌었는데 복사하지 않은 항목: {short(skipped)}" if skipped else "")
+                   + (f", 바뀌었는데 디바이스 값이 틀린 항목: {short(skipped)}" if skipped else "")
+                   + (f".  {particle(str(held), '은/는')} {particle(str(truth), '을/를')} {bits}비트로 "
+                      f"자른 값입니다: 이 캐시의 블록은 {self.NUM_BLOCKS:,}개로, {bits}비트에 담기는 "
+                      "번호보다 많습니다; 테이블이 담은 그대로 (int32) 보내세요" if bits else "")
                    + ".  커널은 낡은 항목을 따라 다른 요청의 블록을 읽게 됩니다"))
         return self.device_copy
+
+
+def bits_kept(held: int, truth: int) -> int | None:
+    """16 or 8 when ``held`` is ``truth`` cut to that many bits (read back signed or
+    unsigned), else None (16 first: an id just past 2**16 cut to 16 bits is also its low byte)."""
+    for bits in (16, 8):
+        unsigned = truth % 2 ** bits
+        if held != truth and held in (unsigned, unsigned - 2 ** bits):
+            return bits
+    return None
 
 
 def stock_tokens(scenario: Scenario, backend: str = "torch", device: str = "cpu") -> tuple:
@@ -248,9 +293,14 @@ def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
 
     def factory(config, dev):
         caches.append(SyncedByReader(config, dev, fn))
+        scenario.hand_out_ids_past_16_bits(caches[-1])
         return caches[-1]
-    engine = engine_with_cache(tiny_model(scenario.num_layers), factory, backend=backend,
-                               device=device, **scenario.engine)
+    model = tiny_model(scenario.num_layers)
+    block_bytes = CacheConfig.for_model(model.config, dtype=model.dtype, kv_cache_bytes=1 << 62,
+                                        block_size=scenario.block_size).BLOCK_BYTES
+    engine = engine_with_cache(model, factory, backend=backend, device=device,
+                               kv_cache_bytes=scenario.num_blocks * block_bytes,
+                               **scenario.engine)
     try:
         run(engine, requests)
     except ValueError as exc:          # the backend's check of an entry it follows
@@ -340,12 +390,15 @@ PUZZLES = (
         Text(en="a real Engine (torch backend) whose device block table is its own tensor, "
                 "updated by your function before every step (every entry read or written "
                 "counted), next to a stock engine; the table layout (2-3 slots, 2-3 layers, "
-                "BLOCK_SIZE 8 or 16, 4-6 logical blocks per sequence) and the request stream "
-                "(more requests than slots, their lengths) are drawn afresh for every check",
+                "BLOCK_SIZE 8 or 16, 4-6 logical blocks per sequence), a cache of more than "
+                "65,536 blocks whose ids handed out cross 2**15 and 2**16, and the request "
+                "stream (more requests than slots, their lengths) are drawn afresh for every "
+                "check",
              ko="디바이스 블록 테이블을 따로 두고 매 스텝 전에 직접 쓴 함수로 갱신하는 실제 "
                 "Engine (torch 백엔드; 읽고 쓴 항목을 모두 셉니다)과 표준 엔진을 나란히 돌린 "
                 "실행; 테이블 배치 (슬롯 2-3개, 레이어 2-3개, BLOCK_SIZE 8 또는 16, 시퀀스마다 논리 "
-                "블록 4-6개)와 요청 흐름 (슬롯보다 많은 요청, 그 길이)은 채점할 때마다 새로 "
+                "블록 4-6개), 블록 65,536개가 넘는 캐시 (내주는 블록 번호가 2**15와 2**16을 "
+                "넘음)와 요청 흐름 (슬롯보다 많은 요청, 그 길이)은 채점할 때마다 새로 "
                 "뽑습니다"),
         "main.cpp:551-552, 876, 1030", grade, on_host=True),
 )
