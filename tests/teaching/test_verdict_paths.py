@@ -1,0 +1,78 @@
+"""Every verdict a grader can give is reached by a test, with a plausible answer that earns it,
+and each test reads the verdict's words: the wrong-answer branches, the grader's own faults
+(reported as the grader's, with its traceback, never as hers) and the Korean text.  The README's
+test command measures the graders' branch coverage; this file holds the paths the other
+teaching tests leave."""
+
+from __future__ import annotations
+
+import pytest
+
+import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.teaching.language import set_language
+from paged_tutorial.teaching.puzzles import allocator, engine_harness, faults
+
+CHECKER_FAILED = {"en": "checker itself failed", "ko": "채점기 자신이 실패"}
+
+
+def checker_code(source: str, name: str, module, **scope):
+    """The function ``name`` defined by ``source`` as if it were written in ``module``'s file:
+    a frame of it is the checker's own (``faults.origin``), as a bug of ours would be."""
+    namespace = dict(scope)
+    exec(compile(source, module.__file__, "exec"), namespace)
+    return namespace[name]
+
+
+def assert_checker_fault(verdict, kind: str, language: str = "en"):
+    assert verdict.status == "unsolved", verdict.message
+    assert CHECKER_FAILED[language] in verdict.message, verdict.message
+    assert kind in verdict.message and "checker bug" in verdict.message, verdict.message
+
+
+# --- the grader's own faults, where a grader catches exceptions around her code --------------
+
+RUN_WITH_A_BUG = """
+def run(engine, requests, **options):
+    if "against" in options:
+        raise {kind}("checker bug")
+    return real_run(engine, requests, **options)
+"""
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+@pytest.mark.parametrize("kind", ["ValueError", "AssertionError"])
+def test_the_allocator_graders_own_fault_in_the_engine_run_is_the_graders(monkeypatch, kind,
+                                                                          language):
+    # the engine run is where the cache's invariants (AssertionError) and the engine's check of
+    # an entry (ValueError) catch her allocator's mistakes: the same kinds raised by the
+    # grader's own code are its fault
+    run = checker_code(RUN_WITH_A_BUG.format(kind=kind), "run", engine_harness,
+                       real_run=engine_harness.run)
+    monkeypatch.setattr(allocator, "run", run)
+    set_language(language)
+    assert_checker_fault(ex.grade("06.allocator", ex.reveal("06.allocator").code), kind,
+                         language)
+
+
+API_WITH_A_BUG = """
+import sys
+
+def through_the_api(table):
+    if sys._getframe(1).f_code.co_name == method:
+        raise {kind}("checker bug")
+    return real(table)
+"""
+
+
+@pytest.mark.parametrize("method, kind", [("ensure_capacity", "IndexError"),
+                                          ("ensure_capacity", "TypeError"),
+                                          ("release", "TypeError")])
+def test_the_allocator_graders_own_fault_around_her_methods_is_the_graders(monkeypatch, method,
+                                                                           kind):
+    # each call of her ensure_capacity and release runs inside the grader's guard of the
+    # table; an IndexError there is her pop from an empty list, anything else her exception,
+    # unless the grader's own code raised it
+    guard = checker_code(API_WITH_A_BUG.format(kind=kind), "through_the_api", allocator,
+                         real=allocator.through_the_api, method=method)
+    monkeypatch.setattr(allocator, "through_the_api", guard)
+    assert_checker_fault(ex.grade("06.allocator", ex.reveal("06.allocator").code), kind)
