@@ -34,6 +34,9 @@ KIND_IN_KOREAN = {
     "FloatingPointError": "부동소수점 연산이 실패했습니다",
     "NotImplementedError": "아직 작성되지 않은 부분을 불렀습니다",
     "RuntimeError": "실행 중 오류가 났습니다",
+    "SyntaxError": "파이썬 구문이 올바르지 않습니다",
+    "IndentationError": "들여쓰기가 올바르지 않습니다",
+    "SystemExit": "프로그램을 끝내려 했습니다",
     # Numba's compile errors
     "TypingError": "Numba가 코드의 타입을 정하지 못했습니다",
     "UnsupportedError": "Numba가 지원하지 않는 파이썬 코드입니다",

@@ -102,3 +102,21 @@ def test_a_verdict_on_code_numba_cannot_compile_quotes_numbas_reason(language):
         assert "`int64` 타입에는 `bit_length` 속성이 없습니다" in verdict.message
         assert f"{ORIGINAL_LABEL}: {english}" in verdict.message
         assert english_sentence(verdict.message) is None, verdict.message
+
+
+def test_a_damaged_remembered_answer_is_explained_in_korean(monkeypatch, tmp_path):
+    from paged_tutorial.teaching.exercises import solved
+
+    monkeypatch.setenv("PAGED_TUTORIAL_SOLVED", str(tmp_path))
+    solved.clear()
+    (tmp_path / "03.walk_blocks.py").write_text("def walk_blocks(:\n")
+    set_language("ko")
+    try:
+        with pytest.raises(solved.SolvedFileError) as raised:
+            solved.solved("03.walk_blocks")
+    finally:
+        solved.clear()
+    message = str(raised.value)
+    assert "구문" in message and message.count("SyntaxError") == 1, message
+    assert f"{ORIGINAL_LABEL}: SyntaxError:" in message
+    assert english_sentence(message) is None, message
