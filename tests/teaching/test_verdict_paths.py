@@ -10,7 +10,9 @@ import pytest
 
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import allocator, engine_harness, faults
+from paged_tutorial.teaching.puzzles import allocator, base, engine_harness
+from paged_tutorial.teaching.time_limit import TimeLimitExceeded
+from test_language import english_sentence
 
 CHECKER_FAILED = {"en": "checker itself failed", "ko": "채점기 자신이 실패"}
 
@@ -76,3 +78,66 @@ def test_the_allocator_graders_own_fault_around_her_methods_is_the_graders(monke
                          real=allocator.through_the_api, method=method)
     monkeypatch.setattr(allocator, "through_the_api", guard)
     assert_checker_fault(ex.grade("06.allocator", ex.reveal("06.allocator").code), kind)
+
+
+# --- the runner's verdicts for whatever a grading raises (base.Puzzle) -----------------------
+
+def _puzzle(grader):
+    return base.Puzzle(name="99.probe", title="probe", signature="def probe(x):",
+                       docstring="", hint="", runs_in="a test", article="-", grader=grader)
+
+
+def _answer(x):
+    return x
+
+
+def _raising(exc):
+    def grader(fn):
+        fn(1)
+        raise exc
+    return grader
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+@pytest.mark.parametrize("raised, status, words", [
+    (TimeLimitExceeded(), "wrong", {"en": "was still running after", "ko": "끝나지 않아"}),
+    (SystemExit(3), "wrong", {"en": "sys.exit(3)", "ko": "sys.exit(3)를 호출했습니다"}),
+    (KeyboardInterrupt(), "unsolved", {"en": "was interrupted", "ko": "중단되었습니다"}),
+    (MemoryError(), "wrong", {"en": "more memory than this machine has",
+                              "ko": "메모리보다 많은 메모리"}),
+    (base.Unsolved(), "unsolved", {"en": "still returns nothing", "ko": "아직 아무것도"}),
+])
+def test_each_way_a_grading_ends_has_its_verdict(raised, status, words, language):
+    set_language(language)
+    verdict = _puzzle(_raising(raised)).grade(_answer)
+    assert verdict.status == status and words[language] in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_her_exception_outside_a_host_call_stops_the_grading_as_hers(language):
+    def grader(fn):
+        return fn({})                  # her code raises where no host_call wraps it
+
+    def probe(x):
+        return x["missing"]
+    set_language(language)
+    verdict = _puzzle(grader).grade(probe)
+    assert verdict.status == "wrong", verdict.message
+    if language == "en":
+        assert "grading stopped: KeyError was raised while your probe ran: 'missing'" \
+            in verdict.message
+    else:
+        assert "없는 키를 찾았습니다 (영어 원문: KeyError: 'missing')" in verdict.message
+        assert english_sentence(verdict.message) is None, verdict.message
+
+
+def test_a_message_that_cannot_be_made_is_named():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    def probe(x):
+        raise Unprintable()
+    verdict = _puzzle(lambda fn: fn(1)).grade(probe)
+    assert verdict.status == "wrong"
+    assert "<its message raised RuntimeError>" in verdict.message, verdict.message
