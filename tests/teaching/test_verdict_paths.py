@@ -10,7 +10,7 @@ import pytest
 
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import allocator, base, engine_harness
+from paged_tutorial.teaching.puzzles import allocator, base, engine_harness, faults
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded
 from test_language import english_sentence
 
@@ -141,3 +141,16 @@ def test_a_message_that_cannot_be_made_is_named():
     verdict = _puzzle(lambda fn: fn(1)).grade(probe)
     assert verdict.status == "wrong"
     assert "<its message raised RuntimeError>" in verdict.message, verdict.message
+
+
+# --- whose code a frame runs (faults.origin) -------------------------------------------------
+
+def test_frames_no_file_holds_are_told_apart(monkeypatch, tmp_path):
+    assert faults.origin("<frozen importlib._bootstrap>") == "library"
+    assert faults.origin("bad\x00name.py") == "learner"          # no path: a cell's code
+    # a distribution installed into a folder of sys.path beside a bad entry (a --target
+    # install on PYTHONPATH)
+    (tmp_path / "numpy").mkdir()
+    monkeypatch.setattr("sys.path", ["bad\x00entry", str(tmp_path), *__import__("sys").path])
+    assert faults.origin(str(tmp_path / "numpy" / "core.py")) == "library"
+    assert faults.origin(str(tmp_path / "her_module.py")) == "learner"
