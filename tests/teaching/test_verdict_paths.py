@@ -154,3 +154,56 @@ def test_frames_no_file_holds_are_told_apart(monkeypatch, tmp_path):
     monkeypatch.setattr("sys.path", ["bad\x00entry", str(tmp_path), *__import__("sys").path])
     assert faults.origin(str(tmp_path / "numpy" / "core.py")) == "library"
     assert faults.origin(str(tmp_path / "her_module.py")) == "learner"
+
+
+# --- where two engine runs part (engine_harness) ---------------------------------------------
+
+def _state(kind="decode", logits=(1.0,), tokens=None, table=(0,), free=(1,)):
+    import numpy as np
+    import torch
+
+    return engine_harness.StepState(0, kind, tokens or {0: 5}, [],
+                                    None if logits is None else torch.tensor(logits),
+                                    np.array(table), list(free))
+
+
+@pytest.mark.parametrize("mine, what", [
+    (_state(kind="prefill"), "kind"),
+    (_state(logits=(2.0,)), "logits"),
+    (_state(logits=None), "logits"),
+    (_state(tokens={0: 6}), "logits"),
+    (_state(table=(1,)), "table"),
+    (_state(free=(2,)), "free"),
+])
+def test_the_first_difference_of_two_runs_is_named(mine, what):
+    assert engine_harness.first_difference([mine], [_state()], compare_blocks=True) == (0, what)
+    assert engine_harness.first_difference([_state(), _state()], [_state()], True) == \
+        (1, "length")
+    assert engine_harness.first_difference([_state()], [_state()], True) is None
+
+
+def test_logits_that_are_not_finite_are_never_the_same():
+    import torch
+
+    assert engine_harness.same_logits(None, None)
+    nan = torch.tensor([float("nan")])
+    assert not engine_harness.same_logits(nan, nan.clone())
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_an_engine_step_that_never_ends_is_stopped_with_its_number(monkeypatch, language):
+    # the worked allocator, whose release (called by the engine's step when a request
+    # finishes) never returns
+    from paged_tutorial.cache import CacheFullError
+
+    monkeypatch.setattr(engine_harness, "STEP_LIMIT_S", 0.5)
+    source = ex.reveal("06.allocator").source.replace(
+        "    def release(self, slot):\n",
+        "    def release(self, slot):\n        n = 0\n        while n >= 0:\n            n += 1\n")
+    scope = {"AllocatorBase": ex.AllocatorBase, "CacheFullError": CacheFullError}
+    exec(compile(source, "<her cell>", "exec"), scope)
+    set_language(language)
+    verdict = ex.grade("06.allocator", scope["ArticleAllocator"])
+    assert verdict.status == "wrong", verdict.message
+    assert {"en": "was still running after 0.5 s", "ko": "0.5초가 지나도 끝나지 않아"}[language] \
+        in verdict.message, verdict.message
