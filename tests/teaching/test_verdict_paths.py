@@ -6,11 +6,14 @@ teaching tests leave."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import allocator, base, engine_harness, faults
+from paged_tutorial.teaching.puzzles import (allocator, base, block_walk, engine_harness, faults,
+                                             mistakes, online_softmax, output_store, shapes)
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded
 from test_language import english_sentence
 
@@ -206,3 +209,36 @@ def test_an_engine_step_that_never_ends_is_stopped_with_its_number(monkeypatch, 
     assert verdict.status == "wrong", verdict.message
     assert {"en": "was still running after 0.5 s", "ko": "0.5초가 지나도 끝나지 않아"}[language] \
         in verdict.message, verdict.message
+
+
+# --- the chapters' demonstrations of classic mistakes (puzzles/mistakes.py) ------------------
+# (the notebooks show these verdicts; nbval runs them in a kernel of its own, untraced)
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_the_softmax_without_a_running_max_fails_in_the_kernel_and_is_replayed(language):
+    set_language(language)
+    case = online_softmax.wide_case(np.random.default_rng(21), 21)
+    verdict = online_softmax.run_parts(mistakes.sum_without_max, case)
+    assert verdict.status == "wrong" and verdict.figure is not None
+    words = {"en": ["the kernel failed with your function: OverflowError: math range error",
+                    "First difference, replayed on the host: token 0"],
+             "ko": ["여러분의 함수로 커널이 실패했습니다: 수가 너무 커서 나타낼 수 없습니다 "
+                    "(영어 원문: OverflowError: math range error)", "호스트에서 재현한 첫 차이"]}
+    for said in words[language]:
+        assert said in verdict.message, verdict.message
+    assert online_softmax.run_parts(online_softmax.article_update, case).status == "correct"
+
+
+def test_the_unguarded_store_and_the_floor_block_count_are_named():
+    stored = output_store.run_parts(
+        attention.ARTICLE_PARTS.replace(write_output=mistakes.unguarded_store),
+        shapes.case(np.random.default_rng(5), 5, head_dim=40, gqa=(1, 2), lens=[3, 2]))
+    assert stored.status == "wrong"
+    assert "thread 40 wrote q element 40" in stored.message, stored.message
+    walked = block_walk.run_parts(
+        attention.ARTICLE_PARTS.replace(blocks_to_read=mistakes.floor_block_count),
+        shapes.case(np.random.default_rng(3), 3, head_dim=40, gqa=(1, 2), lens=[20, 9],
+                    num_layers=2))
+    assert walked.status == "wrong"
+    assert "read 1 block-table entries, but its 20 tokens fill 2 logical block(s)" \
+        in walked.message, walked.message
