@@ -31,7 +31,7 @@ from common import write_json
 def worker(seconds: float, backend: str, device: str) -> dict:
     """Grade for ``seconds``; one JSON line of counts on stdout."""
     import paged_tutorial.teaching.exercises as ex
-    from paged_tutorial.teaching.puzzles.table_sync import grade_on
+    from paged_tutorial.teaching.chapters.ch06_block_lifetime.table_sync import grade_on
 
     solution = ex.reveal("06.table_sync").code
     end = time.time() + seconds

@@ -17,8 +17,8 @@ layout (its ``token_score`` writes the score back into ``dot_products[0]``) to s
                                                # reader's token_score from mine.py (a file that
                                                # defines it, as written in notebook 04)
 
-``paged_tutorial.teaching.racecheck.run`` does the work: for each layout it starts a child
-(``python -m paged_tutorial.teaching.racecheck --child LAYOUT``) under
+``paged_tutorial.measure.racecheck.run`` does the work: for each layout it starts a child
+(``python -m paged_tutorial.measure.racecheck --child LAYOUT``) under
 ``compute-sanitizer --tool racecheck --racecheck-report all``; the child
 launches the kernel once on the article's shapes (Llama-3.2-1B: head_dim 64 = two warps, 32 q
 heads over 8 kv heads, bf16, a batch of two rows whose cache slots are 1 and 0), compiled with
@@ -36,7 +36,7 @@ import json
 import sys
 
 from common import RESULTS
-from paged_tutorial.teaching import racecheck
+from paged_tutorial.measure import racecheck
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ Llama-3.2-1B shapes (16 layers), random bf16 weights (``pt.random_model``; the G
 cannot download the real ones), the article's 2 slots, ``max_seq_len`` 2048 (so the table is
 its 2 x 16 x 128 = 4096 int32 entries) and its 2 GiB cache; 2 greedy requests of 128 random
 prompt tokens, no EOS.  Two arms on the numba backend, both eager (no CUDA graphs) and through
-the same forwarding wrapper (``paged_tutorial.teaching.table_copy.WholeTableCopyBackend``):
+the same forwarding wrapper (``paged_tutorial.measure.table_copy.WholeTableCopyBackend``):
 
 - ``article_ms_per_step``: before each layer's decode attention, the whole host table (a
   pageable numpy array) is copied into the device table, as ``src/main.cpp:876`` does: 16
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from paged_tutorial.teaching.table_copy import measure_decode
+    from paged_tutorial.measure.table_copy import measure_decode
 
     model, backend, kv_cache_bytes, sizes = build(args.dry_run)
     if args.steps is not None:

@@ -6,7 +6,7 @@ too old for the installed ``cuda-bindings``, no NVVM to compile with), or None w
 compiles and runs one small kernel to find out; ``numba_fix_for(problem)`` says what to do
 about it.  ``backend="auto"`` uses it to fall back to the
 torch backend; the command line uses ``check_backend`` to refuse a backend before loading a
-model.
+model.  ``kernel_device()`` says where kernel arguments live in this process.
 """
 
 from __future__ import annotations
@@ -101,3 +101,11 @@ def check_backend(name: str) -> None:
             raise RuntimeError(
                 "backend 'numba-sim' needs Numba's CUDA simulator, but this process imported "
                 "numba.cuda for the GPU; start a new process with NUMBA_ENABLE_CUDASIM=1")
+
+
+def kernel_device() -> torch.device:
+    """Where kernel arguments must live in this process: the CPU when Numba simulates the GPU,
+    else the current CUDA device."""
+    from paged_tutorial.backends.numba_cuda import SIMULATING
+
+    return torch.device("cpu") if SIMULATING else torch.device("cuda", torch.cuda.current_device())

@@ -9,6 +9,8 @@
   sharing with ``prefix_cache.PrefixCachingKVCache``;
 - listeners (``events.BlockListeners``): every pop, push and share as a ``BlockEvent``.
 
+``clone_cache`` makes an independent copy of a cache, on any device (the checkers' oracles).
+
 The scheduler talks to ``allocator`` only; kernels read ``buffer`` and
 ``device_block_table()``; notebooks use the article's names listed here.
 """
@@ -156,3 +158,14 @@ class PagedKVCache:
     def device_block_table(self) -> torch.Tensor:
         """The device block table, brought up to date by sending only changed entries."""
         return self.table.device_table()
+
+
+def clone_cache(cache: PagedKVCache, device=None) -> PagedKVCache:
+    """An independent copy of a cache (config, buffer, block table, free list), on ``device``
+    (default: the cache's)."""
+    twin = PagedKVCache(cache.config, cache.device if device is None else device)
+    twin.buffer.copy_(cache.buffer)
+    twin.block_table[...] = cache.block_table
+    twin.free_blocks = list(cache.free_blocks)
+    twin.mark_table_changed()                  # send the whole table once
+    return twin

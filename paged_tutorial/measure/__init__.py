@@ -10,6 +10,8 @@ notebook 08's "time it on your GPU".
 - ``comparison.py``: the relative error of one result against a reference.
 - ``result_files.py``: where a run's JSON goes.
 - ``sanitizer_report.py``: compute-sanitizer's racecheck report read as data.
+- ``racecheck.py``: compute-sanitizer's racecheck over the article's kernel layouts (and hers).
+- ``table_copy.py``: the article's whole-table copies against changed-entries-only sync.
 - ``decode_ladder.py``: the whole engine's decode (and prefill) beside HF on the GPU, and the
   decode ladder, from host launches to the engine, that notebook 08 draws.
 - ``attention_bench.py``: paged decode and prefill attention, every kernel beside the copy floor.

@@ -109,7 +109,7 @@ def answer_lines(code) -> set[str]:
 def puzzle_answer_lines() -> dict[str, set[str]]:
     """Every puzzle's name -> the reduced lines of its worked solution."""
     from paged_tutorial.teaching import exercises
-    from paged_tutorial.teaching.puzzles import PUZZLES
+    from paged_tutorial.teaching.chapters import PUZZLES
 
     return {p.name: answer_lines(exercises.reveal(p.name)) for p in PUZZLES}
 

@@ -8,7 +8,8 @@
 - ``exact_attention`` (float64, two passes), ``online_softmax_trace`` (the kernel's recurrence,
   token by token, float32) and ``oracle_decode`` (the torch backend, the engine's own oracle,
   on a one-slot cache).
-- ``kernel_device`` (where kernel arguments live in this process), ``clone_cache`` and
+- ``kernel_device`` (where kernel arguments live in this process, from
+  ``backends.availability``), ``clone_cache`` (from ``cache.paged_cache``) and
   ``quiet_nan_arithmetic``.
 
 None of this is used by the engine.
@@ -22,15 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from paged_tutorial.cache.paged_cache import PagedKVCache
-
-
-def kernel_device() -> torch.device:
-    """Where kernel arguments must live in this process: the CPU when Numba simulates the GPU,
-    else the current CUDA device."""
-    from paged_tutorial.backends.numba_cuda import SIMULATING
-
-    return torch.device("cpu") if SIMULATING else torch.device("cuda", torch.cuda.current_device())
+from paged_tutorial.backends.availability import kernel_device  # noqa: F401
+from paged_tutorial.cache.paged_cache import PagedKVCache, clone_cache  # noqa: F401
 
 
 # --- the addresses the decode kernel reads -----------------------------------------------------
@@ -104,17 +98,6 @@ def kernel_read_trace(cache: PagedKVCache, layer: int, slot: int, seq_len: int, 
 
 
 # --- caches that catch wrong reads -------------------------------------------------------------
-
-def clone_cache(cache: PagedKVCache, device=None) -> PagedKVCache:
-    """An independent copy of a cache (config, buffer, block table, free list), on ``device``
-    (default: the cache's)."""
-    twin = PagedKVCache(cache.config, cache.device if device is None else device)
-    twin.buffer.copy_(cache.buffer)
-    twin.block_table[...] = cache.block_table
-    twin.free_blocks = list(cache.free_blocks)
-    twin.mark_table_changed()                  # send the whole table once
-    return twin
-
 
 class PoisonedCache(PagedKVCache):
     """A cache made by ``poisoned_copy``: ``trap_block`` is the all-poison physical block that

@@ -472,7 +472,8 @@ def test_threads_share_a_prefix(tiny_model, solo):
 
 
 def test_the_events_rebuild_the_cache_state_every_step(tiny_model):
-    from paged_tutorial.teaching.viz.sharing import CACHED, SHARED, SharingRecorder
+    from paged_tutorial.teaching.chapters.ch09_prefix_sharing.sharing import (
+        CACHED, SHARED, SharingRecorder)
 
     engine = make_engine(tiny_model, kv_cache_bytes=12 * BLOCK_BYTES, max_slots=2,
                          max_seq_len=64)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from paged_tutorial.cache import CacheFullError
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 
 # --- a named constant replaced by today's value ---------------------------------------------
@@ -261,15 +261,195 @@ def can_share_parentless_anywhere(found, tokens, previous, logical_block, n_toke
             and (found.parent is None or found.parent is previous))
 
 
+# --- found by the red team: constants and shapes the checks once never drew -----------------
+
+def table_index_ceiling_plus_0_9(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    # one entry short when MAX_SEQ_LEN passes a whole number of blocks by under a tenth of one
+    row = int(MAX_SEQ_LEN / BLOCK_SIZE + 0.9)
+    return slot * N_LAYERS * row + layer * row + logical_block
+
+
+def table_index_shifted_ceiling(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    shift = 0                                    # log2(BLOCK_SIZE) when it is a power of two
+    while (1 << shift) < BLOCK_SIZE:
+        shift += 1
+    row = (MAX_SEQ_LEN + BLOCK_SIZE - 1) >> shift
+    return slot * N_LAYERS * row + layer * row + logical_block
+
+
+def k_index_kv_head_modulo_3(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS,
+                             KV_DIM, HEAD_DIM):
+    kv_head = (q_head // Q_PER_KV) % 3
+    return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
+
+
+def walk_blocks_shift_and_mask(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
+                               owns_dim, q_val, scale, dot_products, score):
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    shift = 0
+    while (1 << shift) < BLOCK_SIZE:
+        shift += 1
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) >> shift):
+        physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ
+                                     + layer * MAX_BLOCKS_PER_SEQ + logical_block]
+        for token in range(min(seq_len - (logical_block << shift), BLOCK_SIZE)):
+            k_elem = physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM \
+                + thread_id
+            k = float32(0.0)
+            v = float32(0.0)
+            if owns_dim:
+                k = load(kv_cache, k_elem)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            if owns_dim:
+                v = load(kv_cache, k_elem + V_OFFSET_ELEMS)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def walk_blocks_engine_steps(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
+                             owns_dim, q_val, scale, dot_products, score):
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    for logical_block in range(blocks_to_read(seq_len, BLOCK_SIZE)):
+        physical_block = block_table[block_table_index(slot, layer, logical_block, N_LAYERS,
+                                                       MAX_BLOCKS_PER_SEQ)]
+        for token in range(tokens_in_block(seq_len, logical_block, BLOCK_SIZE)):
+            k_elem = k_index(physical_block, token, kv_head, thread_id, BLOCK_ELEMS, KV_DIM,
+                             HEAD_DIM)
+            k = float32(0.0)
+            v = float32(0.0)
+            if owns_dim:
+                k = load(kv_cache, k_elem)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            if owns_dim:
+                v = load(kv_cache, k_elem + V_OFFSET_ELEMS)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def softmax_lazy_rescale_85(current_max, d, acc, score, v):
+    # exp() of up to 85 is a finite float32: only a long climb with large V overflows
+    if current_max == -math.inf or score > current_max + 85.0:
+        correction = math.exp(current_max - score)
+        return score, d * correction + 1.0, acc * correction + v
+    e = math.exp(score - current_max)
+    return current_max, d + e, acc + e * v
+
+
+def softmax_drops_20_below(current_max, d, acc, score, v):
+    if score < current_max - 20.0:
+        return current_max, d, acc
+    new_max = max(current_max, score)
+    correction = math.exp(current_max - new_max)
+    e = math.exp(score - new_max)
+    return new_max, d * correction + e, acc * correction + e * v
+
+
+def write_output_guard_open_past_96(q, q_row_stride, active_slot, q_head, thread_id, acc, d):
+    if thread_id < HEAD_DIM or HEAD_DIM > 96:
+        store(q, active_slot * q_row_stride + q_head * HEAD_DIM + thread_id, acc / d)
+
+
+class GrowsByTheHintsRules(AllocatorBase):
+    """An empty slot gets all its blocks; a slot that owns blocks gets one only when the token
+    written starts a block: right for a decode step, short for a slot grown further."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        if self.table.entries[slot, 0, 0] == -1:
+            todo = [(layer, lb) for layer in range(c.num_layers)
+                    for lb in range(c.blocks_for_tokens(new_len))]
+        elif (new_len - 1) % c.BLOCK_SIZE == 0:
+            lb = (new_len - 1) // c.BLOCK_SIZE
+            todo = [(layer, lb) for layer in range(c.num_layers)
+                    if self.table.entries[slot, layer, lb] == -1]
+        else:
+            todo = []
+        if len(todo) > len(self.free_blocks):
+            raise CacheFullError(f"need {len(todo)}")
+        for layer, lb in todo:
+            self.table.assign(slot, layer, lb, self.free_blocks.pop())
+
+    def release(self, slot):
+        return _article_release(self, slot)
+
+
+class CountsBlocksByShift(AllocatorBase):
+    def ensure_capacity(self, slot, new_len):
+        n = (new_len + self.config.BLOCK_SIZE - 1) >> (self.config.BLOCK_SIZE.bit_length() - 1)
+        todo = [(layer, lb) for layer in range(self.config.num_layers) for lb in range(n)
+                if self.table.entries[slot, layer, lb] == -1]
+        if len(todo) > len(self.free_blocks):
+            raise CacheFullError(f"need {len(todo)}")
+        for layer, lb in todo:
+            self.table.assign(slot, layer, lb, self.free_blocks.pop())
+
+    def release(self, slot):
+        return _article_release(self, slot)
+
+
+def _article_release(allocator, slot):
+    pushed = []
+    for layer in range(allocator.config.num_layers):
+        for lb in range(allocator.config.MAX_BLOCKS_PER_SEQ):
+            if allocator.table.entries[slot, layer, lb] != -1:
+                pushed.append(allocator.table.unassign(slot, layer, lb))
+                allocator.free_blocks.append(pushed[-1])
+    return pushed
+
+
+def _clones_the_package_allocator():
+    """A class whose methods are the package's allocator's, found through __subclasses__ and
+    remade from their code objects (new function objects, new names)."""
+    import types
+
+    seen, todo = set(), [AllocatorBase.__mro__[1]]
+    while todo:
+        klass = todo.pop()
+        if klass in seen:
+            continue
+        seen.add(klass)
+        if {"_grow", "ensure_capacity", "release"} <= set(vars(klass)) \
+                and "Prefix" not in klass.__name__:
+            break
+        todo.extend(klass.__subclasses__())
+    methods = {name: types.FunctionType(f.__code__, dict(f.__globals__), "my_" + name,
+                                        f.__defaults__)
+               for name, f in vars(klass).items()
+               if isinstance(f, types.FunctionType) and f.__code__.co_freevars == ()
+               and "super" not in f.__code__.co_names}
+    return type("ClonesThePackageAllocator", (AllocatorBase,), methods)
+
+
+def can_share_shifted_block_end(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    end = (logical_block + 1) << (BLOCK_SIZE.bit_length() - 1)
+    return end < n_tokens and found.tokens == tokens and found.parent is previous
+
+
+def can_share_parent_by_key(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    same_parent = found.parent is previous or (
+        found.parent is not None and previous is not None and found.parent.key == previous.key)
+    return (_last_rule(logical_block, n_tokens, BLOCK_SIZE)
+            and found.tokens == tokens and same_parent)
+
+
+
 CLEVER = {
     "01.kv_offset": {"V_OFFSET from a 16-token block": (kv_offset_block_16, "BLOCK_SIZE")},
     "02.locate": {
         "the literal 16 for BLOCK_SIZE": (locate_block_16, "BLOCK_SIZE"),
         "a lookup memoized in a module-level dict": (locate_memoized, "keeps state"),
     },
+    "02.table_index": {
+        "the row length rounded up by adding 0.9": (table_index_ceiling_plus_0_9, "your index reads entry"),
+        "the row length rounded up by a shift": (table_index_shifted_ceiling, "your index reads entry"),
+    },
     "03.k_index": {"a head stride right for two KV heads":
-                   (k_index_head_stride_for_two_heads, "kv head")},
-    "03.walk_blocks": {"the literal 16 for BLOCK_SIZE": (walk_blocks_block_16, "BLOCK_SIZE")},
+                   (k_index_head_stride_for_two_heads, "kv head"),
+                   "the KV head wrapped modulo 3": (k_index_kv_head_modulo_3, "it needs K")},
+    "03.walk_blocks": {"the literal 16 for BLOCK_SIZE": (walk_blocks_block_16, "BLOCK_SIZE"),
+                       "block count and offsets by shift": (walk_blocks_shift_and_mask, "BLOCK_SIZE"),
+                       "every step left to the engine's parts": (walk_blocks_engine_steps,
+                                                                 "which it does not define")},
     "04.token_score": {
         "1/sqrt(HEAD_DIM) where scale is passed": (token_score_own_scale, "scale"),
         "the score handed over in a module-level array": (token_score_module_array,
@@ -281,17 +461,24 @@ CLEVER = {
     "05.softmax_update": {
         "drops tokens far below the running max": (softmax_drops_far_below, "below"),
         "rescales only when the max rises by 100": (softmax_lazy_rescale, "climbing"),
+        "rescales only when the max rises by 85": (softmax_lazy_rescale_85, "float32 overflowed"),
+        "drops tokens 20 below the running max": (softmax_drops_20_below, "however far below"),
     },
     "05.write_output": {
         "row stride from the heads, not q_row_stride": (write_output_stride_from_heads,
                                                         "q_row_stride"),
         "idle lanes taken as HEAD_DIM % 32": (write_output_idle_lanes_mod_32, "0 time(s)"),
         "store guarded by acc != 0": (write_output_skips_zero, "0 time(s)"),
+        "guard open for head_dims past 96": (write_output_guard_open_past_96, "own no dimension"),
     },
     "06.allocator": {
         "writes table.entries directly": (WritesEntriesDirectly, "self.table.entries"),
         "finds the package's allocator through __subclasses__": (FindsThePackageAllocator,
                                                                  "reaches the running program"),
+        "grows by the hint's two rules only": (GrowsByTheHintsRules, "is still -1"),
+        "counts blocks by shift": (CountsBlocksByShift, "BLOCK_SIZE 12"),
+        "clones the package's allocator from its code objects":
+            (_clones_the_package_allocator(), "package's own code"),
     },
     "09.can_share": {
         "the engine's rule through getattr(sys, 'modules')": (can_share_through_sys_modules,
@@ -301,5 +488,7 @@ CLEVER = {
         "only the first and last token compared": (can_share_first_and_last, ""),
         "the parent's tokens instead of the parent block": (can_share_parents_tokens, ""),
         "a parentless record accepted anywhere": (can_share_parentless_anywhere, ""),
+        "the block end by shift": (can_share_shifted_block_end, "last token"),
+        "the parent compared by its key": (can_share_parent_by_key, "same key"),
     },
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from paged_tutorial.cache import CacheFullError
 from paged_tutorial.cache.block_allocator import FreeListAllocator
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 
 class ArticleAllocator(AllocatorBase):

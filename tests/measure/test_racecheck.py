@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from paged_tutorial.backends.numba_cuda.kernels import attention
-from paged_tutorial.teaching import racecheck
+from paged_tutorial.measure import racecheck
 from paged_tutorial.measure import sanitizer_report
 
 
@@ -155,7 +155,7 @@ def test_dry_run_runs_both_layouts_and_a_readers_part_in_the_simulator(tmp_path)
 
 
 def test_a_notebook_function_becomes_a_part_spec(tmp_path):
-    from paged_tutorial.teaching.viz.races import part_spec
+    from paged_tutorial.teaching.chapters.ch05_online_softmax.races import part_spec
 
     namespace = {}
     exec(compile(MY_PART, str(tmp_path / "cell.py"), "exec"), namespace)

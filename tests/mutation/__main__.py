@@ -1,7 +1,7 @@
-"""``python -m tests.mutation [PUZZLE ...] [--list | --relist | --recheck]``: every mutant of each puzzle's worked
-solution (all puzzles by default) through its grader and the deep oracle; writes
-``tests/mutation/report.json`` (then ``PYTHONPATH=. python tests/teaching/test_puzzles_doc.py``
-regenerates ``docs/puzzles.md`` from it)."""
+"""``python -m tests.mutation [PUZZLE ...] [--list | --relist | --recheck | --help]``: every
+mutant of each puzzle's worked solution (all puzzles by default) through its grader and the
+deep oracle; writes ``tests/mutation/report.json`` (then ``PYTHONPATH=. python
+tests/teaching/test_puzzles_doc.py`` regenerates ``docs/puzzles.md`` from it)."""
 
 import sys
 
@@ -12,6 +12,9 @@ from tests.mutation.targets import TARGETS
 
 
 def main(argv) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     names = [a for a in argv if not a.startswith("--")] or list(TARGETS)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:

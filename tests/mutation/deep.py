@@ -156,7 +156,7 @@ def softmax_update(fn):
 
 def kernel_cases(q_scale_wide: bool = True):
     """The deep oracle's launches (fixed seeds: the same every run)."""
-    from paged_tutorial.teaching.puzzles import shapes
+    from paged_tutorial.teaching.harness import shapes
 
     rng = np.random.default_rng(SEED)
     cases = [
@@ -191,7 +191,7 @@ KERNEL_LIMIT_S = 900.0
 
 def _kernel(fn, part: str, extra_checks):
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from paged_tutorial.teaching.puzzles.kernel_harness import prepare, run_body
+    from paged_tutorial.teaching.harness.kernel_harness import prepare, run_body
 
     parts = attention.ARTICLE_PARTS.replace(**{part: fn})
     for case in kernel_cases():
@@ -215,7 +215,7 @@ def _kernel(fn, part: str, extra_checks):
 
 
 def _wrong_of(check):
-    from paged_tutorial.teaching.puzzles.base import Wrong
+    from paged_tutorial.teaching.harness.base import Wrong
 
     def run(prep, result):
         if not result.logs:
@@ -229,7 +229,7 @@ def _wrong_of(check):
 
 
 def walk_blocks(fn):
-    from paged_tutorial.teaching.puzzles import block_walk
+    from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
 
     def reads(prep, logs):
         block_walk.check_table_reads(prep, logs)
@@ -242,7 +242,7 @@ def token_score(fn):
 
 
 def write_output(fn):
-    from paged_tutorial.teaching.puzzles import output_store
+    from paged_tutorial.teaching.chapters.ch05_online_softmax import output_store
     return _kernel(fn, "write_output", _wrong_of(output_store.check_q_writes))
 
 
@@ -253,7 +253,7 @@ REGRADES = 4
 
 
 def _regrade(name, answer):
-    from paged_tutorial.teaching.puzzles import puzzle
+    from paged_tutorial.teaching.chapters import puzzle
 
     for i in range(REGRADES):
         verdict = puzzle(name).grade(answer)

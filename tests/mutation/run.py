@@ -42,7 +42,7 @@ def mutants_of(puzzle: str) -> list[Mutant]:
 
 def grade(puzzle: str, mutant: Mutant):
     """The grader's verdict on ``mutant`` (what ``pt.exercises.check`` runs)."""
-    from paged_tutorial.teaching.puzzles import puzzle as puzzle_named
+    from paged_tutorial.teaching.chapters import puzzle as puzzle_named
 
     try:
         answer = TARGETS[puzzle].build(mutant.source)

@@ -48,7 +48,7 @@ def _kernel_names() -> dict:
 
 def _allocator_names() -> dict:
     from paged_tutorial.cache.block_allocator import CacheFullError
-    from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+    from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
     return {"AllocatorBase": AllocatorBase, "CacheFullError": CacheFullError}
 
 

@@ -1,11 +1,12 @@
 """The file list is the architecture: these tests keep it honest.
 
 Serving (``engine/``, ``cache/``, ``model/``, ``loading/``, ``backends/``, ``config.py``, the CLI)
-never imports ``teaching/``; the package has no import cycle, counting imports made inside
-functions too; every import points down the layers (``LAYERS``); no module uses another's
-private (``_x``) names; the request path of ``docs/architecture.md`` names functions that exist
-and are called in that order; and ``import paged_tutorial`` serves a request on a machine
-without matplotlib.
+and measuring (``measure/``) never import ``teaching/``; in ``teaching/``, the shared
+``harness/`` imports no chapter and a chapter (``chapters/chNN_<name>/``) no later one; the
+package has no import cycle, counting imports made inside functions too; every import points
+down the layers (``LAYERS``); no module uses another's private (``_x``) names; the request path
+of ``docs/architecture.md`` names functions that exist and are called in that order; and
+``import paged_tutorial`` serves a request on a machine without matplotlib.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def test_serving_never_imports_teaching():
+    """Nothing outside ``teaching/`` (serving, measuring) imports it."""
     offenders = {m: sorted(d for d in deps if d.startswith("paged_tutorial.teaching"))
                  for m, deps in import_graph().items()
                  if not m.startswith("paged_tutorial.teaching") and m != "paged_tutorial"}
@@ -87,6 +89,26 @@ def test_no_import_cycles():
         if node not in state:
             visit(node)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+CHAPTERS = "paged_tutorial.teaching.chapters"
+HARNESS = "paged_tutorial.teaching.harness"
+
+
+def chapter_of(module: str) -> int | None:
+    """NN of a module in ``teaching/chapters/chNN_<name>/``, else None."""
+    found = re.match(re.escape(CHAPTERS) + r"\.ch(\d\d)_", module)
+    return int(found[1]) if found else None
+
+
+def test_teaching_chapters_stand_on_the_shared_harness():
+    """The harness imports no chapter; a chapter imports the harness and earlier chapters only."""
+    wrong = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+                   if d.startswith(CHAPTERS + ".") and (
+                       m.startswith(HARNESS) or
+                       (chapter_of(m) is not None and chapter_of(d) > chapter_of(m))))
+    assert not wrong, "imports between chapters and the harness that point up:\n" + \
+        "\n".join(wrong)
 
 
 #: the layers, bottom first: a module may import its own layer and the layers below it.

@@ -13,7 +13,9 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.cache import paged_cache
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import allocator, base, block_layout, faults, mistakes
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator
+from paged_tutorial.teaching.harness import base, faults, mistakes
+from paged_tutorial.teaching.chapters.ch01_block_layout import block_layout
 
 
 def test_frames_are_told_apart_by_whose_code_they_run():

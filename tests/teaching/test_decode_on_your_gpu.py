@@ -12,7 +12,7 @@ import pytest
 from paged_tutorial.backends.numba_cuda import SIMULATING
 from paged_tutorial.measure import decode_ladder
 from paged_tutorial.teaching import decode_on_your_gpu
-from paged_tutorial.teaching.viz import performance
+from paged_tutorial.teaching.chapters.ch08_performance import performance
 
 
 @pytest.mark.skipif(not SIMULATING, reason="the simulator's answer")

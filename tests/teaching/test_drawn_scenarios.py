@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
-from paged_tutorial.teaching.puzzles import puzzle
-from paged_tutorial.teaching.puzzles.base import Wrong
-from paged_tutorial.teaching.puzzles import allocator, prefix_sharing, table_sync
+from paged_tutorial.teaching.chapters import puzzle
+from paged_tutorial.teaching.harness.base import Wrong
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator, table_sync
+from paged_tutorial.teaching.chapters.ch09_prefix_sharing import prefix_sharing
 
 
 def test_table_sync_draws_a_new_layout_and_stream_every_check():
@@ -38,16 +40,23 @@ def test_allocator_draws_a_stream_that_runs_short_of_blocks_but_not_out():
     assert allocator.draw_scenario(8).block_size == 8
 
 
-def test_can_share_draws_new_chains_and_both_block_sizes_every_check():
+def test_can_share_draws_new_chains_and_two_block_sizes_every_check():
     first, second = prefix_sharing.draw_scenarios(), prefix_sharing.draw_scenarios()
     assert [s.prompts for s in first] != [s.prompts for s in second]
+    sizes = set()
     for _ in range(20):
         drawn = prefix_sharing.draw_scenarios()
-        assert {drawn[0].block_size, drawn[2].block_size} == {8, 16}
+        assert drawn[0].block_size != drawn[2].block_size
+        sizes |= {s.block_size for s in drawn}
         assert all(len(p) + s.max_tokens <= prefix_sharing.MAX_SEQ_LEN
                    for s in drawn for p in s.prompts)
         system = drawn[2].prompts[2]
         assert len(system) % drawn[2].block_size == 0              # exactly its full blocks
+    assert sizes == set(prefix_sharing.BLOCK_SIZE_CHOICES)         # 12 among them
+    rng = np.random.default_rng(0)
+    for _ in range(10):                # the host probe: a block size that is not a power of two
+        (_, args), *_ = prefix_sharing.probe_cases(rng)
+        assert args[-1] & (args[-1] - 1)
 
 
 def test_a_table_sync_that_replays_the_entries_one_check_copied_is_refused():
@@ -102,4 +111,4 @@ def test_an_allocator_hard_coded_to_the_old_run_names_the_drawn_layout(name, ans
     from helpers.wrong_allocators import WRONG
     verdict = ex.grade(name, WRONG[answer])
     assert verdict.status == "wrong", verdict.message
-    assert "BLOCK_SIZE 8" in verdict.message
+    assert "BLOCK_SIZE 8" in verdict.message or "BLOCK_SIZE 12" in verdict.message

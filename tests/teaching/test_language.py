@@ -17,7 +17,7 @@ from paged_tutorial.teaching.exercises import answers, registry
 from paged_tutorial.teaching.exercises.registry import Exercise
 from paged_tutorial.teaching.error_text import ORIGINAL_LABEL
 from paged_tutorial.teaching.language import GLOSSARY, Text, set_language
-from paged_tutorial.teaching.puzzles.base import Puzzle
+from paged_tutorial.teaching.harness.base import Puzzle
 
 CHAPTERS = ("00.", "01.", "02.", "06.", "07.", "09.")
 #: puzzles of these chapters whose texts live with the kernel's puzzles (notebooks 03-05)
@@ -43,7 +43,7 @@ def test_every_stored_text_has_both_languages():
         for text in (item.title, item.docstring, item.hint, item.runs_in):
             assert isinstance(text, Text), (name, text)
             assert korean(text.ko) and not korean(text.en), (name, text)
-    from paged_tutorial.teaching.puzzles import allocator
+    from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator
 
     for text in (allocator.ENSURE_DOC, allocator.RELEASE_DOC):
         assert korean(text.ko) and not korean(text.en)

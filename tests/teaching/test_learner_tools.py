@@ -20,8 +20,8 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import notebook_grading, solved
 from paged_tutorial.teaching.exercises.__main__ import main
-from paged_tutorial.teaching.puzzles import base
-from paged_tutorial.teaching.puzzles.base import Puzzle, check_compiles
+from paged_tutorial.teaching.harness import base
+from paged_tutorial.teaching.harness.base import Puzzle, check_compiles
 from paged_tutorial.teaching.verdict import Verdict
 
 progress = importlib.import_module("paged_tutorial.teaching.exercises.progress")
@@ -186,7 +186,7 @@ def test_an_endless_loop_in_a_kernel_part_replayed_on_the_host_is_stopped(monkey
                                       fromlist=["SIMULATING"]).SIMULATING,
                        reason="only a simulated kernel can be stopped: on a GPU it is compiled")))])
 def test_an_endless_loop_on_an_engine_or_a_simulated_gpu_is_stopped(name, monkeypatch):
-    from paged_tutorial.teaching.puzzles import engine_harness, kernel_harness
+    from paged_tutorial.teaching.harness import engine_harness, kernel_harness
 
     monkeypatch.setattr(engine_harness, "STEP_LIMIT_S", 1.0)
     monkeypatch.setattr(kernel_harness, "KERNEL_TIMEOUT_S", 2.0)

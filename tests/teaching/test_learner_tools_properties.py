@@ -18,8 +18,8 @@ import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.exercises import solved
 from paged_tutorial.teaching.exercises.__main__ import main
 from paged_tutorial.teaching.exercises.your_kernel import UnsolvedParts
-from paged_tutorial.teaching.puzzles import base, engine_harness, kernel_harness
-from paged_tutorial.teaching.puzzles.base import Puzzle
+from paged_tutorial.teaching.harness import base, engine_harness, kernel_harness
+from paged_tutorial.teaching.harness.base import Puzzle
 
 progress = importlib.import_module("paged_tutorial.teaching.exercises.progress")
 PUZZLES = [n for n in ex.names() if isinstance(ex.get(n), Puzzle)]

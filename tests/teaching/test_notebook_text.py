@@ -147,7 +147,8 @@ def test_glossary_maps_the_articles_terms():
 def test_kernel_source_captions_quote_the_articles_section_titles():
     """The captions above the kernel's source name the article's sections exactly as the
     notebooks quote them (a title is cited, never translated or reworded)."""
-    from paged_tutorial.teaching.viz.kernel_source import ARTICLE_SECTIONS
+    from paged_tutorial.teaching.chapters.ch03_address_arithmetic.kernel_source import (
+        ARTICLE_SECTIONS)
 
     quoted = {title for titles in SECTIONS.values() for title in titles}
     for first, last, title in ARTICLE_SECTIONS:

@@ -1,7 +1,10 @@
 """Nothing on the page is what she is about to write: no notebook's markdown or stored output,
 and no puzzle's docstring or hint (English or Korean), holds a line of a puzzle's worked
-solution (spacing, comments and the case of names ignored: ``answer_lines``), and no
-notebook shows an exercise's expected value before the cell that checks her answer."""
+solution (spacing, comments and the case of names ignored: ``answer_lines``); before the cell
+that checks her answer, no notebook's markdown, output or code holds a shape of it (the same
+formula with other names or constants, ``answer_shapes``) or names the engine function it is;
+no hint states a formula; and no notebook shows an exercise's expected value before the cell
+that checks her answer."""
 
 from __future__ import annotations
 
@@ -14,8 +17,11 @@ import pytest
 
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.teaching.answer_lines import found_in, puzzle_answer_lines
+from paged_tutorial.teaching.answer_shapes import Shape, formulas_in, gives_away, shapes_in, \
+    shapes_of
 from paged_tutorial.teaching.exercises.registry import Exercise
-from paged_tutorial.teaching.puzzles import PUZZLES
+from paged_tutorial.teaching.language import pinned
+from paged_tutorial.teaching.chapters import PUZZLES
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
@@ -38,6 +44,16 @@ ALLOWED_LINES = {
     # the article's own publish line (kernels.cu:494-502), which 04's and 05's race reports must
     # name as one side of the race the puzzle asks her to remove
     ("04.token_score", "dot_products [ thread_id // warp_size ] = qk"),
+}
+
+
+#: (puzzle, shape) a page may show before she answers, and why
+ALLOWED_SHAPES = {
+    # a thread's warp and lane, taught in 03's primer on threads and warps and named in 04's
+    # race reports (the article's publish line, kernels.cu:494-502); the puzzle asks for the
+    # hand-off around them
+    ("04.token_score", Shape("division", ("//", "thread_id"))),
+    ("04.token_score", Shape("division", ("%", "thread_id"))),
 }
 
 
@@ -73,6 +89,88 @@ def test_no_notebook_shows_a_worked_solutions_line(path, answers):
             for name, lines in answers.items():
                 leaks += [(number, name, line) for line in found_in(text, lines)]
     assert not leaks, "\n".join(f"cell {n}: {name}: {line}" for n, name, line in leaks)
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return {p.name: {s for s in shapes_of(ex.reveal(p.name).source)
+                     if (p.name, s) not in ALLOWED_SHAPES} for p in PUZZLES}
+
+
+def _chapter(name: str) -> str:
+    return name.split(".")[0].split("_")[0]
+
+
+def _before_she_answers(path: Path, puzzle: str) -> list[tuple[int, str, bool]]:
+    """(cell number, text, whether it is code) of every cell of ``path`` she reads before the
+    cell that checks ``puzzle``: all of an earlier chapter's notebook, none of a later one's."""
+    if _chapter(path.stem) > _chapter(puzzle):
+        return []
+    cells = _notebook(path)
+    checked = next((i for i, c in enumerate(cells)
+                    if f'exercises.check("{puzzle}"' in "".join(c["source"])), len(cells))
+    shown = []
+    for number, cell in enumerate(cells[:checked]):
+        if cell["cell_type"] == "code":
+            shown.append((number, "".join(cell["source"]), True))
+        shown += [(number, text, False) for text in _texts(cell)]
+    return shown
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_notebook_shows_a_worked_solutions_shape_before_she_answers(path, shapes):
+    leaks = []
+    for puzzle, solution in shapes.items():
+        for number, text, is_code in _before_she_answers(path, puzzle):
+            leaks += [(number, puzzle, s.describe())
+                      for s in gives_away(shapes_in(text, is_code), solution)]
+    assert not leaks, "\n".join(f"cell {n}: {name}: {shape}" for n, name, shape in leaks)
+
+
+def _engine_function(puzzle) -> str | None:
+    """The name of the package function whose source is ``puzzle``'s worked solution, when it
+    is the engine's own (its docstring then says what the puzzle asks for)."""
+    solution = ex.reveal(puzzle.name)
+    found = re.search(r"^(?:def|class) (\w+)", solution.source, re.M)
+    if found is None:
+        return None
+    module = getattr(solution.code, "__module__", "") or ""
+    return None if "teaching" in module else found.group(1)
+
+
+@pytest.mark.parametrize("puzzle", PUZZLES, ids=lambda p: p.name)
+def test_no_page_points_at_the_engine_function_she_writes(puzzle):
+    """``help(prefix_cache.may_share)`` would print the rule 09.can_share asks for."""
+    name = _engine_function(puzzle)
+    if name is None:
+        pytest.skip(f"{puzzle.name}'s worked solution is not an engine function")
+    named = re.compile(rf"[A-Za-z_]\w*\.{name}(?!\w)")
+    for code in ("en", "ko"):
+        with pinned(code):
+            assert not named.search(puzzle.describe()), (puzzle.name, code)
+    leaks = [(path.stem, number) for path in NOTEBOOKS
+             for number, text, _ in _before_she_answers(path, puzzle.name)
+             if named.search(text)]
+    assert not leaks, f"{puzzle.name}: the page names the engine's {name} at {leaks}"
+
+
+@pytest.mark.parametrize("puzzle", PUZZLES, ids=lambda p: p.name)
+def test_no_docstring_or_hint_holds_a_worked_solutions_shape(puzzle, shapes):
+    for text in (puzzle.docstring, puzzle.hint, puzzle.title):
+        for code in ("en", "ko"):
+            page = shapes_in(text.in_language(code))
+            given = [(name, s.describe()) for name, solution in shapes.items()
+                     for s in gives_away(page, solution)]
+            assert not given, (puzzle.name, code, given)
+
+
+@pytest.mark.parametrize("puzzle", PUZZLES, ids=lambda p: p.name)
+def test_no_hint_states_a_formula(puzzle):
+    """A hint asks a question or names a quantity; a formula in it (``p % BLOCK_SIZE == 0``)
+    is a line she would copy."""
+    for code in ("en", "ko"):
+        assert not formulas_in(puzzle.hint.in_language(code)), \
+            (puzzle.name, code, formulas_in(puzzle.hint.in_language(code)))
 
 
 @pytest.mark.parametrize("puzzle", PUZZLES, ids=lambda p: p.name)

@@ -15,8 +15,12 @@ from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.cache import CacheFullError
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
-from paged_tutorial.teaching.puzzles import (allocator, block_walk, kernel_addresses,
-                                             online_softmax, output_store, score_handoff, shapes)
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
+from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
+from paged_tutorial.teaching.chapters.ch05_online_softmax import online_softmax, output_store
+from paged_tutorial.teaching.chapters.ch04_warp_shuffle_reduction import score_handoff
+from paged_tutorial.teaching.harness import shapes
 
 DRAWS = {"03.walk_blocks": block_walk.cases, "02.table_index": kernel_addresses.table_cases,
          "03.k_index": kernel_addresses.k_cases, "04.token_score": score_handoff.cases,
@@ -40,6 +44,7 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert any(c.num_kv_heads > 1 for c in walk)        # token and KV head strides differ
         assert len({(c.num_layers, c.max_seq_len) for c in walk}) == 2
         assert len({c.block_size for c in walk}) == 2                 # BLOCK_SIZE drawn
+        assert any(c.block_size in shapes.UNEVEN_BLOCK_SIZES for c in walk)   # no shift
         assert any(n % c.block_size for c in walk for _, n in c.rows)    # a partly filled block
         assert any(n % c.block_size == 0 for c in walk for _, n in c.rows)   # a full last one
         assert any(n > 2 * c.block_size for c in walk for _, n in c.rows)    # past two blocks
@@ -49,15 +54,27 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
         assert all(c.config.MAX_BLOCKS_PER_SEQ != c.num_layers for c in table)
         assert sum(c.max_seq_len % c.block_size != 0 for c in table) == 1   # one rounded up
+        # ... one token past whole blocks of 12 or 24 (round(), + 0.9 and shifts are short);
+        # the other an odd number of whole blocks (banker's round(k + 0.5) is k + 1)
+        assert [c.max_seq_len % c.block_size for c in table
+                if c.block_size in shapes.UNEVEN_BLOCK_SIZES and c.max_seq_len % c.block_size]\
+            == [1]
+        assert [c.config.MAX_BLOCKS_PER_SEQ % 2 for c in table
+                if c.max_seq_len % c.block_size == 0] == [1]
         assert len({c.block_size for c in table}) == 2
         assert all(n <= c.max_seq_len for c in table for _, n in c.rows)
         k = kernel_addresses.k_cases()
         assert len({c.head_dim for c in k}) == 2 and len({c.num_kv_heads for c in k}) == 2
         assert len({c.n_q_heads // c.num_kv_heads for c in k}) == 2          # two GQA ratios
         assert all(c.num_kv_heads >= 2 for c in k)          # the KV head a q head reads shows
+        assert any(c.num_kv_heads >= 4 for c in k)          # no wrap modulo 2 or 3 passes
+        ratios = [c.n_q_heads // c.num_kv_heads for c in k]
+        assert any(r & (r - 1) for r in ratios) and max(ratios) >= 4  # no shift, large groups
         store = output_store.cases()
-        assert len({c.head_dim for c in store}) == 2
-        assert sorted(c.head_dim % 32 == 0 for c in store) == [False, True]   # partial, whole
+        assert len({c.head_dim for c in store}) == 3
+        assert sorted(c.head_dim % 32 == 0 for c in store) == [False, False, True]
+        assert max(c.head_dim for c in store) > 96 and max(c.head_dim for c in store) % 32
+        assert min(c.head_dim for c in store) < 64          # a narrow partly used last warp
         assert any(c.zero_v_dims for c in store)             # an output that is exactly 0
         dims = sorted(c.head_dim for c in score_handoff.cases())
         assert dims[0] == 32 and 64 < dims[1] < 96 and dims[2] > 128      # 1, 3 and 5 warps
@@ -93,7 +110,7 @@ def test_allocator_base_gives_no_block_moves_to_inherit():
 
 def test_a_refused_call_must_change_nothing_the_allocator_holds():
     from helpers.wrong_allocators import ArticleAllocator
-    from paged_tutorial.teaching.puzzles.base import Wrong
+    from paged_tutorial.teaching.harness.base import Wrong
 
     class CountsRefusals(ArticleAllocator):
         """Right table and free list, but a refused call still bumps its own counter."""
@@ -144,7 +161,7 @@ def test_without_a_read_log_a_wrong_output_does_not_claim_the_reads_were_right(m
 
     from helpers.kernel_bodies import WRONG_BODIES
     from paged_tutorial.teaching import exercises as ex
-    from paged_tutorial.teaching.puzzles.kernel_harness import BodyRun
+    from paged_tutorial.teaching.harness.kernel_harness import BodyRun
 
     seed = 574544877
     monkeypatch.setattr(shapes, "fresh_rng", lambda: (np.random.default_rng(seed), seed))

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 import paged_tutorial as pt  # noqa: E402
 import paged_tutorial.teaching.exercises as ex  # noqa: E402
-from paged_tutorial.teaching.puzzles import PUZZLES, puzzle  # noqa: E402
+from paged_tutorial.teaching.chapters import PUZZLES, puzzle  # noqa: E402
 from helpers.kernel_bodies import WRONG_BODIES  # noqa: E402
 from helpers.wrong_allocators import WRONG as WRONG_ALLOCATORS  # noqa: E402
 
@@ -48,14 +48,14 @@ def _shares_by_a_dynamic_import(found, tokens, previous, logical_block, n_tokens
 
 
 def _changes_the_checker(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
-    pt.teaching.puzzles.prefix_sharing.ReaderRule.__call__ = \
+    pt.teaching.chapters.ch09_prefix_sharing.prefix_sharing.ReaderRule.__call__ = \
         lambda self, *args: args[0].tokens == args[1]
     return False
 
 
 def _patches_through_sys_modules(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
     import sys
-    sys.modules["paged_tutorial.teaching.puzzles.prefix_sharing"].may_share = \
+    sys.modules["paged_tutorial.teaching.chapters.ch09_prefix_sharing.prefix_sharing"].may_share = \
         lambda *args: args[0].tokens == args[1]
     return False
 
@@ -315,7 +315,8 @@ def test_every_puzzle_describes_itself_in_korean_with_no_english_join():
                     reason="the time limit stops simulated threads only")
 def test_a_stuck_kernel_is_stopped_and_reported_not_hung():
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from paged_tutorial.teaching.puzzles import kernel_harness, score_handoff
+    from paged_tutorial.teaching.harness import kernel_harness
+    from paged_tutorial.teaching.chapters.ch04_warp_shuffle_reduction import score_handoff
 
     def spins(q_val, k, thread_id, scale, dot_products, score):
         if thread_id == 0:

@@ -19,10 +19,14 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from paged_tutorial.teaching.exercises import solutions  # noqa: E402
-from paged_tutorial.teaching.puzzles import (PUZZLES, allocator, block_layout,  # noqa: E402
-                                             block_table, block_walk, kernel_addresses,
-                                             online_softmax, output_store, prefix_sharing,
-                                             score_handoff, table_sync)
+from paged_tutorial.teaching.chapters import PUZZLES
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator, table_sync
+from paged_tutorial.teaching.chapters.ch01_block_layout import block_layout
+from paged_tutorial.teaching.chapters.ch02_block_table import block_table, kernel_addresses
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
+from paged_tutorial.teaching.chapters.ch05_online_softmax import online_softmax, output_store
+from paged_tutorial.teaching.chapters.ch09_prefix_sharing import prefix_sharing
+from paged_tutorial.teaching.chapters.ch04_warp_shuffle_reduction import score_handoff
 
 DOC = HERE.parents[2] / "docs" / "puzzles.md"
 
@@ -131,7 +135,7 @@ def render() -> str:
         "is out of date; `PYTHONPATH=. python tests/teaching/test_puzzles_doc.py` rewrites it).",
         "",
         "Every check draws its shapes or scenarios afresh from a seed taken from `os.urandom` "
-        "(`puzzles/shapes.py`);",
+        "(`harness/shapes.py`);",
         "a wrong verdict names what it ran and the seed.  Rejected answers are tests in "
         "`tests/teaching/`: the",
         "classic mistakes and the hard-coded, half-done and shortcut answers are ids of "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
-from paged_tutorial.teaching.puzzles.table_sync import grade_on
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.table_sync import grade_on
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +20,7 @@ def test_the_sync_on_the_gpu():
                                   "copies only the first changed entry",
                                   "copies the whole table (the article's cost)"])
 def test_wrong_syncs_on_the_gpu(what):
-    from paged_tutorial.teaching.puzzles.base import Wrong
+    from paged_tutorial.teaching.harness.base import Wrong
     from test_puzzles import WRONG
 
     with pytest.raises(Wrong):

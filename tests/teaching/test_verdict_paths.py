@@ -12,8 +12,10 @@ import pytest
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.backends.numba_cuda.kernels import attention
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.puzzles import (allocator, base, block_walk, engine_harness, faults,
-                                             mistakes, online_softmax, output_store, shapes)
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
+from paged_tutorial.teaching.chapters.ch05_online_softmax import online_softmax, output_store
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator
+from paged_tutorial.teaching.harness import base, engine_harness, faults, mistakes, shapes
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded
 from test_language import english_sentence
 

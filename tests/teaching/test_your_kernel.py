@@ -3,7 +3,11 @@ tiny model through ``KernelRouter`` (every layer, every head, in the simulator o
 
 The model is random with its matrices scaled up (std 0.2 instead of 0.02) so that attention is
 sharp and the next token depends on it: with HF's small init every wrong kernel below still
-produced the stock tokens."""
+produced the stock tokens.
+
+The last tests run notebook 05b's own run (``ex.Serving``: SmolLM2, its prompt, its block size,
+its routed layers) with one wrong part of hers for each part 05b assembles, each refused by its
+own puzzle's check: the text changes, and the diagnosis names the part and the first token."""
 
 # flake8: noqa: F821  (the kernel parts name what attention.compile_parts binds)
 
@@ -15,8 +19,12 @@ import pytest
 
 import paged_tutorial as pt
 import paged_tutorial.teaching.exercises as ex
+from helpers.clever_answers import CLEVER
+from helpers.kernel_bodies import WRONG_BODIES
+from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.teaching.exercises import solved
-from paged_tutorial.teaching.exercises.your_kernel import BODY_PUZZLES, STEP_PUZZLES
+from paged_tutorial.teaching.exercises.your_kernel import (BODY_PUZZLES, STEP_PUZZLES,
+                                                           first_difference)
 from paged_tutorial.teaching.kernel_router import KernelRouter
 
 PROMPT = [list(range(3, 21))]            # 18 tokens: two blocks of the cache
@@ -259,3 +267,121 @@ def test_an_attention_difference_names_the_part_that_makes_it(sharp_model, nothi
     assert "token_score computes" not in said
     right = ex.your_kernel(use_solutions=True)
     assert "up to rounding" in ex.which_part_differs(right, difference)
+
+
+# --- notebook 05b's own run ------------------------------------------------------------------
+
+def k_index_token_stride_head_dim(physical_block, token, q_head, thread_id, Q_PER_KV,
+                                  BLOCK_ELEMS, KV_DIM, HEAD_DIM):
+    return physical_block * BLOCK_ELEMS + token * HEAD_DIM + q_head // Q_PER_KV * HEAD_DIM \
+        + thread_id
+
+
+def softmax_update_without_rescaling_acc(current_max, d, acc, score, v):
+    new_max = max(current_max, score)
+    correction = math.exp(current_max - new_max)
+    exp_score = math.exp(score - new_max)
+    return new_max, d * correction + exp_score, acc + exp_score * v
+
+
+def table_index_without_the_layer(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN,
+                                  BLOCK_SIZE):
+    return slot * N_LAYERS * -(-MAX_SEQ_LEN // BLOCK_SIZE) + logical_block
+
+
+#: (puzzle, a wrong answer to it as she could have written it): every part 05b assembles
+WRONG_IN_05B = [
+    ("02.table_index", table_index_without_the_layer),
+    ("03.k_index", k_index_token_stride_head_dim),
+    ("03.walk_blocks", walk_blocks_one_block_short),
+    ("03.walk_blocks", CLEVER["03.walk_blocks"]["the literal 16 for BLOCK_SIZE"][0]),
+    ("04.token_score", WRONG_BODIES["04.token_score"]["a shuffle offset sequence that skips 4"][0]),
+    ("05.softmax_update", softmax_update_without_rescaling_acc),
+    ("05.write_output", WRONG_BODIES["05.write_output"]["acc not divided by d"][0]),
+]
+#: the tokens of 05b's answer these tests compare (each wrong part changes one of them)
+TOKENS_05B = 3
+
+
+@pytest.fixture(scope="module")
+def serving_05b(smollm2_f32):
+    return ex.Serving(smollm2_f32, on_gpu=not access_log.AVAILABLE)
+
+
+@pytest.fixture(scope="module")
+def stock_05b(serving_05b):
+    return serving_05b.generate(max_tokens=TOKENS_05B).token_ids
+
+
+def test_05b_wrongs_cover_every_part_it_assembles():
+    assert {puzzle for puzzle, _ in WRONG_IN_05B} == {*BODY_PUZZLES.values(),
+                                                      *STEP_PUZZLES.values()}
+
+
+def test_05b_runs_the_kernel_in_every_layer_on_a_gpu_and_three_spread_layers_on_a_cpu():
+    assert ex.Serving(None, on_gpu=True).routing() == ("numba", None)
+    inner, groups = ex.Serving(None, on_gpu=False).routing()
+    assert inner == "torch"
+    cpu = KernelRouter(ex.your_kernel(use_solutions=True), inner, kv_groups=groups)
+    layers = sorted(cpu.layers)
+    assert len(layers) >= 3 and layers[0] <= 5 and layers[-1] >= 25
+    assert any(10 <= layer <= 20 for layer in layers)
+
+
+@pytest.mark.slow
+def test_05b_context_spans_at_least_three_blocks_of_sixteen(serving_05b):
+    engine = pt.Engine(serving_05b.model, max_slots=1, block_size=serving_05b.block_size)
+    assert len(engine.encode_prompt(serving_05b.prompt)) > 2 * 16
+    assert serving_05b.block_size < 16      # a literal 16 for BLOCK_SIZE shows too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("puzzle, wrong", WRONG_IN_05B,
+                         ids=[f"{puzzle}-{wrong.__name__}" for puzzle, wrong in WRONG_IN_05B])
+def test_a_wrong_part_changes_05bs_text_and_is_named(serving_05b, stock_05b, nothing_solved,
+                                                     puzzle, wrong):
+    """Her part, wrong in a way its own check refuses, in 05b's run (SmolLM2, its prompt and
+    routed layers) with every other part the worked one: the answer changes within the first
+    tokens, and the diagnosis names that part, the first token that differs and the token
+    expected there."""
+    assert not ex.grade(puzzle, wrong).ok
+    solved.remember(puzzle, wrong)
+    kernel = ex.your_kernel(fill_unsolved=True)
+    part = next(p for p, name, origin in kernel.origins if name == puzzle)
+    assert kernel.your_parts == [(part, puzzle)]
+    mine = serving_05b.answer(kernel, TOKENS_05B)
+    at = first_difference(mine, stock_05b)
+    assert at is not None, f"{puzzle}: the text did not change"
+    said = ex.which_part_changed(kernel, serving_05b.answer, mine, stock_05b,
+                                 serving_05b.token_text)
+    text = serving_05b.token_text
+    assert (f"generated token {at + 1}: {kernel.label} wrote {text(mine[at])!r} where the "
+            f"stock engine wrote {text(stock_05b[at])!r}") in said, said
+    assert f"your {part} is the part that changes the text" in said, said
+
+
+
+def table_index_row_in_tokens(slot, layer, logical_block, N_LAYERS, MAX_SEQ_LEN, BLOCK_SIZE):
+    return (slot * N_LAYERS + layer) * MAX_SEQ_LEN + logical_block
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not access_log.AVAILABLE, reason="a read past the block table's end is "
+                    "undefined on a GPU (it may end the process's CUDA context); the simulator "
+                    "stops it")
+def test_a_part_that_reads_past_the_table_stops_05bs_answer_and_is_named(serving_05b, stock_05b,
+                                                                         nothing_solved):
+    """A table index whose rows are MAX_SEQ_LEN entries long reads past the block table in
+    05b's middle layer: the simulator stops the kernel with an IndexError, the answer stops
+    there (said in one line), and the diagnosis names the table index."""
+    wrong = table_index_row_in_tokens
+    assert not ex.grade("02.table_index", wrong).ok
+    solved.remember("02.table_index", wrong)
+    kernel = ex.your_kernel(fill_unsolved=True)
+    mine, stopped = serving_05b.tokens(serving_05b.router(kernel), TOKENS_05B)
+    assert stopped is not None and stopped.startswith("IndexError: ") and "\n" not in stopped
+    assert mine == stock_05b[:len(mine)] and len(mine) < len(stock_05b)
+    said = ex.which_part_changed(kernel, serving_05b.answer, mine, stock_05b,
+                                 serving_05b.token_text)
+    assert f"generated token {len(mine) + 1}: {kernel.label} wrote nothing (it stopped)" in said
+    assert "your block_table_index is the part that changes the text" in said, said

@@ -15,11 +15,12 @@ notebooks/06_block_lifetime.ipynb`` (exit status 0 only when all are solved).
 ``progress()`` reads the verdicts of this process and of a small record file in the user's
 cache folder (``progress.py`` says where, and how to move or turn it off).
 
-*Exercises* (``chNN.py``) ask for numbers; their right answers are computed from the package,
-and answers are compared without coercion (``answers.py``: a float or a string for an integer
-is wrong, a bool is not an integer, real numbers count to 4 significant digits, tuples and
-lists element by element).  *Puzzles* (``paged_tutorial.teaching.puzzles``) ask for a
-function that the grader runs inside the article's kernel or a real engine.  Worked solutions live in
+*Exercises* (each chapter's ``exercises.py``, ``paged_tutorial.teaching.chapters``) ask for
+numbers; their right answers are computed from the package, and answers are compared without
+coercion (``answers.py``: a float or a string for an integer is wrong, a bool is not an
+integer, real numbers count to 4 significant digits, tuples and lists element by element).
+*Puzzles* (in the same chapter folders) ask for a function that the grader runs inside the
+article's kernel or a real engine.  Worked solutions live in
 ``solutions.py``, never in the notebooks, and no grader imports them.  A puzzle answer that
 ``check`` finds right is remembered (``solved.py``), and ``your_kernel()``
 (``your_kernel.py``) assembles the decode-attention kernel from the remembered ones.
@@ -31,21 +32,21 @@ from paged_tutorial.teaching.exercises.notebook_grading import grade_notebook, p
 from paged_tutorial.teaching.exercises.registry import check, expected_answer, get, grade, names
 from paged_tutorial.teaching.exercises.solutions import reveal
 from paged_tutorial.teaching.language import set_language
-from paged_tutorial.teaching.exercises.your_kernel import (UnsolvedParts, YourKernel,
+from paged_tutorial.teaching.exercises.your_kernel import (Serving, UnsolvedParts, YourKernel,
                                                            which_part_changed, which_part_differs,
                                                            your_kernel)
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 from paged_tutorial.teaching.verdict import Verdict
 
 
 def puzzle(name: str):
     """The ``Puzzle`` called ``name``: ``.describe()``, ``.stub()``, ``.signature``, ``.hint``."""
-    from paged_tutorial.teaching.puzzles import puzzle as find
+    from paged_tutorial.teaching.chapters import puzzle as find
 
     return find(name)
 
 
-__all__ = ["AllocatorBase", "UnsolvedParts", "Verdict", "YourKernel", "check",
+__all__ = ["AllocatorBase", "Serving", "UnsolvedParts", "Verdict", "YourKernel", "check",
            "expected_answer", "get", "grade", "grade_notebook", "names", "progress", "puzzle",
            "reveal", "set_language", "which_part_changed", "which_part_differs",
            "your_kernel"]

@@ -3,7 +3,7 @@
 An *exercise* asks for a number (or a few): ``Exercise`` holds the question, the kind of
 answer (``answers.py``), a function that computes the right answer from the package, the
 known wrong answers with what each one means, and a hint.  A *puzzle* asks for a function that
-runs inside the engine or the kernel (``paged_tutorial.teaching.puzzles``).  Both grade an
+runs inside the engine or the kernel (``paged_tutorial.teaching.chapters``).  Both grade an
 answer into a ``Verdict``; ``check`` prints it and returns whether it is right.
 
 The graders never see the worked solutions: those live apart, in ``solutions.py``, whose
@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from paged_tutorial.teaching.exercises import solved
@@ -89,18 +90,17 @@ _ITEMS: dict[str, Any] = {}
 
 
 def _load() -> dict:
-    """Exercises from ``exercises/chNN.py`` (their ``EXERCISES``) and the puzzles of
-    ``paged_tutorial.teaching.puzzles`` (its ``PUZZLES``), by name."""
+    """Exercises from each chapter's ``exercises.py`` (their ``EXERCISES``) and the puzzles of
+    ``paged_tutorial.teaching.chapters`` (its ``PUZZLES``), by name."""
     if not _ITEMS:
-        from paged_tutorial.teaching.exercises import __path__ as here
-        from paged_tutorial.teaching import puzzles
+        from paged_tutorial.teaching import chapters
 
         items = []
-        for info in sorted(pkgutil.iter_modules(here), key=lambda i: i.name):
-            if info.name.startswith("ch"):
-                module = importlib.import_module(f"{__package__}.{info.name}")
+        for info in sorted(pkgutil.iter_modules(chapters.__path__), key=lambda i: i.name):
+            if (Path(chapters.__path__[0]) / info.name / "exercises.py").exists():
+                module = importlib.import_module(f"{chapters.__name__}.{info.name}.exercises")
                 items += list(module.EXERCISES)
-        items += list(puzzles.PUZZLES)
+        items += list(chapters.PUZZLES)
         for item in items:
             if item.name in _ITEMS:
                 raise RuntimeError(f"two exercises are named {item.name!r}")
@@ -137,7 +137,7 @@ def grade(name: str, answer) -> Verdict:
             return item.grade(answer)
         return item.grade(answer, worked=worked)
     except SystemExit as exit_:
-        from paged_tutorial.teaching.puzzles.base import exit_verdict
+        from paged_tutorial.teaching.harness.base import exit_verdict
 
         return Verdict("wrong", exit_verdict(exit_))
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from paged_tutorial.teaching.puzzles.allocator import AllocatorBase
+from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
 from paged_tutorial.cache.block_allocator import CacheFullError
 from paged_tutorial.teaching.exercises.registry import get
@@ -140,9 +140,36 @@ def k_index(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS, KV_
     return physical_block * BLOCK_ELEMS + token * KV_DIM + kv_head * HEAD_DIM + thread_id
 
 
+def walk_blocks(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id, owns_dim,
+                q_val, scale, dot_products, score):
+    """03.walk_blocks: the kernel's loop over logical blocks with every step written out
+    (kernels.cu:470-485: the block count, the table index, the fill of the last block, the K
+    and V addresses); the score and the online softmax are the parts of notebooks 04 and 05.
+    The kernel's build binds its constants, ``load`` and those two parts."""
+    current_max = float32(-math.inf)  # noqa: F821 - bound by the kernel's build
+    d = float32(0.0)  # noqa: F821
+    acc = float32(0.0)  # noqa: F821
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        physical_block = block_table[slot * N_LAYERS * MAX_BLOCKS_PER_SEQ
+                                     + layer * MAX_BLOCKS_PER_SEQ + logical_block]
+        for token in range(min(seq_len - logical_block * BLOCK_SIZE, BLOCK_SIZE)):
+            k_elem = (physical_block * BLOCK_ELEMS + token * KV_DIM  # noqa: F821
+                      + kv_head * HEAD_DIM + thread_id)  # noqa: F821
+            k = float32(0.0)  # noqa: F821
+            if owns_dim:
+                k = load(kv_cache, k_elem)  # noqa: F821
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)  # noqa: F821
+            v = float32(0.0)  # noqa: F821
+            if owns_dim:
+                v = load(kv_cache, k_elem + V_OFFSET_ELEMS)  # noqa: F821
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)  # noqa: F821
+    return current_max, d, acc
+
+
 PUZZLE_SOLUTIONS = {
     "02.table_index": block_table_index,
     "03.k_index": k_index,
+    "03.walk_blocks": walk_blocks,
     "02.locate": locate,
     "01.kv_offset": kv_byte_offset,
     "06.allocator": ArticleAllocator,
@@ -152,7 +179,6 @@ PUZZLE_SOLUTIONS = {
 _KERNEL = "paged_tutorial.backends.numba_cuda.kernels.attention"
 #: puzzles whose answer is the package's own code: (module, function)
 PACKAGE_CODE = {
-    "03.walk_blocks": (_KERNEL, "walk_blocks"),
     "04.token_score": (_KERNEL, "token_score"),
     "05.softmax_update": (_KERNEL, "softmax_update"),
     "05.write_output": (_KERNEL, "write_output"),

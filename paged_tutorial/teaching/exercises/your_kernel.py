@@ -21,15 +21,19 @@ code, as ``solutions.reveal`` shows it: what the tests run), and
 the rest; ``label`` and ``describe()`` say which is which, so nothing claims she wrote a part
 she did not.
 
-To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``.  When
-her kernel's answer differs from the stock engine's, ``which_part_changed`` finds the part:
-it swaps her parts for the worked ones one at a time (generating only up to the first token
-that differs) and names the part whose swap gives back the stock text.
+To let an engine serve a model with it, wrap a backend: ``teaching/kernel_router.py``;
+``Serving`` is notebook 05b's run (its prompt, block size and routed layers), shared with its
+tests.  When her kernel's answer differs from the stock engine's, ``which_part_changed`` finds
+the part: it swaps her parts (the body's, and the table index and K address when hers) for the
+worked ones one at a time (generating only up to the first token that differs) and names the
+part whose swap gives back the stock text, with the first token that differs and the token
+expected there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from paged_tutorial.teaching.exercises import solved
@@ -85,6 +89,11 @@ class YourKernel:
                 if origin == WORKED and part in BODY_PUZZLES]
 
     @property
+    def your_parts(self) -> list[tuple[str, str]]:
+        """(part, puzzle) of every part that is hers, the body's first, then the steps'."""
+        return [(part, puzzle) for part, puzzle, origin in self.origins if origin == YOURS]
+
+    @property
     def all_yours(self) -> bool:
         """Is every part of the body hers?"""
         return not self.worked_parts
@@ -121,7 +130,7 @@ class YourKernel:
         """The compiled kernel for ``cache``'s layout (``attention.kernel_for``, these parts)."""
         from paged_tutorial.backends.numba_cuda.kernels import attention
 
-        from paged_tutorial.teaching.puzzles import kernel_addresses
+        from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
 
         parts = self.parts
         if ("block_table_index", "02.table_index", YOURS) in self.origins:
@@ -175,6 +184,99 @@ class YourKernel:
         return q
 
 
+#: notebook 05b's run.  The prompt asks for something the model hesitates over (its third token
+#: wins by 0.04 in the logits), so a wrong part in a few heads changes the text within three
+#: tokens, where a confident answer ("The capital of France is Paris.") survives it; with the
+#: chat template it is 36 tokens, the answer takes it to 43: five and six blocks of BLOCK_SIZE
+#: (three at 16), and a BLOCK_SIZE other than 16 shows a literal 16 written for it.
+PROMPT = "Give me a random word."
+BLOCK_SIZE = 8
+MAX_TOKENS = 8
+#: on a CPU, the (layer, kv group) pairs whose decode attention her kernel answers: an early, a
+#: middle and a late layer of SmolLM2's 30, one kv group (query heads 6-8) each, chosen so that
+#: each wrong part of the tests changes the answer (every simulated thread is a Python thread:
+#: three groups cost about one whole layer)
+CPU_GROUPS = ((2, 2), (16, 2), (28, 2))
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A kernel serving ``model`` as notebook 05b runs it (the notebook and its tests share
+    it): the greedy answer to ``prompt`` from a one-slot engine whose cache holds
+    ``block_size`` tokens per block.  On a GPU the kernel answers the decode attention of every
+    layer and head (the numba backend does the rest); on a CPU, where every simulated thread is
+    a Python thread, the (layer, kv group) pairs of ``cpu_groups`` (the torch backend does the
+    rest).  Prefill attention is not the article's kernel: it stays with the other backend."""
+
+    model: object
+    on_gpu: bool
+    prompt: str = PROMPT
+    block_size: int = BLOCK_SIZE
+    max_tokens: int = MAX_TOKENS
+    cpu_groups: tuple = CPU_GROUPS
+
+    def routing(self) -> tuple[str, dict | None]:
+        """The backend that does the rest, and {layer: [kv group, ...]} of the decode attention
+        the kernel answers (None: every layer and head)."""
+        if self.on_gpu:
+            return "numba", None
+        groups: dict = {}
+        for layer, group in self.cpu_groups:
+            groups.setdefault(layer, []).append(group)
+        return "torch", groups
+
+    def router(self, kernel):
+        """A fresh ``KernelRouter`` sending the chosen decode attention to ``kernel``."""
+        from paged_tutorial.teaching.kernel_router import KernelRouter
+
+        inner, groups = self.routing()
+        return KernelRouter(kernel, inner=inner, kv_groups=groups)
+
+    def generate(self, backend="auto", max_tokens: int | None = None):
+        """The greedy answer (a ``GenerationResult``) of an engine with ``backend`` (by default
+        the engine's own: the stock engine), ``max_tokens`` long at most (default: the run's)."""
+        import paged_tutorial as pt
+
+        engine = pt.Engine(self.model, backend=backend, max_slots=1, block_size=self.block_size)
+        return engine.generate([self.prompt], max_tokens=max_tokens or self.max_tokens,
+                               temperature=0.0)[0]
+
+    def tokens(self, backend, max_tokens: int | None = None) -> tuple[list[int], str | None]:
+        """The greedy answer's token ids with ``backend``, and None; or, when the run raises
+        (a kernel of hers that reads outside the cache stops with an IndexError in the
+        simulator), the tokens made before it and the exception in one line."""
+        import paged_tutorial as pt
+
+        made: list[int] = []
+        engine = pt.Engine(self.model, backend=backend, max_slots=1, block_size=self.block_size)
+        try:
+            engine.generate([self.prompt], max_tokens=max_tokens or self.max_tokens,
+                            temperature=0.0, on_token=lambda i, token, text: made.append(token))
+        except Exception as stopped:        # her kernel's fault, told to her in one line
+            return made, f"{type(stopped).__name__}: {stopped}".splitlines()[0]
+        return made, None
+
+    def answer(self, kernel, max_tokens: int | None = None) -> list[int]:
+        """The token ids of the greedy answer with ``kernel`` routed in (those made before it
+        stopped, when it raised)."""
+        return self.tokens(self.router(kernel), max_tokens)[0]
+
+    def difference(self, kernel) -> float:
+        """The largest difference of ``kernel``'s attention from the other backend's over the
+        run (infinite when it stopped before any call finished)."""
+        router = self.router(kernel)
+        self.tokens(router)
+        return max((call.max_abs_diff for call in router.routed), default=math.inf)
+
+    def text(self, tokens: list[int]) -> str:
+        """Token ids as text (the tokenizer's decode)."""
+        return self.model.tokenizer.decode(tokens)
+
+    def token_text(self, token: int) -> str:
+        """One token as text."""
+        return self.text([token])
+
+
 def part_status() -> list[tuple[str, str, bool]]:
     """(part, puzzle, solved?) for the body's parts and then the steps that are puzzles."""
     return [(part, puzzle, solved.solved(puzzle) is not None)
@@ -187,7 +289,7 @@ def your_kernel(use_solutions: bool = False, fill_unsolved: bool = False) -> You
     from the worked solutions; ``fill_unsolved=True``: yours where solved, the worked solution
     elsewhere."""
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from paged_tutorial.teaching.puzzles import kernel_addresses
+    from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
 
     if use_solutions and fill_unsolved:
         raise ValueError("your_kernel: use_solutions=True already takes every part from the "
@@ -228,9 +330,10 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
     """Why ``kernel``'s answer ``mine`` differs from the stock engine's ``stock``, in words:
     the first token where they part, and the part of hers that changes the text.
     ``answer(kernel, n)`` generates the first ``n`` tokens with a kernel (as the answer being
-    explained was generated); each of her body parts in turn is replaced by the worked one,
-    and the first whose replacement gives back the stock tokens up to the difference is
-    named.  ``token_text(id)`` shows a token (the tokenizer's decode)."""
+    explained was generated); each part of hers in turn (the body's, then the table index and
+    the K address when she solved them) is replaced by the worked one, and the first whose
+    replacement gives back the stock tokens up to the difference is named.  ``token_text(id)``
+    shows a token (the tokenizer's decode)."""
     at = first_difference(mine, stock)
     if at is None:
         return say(en="your kernel's answer is the stock engine's, token for token",
@@ -243,8 +346,7 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                    f"{shown(mine, at)} where the stock engine wrote {shown(stock, at)}",
                 ko=f"생성된 {at + 1}번째 토큰에서 답이 갈립니다: {particle(kernel.label, '은/는')} "
                    f"{shown(mine, at)}, 표준 엔진은 {particle(shown(stock, at), '을/를')} 썼습니다")
-    yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
-             if origin == YOURS and part in BODY_PUZZLES]
+    yours = kernel.your_parts
     for part, puzzle in yours:
         if answer(kernel.with_worked(part), at + 1)[:at + 1] == stock[:at + 1]:
             return say(
@@ -258,19 +360,16 @@ def which_part_changed(kernel: YourKernel, answer: Callable[[YourKernel, int], l
                    f"텍스트를 바꾸는 것은 여러분의 {part}입니다.  퍼즐의 채점은 통과했으니 "
                    f"채점이 다루지 않는 차이입니다: reveal({puzzle!r})과 한 줄씩 비교해 보세요")
     if not yours:
-        return say(en=f"{where}.  Every part of the body is a worked solution here, so no part "
-                      "of yours explains it: the difference comes from the steps around the "
-                      "body (the table index, the K address) or from the backend",
-                   ko=f"{where}.  본문의 모든 부분이 풀이 예시이므로 여러분의 부분 탓이 아닙니다: "
-                      "차이는 본문 밖의 단계(테이블 인덱스, K 주소)나 백엔드에서 옵니다")
+        return say(en=f"{where}.  Every part of the kernel is a worked solution here, so no "
+                      "part of yours explains it: the difference comes from the backend",
+                   ko=f"{where}.  커널의 모든 부분이 풀이 예시이므로 여러분의 부분 탓이 아닙니다: "
+                      "차이는 백엔드에서 옵니다")
     names = ", ".join(part for part, _ in yours)
     return say(en=f"{where}.  Replacing any one of your parts ({names}) by the worked solution "
                   "still changes the text before that token: more than one of your parts "
-                  "differs from the article's, or the steps they call (the table index, the K "
-                  "address) do",
+                  "differs from the article's",
                ko=f"{where}.  여러분의 부분({names}) 중 어느 하나를 풀이 예시로 바꿔도 그 토큰 "
-                  "전에 텍스트가 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다르거나, 그 부분들이 "
-                  "부르는 단계(테이블 인덱스, K 주소)가 다릅니다")
+                  "전에 텍스트가 바뀝니다: 여러분의 부분 둘 이상이 글의 코드와 다릅니다")
 
 
 #: an attention difference from the other backend at or above this is not rounding
@@ -280,17 +379,16 @@ FAR_FROM_ROUNDING = 1e-3
 def which_part_differs(kernel: YourKernel, difference: Callable[[YourKernel], float]) -> str:
     """Which part of hers makes ``kernel``'s attention differ from the other backend's even
     when the tokens came out the same: ``difference(kernel)`` runs the routed generation with a
-    kernel and returns the largest difference it saw; each of her body parts in turn is
-    replaced by the worked one, and the first whose replacement brings the difference below
-    ``FAR_FROM_ROUNDING`` is named."""
+    kernel and returns the largest difference it saw; each part of hers in turn (as in
+    ``which_part_changed``) is replaced by the worked one, and the first whose replacement
+    brings the difference below ``FAR_FROM_ROUNDING`` is named."""
     worst = difference(kernel)
     if worst < FAR_FROM_ROUNDING:
         return say(en=f"{kernel.label}'s attention equals the other backend's up to rounding "
                       f"({worst:.1e})",
                    ko=f"{kernel.label}의 어텐션은 다른 백엔드의 것과 반올림 오차 안에서 같습니다 "
                       f"({worst:.1e})")
-    yours = [(part, puzzle) for part, puzzle, origin in kernel.origins
-             if origin == YOURS and part in BODY_PUZZLES]
+    yours = kernel.your_parts
     for part, puzzle in yours:
         swapped = difference(kernel.with_worked(part))
         if swapped < FAR_FROM_ROUNDING:
@@ -305,15 +403,14 @@ def which_part_differs(kernel: YourKernel, difference: Callable[[YourKernel], fl
                    f"나머지는 그대로 두면 차이가 {swapped:.1e}입니다: 다른 어텐션을 계산하는 것은 "
                    f"여러분의 {part}입니다.  reveal({puzzle!r})과 한 줄씩 비교해 보세요")
     if not yours:
-        return say(en=f"the attention differs by {worst:.1e} with every part of the body a "
-                      "worked solution: the difference comes from the steps around the body (the "
-                      "table index, the K address) or from the backend",
-                   ko=f"본문의 모든 부분이 풀이 예시인데도 어텐션이 {worst:.1e}만큼 다릅니다: 차이는 "
-                      "본문 밖의 단계(테이블 인덱스, K 주소)나 백엔드에서 옵니다")
+        return say(en=f"the attention differs by {worst:.1e} with every part of the kernel a "
+                      "worked solution: the difference comes from the backend",
+                   ko=f"커널의 모든 부분이 풀이 예시인데도 어텐션이 {worst:.1e}만큼 다릅니다: 차이는 "
+                      "백엔드에서 옵니다")
     names = ", ".join(part for part, _ in yours)
     return say(en=f"the attention differs by {worst:.1e}, and replacing any one of your parts "
                   f"({names}) by the worked solution does not bring it to rounding: more than one "
-                  "of your parts differs from the article's, or the steps they call do",
+                  "of your parts differs from the article's",
                ko=f"어텐션이 {worst:.1e}만큼 다르고, 여러분의 부분({names}) 중 어느 하나를 풀이 "
                   "예시로 바꿔도 반올림 오차로 돌아오지 않습니다: 여러분의 부분 둘 이상이 글의 "
-                  "코드와 다르거나, 그 부분들이 부르는 단계가 다릅니다")
+                  "코드와 다릅니다")

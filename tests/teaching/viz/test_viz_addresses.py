@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 
 import paged_tutorial as pt  # noqa: E402
 from paged_tutorial.teaching import oracles  # noqa: E402
-from paged_tutorial.teaching.viz import addresses  # noqa: E402
+from paged_tutorial.teaching.harness import addresses  # noqa: E402
 
 
 def cache_with_two_slots():

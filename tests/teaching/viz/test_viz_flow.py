@@ -1,4 +1,4 @@
-"""The article's flow in one figure (paged_tutorial.teaching.viz.flow), filled from a live tiny engine."""
+"""The article's flow in one figure (paged_tutorial.teaching.chapters.ch00_overview.flow), filled from a live tiny engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 
 import paged_tutorial as pt
-from paged_tutorial.teaching.viz import flow
+from paged_tutorial.teaching.chapters.ch00_overview import flow
 
 matplotlib.use("Agg")
 

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from paged_tutorial.backends.numba_cuda.kernels import attention
-from paged_tutorial.teaching.viz.kernel_source import departures, kernel_pieces, kernel_source
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic.kernel_source import (
+    departures, kernel_pieces, kernel_source)
 
 
 def test_pieces_cover_the_kernel_in_order():

@@ -11,7 +11,7 @@ import numpy as np
 
 import paged_tutorial as pt
 from paged_tutorial.teaching.exercises.setups import article_cache_config, small_article_cache
-from paged_tutorial.teaching.viz import layout
+from paged_tutorial.teaching.chapters.ch01_block_layout import layout
 
 
 def test_article_cache_config_is_the_articles():

@@ -1,4 +1,4 @@
-"""The block-lifetime recorder and its figures (paged_tutorial.teaching.viz.lifetime), on a tiny random
+"""The block-lifetime recorder and its figures (paged_tutorial.teaching.chapters.ch06_block_lifetime.lifetime), on a tiny random
 model whose cache is small enough to force slot reuse and a preemption."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import paged_tutorial as pt
-from paged_tutorial.teaching.viz import lifetime
+from paged_tutorial.teaching.chapters.ch06_block_lifetime import lifetime
 
 matplotlib.use("Agg")
 

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from paged_tutorial.teaching import results  # noqa: E402
-from paged_tutorial.teaching.viz import performance  # noqa: E402
+from paged_tutorial.teaching.chapters.ch08_performance import performance  # noqa: E402
 from paged_tutorial.teaching.results import newest  # noqa: E402
 
 

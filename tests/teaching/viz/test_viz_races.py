@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from paged_tutorial.teaching.viz import races  # noqa: E402
+from paged_tutorial.teaching.chapters.ch05_online_softmax import races  # noqa: E402
 
 RACECHECK = {
     "date": "2026-12-01", "gpu": "NVIDIA H200", "dry_run": False,

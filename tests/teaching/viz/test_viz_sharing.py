@@ -1,4 +1,4 @@
-"""The shared-block recorder and its figures (paged_tutorial.teaching.viz.sharing), on a tiny random model
+"""The shared-block recorder and its figures (paged_tutorial.teaching.chapters.ch09_prefix_sharing.sharing), on a tiny random model
 with prefix caching and a cache small enough to evict."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import paged_tutorial as pt
-from paged_tutorial.teaching.viz import sharing
+from paged_tutorial.teaching.chapters.ch09_prefix_sharing import sharing
 
 matplotlib.use("Agg")
 

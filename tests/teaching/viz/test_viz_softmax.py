@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from paged_tutorial.teaching import oracles  # noqa: E402
-from paged_tutorial.teaching.viz import softmax  # noqa: E402
+from paged_tutorial.teaching.chapters.ch05_online_softmax import softmax  # noqa: E402
 
 
 def test_trace_and_error_figures():

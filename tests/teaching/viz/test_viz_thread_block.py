@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from paged_tutorial.teaching.viz import thread_block  # noqa: E402
+from paged_tutorial.teaching.chapters.ch03_address_arithmetic import thread_block  # noqa: E402
 
 
 def test_block_layout_counts_warps_and_padding_lanes():

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from paged_tutorial.teaching.viz import warps  # noqa: E402
+from paged_tutorial.teaching.chapters.ch04_warp_shuffle_reduction import warps  # noqa: E402
 
 
 def test_shuffle_demos():

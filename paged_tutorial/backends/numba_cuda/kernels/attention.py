@@ -33,7 +33,7 @@ parts call each other, the device helpers (``load``, ``store``, ``cuda``) and th
 (``BUILD_NAMES``), so the reader's functions need no imports.
 
 Where this port departs from the article, on purpose: see ``DEPARTURES`` (one entry each, with
-the article's lines; ``viz.kernel_source`` shows them next to the code).
+the article's lines; ``kernel_source`` (notebook 03) shows them next to the code).
 """
 
 from __future__ import annotations
@@ -336,7 +336,8 @@ def compile_parts(parts: KernelParts, constants: dict) -> dict:
     """Every part of ``parts`` as a device function, by part name.  Each is compiled from a
     copy of the function whose globals are its own module's (or notebook's) plus
     ``constants`` (the ``BUILD_NAMES``) and every other compiled part, so the parts call
-    each other by their part names whatever the functions themselves are called.
+    each other by their part names whatever the functions themselves are called; a part name
+    that a reader's function finds bound to a function she wrote herself stays hers.
 
     A plain Python function that a part calls (a helper the reader wrote beside it, through
     a global name or a closure) is compiled the same way, as a device function: the
@@ -345,13 +346,19 @@ def compile_parts(parts: KernelParts, constants: dict) -> dict:
     if missing:
         raise ValueError(f"compile_parts: constants lack {', '.join(missing)}")
     bound = dict(constants)
-    namespaces: list[dict] = []
+    namespaces: list[tuple[dict, set]] = []
     helpers: dict = {}
     for name in PART_NAMES:
         bound[name] = _as_device_function(getattr(parts, name), bound, namespaces, helpers)
-    for namespace in namespaces:            # compiled lazily: bind before the first call
-        namespace.update(bound)
+    for namespace, own in namespaces:       # compiled lazily: bind before the first call
+        namespace.update((n, v) for n, v in bound.items() if n not in own)
     return bound
+
+
+def own_function(value) -> bool:
+    """A plain function the reader wrote (not the package's): a part's name bound to one in
+    her namespace calls hers, never the build's part of that name."""
+    return _is_helper(value) and not str(value.__module__).startswith("paged_tutorial.")
 
 
 def _as_device_function(fn: types.FunctionType, bound: dict, namespaces: list, helpers: dict):
@@ -371,10 +378,14 @@ def _as_device_function(fn: types.FunctionType, bound: dict, namespaces: list, h
     copy.__module__ = fn.__module__
     device_fn = cuda.jit(device=True)(copy)
     helpers[fn] = device_fn                 # before recursing: a helper may call itself
-    namespaces.append(namespace)
+    own: set = set()                        # part names this function's globals define
+    namespaces.append((namespace, own))
     for name in global_names(fn.__code__):
         value = namespace.get(name)
-        if name not in BUILD_NAMES and name not in PART_NAMES and _is_helper(value):
+        if name in PART_NAMES and own_function(value):
+            own.add(name)
+            namespace[name] = _as_device_function(value, bound, namespaces, helpers)
+        elif name not in BUILD_NAMES and name not in PART_NAMES and _is_helper(value):
             namespace[name] = _as_device_function(value, bound, namespaces, helpers)
     for cell, original in zip(cells or (), fn.__closure__ or ()):
         try:
