@@ -27,12 +27,18 @@ def pytest_configure(config):
 
 
 GPU_TESTS = Path(__file__).parent / "gpu"      # every test in here carries the gpu marker
+#: the tests that run the graders: under --cov (README, "Test") only these are traced; every
+#: other test carries pytest-cov's no_cover marker, so tracing the engine's and the simulator's
+#: code for a figure about the graders costs nothing there
+GRADER_TESTS = (Path(__file__).parent / "teaching", Path(__file__).parent / "mutation")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if GPU_TESTS in item.path.parents:
             item.add_marker(pytest.mark.gpu)
+        if not any(folder in item.path.parents for folder in GRADER_TESTS):
+            item.add_marker(pytest.mark.no_cover)
     if SIMULATING:
         skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
         for item in items:

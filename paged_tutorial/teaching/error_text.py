@@ -3,8 +3,9 @@
 Python's and the simulator's exception messages are English.  An English verdict quotes them as
 they are ("IndexError: index 40 is out of bounds for axis 0 with size 32").  A Korean verdict
 says in Korean what went wrong -- from the message itself where its form is known (an index past
-an array's end, a shared array's cell out of range, a name never defined), else from the
-exception's kind -- and quotes the English once, labelled as the original:
+an array's end, a shared array's cell out of range, a name never defined, Numba's "unknown
+attribute" and "no implementation"), else from the exception's kind -- and quotes the English
+once, labelled as the original:
 "인덱스 40이 0번 축의 크기 32를 벗어났습니다 (영어 원문: IndexError: index 40 is out ...)".
 """
 
@@ -33,6 +34,14 @@ KIND_IN_KOREAN = {
     "FloatingPointError": "부동소수점 연산이 실패했습니다",
     "NotImplementedError": "아직 작성되지 않은 부분을 불렀습니다",
     "RuntimeError": "실행 중 오류가 났습니다",
+    "SyntaxError": "파이썬 구문이 올바르지 않습니다",
+    "IndentationError": "들여쓰기가 올바르지 않습니다",
+    "SystemExit": "프로그램을 끝내려 했습니다",
+    # Numba's compile errors
+    "TypingError": "Numba가 코드의 타입을 정하지 못했습니다",
+    "UnsupportedError": "Numba가 지원하지 않는 파이썬 코드입니다",
+    "LoweringError": "Numba가 코드를 기계어로 옮기지 못했습니다",
+    "NumbaError": "Numba가 코드를 컴파일하지 못했습니다",
 }
 GENERIC_IN_KOREAN = "예외가 발생했습니다"
 
@@ -64,6 +73,19 @@ KNOWN_MESSAGES = (
     (re.compile(r"list index out of range"), lambda m: "리스트의 인덱스가 범위를 벗어났습니다"),
     (re.compile(r"tuple index out of range"), lambda m: "튜플의 인덱스가 범위를 벗어났습니다"),
     (re.compile(r"math range error"), lambda m: "수가 너무 커서 나타낼 수 없습니다"),
+    # Numba's compile errors
+    (re.compile(r"Unknown attribute '(\w+)' of type Module\(<module '([\w.]+)'"),
+     lambda m: f"Numba가 아는 모듈 `{m.group(2)}`에는 {particle(f'`{m.group(1)}`', '이/가')} "
+               "없습니다"),
+    (re.compile(r"Unknown attribute '(\w+)' of type (\S+)"),
+     lambda m: f"`{m.group(2)}` 타입에는 `{m.group(1)}` 속성이 없습니다"),
+    (re.compile(r"No implementation of function Function\(<built-in function (\w+)>\)"),
+     lambda m: f"`{m.group(1)}`에는 이 인자 타입들을 받는 구현이 없습니다"),
+    (re.compile(r"Untyped global name '(\w+)'"),
+     lambda m: f"Numba가 전역 이름 `{m.group(1)}`의 타입을 알 수 없습니다"),
+    (re.compile(r"Use of unsupported opcode \((\w+)\)"),
+     lambda m: f"Numba가 지원하지 않는 바이트코드({m.group(1)})입니다"),
+    (re.compile(r"Cannot unify"), lambda m: "한 변수가 서로 다른 타입의 값을 가집니다"),
 )
 
 
@@ -95,3 +117,22 @@ def text_of(exc: BaseException) -> str:
 def exception_text(exc: BaseException) -> str:
     """``error_text`` for an exception object."""
     return error_text(type(exc).__name__, text_of(exc))
+
+
+#: lines of a Numba error that say where it happened, not what went wrong
+_NUMBA_CONTEXT = re.compile(r"^(Failed in .* pipeline|During:|File \"|<source missing)")
+
+
+def compile_reason(exc: BaseException) -> str:
+    """The line of Numba's compile error ``exc`` that says what went wrong: the first that is
+    not its pipeline header ("Failed in nopython mode pipeline ..."), a "During:" line or a
+    source location; the first line when every line is one of those."""
+    lines = [line.strip() for line in text_of(exc).splitlines() if line.strip()]
+    said = [line for line in lines if not _NUMBA_CONTEXT.match(line)]
+    return (said or lines or [""])[0]
+
+
+def compile_error_text(exc: BaseException) -> str:
+    """``error_text`` for Numba's compile error ``exc``, from the line that says what went
+    wrong."""
+    return error_text(type(exc).__name__, compile_reason(exc))

@@ -113,7 +113,7 @@ def run_with_signal_at_line(fn, n: int, delay: float):
     """fn() with SIGALRM raising KeyboardInterrupt ``delay`` s after the package has run n
     lines."""
     previous = signal.signal(signal.SIGALRM, _raise_interrupt)
-    tracer = SignalAtLine(n, delay)
+    tracer, outer = SignalAtLine(n, delay), sys.gettrace()     # outer: coverage's, if measured
     try:
         try:
             sys.settrace(tracer)
@@ -121,7 +121,7 @@ def run_with_signal_at_line(fn, n: int, delay: float):
         except KeyboardInterrupt:
             return None, True
         finally:
-            sys.settrace(None)
+            sys.settrace(outer)
             signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
         return None, True
@@ -168,12 +168,12 @@ def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) 
 def line_trials(model, solo, prefix_caching: bool, trials: int, seed: int) -> dict:
     engine = small_engine(model, prefix_caching)
     engine.generate(PROMPTS, max_tokens=MAX_NEW)        # warm: the prefix cache is filled
-    counter = SignalAtLine()
+    counter, outer = SignalAtLine(), sys.gettrace()
     sys.settrace(counter)
     try:
         engine.generate(PROMPTS, max_tokens=MAX_NEW)
     finally:
-        sys.settrace(None)
+        sys.settrace(outer)
     rng = np.random.default_rng(seed)
     counts = {"interrupted": 0, "completed": 0}
     for _ in range(trials):

@@ -176,6 +176,11 @@ def test_an_endless_loop_in_a_kernel_part_replayed_on_the_host_is_stopped(monkey
     assert verdict.status == "wrong" and "still running" in verdict.message
 
 
+# untraced under --cov (pytest-cov's no_cover): stopping a simulated kernel raises an exception
+# in its threads from outside (PyThreadState_SetAsyncExc); on CPython 3.11 a traced thread waits
+# until every such exception is delivered, and a simulated thread waiting at a barrier never
+# takes it, so a traced run would hang here
+@pytest.mark.no_cover
 @pytest.mark.parametrize("name", ["06.allocator", pytest.param("04.token_score", marks=(
     pytest.mark.skipif(not __import__("paged_tutorial.backends.numba_cuda.device.sim_shim",
                                       fromlist=["SIMULATING"]).SIMULATING,

@@ -71,6 +71,11 @@ def answer_with(name: str, body: str):
     return scope[puzzle.function_name]
 
 
+# untraced under --cov (pytest-cov's no_cover): stopping a simulated kernel raises an exception
+# in its threads from outside (PyThreadState_SetAsyncExc); on CPython 3.11 a traced thread waits
+# until every such exception is delivered, and a simulated thread waiting at a barrier never
+# takes it, so a traced run would hang here
+@pytest.mark.no_cover
 @settings(max_examples=20, **SETTINGS)
 @given(name=st.sampled_from(PUZZLES), body=st.sampled_from(BODIES))
 def test_a_hostile_answer_to_any_puzzle_gets_a_verdict(name, body, monkeypatch):

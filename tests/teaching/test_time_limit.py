@@ -1,9 +1,12 @@
 """``time_limit`` stops a Python loop in the calling thread, even one that swallows
-exceptions, leaves nothing pending once its block is left, and its watchdog ends when no limit
-is in force."""
+exceptions, leaves nothing pending once its block is left (in a traced process too: coverage.py
+traces the test run), and its watchdog ends when no limit is in force."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -46,3 +49,28 @@ def test_the_inner_limit_of_nested_ones_decides():
             with time_limit(0.2) as inner:
                 swallowing_loop()
     assert inner.fired and not outer.fired
+
+
+TRACED = textwrap.dedent("""
+    import sys, threading
+    tracer = lambda frame, event, arg: None
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+    from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
+    try:
+        with time_limit(0.2):
+            while True:
+                pass
+    except TimeLimitExceeded:
+        pass
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    print("ended")
+""")
+
+
+def test_a_traced_process_runs_and_ends_threads_after_a_limit_fired():
+    done = subprocess.run([sys.executable, "-c", TRACED], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ended", done.stderr

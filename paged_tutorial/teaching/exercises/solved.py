@@ -25,6 +25,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable
 
+from paged_tutorial.teaching.error_text import exception_text
 from paged_tutorial.teaching.exercises.progress import records_folder, write_atomically
 from paged_tutorial.teaching.exercises.record_lock import held
 from paged_tutorial.teaching.language import particle, say
@@ -108,7 +109,7 @@ def solved(name: str) -> Callable | None:
         raise SolvedFileError(path, say(en=f"running it took more than {REBUILD_LIMIT_S:g} s",
                                         ko=f"실행에 {REBUILD_LIMIT_S:g}초 넘게 걸립니다")) from None
     except (Exception, SystemExit) as exc:
-        raise SolvedFileError(path, f"{type(exc).__name__}: {exc}") from None
+        raise SolvedFileError(path, exception_text(exc)) from None
     _REMEMBERED[name] = fn
     return fn
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paged_tutorial.teaching.error_text import exception_text
+from paged_tutorial.teaching.error_text import compile_error_text, exception_text
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness.faults import checker_fault_message, is_checker_fault
 from paged_tutorial.teaching.harness import answer_guard, kept_state
@@ -624,10 +624,7 @@ def check_compiles(fn: Callable, sample_args: tuple) -> None:
         signature = tuple(numba.typeof(a) for a in sample_args)
         dispatcher.compile(signature)
     except NumbaError as exc:
-        first = str(exc).strip().splitlines()
-        reason = next((line for line in first if line.strip() and "During:" not in line),
-                      type(exc).__name__)
-        raise _compile_problem(reason.strip()) from None
+        raise _compile_problem(compile_error_text(exc)) from None
     except (Wrong, Unsolved, TimeLimitExceeded, SystemExit, KeyboardInterrupt):
         raise
     except Exception:

@@ -36,10 +36,7 @@ def _library_dirs() -> tuple[Path, ...]:
     found = {sys.prefix, sys.base_prefix, sys.exec_prefix}
     found.update(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib",
                                                             "purelib", "platlib"))
-    try:
-        found.update(site.getsitepackages())
-    except AttributeError:            # a virtualenv's old site module
-        pass
+    found.update(site.getsitepackages())
     return tuple(Path(p).resolve() for p in found if p)
 
 

@@ -41,7 +41,7 @@ from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
                        quiet_nan_arithmetic)
-from paged_tutorial.teaching.error_text import error_text
+from paged_tutorial.teaching.error_text import compile_error_text, error_text
 from paged_tutorial.teaching.language import particle, say
 from paged_tutorial.teaching.harness.base import Wrong, host_call, host_only_code, need_int
 from paged_tutorial.teaching.harness.faults import is_checker_fault
@@ -216,10 +216,10 @@ def run(prep: Prepared, parts) -> KernelRun:
     except KernelTimeout:
         raise Wrong(stuck_message(KERNEL_TIMEOUT_S)) from None
     except NumbaError as exc:
-        reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
-        raise Wrong(say(en=f"the kernel did not compile with your function: {reason.strip()}",
-                        ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
-                    ) from None
+        raise Wrong(say(en=f"the kernel did not compile with your function: "
+                           f"{compile_error_text(exc)}",
+                        ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: "
+                           f"{compile_error_text(exc)}")) from None
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
         if is_checker_fault(exc):
             raise
@@ -552,9 +552,9 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     except KernelTimeout:
         error = stuck_message(limit)
     except NumbaError as exc:
-        reason = next((line for line in str(exc).strip().splitlines() if line.strip()), "")
-        error = say(en=f"the kernel did not compile with your function: {reason.strip()}",
-                    ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {reason.strip()}")
+        error = say(en=f"the kernel did not compile with your function: "
+                       f"{compile_error_text(exc)}",
+                    ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {compile_error_text(exc)}")
     except Exception as exc:      # a simulated thread raised (e.g. an index out of range)
         if is_checker_fault(exc):
             raise

@@ -35,6 +35,7 @@ from paged_tutorial.teaching.harness import shapes
 from paged_tutorial.teaching.harness.base import (STUB_COMMENT, Puzzle, Unsolved, Wrong, is_stub,
                                                   short)
 from paged_tutorial.teaching.harness.engine_harness import engine_with_cache, run, tiny_model
+from paged_tutorial.teaching.harness.faults import is_checker_fault
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 #: what an engine run draws from: layers, tokens per block, slots
@@ -203,6 +204,8 @@ def checked(cls):
             except BehindTheApi:
                 raise Wrong(behind_the_api_message(cls, "ensure_capacity")) from None
             except IndexError as exc:
+                if is_checker_fault(exc):
+                    raise
                 if len(free) < need:
                     raise Wrong(say(
                         en=f"{call} needs {need} blocks with {len(free)} free and popped from an "
@@ -216,6 +219,8 @@ def checked(cls):
                 raise Wrong(say(en=f"{call} raised IndexError: {exc}",
                                 ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             except Exception as exc:
+                if is_checker_fault(exc):
+                    raise
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
                                 ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             after = self.table.entries
@@ -248,6 +253,8 @@ def checked(cls):
             except BehindTheApi:
                 raise Wrong(behind_the_api_message(cls, "release")) from None
             except Exception as exc:
+                if is_checker_fault(exc):
+                    raise
                 raise Wrong(say(en=f"{call} raised {type(exc).__name__}: {exc}",
                                 ko=f"{call}에서 예외 발생: {exception_text(exc)}")) from None
             walk = [int(b) for b in before[slot].ravel() if b >= 0]     # main.cpp:1018-1029
@@ -623,10 +630,14 @@ def _run_engine(cls, scenario: Scenario, probed: str) -> str:
         mine, diff = run(engine, requests, against=stock, compare_blocks=True,
                          after_step=after_step)
     except AssertionError as exc:
+        if is_checker_fault(exc):
+            raise
         raise Wrong(say(en=f"the cache's invariants broke: {exc}",
                         ko=f"캐시의 불변식이 깨졌습니다: "
                            f"{error_text('AssertionError', str(exc))}")) from None
     except ValueError as exc:          # the engine's check of a -1 entry before a write
+        if is_checker_fault(exc):
+            raise
         raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
                         ko=f"엔진이 멈췄습니다: "
                            f"{error_text('ValueError', str(exc).splitlines()[0])}")) from None

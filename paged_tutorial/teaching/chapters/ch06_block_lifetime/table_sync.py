@@ -301,11 +301,9 @@ def _grade_in(fn, scenario: Scenario, backend: str, device: str) -> str:
     engine = engine_with_cache(model, factory, backend=backend, device=device,
                                kv_cache_bytes=scenario.num_blocks * block_bytes,
                                **scenario.engine)
-    try:
-        run(engine, requests)
-    except ValueError as exc:          # the backend's check of an entry it follows
-        raise Wrong(say(en=f"the engine stopped: {str(exc).splitlines()[0]}",
-                        ko=f"엔진이 멈췄습니다: {str(exc).splitlines()[0]}")) from None
+    # every sync leaves the device table equal to the host's or raises Wrong: the engine
+    # follows the same entries as the stock engine's
+    run(engine, requests)
     cache = caches[0]
     syncs = cache.syncs
     changed = sum(c for c, _ in syncs)
