@@ -8,8 +8,7 @@ module".  So nothing on the serving path may import for the first time after con
 ``prepare_first_call`` runs, at construction, everything that imports lazily there:
 
 - the torch backend on the CPU: the compiled matrix-vector product (``cpu_matvec.py``: Numba,
-  imported and both versions compiled, or read from Numba's disk cache, by one tiny product on
-  one thread and one on two, which also starts Numba's thread pool);
+  imported and the product compiled, or read from Numba's disk cache, by one tiny product);
 - the tokenizer's chat template: compiled and rendered once (Jinja2 and what rendering
   imports); a template that fails is left to fail, with its own message, when it is used;
 - a backend that compiles kernels: the modules Numba's argument typing imports at a kernel's
@@ -37,8 +36,7 @@ def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
     """Import (and compile) now what the first call on ``backend`` with ``tokenizer`` would."""
     if backend.device.type == "cpu":
         one = torch.zeros(1, 1, dtype=torch.float32)
-        for threads in (1, 2):
-            cpu_matvec.matvec(one, one, threads=threads)
+        cpu_matvec.matvec(one, one)
     if backend.compiles_kernels:
         for name in NUMBA_LAUNCH_TYPING:
             importlib.import_module(name)
