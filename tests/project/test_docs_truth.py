@@ -74,9 +74,8 @@ def test_measured_md_names_the_newest_result_files():
         "docs/measured.md is stale: run python benchmarks/make_tables.py --doc docs/measured.md"
 
 
-def test_ci_runs_the_readmes_test_command_with_the_coverage_threshold():
+def test_ci_runs_the_readmes_test_command():
     command = README.split("## Test", 1)[1].split("```bash", 1)[1].split("```", 1)[0].strip()
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert command in [line.strip() for line in ci.splitlines()], \
         f".ci/run does not run the README's test command {command!r}"
-    assert "--cov " in f"{command} " and "--cov-fail-under=" in command
