@@ -120,3 +120,20 @@ def test_a_check_after_reveal_is_recorded_as_revealed(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "revealed" in out and "not solved" in out
     assert progress._SEEN[name]["status"] == "revealed"
+
+
+
+def test_pythons_own_bookkeeping_on_a_standard_base_is_not_her_state():
+    """Reading ``abc.ABC.__annotations__`` (Python 3.12's imports and ``typing.get_type_hints``
+    do) stores an empty dict in the class; an allocator whose bases derive from ABC keeps no
+    state for it."""
+    import abc
+
+    abc.ABC.__annotations__
+    assert "__annotations__" in vars(abc.ABC)
+    code = ex.reveal("06.allocator").code
+    assert abc.ABC in code.__mro__
+    space = {**vars(sys.modules[code.__module__]), "__name__": "her_cell"}
+    exec(compile(ex.reveal("06.allocator").source, "<her cell>", "exec"), space)
+    verdict = ex.grade("06.allocator", space[code.__name__])
+    assert verdict.ok, verdict.message

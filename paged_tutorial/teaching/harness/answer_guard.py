@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 
 from paged_tutorial.teaching.harness.faults import PACKAGE_DIR, origin
+from paged_tutorial.teaching.harness.kept_state import answers_own
 from paged_tutorial.teaching.language import particle, say
 
 #: builtins (by name) that reach the running program around an answer's arguments
@@ -289,7 +290,7 @@ def guarded(answer, guard: Guard):
         return _guarded_function(guard, answer)
     methods = {}
     for klass in answer.__mro__:
-        if str(klass.__module__).startswith("paged_tutorial") or klass is object:
+        if not answers_own(klass):
             continue
         for name, value in vars(klass).items():
             if name in methods or not inspect.isfunction(value) or \

@@ -35,6 +35,19 @@ REACHING_MODULES = ("sys", "gc", "inspect", "builtins", "ctypes", "importlib", "
                     "__main__")
 #: the functions the graders' own code is in (never an answer's helper)
 PACKAGE = "paged_tutorial"
+#: modules of the standard bases an answer's class may derive from (``abc.ABC``, ``typing``'s
+#: generics): what they hold is Python's bookkeeping, never an answer's state
+STANDARD_BASES = ("abc", "typing", "collections.abc", "builtins")
+
+
+def answers_own(klass) -> bool:
+    """Whether ``klass`` is a class of hers, not the package's, nor Python's own."""
+    module = str(klass.__module__)
+    return not (module.startswith(PACKAGE) or module in STANDARD_BASES or klass is object)
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
 
 
 def _functions(answer):
@@ -43,7 +56,7 @@ def _functions(answer):
     todo = []
     if inspect.isclass(answer):
         for klass in answer.__mro__:
-            if str(klass.__module__).startswith(PACKAGE) or klass is object:
+            if not answers_own(klass):
                 continue
             for name, value in vars(klass).items():
                 value = getattr(value, "__func__", value)
@@ -184,10 +197,10 @@ def _reach_of_function(where: str, fn) -> str | None:
 def _class_state(klass) -> str | None:
     """The first mutable class attribute of ``klass`` (or its non-package bases), in words."""
     for base in klass.__mro__:
-        if str(base.__module__).startswith(PACKAGE) or base is object:
+        if not answers_own(base):
             continue
         for name, value in vars(base).items():
-            if isinstance(value, MUTABLE_TYPES):
+            if isinstance(value, MUTABLE_TYPES) and not _dunder(name):
                 return say(en=f"the class attribute `{base.__name__}.{name}` ({_kind(value)}), "
                               "shared by every call",
                            ko=f"모든 호출이 함께 쓰는 클래스 속성 `{base.__name__}.{name}` "
@@ -269,10 +282,10 @@ def refusal(answer) -> str | None:
                           ko="functools 캐시로 결과를 기억합니다"))
     if inspect.isclass(answer):
         for klass in answer.__mro__:
-            if str(klass.__module__).startswith(PACKAGE) or klass is object:
+            if not answers_own(klass):
                 continue
             for name, value in vars(klass).items():
-                if isinstance(value, MUTABLE_TYPES):
+                if isinstance(value, MUTABLE_TYPES) and not _dunder(name):
                     return _keeps(f"{answer.__name__}", say(
                         en=f"the class attribute `{klass.__name__}.{name}` ({_kind(value)}) "
                            "is shared by every allocator the check makes",
