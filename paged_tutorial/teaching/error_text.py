@@ -81,6 +81,8 @@ KNOWN_MESSAGES = (
      lambda m: f"`{m.group(2)}` 타입에는 `{m.group(1)}` 속성이 없습니다"),
     (re.compile(r"No implementation of function Function\(<built-in function (\w+)>\)"),
      lambda m: f"`{m.group(1)}`에는 이 인자 타입들을 받는 구현이 없습니다"),
+    (re.compile(r"Unsupported array index type (\w+)"),
+     lambda m: f"배열 인덱스가 정수가 아니라 {m.group(1)}입니다 (정수로 나누려면 //)"),
     (re.compile(r"Untyped global name '(\w+)'"),
      lambda m: f"Numba가 전역 이름 `{m.group(1)}`의 타입을 알 수 없습니다"),
     (re.compile(r"Use of unsupported opcode \((\w+)\)"),
@@ -121,13 +123,27 @@ def exception_text(exc: BaseException) -> str:
 
 #: lines of a Numba error that say where it happened, not what went wrong
 _NUMBA_CONTEXT = re.compile(r"^(Failed in .* pipeline|During:|File \"|<source missing)")
+#: the terminal colour codes Numba puts in its messages where it thinks a terminal shows them
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Numba's reason, deep in a "No implementation of function setitem/getitem" error, when an
+#: array was indexed with something that is not an integer
+_BAD_INDEX = re.compile(r"Unsupported array index type (\w+)")
 
 
 def compile_reason(exc: BaseException) -> str:
     """The line of Numba's compile error ``exc`` that says what went wrong: the first that is
     not its pipeline header ("Failed in nopython mode pipeline ..."), a "During:" line or a
-    source location; the first line when every line is one of those."""
-    lines = [line.strip() for line in text_of(exc).splitlines() if line.strip()]
+    source location; the first line when every line is one of those.  An array indexed with a
+    float is said as such (Numba says it only deep in its list of candidates).  Terminal colour
+    codes are dropped."""
+    text = _TERMINAL_CODES.sub("", text_of(exc))
+    bad_index = _BAD_INDEX.search(text)
+    if bad_index:
+        kind = bad_index.group(1)
+        what = "a float index" if kind.startswith("float") else f"a {kind} index"
+        return (f"{bad_index.group(0)}: {what}; an array index must be an integer "
+                "(// divides to one)")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = [line for line in lines if not _NUMBA_CONTEXT.match(line)]
     return (said or lines or [""])[0]
 

@@ -21,7 +21,8 @@ SMALLEST = {
                      ["--repeats", "1", "--new-tokens", "1", "--threads", "1"], False),
     "gpu-tests": ("benchmarks/gpu_tests.py",
                   ["--timeout", "300", "--only", "tests/measure/test_benchmark_names.py"], False),
-    "decode-trees": ("benchmarks/decode_trees.py", ["here=.", "--rounds", "1"], True),
+    "decode-trees": ("benchmarks/decode_trees.py", ["here=.", "again=.", "--rounds", "1"],
+                     True),
 }
 
 

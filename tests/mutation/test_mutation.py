@@ -11,6 +11,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from helpers.on_this_device import RECORDED, SIMULATOR_ONLY  # noqa: E402
 from tests.mutation.operators import mutants  # noqa: E402
 from tests.mutation.run import (EQUIVALENT_FILE, REPORT_FILE, equivalent_list, grade,  # noqa: E402
                                 mutants_of, sample)
@@ -31,6 +32,11 @@ def test_a_seeded_sample_of_mutants_is_refused_by_the_check(puzzle):
     for mutant in picked:
         answer, verdict = grade(puzzle, mutant)
         if answer is None:
+            continue
+        if not RECORDED and verdict.status == "correct":
+            # a GPU grades outputs and store places: a mutant whose only fault is a read, a
+            # race or a mask passes there, and the verdict says what was not checked
+            assert SIMULATOR_ONLY in verdict.message, verdict.message
             continue
         assert verdict.status != "correct", (
             f"{puzzle}: the check passed the mutant {mutant.key} (not listed as equivalent):\n"

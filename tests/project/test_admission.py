@@ -22,8 +22,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from paged_tutorial.serving.app import build_app  # noqa: E402
 
 MAX_SEQ_LEN = 16
+#: a cache of a few MiB: on a GPU shared by several test processes, no engine here takes more
+CACHE = 4 << 20
 FAST = ["--backend", "torch", "--dtype", "float32", "--no-progress", "--no-chat",
-        "--max-seq-len", str(MAX_SEQ_LEN)]
+        "--max-seq-len", str(MAX_SEQ_LEN), "--kv-cache-mib", str(CACHE >> 20)]
 TOO_LONG = "abcdefghijklmnopqrstuvwxyz" * 2
 
 #: (case id, the sampling arguments, the field the refusal names)
@@ -54,17 +56,18 @@ def model(tiny_gguf):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    return pt.Engine(model, backend="torch", max_seq_len=MAX_SEQ_LEN)
+    return pt.Engine(model, backend="torch", max_seq_len=MAX_SEQ_LEN, kv_cache_bytes=CACHE)
 
 
 @pytest.fixture(scope="module")
 def llm(model):
-    return pt.LLM(model, backend="torch", max_model_len=MAX_SEQ_LEN)
+    return pt.LLM(model, backend="torch", max_model_len=MAX_SEQ_LEN, kv_cache_bytes=CACHE)
 
 
 @pytest.fixture(scope="module")
 def server(model):
-    with TestClient(build_app(pt.Engine(model, backend="torch", max_seq_len=MAX_SEQ_LEN),
+    with TestClient(build_app(pt.Engine(model, backend="torch", max_seq_len=MAX_SEQ_LEN,
+                                        kv_cache_bytes=CACHE),
                               "tiny")) as client:
         yield client
 

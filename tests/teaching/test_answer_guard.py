@@ -137,3 +137,13 @@ def test_pythons_own_bookkeeping_on_a_standard_base_is_not_her_state():
     exec(compile(ex.reveal("06.allocator").source, "<her cell>", "exec"), space)
     verdict = ex.grade("06.allocator", space[code.__name__])
     assert verdict.ok, verdict.message
+
+
+def test_a_class_that_names_pythons_module_as_its_own_is_still_hers():
+    from paged_tutorial.teaching.harness import kept_state
+
+    class Remembers:
+        seen = {}
+    Remembers.__module__ = "abc"
+    assert "keeps state" in kept_state.refusal(type("Mine", (Remembers,), {
+        "__module__": "abc", "ensure_capacity": lambda self, slot, new_len: None}))

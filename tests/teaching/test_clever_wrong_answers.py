@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 
 import paged_tutorial.teaching.exercises as ex  # noqa: E402
 from helpers.clever_answers import CLEVER  # noqa: E402
+from helpers.on_this_device import RECORDED, SIMULATOR_ONLY, expected  # noqa: E402
 
 CASES = [(name, what) for name, answers in CLEVER.items() for what in answers]
 
@@ -322,7 +323,8 @@ def test_token_score_draws_a_head_past_eight_warps_every_check():
         assert max(c.head_dim for c in score_handoff.cases()) > 256
     verdict = ex.grade("04.token_score", score_eight_warps_at_most)
     assert verdict.status == "wrong", verdict.message
-    assert "thread 0 combined dot_products[0, 1, 2, 3, 4, 5, 6, 7]" in verdict.message
+    assert expected("thread 0 combined dot_products[0, 1, 2, 3, 4, 5, 6, 7]",
+                    "differ from the torch oracle") in verdict.message, verdict.message
 
 
 @pytest.mark.parametrize("answer,text,not_text", [
@@ -335,6 +337,11 @@ def test_token_score_verdict_names_the_mistake_made(answer, text, not_text):
 
     verdict = score_handoff.run_parts(attention.ARTICLE_PARTS.replace(token_score=answer),
                                       _one_warp_case())
+    if not RECORDED and answer is score_barrier_in_both_branches:
+        # a barrier in both branches runs on a GPU of this age; the verdict says that only
+        # the simulator checks barriers
+        assert verdict.status == "correct" and SIMULATOR_ONLY in verdict.message, verdict.message
+        return
     assert verdict.status == "wrong", verdict.message
-    assert text in verdict.message, verdict.message
+    assert expected(text, "differ from the torch oracle") in verdict.message, verdict.message
     assert not_text is None or not_text not in verdict.message, verdict.message

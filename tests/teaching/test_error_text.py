@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
-from paged_tutorial.teaching.error_text import (ORIGINAL_LABEL, compile_reason, error_text,
+from paged_tutorial.teaching.error_text import (ORIGINAL_LABEL, compile_error_text, compile_reason,
+                                                error_text,
                                                 in_korean)
 from paged_tutorial.teaching.language import set_language
 from test_language import english_sentence
@@ -82,6 +83,29 @@ def test_the_line_of_a_numba_error_that_says_what_went_wrong_is_quoted():
     assert compile_reason(only_context) == \
         "Failed in cuda mode pipeline (step: nopython frontend)"
     assert compile_reason(Exception("")) == ""
+
+
+def test_numbas_terminal_colours_are_dropped_and_a_float_index_is_named():
+    coloured = Exception("Failed in cuda mode pipeline (step: nopython frontend)\n"
+                         "\x1b[1m\x1b[1m\x1b[1mUnknown attribute 'bit_length' of type int64"
+                         "\x1b[0m")
+    assert compile_reason(coloured) == "Unknown attribute 'bit_length' of type int64"
+    import numba
+    import numpy as np
+
+    @numba.njit
+    def store_at_a_quotient(cells, thread_id):
+        cells[thread_id / 32] = 1.0
+
+    with pytest.raises(numba.core.errors.TypingError) as raised:
+        store_at_a_quotient(np.zeros(4, np.float32), 3)
+    reason = compile_reason(raised.value)
+    assert "float index" in reason and "an array index must be an integer" in reason, reason
+    set_language("ko")
+    try:
+        assert "배열 인덱스가 정수가 아니라 float64입니다" in compile_error_text(raised.value)
+    finally:
+        set_language("en")
 
 
 def _k_index_numba_cannot_type(physical_block, token, q_head, thread_id, Q_PER_KV, BLOCK_ELEMS,

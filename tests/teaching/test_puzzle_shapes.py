@@ -172,3 +172,30 @@ def test_without_a_read_log_a_wrong_output_does_not_claim_the_reads_were_right(m
     assert "NaN" in message and "A GPU logs no reads" in message
     assert "threads 24-31 own no dimension" in message
     assert "The reads were the article's" not in message
+
+
+def test_on_a_gpu_the_store_puzzle_reads_what_the_stores_left(monkeypatch):
+    """Without the simulator's log (a GPU), write_output is graded by what its stores left in
+    q: a store in the padding between rows, an element still holding its q, the output; the
+    verdict that passes says which checks only the simulator makes."""
+    import paged_tutorial.teaching.exercises as ex
+    from helpers.clever_answers import CLEVER
+
+    monkeypatch.setattr(access_log, "AVAILABLE", False)
+    answers = CLEVER["05.write_output"]
+    # (the simulator stops a store past the end of the kernel's flat view of q, which on a
+    # GPU lands in the warp's width of NaN after the last row)
+    for what, texts in [("guard open for head_dims past 96", ("in the padding between rows",
+                                                              "is out of bounds")),
+                        ("idle lanes taken as HEAD_DIM % 32", ("0 time(s)",)),
+                        ("store guarded by acc != 0", ("still holds the q value",))]:
+        verdict = ex.grade("05.write_output", answers[what][0])
+        assert verdict.status == "wrong", (what, verdict.message)
+        assert any(text in verdict.message for text in texts), (what, verdict.message)
+    import sys
+
+    worked = ex.reveal("05.write_output")
+    space = {**vars(sys.modules[worked.code.__module__]), "__name__": "her_cell"}
+    exec(compile(worked.source, "<her cell>", "exec"), space)
+    verdict = ex.grade("05.write_output", space[worked.code.__name__])
+    assert verdict.ok and "in the simulator only" in verdict.message, verdict.message

@@ -11,11 +11,13 @@ checker's objects by another path than its arguments could read or change how it
 
 from __future__ import annotations
 
+import abc
 import collections
 import dis
 import functools
 import inspect
 import types
+import typing
 
 import numpy as np
 
@@ -35,15 +37,15 @@ REACHING_MODULES = ("sys", "gc", "inspect", "builtins", "ctypes", "importlib", "
                     "__main__")
 #: the functions the graders' own code is in (never an answer's helper)
 PACKAGE = "paged_tutorial"
-#: modules of the standard bases an answer's class may derive from (``abc.ABC``, ``typing``'s
-#: generics): what they hold is Python's bookkeeping, never an answer's state
-STANDARD_BASES = ("abc", "typing", "collections.abc", "builtins")
+#: Python's own classes an answer's class may derive from: what they hold (``ABC``'s
+#: ``__annotations__``, say) is Python's bookkeeping, never an answer's state.  Named by
+#: identity: a class of hers that merely says ``__module__ = "abc"`` is still hers.
+STANDARD_BASES = (object, abc.ABC, typing.Generic, typing.Protocol)
 
 
 def answers_own(klass) -> bool:
-    """Whether ``klass`` is a class of hers, not the package's, nor Python's own."""
-    module = str(klass.__module__)
-    return not (module.startswith(PACKAGE) or module in STANDARD_BASES or klass is object)
+    """Whether ``klass`` is a class of hers, not the package's, nor one of Python's own."""
+    return klass not in STANDARD_BASES and not str(klass.__module__).startswith(PACKAGE)
 
 
 def _dunder(name: str) -> bool:

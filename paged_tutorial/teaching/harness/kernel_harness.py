@@ -37,6 +37,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,
@@ -161,13 +162,33 @@ def prepare(case: KernelCase) -> Prepared:
 
 def launch_q(prep: Prepared, device) -> torch.Tensor:
     """A fresh copy of the case's q on ``device``, as the kernel gets it: [rows, heads,
-    head_dim] whose rows are ``case.q_row_stride`` elements apart (the padding between rows
-    holds NaN: a read of it poisons the output)."""
+    head_dim] whose rows are ``case.q_row_stride`` elements apart.  The padding between rows,
+    and one warp's width after the last row, hold NaN: a read of it poisons the output, and a
+    store into it is seen afterwards (``stray_q_stores``)."""
     case = prep.case
     rows, width = len(case.rows), case.n_q_heads * case.head_dim
-    storage = torch.full((rows, case.q_row_stride), float("nan"), dtype=prep.q.dtype)
-    storage[:, :width] = prep.q.reshape(rows, width)
-    return storage.to(device)[:, :width].unflatten(1, (case.n_q_heads, case.head_dim))
+    storage = torch.full((rows * case.q_row_stride + WARP_SIZE,), float("nan"),
+                         dtype=prep.q.dtype)
+    grid = storage[:rows * case.q_row_stride].view(rows, case.q_row_stride)
+    grid[:, :width] = prep.q.reshape(rows, width)
+    storage = storage.to(device)
+    return storage.as_strided((rows, case.n_q_heads, case.head_dim),
+                              (case.q_row_stride, case.head_dim, 1))
+
+
+def stray_q_stores(q: torch.Tensor) -> list:
+    """(row, offset) of every element of ``launch_q``'s storage outside the heads' elements that
+    no longer holds NaN: a store that landed in the padding after row ``row``'s last q head
+    (``offset`` elements past it), or after the last row."""
+    rows, heads, head_dim = q.shape
+    stride, width = q.stride(0), heads * head_dim
+    storage = q.as_strided((q.untyped_storage().nbytes() // q.element_size(),), (1,), 0).cpu()
+    found = []
+    for row in range(rows):
+        end = (row + 1) * stride if row + 1 < rows else storage.numel()
+        padding = storage[row * stride + width:end]
+        found += [(row, int(i)) for i in torch.nonzero(~torch.isnan(padding)).flatten()]
+    return found
 
 
 def q_span(q: torch.Tensor) -> torch.Tensor:
@@ -414,10 +435,12 @@ class BodyRun:
     shared: object | None
     bad: list
     error: str | None
+    #: (row, offset) of stores that landed in q's padding (``stray_q_stores``)
+    stray: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.bad
+        return self.error is None and not self.bad and not self.stray
 
 
 def _first_line(exc: Exception) -> str:
@@ -566,7 +589,7 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
            if not (torch.isfinite(out[row, h]).all()
                    and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
                                       atol=prep.atol))]
-    return BodyRun(out, logs, shared, bad, None)
+    return BodyRun(out, logs, shared, bad, None, stray_q_stores(q))
 
 
 _EMPTY_BODY_OPS = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP",

@@ -18,8 +18,8 @@ import math
 
 from numba import cuda, float32
 
-WARP_SIZE = 32
-FULL_MASK = 0xFFFFFFFF
+from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK, WARP_SIZE
+
 MAX_WARPS = 32
 
 

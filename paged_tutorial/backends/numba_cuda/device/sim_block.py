@@ -54,7 +54,7 @@ import numpy as np
 from numba.cuda.simulator import kernel as _sim_kernel
 from numba.cuda.simulator import kernelapi as _sim_kernelapi
 
-WARP_SIZE = 32
+from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE  # noqa: E402
 
 
 class BarrierDivergence(RuntimeError):

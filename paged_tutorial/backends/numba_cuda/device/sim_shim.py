@@ -57,8 +57,7 @@ from numba import cuda
 SIMULATING: bool = bool(getattr(cuda, "config", None) and cuda.config.ENABLE_CUDASIM) or \
     cuda.jit.__module__.startswith("numba.cuda.simulator")
 
-WARP_SIZE = 32
-FULL_MASK = 0xFFFFFFFF
+from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK, WARP_SIZE  # noqa: E402
 
 
 # --- libdevice stand-in ------------------------------------------------------------------

@@ -49,8 +49,10 @@ from numba import cuda, float32
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel, global_names
 
-WARP_SIZE = 32
-WARP_FULL_MASK = 0xFFFFFFFF     # the article's WARP_FULL_MASK on CUDA (32 lanes)
+# the article's WARP_FULL_MASK: all 32 lanes of a warp
+from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK as WARP_FULL_MASK  # noqa: E402
+from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE  # noqa: E402
+
 MAX_THREADS_PER_BLOCK = 1024
 
 

@@ -223,6 +223,7 @@ def kernel_steps_called(fn) -> list[str]:
 
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.backends.numba_cuda.runtime import access_log
 
     if is_stub(fn):
         raise Unsolved(say(en="walk_blocks has no body yet: write it",
@@ -247,6 +248,13 @@ def grade(fn) -> tuple:
         figure = _grade_case(parts, case)
         first_figure = first_figure or figure
     shapes_run = "; ".join(case.label for case in drawn)
+    if not access_log.AVAILABLE:        # on a GPU: the output, not the reads behind it
+        return say(en="the output equals the torch oracle's on this GPU.  Which table entries "
+                      "and which K and V elements each thread read, and how often, is checked "
+                      f"in the simulator only: grade it on a CPU.  Shapes run: {shapes_run}",
+                   ko="이 GPU에서 출력이 torch 오라클과 같습니다.  각 스레드가 어느 테이블 항목과 "
+                      "어느 K·V 원소를 몇 번 읽었는지는 시뮬레이터에서만 검사합니다: CPU에서 "
+                      f"채점하세요.  실행한 모양: {shapes_run}"), first_figure
     return say(en="every thread block of every launch read the article's table entries, "
                   "every K and V element of each thread exactly once (nothing past head_dim), "
                   f"and the output equals the torch oracle's.  Shapes run: {shapes_run}",

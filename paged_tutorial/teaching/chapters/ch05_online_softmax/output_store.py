@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness import shapes
 from paged_tutorial.teaching.harness.base import Puzzle, Unsolved, Wrong
@@ -111,6 +113,7 @@ def _figure(prep, logs, row: int = 0, h: int = 0):
 
 def grade(fn) -> tuple:
     from paged_tutorial.backends.numba_cuda.kernels import attention
+    from paged_tutorial.backends.numba_cuda.runtime import access_log
 
     if is_stub(fn):
         raise Unsolved(say(en="write_output has no body yet: write it",
@@ -125,6 +128,15 @@ def grade(fn) -> tuple:
             raise Wrong(f"[{case.label}] {wrong.message}", wrong.figure) from None
         first_figure = first_figure or figure
     shapes_run = "; ".join(case.label for case in drawn)
+    if not access_log.AVAILABLE:        # on a GPU: where the stores landed, not who made them
+        return say(en="the output equals the torch oracle's on this GPU, every element stored "
+                      "and nothing stored outside the q heads.  Which thread stored which "
+                      "element, and how often, is checked in the simulator only: grade it on a "
+                      f"CPU.  Shapes run: {shapes_run}",
+                   ko="이 GPU에서 출력이 torch 오라클과 같고, 모든 원소가 저장되었으며 q 헤드 "
+                      "밖에는 아무것도 저장되지 않았습니다.  어느 스레드가 어느 원소를 몇 번 "
+                      "저장했는지는 시뮬레이터에서만 검사합니다: CPU에서 채점하세요.  실행한 "
+                      f"모양: {shapes_run}"), first_figure
     return say(en="every thread of every row and q head wrote acc / d once, over the q element "
                   "it read; the threads past head_dim wrote nothing; the output equals the torch "
                   f"oracle's.  Shapes run: {shapes_run}",
@@ -147,10 +159,36 @@ def _grade_case(parts, case):
     figure = _figure(prep, result.logs)
     if result.logs:                 # the stores made before a failure say more than the failure
         check_q_writes(prep, result.logs, lambda row, h: _figure(prep, result.logs, row, h))
+    elif result.stray:              # on a GPU: no log, but the padding shows where stores went
+        row, offset = result.stray[0]
+        raise Wrong(say(
+            en=f"a store landed outside every q head: {offset} element(s) after row {row}'s "
+               f"last q head, in the padding between rows that no thread owns "
+               f"({len(result.stray)} such element(s) in all).  Threads from HEAD_DIM = "
+               f"{prep.case.head_dim} on own no dimension and must store nothing (the "
+               "simulator on a CPU names the thread)",
+            ko=f"저장 하나가 모든 q 헤드 밖에 떨어졌습니다: 행 {row}의 마지막 q 헤드 뒤 "
+               f"{offset}번째 원소, 어느 스레드의 것도 아닌 행 사이의 패딩입니다 (그런 원소가 "
+               f"모두 {len(result.stray)}개).  HEAD_DIM = {prep.case.head_dim}부터의 스레드는 "
+               "맡은 차원이 없어 아무것도 저장하면 안 됩니다 (CPU의 시뮬레이터는 그 스레드를 "
+               "짚어 줍니다)"), figure)
     if result.error is not None:
         raise Wrong(say(en=f"the kernel failed with your write_output: {result.error}",
                         ko=f"여러분의 write_output으로 커널이 실패했습니다: {result.error}"),
                     figure)
+    if result.bad and not result.logs:  # on a GPU: an element still holding its q was not stored
+        for row, h in result.bad:
+            kept = torch.nonzero((result.out[row, h] == prep.q[row, h])
+                                 & (prep.reference[row, h] != prep.q[row, h])).flatten()
+            if len(kept):
+                d = int(kept[0])
+                raise Wrong(say(
+                    en=f"thread block (row {row}, q head {h}): thread {d} wrote its output "
+                       f"element 0 time(s), not once: it still holds the q value the kernel "
+                       f"read there ({len(kept)} such element(s) in this head)",
+                    ko=f"스레드 블록 (행 {row}, q 헤드 {h}): 스레드 {particle(d, '이/가')} 자기 "
+                       f"출력 원소를 한 번이 아니라 0번 썼습니다: 커널이 거기서 읽은 q 값이 "
+                       f"그대로 있습니다 (이 헤드에 그런 원소 {len(kept)}개)"), figure)
     if result.bad:
         row, h = result.bad[0]
         got, ref = result.out[row, h], prep.reference[row, h]
