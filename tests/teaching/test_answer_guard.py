@@ -116,7 +116,7 @@ def test_a_check_after_reveal_is_recorded_as_revealed(capsys, monkeypatch):
     shown = ex.reveal(name)
     space = {}
     exec(compile(shown.source, "<her cell>", "exec"), space)
-    ex.check(name, space["locate"])
+    assert ex.check(name, space["locate"]) is False      # right, but not hers to claim
     out = capsys.readouterr().out
     assert "revealed" in out and "not solved" in out
     assert progress._SEEN[name]["status"] == "revealed"

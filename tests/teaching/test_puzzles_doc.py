@@ -173,6 +173,15 @@ def render() -> str:
         "scales, scores spanning +-1000, regrading on fresh draws).  A mutant the check passes and "
         "the oracle refuses is a hole.",
         "",
+        "On a GPU the kernel's parts run compiled: a check there sees the outputs and where the "
+        "stores landed",
+        "(q's padding and one warp's width after it hold NaN), not who read or wrote what.  The "
+        "reads, races,",
+        "barriers and shuffle masks are recorded in the simulator only, and a verdict that passes "
+        "on a GPU says so",
+        "(\"... checked in the simulator only: grade it on a CPU\").  The mutation report is made "
+        "in the simulator.",
+        "",
     ]
     for p in PUZZLES:
         draw = inspect.getdoc(DRAWS[p.name]) or ""

@@ -177,7 +177,9 @@ def _in_notebook() -> bool:
 
 def check(name: str, answer, draw: bool | None = None, remember: bool = True) -> bool:
     """Check ``answer`` to exercise or puzzle ``name`` (e.g. ``"01.v_offset"``): print a
-    one-line verdict and return True when it is right.  For a puzzle, a figure of the graded
+    one-line verdict and return True when it is right and hers: a right answer to a puzzle
+    whose worked solution was revealed first prints "revealed" and returns False (it is
+    recorded as revealed, not solved).  For a puzzle, a figure of the graded
     run (what went wrong, or what the right answer did) is drawn too (by default only inside a
     notebook; ``draw`` forces it on or off).  A puzzle's function that is right is remembered
     (``solved.py``): the closing kernel notebook assembles the learner's kernel from them.
@@ -213,7 +215,7 @@ def check(name: str, answer, draw: bool | None = None, remember: bool = True) ->
 
             display(figure)
             plt.close(figure)
-    return verdict.ok or verdict.status == "revealed"
+    return verdict.ok
 
 
 def expected_answer(name: str):

@@ -37,7 +37,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE
+from paged_tutorial.backends.warp import WARP_SIZE
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_read_trace, poisoned_copy,

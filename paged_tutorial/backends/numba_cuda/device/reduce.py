@@ -18,7 +18,7 @@ import math
 
 from numba import cuda, float32
 
-from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK, WARP_SIZE
+from paged_tutorial.backends.warp import FULL_MASK, WARP_SIZE
 
 MAX_WARPS = 32
 

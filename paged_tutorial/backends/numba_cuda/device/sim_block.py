@@ -54,7 +54,7 @@ import numpy as np
 from numba.cuda.simulator import kernel as _sim_kernel
 from numba.cuda.simulator import kernelapi as _sim_kernelapi
 
-from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE  # noqa: E402
+from paged_tutorial.backends.warp import WARP_SIZE  # noqa: E402
 
 
 class BarrierDivergence(RuntimeError):

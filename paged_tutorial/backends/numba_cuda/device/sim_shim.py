@@ -57,7 +57,7 @@ from numba import cuda
 SIMULATING: bool = bool(getattr(cuda, "config", None) and cuda.config.ENABLE_CUDASIM) or \
     cuda.jit.__module__.startswith("numba.cuda.simulator")
 
-from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK, WARP_SIZE  # noqa: E402
+from paged_tutorial.backends.warp import FULL_MASK, WARP_SIZE  # noqa: E402
 
 
 # --- libdevice stand-in ------------------------------------------------------------------

@@ -50,8 +50,8 @@ from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel, global_names
 
 # the article's WARP_FULL_MASK: all 32 lanes of a warp
-from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK as WARP_FULL_MASK  # noqa: E402
-from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE  # noqa: E402
+from paged_tutorial.backends.warp import FULL_MASK as WARP_FULL_MASK  # noqa: E402
+from paged_tutorial.backends.warp import WARP_SIZE  # noqa: E402
 
 MAX_THREADS_PER_BLOCK = 1024
 

@@ -69,7 +69,7 @@ from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, 
                                                                 rows, words)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 
-from paged_tutorial.backends.numba_cuda.device.warp import FULL_MASK, WARP_SIZE  # noqa: E402
+from paged_tutorial.backends.warp import FULL_MASK, WARP_SIZE  # noqa: E402
 
 NARROW_LOAD_ELEMS = 4        # head dims per load on the 8-byte path (an int64 word of bf16)
 NEG_INF = float32(-math.inf)

@@ -41,7 +41,7 @@ from paged_tutorial.teaching.harness.kernel_harness import (KernelCase, bad_summ
                                                             prepare, race_message, run_body,
                                                             threads_text)
 
-from paged_tutorial.backends.numba_cuda.device.warp import WARP_SIZE  # noqa: E402
+from paged_tutorial.backends.warp import WARP_SIZE  # noqa: E402
 
 
 #: head_dims of three warps whose last one holds a lane or two: a warp count that rounds
