@@ -15,6 +15,9 @@ engine has N slots (``--max-slots`` to change it): everything decodes together b
   all started together; throughput is generated tokens / (last stream's end - first start),
   first token is each stream's first text chunk.
 
+``--io auto,python`` serves the same requests twice, on uvloop + httptools (uvicorn's choice
+where they are installed) and on asyncio + h11, side by side in one run (``served_by_io``).
+
 Writes JSON (``serve-<date>.json`` in benchmarks/results, or ``--out``): the two
 throughputs, their ratio, first-token p50 / p90 both ways, the CPU time per generated token of
 the server's event-loop thread and engine thread (Linux), and the setting.  The answers are
@@ -102,13 +105,15 @@ def thread_cpu_s() -> dict[str, float]:
     return used
 
 
-def served(engine, prompts, max_tokens, name):
+def served(engine, prompts, max_tokens, name, io="auto"):
     from paged_tutorial.serving.app import build_app
     from paged_tutorial.serving.server import BackgroundServer
 
     # every client connected at once (an older checkout's server has no such keyword)
-    room = ({"limit_concurrency": None}
-            if "limit_concurrency" in inspect.signature(BackgroundServer).parameters else {})
+    accepted = inspect.signature(BackgroundServer).parameters
+    room = {"limit_concurrency": None} if "limit_concurrency" in accepted else {}
+    if "io" in accepted:
+        room["io"] = io
     with BackgroundServer(build_app(engine, name), **room) as server:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -174,8 +179,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--threads", type=int, default=None,
                    help="torch's intra-op threads (default: torch's own choice)")
+    p.add_argument("--io", default="auto",
+                   help="the server's event loop and HTTP parser, one or more of 'auto' (uvloop "
+                        "+ httptools where installed) and 'python' (asyncio + h11), comma-"
+                        "separated: each is served in turn, the first gives the headline figures")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    ios = [io.strip() for io in args.io.split(",") if io.strip()]
 
     import torch
 
@@ -191,8 +201,20 @@ def main(argv=None) -> int:
     prompts = prompts_for(args.clients, args.prompt_words)
     llm.generate(prompts[:2], pt.SamplingParams(max_tokens=2))         # warm both batch sizes
     off = on_a_worker_thread(offline, llm, prompts, args.max_tokens)
-    srv = served(llm.engine, prompts, args.max_tokens, "load")
+    runs = {io: served(llm.engine, prompts, args.max_tokens, "load", io) for io in ios}
+    srv = runs[ios[0]]
     off_tps, srv_tps = off["tokens"] / off["wall_s"], srv["tokens"] / srv["wall_s"]
+
+    def summary(run, io):
+        from paged_tutorial.serving.server import io_in_use
+
+        return {"io": io_in_use(io), "tokens_per_s": round(run["tokens"] / run["wall_s"], 1),
+                "over_offline": round(run["tokens"] / run["wall_s"] / off_tps, 3),
+                "first_token_p50_s": round(statistics.median(run["first_token_s"]), 4),
+                "thread_cpu_us_per_token": {
+                    thread: round(1e6 * seconds / run["tokens"], 1)
+                    for thread, seconds in run["thread_cpu_s"].items()},
+                "same_answers": off["texts"] == run["texts"]}
     data = {
         "benchmark": "serve_load", "date": dt.date.today().isoformat(),
         "what": "offline LLM.generate vs the server with N concurrent streaming clients, "
@@ -214,11 +236,13 @@ def main(argv=None) -> int:
         "served_thread_cpu_us_per_token": {
             thread: round(1e6 * seconds / srv["tokens"], 1)
             for thread, seconds in srv["thread_cpu_s"].items()},
-        "same_answers": off["texts"] == srv["texts"],
+        "same_answers": all(off["texts"] == run["texts"] for run in runs.values()),
+        "served_by_io": {io: summary(run, io) for io, run in runs.items()},
     }
     print(json.dumps(data, indent=1))
     write_json(data, "serve", args.out)
-    return 0 if data["same_answers"] and srv["tokens"] == off["tokens"] else 1
+    return 0 if data["same_answers"] and all(run["tokens"] == off["tokens"]
+                                             for run in runs.values()) else 1
 
 
 if __name__ == "__main__":

@@ -53,12 +53,33 @@ LIMIT_CONCURRENCY = 512
 TIMEOUT_KEEP_ALIVE_S = 5.0
 
 
+#: the event loop and HTTP parser under the server, by name: "auto" is uvicorn's choice
+#: (uvloop and httptools, installed with the package, where the platform has them: every
+#: streamed chunk costs the event loop less, and the engine thread shares the interpreter with
+#: it), "python" the standard library's asyncio loop and the pure-Python h11
+IO = {"auto": ("auto", "auto"), "python": ("asyncio", "h11")}
+
+
 def _config(app, host: str, port: int, drain_timeout_s: float, log_level: str,
-            limit_concurrency: int | None, timeout_keep_alive_s: float):
+            limit_concurrency: int | None, timeout_keep_alive_s: float, io: str = "auto"):
+    if io not in IO:
+        raise ValueError(f"io={io!r}: choose one of {', '.join(IO)}")
+    loop, http = IO[io]
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
                           timeout_graceful_shutdown=drain_timeout_s, lifespan="on",
                           limit_concurrency=limit_concurrency,
-                          timeout_keep_alive=timeout_keep_alive_s)
+                          timeout_keep_alive=timeout_keep_alive_s, loop=loop, http=http)
+
+
+def io_in_use(io: str = "auto") -> str:
+    """The event loop and HTTP parser that ``io`` gives here, in words ("uvloop + httptools")."""
+    import importlib.util
+
+    if io == "python":
+        return "asyncio + h11"
+    have = {name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")}
+    return (("uvloop" if have["uvloop"] else "asyncio") + " + "
+            + ("httptools" if have["httptools"] else "h11"))
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
@@ -84,14 +105,14 @@ class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", drain_timeout_s: float = 10.0,
                  log_level: str = "warning", start_timeout_s: float = 60.0,
                  limit_concurrency: int | None = LIMIT_CONCURRENCY,
-                 timeout_keep_alive_s: float = TIMEOUT_KEEP_ALIVE_S):
+                 timeout_keep_alive_s: float = TIMEOUT_KEEP_ALIVE_S, io: str = "auto"):
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         self.host, self.port = self._socket.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
         self._server = _Server(_config(app, host, self.port, drain_timeout_s, log_level,
-                                       limit_concurrency, timeout_keep_alive_s))
+                                       limit_concurrency, timeout_keep_alive_s, io))
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},
                                         name="uvicorn", daemon=True)
