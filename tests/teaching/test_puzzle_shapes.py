@@ -231,7 +231,9 @@ def test_on_a_gpu_the_store_puzzle_reads_what_the_stores_left(monkeypatch):
     for what, texts in [("guard open for head_dims past 96", ("in the padding between rows",
                                                               "is out of bounds")),
                         ("idle lanes taken as HEAD_DIM % 32", ("0 time(s)",)),
-                        ("store guarded by acc != 0", ("still holds the q value",))]:
+                        ("store guarded by acc != 0", ("still holds the q value",)),
+                        ("row stride right for two rows only", ("(row 2, q head",)),
+                        ("output kept within float16's range", ("whatever its value",))]:
         verdict = ex.grade("05.write_output", answers[what][0])
         assert verdict.status == "wrong", (what, verdict.message)
         assert any(text in verdict.message for text in texts), (what, verdict.message)
