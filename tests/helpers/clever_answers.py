@@ -349,6 +349,30 @@ def write_output_guard_open_past_96(q, q_row_stride, active_slot, q_head, thread
         store(q, active_slot * q_row_stride + q_head * HEAD_DIM + thread_id, acc / d)
 
 
+def softmax_starts_over_after_a_jump_of_14(current_max, d, acc, score, v):
+    # "what came before is exp(-14) of the new token or less: negligible"
+    if score - current_max > 14.0:
+        return score, 1.0, v
+    new_max = max(current_max, score)
+    correction = math.exp(current_max - new_max)
+    e = math.exp(score - new_max)
+    return new_max, d * correction + e, acc * correction + e * v
+
+
+def write_output_kept_in_half_range(q, q_row_stride, active_slot, q_head, thread_id, acc, d):
+    # the output kept within float16's largest finite value, "in case q is half precision"
+    if thread_id < HEAD_DIM:
+        out = acc / d
+        store(q, active_slot * q_row_stride + q_head * HEAD_DIM + thread_id,
+              math.copysign(min(abs(out), 65504.0), out))
+
+
+def write_output_two_rows_at_most(q, q_row_stride, active_slot, q_head, thread_id, acc, d):
+    # a batch of one or two rows: the second starts q_row_stride in
+    if thread_id < HEAD_DIM:
+        store(q, min(active_slot, 1) * q_row_stride + q_head * HEAD_DIM + thread_id, acc / d)
+
+
 class GrowsByTheHintsRules(AllocatorBase):
     """An empty slot gets all its blocks; a slot that owns blocks gets one only when the token
     written starts a block: right for a decode step, short for a slot grown further."""
@@ -463,6 +487,8 @@ CLEVER = {
         "rescales only when the max rises by 100": (softmax_lazy_rescale, "climbing"),
         "rescales only when the max rises by 85": (softmax_lazy_rescale_85, "float32 overflowed"),
         "drops tokens 20 below the running max": (softmax_drops_20_below, "however far below"),
+        "starts over when the max jumps by more than 14": (
+            softmax_starts_over_after_a_jump_of_14, "however far the max jumps"),
     },
     "05.write_output": {
         "row stride from the heads, not q_row_stride": (write_output_stride_from_heads,
@@ -470,6 +496,9 @@ CLEVER = {
         "idle lanes taken as HEAD_DIM % 32": (write_output_idle_lanes_mod_32, "0 time(s)"),
         "store guarded by acc != 0": (write_output_skips_zero, "0 time(s)"),
         "guard open for head_dims past 96": (write_output_guard_open_past_96, "own no dimension"),
+        "output kept within float16's range": (write_output_kept_in_half_range,
+                                               "whatever its value"),
+        "row stride right for two rows only": (write_output_two_rows_at_most, "(row 2, q head"),
     },
     "06.allocator": {
         "writes table.entries directly": (WritesEntriesDirectly, "self.table.entries"),

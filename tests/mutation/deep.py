@@ -121,8 +121,15 @@ def _score_sequences():
     seqs.append(np.array([900.0] + [900.0 - 12.0] * 5000))   # many tokens far below the max
     seqs.append(np.array([-1000.0, 1000.0, -1000.0, 999.0]))
     seqs.append(np.array([0.0] * 30 + [60.0] + [59.0] * 30))
-    return [(s.astype(np.float32), rng.standard_normal(len(s)).astype(np.float32))
-            for s in seqs]
+    seqs.append(np.array([5.0] * 3000 + [17.0]))              # a max that jumps above many
+    drawn = [(s.astype(np.float32), rng.standard_normal(len(s)).astype(np.float32))
+             for s in seqs]
+    # a max that jumps 25 above 2000 tokens whose V makes them, together, weigh 3 times the
+    # new token: what was summed before a jump counts, however far the max jumps
+    weight = 3.0 * math.exp(25.0) / 2000
+    drawn.append((np.array([5.0] * 2000 + [30.0], dtype=np.float32),
+                  np.array([weight] * 2000 + [-1.0], dtype=np.float32)))
+    return drawn
 
 
 def _replay(fn, scores, values):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import paged_tutorial.teaching.exercises as ex
+from paged_tutorial.cache import CacheFullError
 from paged_tutorial.teaching.chapters import puzzle
 from paged_tutorial.teaching.harness.base import Wrong
 from paged_tutorial.teaching.chapters.ch06_block_lifetime import allocator, table_sync
@@ -38,6 +39,50 @@ def test_allocator_draws_a_stream_that_runs_short_of_blocks_but_not_out():
         assert allocator._FindsShortfall.shortfalls > 0
         assert f"seed {s.seed}" in s.describe()
     assert allocator.draw_scenario(8).block_size == 8
+
+
+class _RebindsTheFreeList(allocator.AllocatorBase):
+    """Releases into a new list bound to self.free_blocks rather than pushing onto the old one:
+    nothing in the engine keeps the list object (the cache, the scheduler and the checks read
+    allocator.free_blocks afresh, and the cache itself rebinds it), so this is right."""
+
+    def ensure_capacity(self, slot, new_len):
+        c, entries = self.config, self.table.entries
+        todo = [(layer, lb) for layer in range(c.num_layers)
+                for lb in range(c.blocks_for_tokens(new_len)) if entries[slot, layer, lb] < 0]
+        if len(todo) > len(self.free_blocks):
+            raise CacheFullError(f"{len(todo)} blocks needed")
+        for layer, lb in todo:
+            self.table.assign(slot, layer, lb, self.free_blocks.pop())
+
+    def release(self, slot):
+        c = self.config
+        pushed = [self.table.unassign(slot, layer, lb) for layer in range(c.num_layers)
+                  for lb in range(c.MAX_BLOCKS_PER_SEQ) if self.table.entries[slot, layer, lb] >= 0]
+        self.free_blocks = [*self.free_blocks, *pushed]
+        return pushed
+
+
+class _CapsAtTheRow(_RebindsTheFreeList):
+    """Grows at most to the table's row (MAX_BLOCKS_PER_SEQ) and never checks the length:
+    the engine never asks for more than max_seq_len tokens (admission refuses a prompt that
+    long, a request retires at max_seq_len), and up to there the cap changes nothing."""
+
+    def ensure_capacity(self, slot, new_len):
+        c = self.config
+        n = min(c.blocks_for_tokens(new_len), c.MAX_BLOCKS_PER_SEQ)
+        todo = [(layer, lb) for layer in range(c.num_layers) for lb in range(n)
+                if self.table.entries[slot, layer, lb] < 0]
+        if len(todo) > len(self.free_blocks):
+            raise CacheFullError(f"{len(todo)} blocks needed")
+        for layer, lb in todo:
+            self.table.assign(slot, layer, lb, self.free_blocks.pop())
+
+
+@pytest.mark.parametrize("answer", [_RebindsTheFreeList, _CapsAtTheRow])
+def test_allocators_that_differ_only_where_the_engine_never_looks_are_right(answer):
+    verdict = ex.grade("06.allocator", answer)
+    assert verdict.status == "correct", verdict.message
 
 
 def test_can_share_draws_new_chains_and_two_block_sizes_every_check():

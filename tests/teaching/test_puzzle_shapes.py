@@ -76,11 +76,54 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert max(c.head_dim for c in store) > 96 and max(c.head_dim for c in store) % 32
         assert min(c.head_dim for c in store) < 64          # a narrow partly used last warp
         assert any(c.zero_v_dims for c in store)             # an output that is exactly 0
+        assert any(len(c.rows) >= 3 for c in store)         # a row past the first two
+        assert any(c.large_v_dims and c.large_v > 65504 for c in store)  # past float16's range
         dims = sorted(c.head_dim for c in score_handoff.cases())
         assert dims[0] == 32 and 64 < dims[1] < 96 and dims[2] > 256     # 1, 3 and 9+ warps
         for c in walk + table + k + store:                   # constants no answer may assume
             assert c.scale is not None and abs(c.softmax_scale * c.head_dim ** 0.5 - 1) > 0.1
             assert c.q_row_stride > c.n_q_heads * c.head_dim
+
+
+def test_the_store_check_has_outputs_past_float16s_range_and_rows_past_two():
+    for _ in range(3):
+        store = output_store.cases()
+        large = [c for c in store if c.large_v_dims]
+        assert len(large) == 1 and f"|V| >= {large[0].large_v:.3g}" in large[0].label
+        case = large[0]
+        reference = online_softmax.prepare(case).reference
+        dims = slice(case.head_dim - case.large_v_dims, None)
+        assert float(reference[..., dims].abs().min()) >= case.large_v > 65504
+        assert float(reference[..., :dims.start].abs().max()) < 100      # the rest as before
+        assert sorted(len(c.rows) for c in store)[-1] in (3, 4)
+
+
+def _starts_over_after(margin):
+    def update(current_max, d, acc, score, v):
+        if score > current_max + margin:
+            return score, 1.0, v
+        new_max = max(current_max, score)
+        return (new_max, d * math.exp(current_max - new_max) + math.exp(score - new_max),
+                acc * math.exp(current_max - new_max) + math.exp(score - new_max) * v)
+    return update
+
+
+def test_the_jump_probe_refuses_an_update_that_starts_over_at_any_margin_up_to_14():
+    from paged_tutorial.teaching.harness.base import Wrong
+
+    def ties_move_the_max(current_max, d, acc, score, v):
+        new_max = score if score >= current_max else current_max
+        correction, e = math.exp(current_max - new_max), math.exp(score - new_max)
+        return new_max, d * correction + e, acc * correction + e * v
+
+    rng = np.random.default_rng()
+    for _ in range(5):
+        base = float(rng.uniform(-50, 50))
+        for margin in (6.0, 10.0, 12.0, 14.0):
+            with pytest.raises(Wrong, match="however far the max jumps"):
+                online_softmax.check_jump(_starts_over_after(margin), rng, base)
+        for right in (online_softmax.article_update, ties_move_the_max):
+            online_softmax.check_jump(right, rng, base)
 
 
 def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():
@@ -188,7 +231,9 @@ def test_on_a_gpu_the_store_puzzle_reads_what_the_stores_left(monkeypatch):
     for what, texts in [("guard open for head_dims past 96", ("in the padding between rows",
                                                               "is out of bounds")),
                         ("idle lanes taken as HEAD_DIM % 32", ("0 time(s)",)),
-                        ("store guarded by acc != 0", ("still holds the q value",))]:
+                        ("store guarded by acc != 0", ("still holds the q value",)),
+                        ("row stride right for two rows only", ("(row 2, q head",)),
+                        ("output kept within float16's range", ("whatever its value",))]:
         verdict = ex.grade("05.write_output", answers[what][0])
         assert verdict.status == "wrong", (what, verdict.message)
         assert any(text in verdict.message for text in texts), (what, verdict.message)

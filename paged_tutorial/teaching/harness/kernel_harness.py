@@ -79,6 +79,11 @@ class KernelCase:
     #: dimensions (from 0) of every KV head whose V is 0 in every token: their output is
     #: exactly 0 (acc is 0), which a store that skips zeros leaves unwritten
     zero_v_dims: int = 0
+    #: dimensions (the last ones) of every KV head whose V has a magnitude of at least
+    #: ``large_v`` in every token, the sign alternating by dimension: their output is that
+    #: large too (past float16's 65504 when ``large_v`` is)
+    large_v_dims: int = 0
+    large_v: float = 0.0
 
     @property
     def config(self) -> CacheConfig:
@@ -137,6 +142,12 @@ def prepare(case: KernelCase) -> Prepared:
     if case.zero_v_dims:
         halves = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
         halves[:, 1, :, :, :case.zero_v_dims] = 0.0
+    if case.large_v_dims:
+        halves = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.num_kv_heads, c.head_dim)
+        dims = torch.arange(c.head_dim - case.large_v_dims, c.head_dim)
+        sign = 1.0 - 2.0 * (dims % 2).to(cache.buffer.dtype).to(cache.buffer.device)
+        large = halves[:, 1, :, :, c.head_dim - case.large_v_dims:]
+        large.copy_(sign * case.large_v * (1.0 + large.abs()))
     q = torch.randn(len(case.rows), case.n_q_heads, case.head_dim, generator=gen) * case.q_scale
     slots = [s for s, _ in case.rows]
     lens = [n for _, n in case.rows]

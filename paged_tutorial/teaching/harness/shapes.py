@@ -70,6 +70,11 @@ def describe(case: KernelCase) -> str:
         drawn.append(f"q_row_stride {case.q_row_stride}")
     if case.zero_v_dims:
         drawn.append(f"V = 0 in dims 0-{case.zero_v_dims - 1}")
+    if case.large_v_dims:
+        drawn.append(say(en=f"|V| >= {case.large_v:.3g} in dims "
+                            f"{case.head_dim - case.large_v_dims}-{case.head_dim - 1}",
+                         ko=f"차원 {case.head_dim - case.large_v_dims}-{case.head_dim - 1}에서 "
+                            f"|V| >= {case.large_v:.3g}"))
     extra = "".join(f", {d}" for d in drawn)
     return say(en=f"head_dim {case.head_dim}, {case.num_kv_heads} kv head(s) x {ratio} q "
                   f"head(s) each, {case.num_layers} layer(s) (layer {case.layer} read), "
@@ -82,7 +87,8 @@ def describe(case: KernelCase) -> str:
 def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layers: int = 1,
          max_slots: int | None = None, slots=None, max_seq_len: int | None = None,
          q_scale: float = 1.0, block_size: int = BLOCK_SIZE, scale: float | None = None,
-         q_row_pad: int = 0, zero_v_dims: int = 0) -> KernelCase:
+         q_row_pad: int = 0, zero_v_dims: int = 0, large_v_dims: int = 0,
+         large_v: float = 0.0) -> KernelCase:
     """One launch: batch row i reads cache slot ``slots[i]`` (default: the rows in reverse
     order of their slots, so batch row and slot differ) with ``lens[i]`` tokens.  A check
     passes ``block_size``, ``scale`` and ``q_row_pad`` drawn with ``drawn_constants`` (the
@@ -98,11 +104,12 @@ def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layer
                        max_seq_len=max_seq_len, layer=layer,
                        num_blocks=blocks_needed(lens, num_layers, bs) + 2, q_scale=q_scale,
                        seed=seed, block_size=bs, scale=scale, q_row_pad=int(q_row_pad),
-                       zero_v_dims=zero_v_dims)
+                       zero_v_dims=zero_v_dims, large_v_dims=large_v_dims,
+                       large_v=float(large_v))
     return KernelCase(describe(draft), **{f: getattr(draft, f) for f in (
         "rows", "head_dim", "num_kv_heads", "n_q_heads", "num_layers", "max_slots",
         "max_seq_len", "layer", "num_blocks", "q_scale", "seed", "block_size", "scale",
-        "q_row_pad", "zero_v_dims")})
+        "q_row_pad", "zero_v_dims", "large_v_dims", "large_v")})
 
 
 def partly_filled(rng, low: int = 1, high: int = 2 * BLOCK_SIZE,

@@ -34,8 +34,10 @@ def cases() -> list[KernelCase]:
     """Two launches drawn afresh: a few dozen ordinary tokens (the running max rises several
     times), then a few tokens whose scores reach +-800, where exp() of a score that is not taken
     relative to the running max overflows even a float64; BLOCK_SIZE, the softmax scale and the
-    q row stride drawn for each.  Before them, on the host (``check_far_below``): thousands of
-    tokens 16 below the running max, and a max that climbs a few points a token."""
+    q row stride drawn for each.  Before them, on the host (``check_far_below``), each drawn
+    afresh: a max that climbs a tenth of a point a token; thousands of tokens 16 below the
+    running max, and hundreds 24-60 below it; thousands of tokens at one score, then one token
+    14.5-30 above them whose V has the other sign."""
     rng, seed = shapes.fresh_rng()
     head_dim = shapes.pick(rng, (16, 24, 32))
     ordinary = shapes.case(rng, seed, head_dim=head_dim, gqa=(1, 1),
@@ -195,7 +197,9 @@ def check_far_below(fn) -> None:
       together much;
     - one token with V = 0, then ``DEEP_BELOW_TOKENS`` tokens 24 to 60 below it whose V is so
       large that together they weigh as much as the first: an update that skips tokens far
-      below the running max is refused, whatever its cut-off short of float32's own."""
+      below the running max is refused, whatever its cut-off short of float32's own;
+    - thousands of tokens at one score, then one far above them (``check_jump``): an update
+      that drops what it summed when the max jumps far is refused."""
     rng, _ = shapes.fresh_rng()
     top = float(rng.uniform(-50.0, 50.0))
     step = float(rng.uniform(*CLIMB_STEP))
@@ -217,16 +221,27 @@ def check_far_below(fn) -> None:
     scores = np.array([top] + [top - depth] * DEEP_BELOW_TOKENS)
     values = np.array([0.0] + [weight] * DEEP_BELOW_TOKENS)
     _far_below_agrees(fn, scores, values, depth, weight)
+    check_jump(fn, rng, top)
 
 
-def _far_below_agrees(fn, scores, values, depth: float, weight: float) -> None:
-    """Refuse ``fn`` if its acc / d after the probe's last token is not the article's."""
+def _final_outputs(fn, scores, values) -> tuple[float, float] | None:
+    """acc / d after the last token with ``fn`` and with the article's update, replayed on the
+    host; None when they agree (within the tolerance of a sum of thousands of float32 terms)."""
     mine, article = replay(fn, scores, values), replay(article_update, scores, values)
     with np.errstate(invalid="ignore", divide="ignore"):
         got = mine[-1, 2] / mine[-1, 1] if len(mine) == len(article) else float("nan")
     want = article[-1, 2] / article[-1, 1]
     if np.isfinite(got) and abs(got - want) <= 1e-4 * (1 + abs(want)) + 0.05 * abs(want):
+        return None
+    return float(got), float(want)
+
+
+def _far_below_agrees(fn, scores, values, depth: float, weight: float) -> None:
+    """Refuse ``fn`` if its acc / d after the probe's last token is not the article's."""
+    outputs = _final_outputs(fn, scores, values)
+    if outputs is None:
         return
+    got, want = outputs
     n, top = len(scores) - 1, scores[0]
     raise Wrong(say(
         en=f"a token scoring {top:.4g}, then {n} tokens scoring {top - depth:.4g} ({depth:.3g} "
@@ -239,6 +254,48 @@ def _far_below_agrees(fn, scores, values, depth: float, weight: float) -> None:
            f"여러분의 업데이트로는 {got:.4g}, 글의 것으로는 {want:.4g}입니다.  그 토큰 "
            f"하나하나는 첫 토큰의 exp(-{depth:.3g})배지만 모이면 무게가 있습니다: 누적 "
            "최댓값보다 얼마나 낮든 모든 토큰을 더하세요"))
+
+
+#: how far above the jump probe's many tokens its last token scores (drawn between the two):
+#: past 14, so an update that starts over when the max jumps by more than a margin of up to 14
+#: (the state so far taken as negligible) starts over here
+JUMP = (14.5, 30.0)
+#: how many tokens sit at one score before the jump (drawn between the two)
+JUMP_TOKENS = (1500, 2500)
+#: together, the tokens before the jump weigh this many times the token after it (drawn
+#: between the two): their V is scaled so, whatever the drawn jump
+JUMP_WEIGHT = (2.0, 4.0)
+
+
+def check_jump(fn, rng, base: float) -> None:
+    """Thousands of tokens at the score ``base``, one V for them all, then one token a drawn
+    ``JUMP`` above them with V = -1.  Once the max has jumped, each of the earlier tokens
+    weighs exp(-jump) of the new one, but their V is drawn so that together they weigh
+    ``JUMP_WEIGHT`` times as much: an update that starts over when the max jumps far is
+    refused, whatever its margin short of the drawn jump."""
+    n = int(rng.integers(*JUMP_TOKENS))
+    jump = float(rng.uniform(*JUMP))
+    together = float(rng.uniform(*JUMP_WEIGHT))
+    weight = together * math.exp(jump) / n
+    scores = np.array([base] * n + [base + jump])
+    values = np.array([weight] * n + [-1.0])
+    outputs = _final_outputs(fn, scores, values)
+    if outputs is None:
+        return
+    got, want = outputs
+    high = base + jump
+    raise Wrong(say(
+        en=f"{n} tokens scoring {base:.4g} (V = {weight:.3g} for each), then one token scoring "
+           f"{high:.4g}, {jump:.3g} above them (V = -1): acc / d after it is {got:.4g} with "
+           f"your update, {want:.4g} with the article's.  Once the max has jumped, each of "
+           f"those tokens weighs exp(-{jump:.3g}) of the new one, yet together they weigh "
+           f"{together:.2g} times as much: however far the max jumps, what was summed before "
+           "it still counts",
+        ko=f"점수 {base:.4g}인 토큰 {n}개 (V는 각각 {weight:.3g}), 그 뒤 그보다 {jump:.3g} 높은 "
+           f"점수 {high:.4g}인 토큰 하나 (V = -1): 그 뒤의 acc / d가 여러분의 업데이트로는 "
+           f"{got:.4g}, 글의 것으로는 {want:.4g}입니다.  최댓값이 뛰고 나면 앞의 토큰 하나하나는 "
+           f"새 토큰의 exp(-{jump:.3g})배지만, 모두 합치면 {together:.2g}배입니다: 최댓값이 "
+           "얼마나 크게 뛰든 그 전에 더한 것도 셉니다"))
 
 
 #: tokens of the climbing probe, and the range its step per token is drawn from: it climbs
@@ -364,10 +421,12 @@ PUZZLES = (
                 "토큰을 더하기 전에 다시 맞춰야 합니다."),
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), ordinary scores and scores up to +-800, drawn afresh for every check; "
-                "first, on the host, thousands of tokens far below the running max and a max "
-                "that climbs a few points a token",
+                "first, on the host, thousands of tokens far below the running max, a max "
+                "that climbs a few points a token, and a max that jumps far above thousands of "
+                "tokens",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "채점할 때마다 새로 뽑는 보통 점수와 +-800까지의 점수; 그 전에 호스트에서, 누적 "
-                "최댓값보다 한참 낮은 토큰 수천 개와 토큰마다 조금씩 오르는 최댓값"),
+                "최댓값보다 한참 낮은 토큰 수천 개, 토큰마다 조금씩 오르는 최댓값, 토큰 수천 개 "
+                "위로 크게 뛰는 최댓값"),
         "kernels.cu:509-519", grade),
 )

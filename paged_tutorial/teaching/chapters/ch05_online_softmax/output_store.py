@@ -3,9 +3,10 @@ as device code: each thread stores its output dimension, acc / d, over q, at the
 it read its q from (``kernels.cu:469``: the output is in place).
 
 The grader compiles her ``write_output`` into the article's kernel (``KernelParts``) and runs
-it in three launches drawn afresh for every check (``cases``), each a batch of two rows with one
-to three q heads and a head_dim whose last warp is partly used (head_dim 40 launches 64
-threads: the last 24 own no dimension), against the torch oracle.  The simulator's log of q must show every thread block
+it in three launches drawn afresh for every check (``cases``), batches of two to four rows with
+one to three q heads, one with a head_dim whose last warp is partly used (head_dim 40 launches
+64 threads: the last 24 own no dimension), one whose output is far past float16's range in a
+few dimensions, against the torch oracle.  The simulator's log of q must show every thread block
 writing exactly its own head's 40 elements, each once, by the thread that owns it; a store
 that lands in another row or head (which that block may not have read yet), a thread past
 HEAD_DIM that writes, or an output that is not acc / d is named.  The figure after every
@@ -21,9 +22,9 @@ import torch
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness import shapes
 from paged_tutorial.teaching.harness.base import Puzzle, Unsolved, Wrong
-from paged_tutorial.teaching.harness.kernel_harness import (KernelCase, bad_summary, case_verdict,
-                                                            is_stub,
-                                                            prepare, run_body)
+from paged_tutorial.teaching.harness.kernel_harness import (RTOL, KernelCase, bad_summary,
+                                                            case_verdict, is_stub, prepare,
+                                                            run_body)
 
 #: head_dims of whole warps (no idle thread: a guard derived from HEAD_DIM % 32 fails here),
 #: each wider than every narrow partly used head_dim, so a guard or a head stride taken from
@@ -32,22 +33,35 @@ FULL_WARP_HEAD_DIMS = (64, 96)
 #: head_dims of more than three warps, the last partly used, each wider than every whole-warp
 #: one: a guard that lets every thread store once the head is wide fails here
 WIDE_PARTIAL_HEAD_DIMS = (112, 136, 152)
+#: batch rows of the third launch (drawn from this range): a row stride right only for the
+#: first two rows fails there
+MANY_ROWS = (3, 5)
+#: the second launch's V magnitude in its last few dimensions is at least 10 to a power drawn
+#: from this range (1e5-1e6): an output clamped to float16's range (65504) fails there
+LARGE_V_EXPONENTS = (5.0, 6.0)
 
 
 def cases() -> list[KernelCase]:
-    """Three launches drawn afresh, in a drawn order, each with two batch rows in q rows wider
+    """Three launches drawn afresh, in a drawn order, each with batch rows in q rows wider
     than their heads: a head_dim whose last warp is partly used (threads past head_dim own
     nothing), one of whole warps, and one of four or five warps, the last partly used;
-    different numbers of q heads; in the first, V is 0 in a few dimensions, so their output is
-    exactly 0."""
+    different numbers of q heads.  In the first, V is 0 in a few dimensions, so their output is
+    exactly 0; in the second, V's magnitude is at least a drawn 1e5-1e6 in the last few
+    dimensions (past float16's 65504), so their output is that large; the first two have two
+    batch rows of one to four tokens, the third three or four rows of one or two tokens."""
     rng, seed = shapes.fresh_rng()
     dims = [shapes.pick(rng, shapes.PARTIAL_WARP_HEAD_DIMS),
             shapes.pick(rng, FULL_WARP_HEAD_DIMS), shapes.pick(rng, WIDE_PARTIAL_HEAD_DIMS)]
     dims = [dims[i] for i in rng.permutation(3)]
     layouts = shapes.distinct(rng, ((1, 2), (1, 3), (2, 1), (3, 1)), 3)
+    rows = [2, 2, int(rng.integers(*MANY_ROWS))]
+    # tokens per row: up to four in two rows, up to two in more (a launch costs rows x tokens)
+    most = [4, 4, 2]
     return [shapes.case(rng, seed + i, head_dim=dims[i], gqa=layouts[i],
-                        lens=[int(rng.integers(1, 5)), int(rng.integers(1, 5))],
+                        lens=[int(rng.integers(1, most[i] + 1)) for _ in range(rows[i])],
                         zero_v_dims=int(rng.integers(1, 4)) if i == 0 else 0,
+                        large_v_dims=int(rng.integers(2, 5)) if i == 1 else 0,
+                        large_v=float(10.0 ** rng.uniform(*LARGE_V_EXPONENTS)) if i == 1 else 0.0,
                         **shapes.drawn_constants(rng, dims[i]))
             for i in range(3)]
 
@@ -192,12 +206,25 @@ def _grade_case(parts, case):
     if result.bad:
         row, h = result.bad[0]
         got, ref = result.out[row, h], prep.reference[row, h]
-        ratio = float((got / ref).median())
+        off = ~torch.isclose(got, ref, rtol=RTOL, atol=prep.atol)
+        if bool(off.all()):         # every dimension is off: the value stored is not acc / d
+            ratio = float((got / ref).median())
+            raise Wrong(bad_summary(prep, result) + say(
+                en=f".  Every store landed in place; the values are about {ratio:.3g} times the "
+                   "attention output: is it acc / d?",
+                ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: "
+                   "acc / d로 나눴나요?"), figure)
+        dim = int(torch.nonzero(off).flatten()[0])
         raise Wrong(bad_summary(prep, result) + say(
-            en=f".  Every store landed in place; the values are about {ratio:.3g} times the "
-               "attention output: is it acc / d?",
-            ko=f".  저장 위치는 모두 맞습니다; 값이 어텐션 출력의 약 {ratio:.3g}배입니다: "
-               "acc / d로 나눴나요?"), figure)
+            en=f".  Every store landed in place, and most values are right, but thread {dim} "
+               f"stored {float(got[dim]):.6g} where acc / d is {float(ref[dim]):.6g} "
+               f"({int(off.sum())} such dimension(s) in this head): whatever its value, the "
+               "output is acc / d as it is",
+            ko=f".  저장 위치는 모두 맞고 값도 대부분 맞지만, 스레드 {particle(dim, '이/가')} "
+               f"acc / d가 {float(ref[dim]):.6g}인 자리에 "
+               f"{particle(format(float(got[dim]), '.6g'), '을/를')} 저장했습니다 "
+               f"(이 헤드에 그런 차원 {int(off.sum())}개): 값이 무엇이든 출력은 acc / d "
+               "그대로입니다"), figure)
     return figure
 
 
@@ -230,12 +257,14 @@ PUZZLES = (
         "def write_output(q, q_row_stride, active_slot, q_head, thread_id, acc, d):",
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
-                "GPU), three launches of two rows drawn afresh for every check: a head_dim with a "
+                "GPU), three launches drawn afresh for every check: a head_dim with a "
                 "partly used last warp, one of whole warps and one of four or five warps, the "
-                "last partly used; one to three q heads, q rows wider than their heads",
+                "last partly used; two to four rows, one to three q heads, q rows wider than "
+                "their heads; outputs exactly 0 and outputs past float16's range",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
-                "채점할 때마다 새로 뽑는 두 행짜리 런치 세 개: 마지막 워프를 일부만 쓰는 head_dim, "
+                "채점할 때마다 새로 뽑는 런치 세 개: 마지막 워프를 일부만 쓰는 head_dim, "
                 "워프를 다 쓰는 head_dim, 워프 네다섯 개에 마지막 워프를 일부만 쓰는 head_dim; "
-                "q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행"),
+                "행 두 개에서 네 개, q 헤드 한 개에서 세 개, 헤드보다 넓은 q 행; 정확히 0인 출력과 "
+                "float16 범위를 넘는 출력"),
         "kernels.cu:522", grade),
 )
