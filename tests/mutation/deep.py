@@ -272,7 +272,8 @@ def table_sync(fn):
 
 def can_share(fn):
     """The rule against the worked one on random chains (equal and differing tokens, parents
-    that are the same record, an equal but different record, or None), then regraded."""
+    that are the same record, an equal but different record, another prompt's block or None,
+    at block 0 too), then regraded."""
     from paged_tutorial.cache.prefix_cache import CachedBlock
 
     worked = _worked("09.can_share")
@@ -294,7 +295,9 @@ def can_share(fn):
                                                        (0,))
         twin = None if parent is None else CachedBlock(parent.key, parent.tokens, None,
                                                        parent.logical_block, (0,))
-        found_parent = rng.choice((parent, twin, None))
+        # a block of another prompt: a parent for a record found deeper, block 0's included
+        elsewhere = CachedBlock(3, tuple(rng.randrange(50) for _ in range(bs)), None, 0, (2,))
+        found_parent = rng.choice((parent, twin, None, elsewhere))
         found = CachedBlock(2, tuple(other), found_parent, logical, (1,))
         previous = rng.choice((parent, twin, None))
         n_tokens = rng.randrange(1, (logical + 3) * bs)
