@@ -81,7 +81,7 @@ def cases() -> list[KernelCase]:
     layouts = [shapes.pick(rng, ((1, 2), (1, 3))), shapes.pick(rng, ((2, 1), (3, 1), (2, 3)))]
     # two different BLOCK_SIZEs, one of them not a power of two (no shift or mask stands in
     # for the division); the first small enough that its sequence spans three blocks, and
-    # neither 16 (a count rounded up with a literal 15 is right at 16 only)
+    # never 16 (a count rounded up with a literal 15 is right at 16 only)
     first_bs = shapes.pick(rng, FIRST_BLOCK_SIZES)
     sizes = [first_bs, shapes.pick(rng, [b for b in LONG_WALK_BLOCK_SIZES if not (
         _is_power_of_two(first_bs) and _is_power_of_two(b))])]
@@ -106,7 +106,7 @@ def cases() -> list[KernelCase]:
     bs = sizes[1]
     layers, layer = shapes.pick(rng, second_layers)
     blocks = int(rng.integers(LONG_WALK_BLOCKS[0], LONG_WALK_BLOCKS[1] + 1))
-    # the last of the blocks holds one to BLOCK_SIZE tokens; a row or two of the table spare
+    # the last of the blocks holds one to BLOCK_SIZE tokens
     n = (blocks - 1) * bs + int(rng.integers(1, bs + 1))
     # every score far below 0, spread over tens: a walk whose running max does not start at
     # -inf, or that leaves tokens far below the max out of the softmax, shows
@@ -115,8 +115,9 @@ def cases() -> list[KernelCase]:
     second_slots = int(rng.integers(2, 5))
     second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1], lens=[n],
                          num_layers=layers, layer=layer, max_slots=second_slots,
-                         slots=[int(rng.integers(1, second_slots))],
-                         max_seq_len=bs * (blocks + int(rng.integers(1, 3))), score_band=band,
+                         slots=[int(rng.integers(1, second_slots))], score_band=band,
+                         # a logical block or two of the table's row spare
+                         max_seq_len=bs * (blocks + int(rng.integers(1, 3))),
                          **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
@@ -346,7 +347,9 @@ def _grade_case(parts, case):
     if result.bad:
         row, h = result.bad[0]
         if not result.logs:
-            raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case), figure)
+            note = far_below_zero(case)
+            raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case)
+                        + (f".  {note}" if note else ""), figure)
         not_a_read = say(en="not from a read", ko="읽기 때문이 아닙니다")
         raise Wrong(at + bad_summary(prep, result, nan_means=not_a_read)
                     + reads_were_right(case), _figure(prep, result.logs, row, h))
@@ -354,19 +357,25 @@ def _grade_case(parts, case):
 
 
 def reads_were_right(case) -> str:
-    """What a wrong output whose reads were all the article's is told: where to look, and
-    the launch's scores when every one of them was drawn far below 0."""
+    """What a wrong output whose reads were all the article's is told: where to look next."""
+    note = far_below_zero(case)
+    return say(en=".  The reads were the article's: what happens to each token's score and V?",
+               ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?") \
+        + (f"  {note}" if note else "")
+
+
+def far_below_zero(case) -> str:
+    """For a launch whose every score was drawn far below 0, a sentence: the scores' range,
+    and what to look at ("" for any other launch)."""
     if case.score_band is None:
-        return say(en=".  The reads were the article's: what happens to each token's score "
-                      "and V?",
-                   ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?")
+        return ""
     low, high = case.score_band
-    return say(en=f".  The reads were the article's; every score of this launch lies between "
-                  f"{low:.0f} and {high:.0f}, far below 0: what does each token's "
-                  "exp(score - running max) give, from the running max your walk starts with?",
-               ko=f".  읽기는 글과 같습니다; 이 런치의 모든 점수는 {low:.0f}에서 {high:.0f} "
-                  "사이로 0보다 한참 아래입니다: 여러분의 루프가 시작하는 running max에서, 각 "
-                  "토큰의 exp(score - running max)는 얼마가 되나요?")
+    return say(en=f"Every score of this launch lies between {low:.0f} and {high:.0f}, far "
+                  "below 0: what does each token's exp(score - running max) give, from the "
+                  "running max your walk starts with?",
+               ko=f"이 런치의 모든 점수는 {low:.0f}에서 {high:.0f} 사이로 0보다 한참 "
+                  "아래입니다: 여러분의 루프가 시작하는 running max에서, 각 토큰의 "
+                  "exp(score - running max)는 얼마가 되나요?")
 
 
 def unlogged_reads_hint(case) -> str:
