@@ -14,6 +14,8 @@ import numpy as np
 from paged_tutorial.cache import CacheFullError
 from paged_tutorial.teaching.chapters.ch06_block_lifetime.allocator import AllocatorBase
 
+from helpers.on_this_device import expected
+
 
 # --- a named constant replaced by today's value ---------------------------------------------
 
@@ -457,6 +459,106 @@ def can_share_parent_by_key(found, tokens, previous, logical_block, n_tokens, BL
 
 
 
+# --- shapes the checks once never drew: a middle layer, a slot past 1, a walk past eight ----
+# --- blocks, scores far below 0, a record from deeper in another prompt at block 0 ---------
+
+def walk_blocks_last_layers_row(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
+                                owns_dim, q_val, scale, dot_products, score):
+    # the row of the layer a check reads when it reads the last one
+    row = ((slot + 1) * N_LAYERS - 1) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM + thread_id
+        for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+            k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                else float32(0.0)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def walk_blocks_slot_low_bit(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
+                             owns_dim, q_val, scale, dot_products, score):
+    # right while every row sits in slot 0 or 1
+    row = ((slot & 1) * N_LAYERS + layer) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM + thread_id
+        for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+            k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                else float32(0.0)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def walk_blocks_max_from_zero(kv_cache, block_table, slot, layer, seq_len, kv_head, thread_id,
+                              owns_dim, q_val, scale, dot_products, score):
+    # a running max that only rises from 0: right while some score is above about -100
+    row = (slot * N_LAYERS + layer) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(0.0), float32(0.0), float32(0.0)
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM + thread_id
+        for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+            k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                else float32(0.0)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def walk_blocks_max_from_minus_60(kv_cache, block_table, slot, layer, seq_len, kv_head,
+                                  thread_id, owns_dim, q_val, scale, dot_products, score):
+    # "low enough" for scores of a few units: not for scores in the hundreds below 0
+    row = (slot * N_LAYERS + layer) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(-60.0), float32(0.0), float32(0.0)
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM + thread_id
+        for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+            k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                else float32(0.0)
+            current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def walk_blocks_eight_blocks_unrolled(kv_cache, block_table, slot, layer, seq_len, kv_head,
+                                      thread_id, owns_dim, q_val, scale, dot_products, score):
+    # a loop of eight blocks, each skipped past the sequence's end
+    row = (slot * N_LAYERS + layer) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    for logical_block in range(8):
+        if logical_block * BLOCK_SIZE < seq_len:
+            base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM \
+                + thread_id
+            for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+                k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+                s = token_score(q_val, k, thread_id, scale, dot_products, score)
+                v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                    else float32(0.0)
+                current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
+def can_share_parent_past_block_0(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    # "block 0 has no chain": the parent is compared from block 1 on
+    if found.tokens != tokens or not _last_rule(logical_block, n_tokens, BLOCK_SIZE):
+        return False
+    return logical_block < 1 or found.parent is previous
+
+
+def can_share_parent_once_sharing(found, tokens, previous, logical_block, n_tokens,
+                                  BLOCK_SIZE):
+    # with nothing shared before, the tokens alone decide
+    if previous is not None and found.parent is not previous:
+        return False
+    return found.tokens == tokens and _last_rule(logical_block, n_tokens, BLOCK_SIZE)
+
+
 CLEVER = {
     "01.kv_offset": {"V_OFFSET from a 16-token block": (kv_offset_block_16, "BLOCK_SIZE")},
     "02.locate": {
@@ -473,7 +575,23 @@ CLEVER = {
     "03.walk_blocks": {"the literal 16 for BLOCK_SIZE": (walk_blocks_block_16, "BLOCK_SIZE"),
                        "block count and offsets by shift": (walk_blocks_shift_and_mask, "BLOCK_SIZE"),
                        "every step left to the engine's parts": (walk_blocks_engine_steps,
-                                                                 "which it does not define")},
+                                                                 "which it does not define"),
+                       "the last layer's table row for every layer": (
+                           walk_blocks_last_layers_row,
+                           expected("the article's entry", "differ from the torch oracle")),
+                       "the slot's low bit for the slot": (
+                           walk_blocks_slot_low_bit,
+                           expected("the article's entry", "differ from the torch oracle")),
+                       "a running max started at 0": (
+                           walk_blocks_max_from_zero,
+                           expected("far below 0", "every score between")),
+                       "a running max started at -60": (
+                           walk_blocks_max_from_minus_60,
+                           expected("far below 0", "every score between")),
+                       "a walk of at most eight blocks": (
+                           walk_blocks_eight_blocks_unrolled,
+                           expected("how many blocks the loop visits",
+                                    "differ from the torch oracle"))},
     "04.token_score": {
         "1/sqrt(HEAD_DIM) where scale is passed": (token_score_own_scale, "scale"),
         "the score handed over in a module-level array": (token_score_module_array,
@@ -519,5 +637,9 @@ CLEVER = {
         "a parentless record accepted anywhere": (can_share_parentless_anywhere, ""),
         "the block end by shift": (can_share_shifted_block_end, "last token"),
         "the parent compared by its key": (can_share_parent_by_key, "same key"),
+        "the parent compared from block 1 on": (can_share_parent_past_block_0,
+                                                "previous is None"),
+        "the parent compared only once something is shared": (can_share_parent_once_sharing,
+                                                               "previous is None"),
     },
 }

@@ -4,10 +4,11 @@ mutants the grader calls correct.  Each returns why the answer is wrong, or None
 Host functions are compared with the worked solution on thousands of argument sets drawn over
 wide ranges (BLOCK_SIZE 1-64, head_dim up to 256, GQA ratios 1-8, item sizes 1-8, tables of
 many layouts).  Kernel parts run in the kernel on launches far wider than any check's:
-BLOCK_SIZE 8, 16 and 32, sequences of up to eleven blocks, head_dims with a partial last warp
-and with four or five warps, GQA ratios 5 and 7, q rows wider than their heads, scales that are
-not 1/sqrt(head_dim) and scores spanning +-1000.  The engine puzzles are graded again on fresh
-draws, several times, and the sharing rule is compared with the worked one on random chains."""
+BLOCK_SIZE 4, 8, 16 and 32, sequences of up to eleven blocks, head_dims with a partial last
+warp and with four or five warps, GQA ratios 5 and 7, q rows wider than their heads, scales
+that are not 1/sqrt(head_dim), scores spanning +-1000 and scores that all lie far below 0.
+The engine puzzles are graded again on fresh draws, several times, and the sharing rule is
+compared with the worked one on random chains."""
 
 from __future__ import annotations
 
@@ -189,6 +190,11 @@ def kernel_cases(q_scale_wide: bool = True):
         cases.append(shapes.case(rng, SEED + 5, head_dim=40, gqa=(1, 3), lens=[19],
                                  num_layers=1, max_seq_len=24, block_size=8, scale=0.2,
                                  q_row_pad=3, q_scale=120.0))
+    # every score far below 0 (exp(score) is 0 in float32 and in float64), ten 4-token blocks,
+    # a middle layer, slot 2 of 3
+    cases.append(shapes.case(rng, SEED + 6, head_dim=24, gqa=(2, 2), lens=[39], num_layers=4,
+                             layer=2, max_slots=3, slots=[2], max_seq_len=4 * 11, block_size=4,
+                             scale=0.25, q_row_pad=2, score_band=(-990.0, -940.0)))
     return cases
 
 
@@ -279,7 +285,8 @@ def table_sync(fn):
 
 def can_share(fn):
     """The rule against the worked one on random chains (equal and differing tokens, parents
-    that are the same record, an equal but different record, or None), then regraded."""
+    that are the same record, an equal but different record, another prompt's block or None,
+    at block 0 too), then regraded."""
     from paged_tutorial.cache.prefix_cache import CachedBlock
 
     worked = _worked("09.can_share")
@@ -301,7 +308,9 @@ def can_share(fn):
                                                        (0,))
         twin = None if parent is None else CachedBlock(parent.key, parent.tokens, None,
                                                        parent.logical_block, (0,))
-        found_parent = rng.choice((parent, twin, None))
+        # a block of another prompt: a parent for a record found deeper, block 0's included
+        elsewhere = CachedBlock(3, tuple(rng.randrange(50) for _ in range(bs)), None, 0, (2,))
+        found_parent = rng.choice((parent, twin, None, elsewhere))
         found = CachedBlock(2, tuple(other), found_parent, logical, (1,))
         previous = rng.choice((parent, twin, None))
         n_tokens = rng.randrange(1, (logical + 3) * bs)

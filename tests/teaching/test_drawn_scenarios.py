@@ -104,6 +104,21 @@ def test_can_share_draws_new_chains_and_two_block_sizes_every_check():
         assert args[-1] & (args[-1] - 1)
 
 
+def test_can_share_asks_block_0_about_a_block_found_deeper_in_another_prompt():
+    """Every check: a prompt begins with a block the first prompt holds past its block 0 (under
+    the chain-blind hash its key finds that record: same tokens, a parent, nothing shared
+    before), and the host probe asks block 0 about such a record."""
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        blind = prefix_sharing.draw_scenarios()[0]
+        bs, first = blind.block_size, blind.prompts[0]
+        deeper = {tuple(first[j * bs:(j + 1) * bs]) for j in range(1, len(first) // bs)}
+        assert any(tuple(p[:bs]) in deeper for p in blind.prompts[1:]), blind.prompts
+        asked = [args for _, args in prefix_sharing.probe_cases(rng)
+                 if args[3] == 0 and args[2] is None and args[0].parent is not None]
+        assert asked and all(found.tokens == tokens for found, tokens, *_ in asked)
+
+
 def test_a_table_sync_that_replays_the_entries_one_check_copied_is_refused():
     script = []
 

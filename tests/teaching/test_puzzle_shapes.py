@@ -42,13 +42,19 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert len({c.head_dim for c in walk}) == 2
         assert all(c.n_q_heads // c.num_kv_heads != 4 for c in walk)
         assert any(c.num_kv_heads > 1 for c in walk)        # token and KV head strides differ
-        assert len({(c.num_layers, c.max_seq_len) for c in walk}) == 2
+        assert len({(c.num_layers, c.config.MAX_BLOCKS_PER_SEQ) for c in walk}) == 2
         assert len({c.block_size for c in walk}) == 2                 # BLOCK_SIZE drawn
-        assert any(c.block_size in shapes.UNEVEN_BLOCK_SIZES for c in walk)   # no shift
+        assert any(c.block_size & (c.block_size - 1) for c in walk)   # no shift
         assert any(n % c.block_size for c in walk for _, n in c.rows)    # a partly filled block
         assert any(n % c.block_size == 0 for c in walk for _, n in c.rows)   # a full last one
         assert any(n > 2 * c.block_size for c in walk for _, n in c.rows)    # past two blocks
         assert walk[0].rows[0][0] != 0                                # row 0 is not slot 0
+        # no constant layer, and not the last layer's row, reads the right entries
+        assert len({c.layer for c in walk}) == 2 and all(c.layer > 0 for c in walk)
+        assert 0 < walk[0].layer < walk[0].num_layers - 1
+        assert any(slot >= 2 for c in walk for slot, _ in c.rows)    # no slot folded onto 2
+        assert any(-(-n // c.block_size) > 8 for c in walk for _, n in c.rows)   # past 8 blocks
+        assert any(c.score_band is not None and c.score_band[1] < -200 for c in walk)
         table = kernel_addresses.table_cases()
         assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
@@ -131,6 +137,25 @@ def test_the_wide_softmax_case_overflows_a_double_without_the_running_max():
     scores, _ = online_softmax._scores_and_values(online_softmax.prepare(wide))
     assert scores.max() > online_softmax.WIDE_SCORE > math.log(np.finfo(np.float64).max)
     assert scores.max() - scores[0] > online_softmax.RISE
+
+
+def test_the_long_walk_puts_every_score_far_below_zero():
+    """The walk's second launch: every score of every q head and token lies in the drawn band,
+    where exp(score) is 0 in float32, so a softmax whose running max starts at 0 (or at any
+    value above the scores) is left with d = 0."""
+    from paged_tutorial.teaching.harness.kernel_harness import prepare
+
+    for _ in range(3):
+        case = block_walk.cases()[1]
+        prep = prepare(case)
+        keys = prep.cache.buffer.cpu().double().numpy()
+        low, high = case.score_band
+        for (row, h), trace in prep.traces.items():
+            scores = keys[trace.k_index] @ prep.q[row, h].double().numpy() * prep.scale
+            assert len(scores) > 8 * case.block_size
+            assert low - 1e-2 < scores.min() and scores.max() < high + 1e-2, (low, high)
+            assert high - low > 10 and np.all(np.exp(scores.astype(np.float32)) == 0)
+        assert f"every score between {low:.0f} and {high:.0f}" in case.label
 
 
 def _allocator(cls, num_layers=2, blocks=6):

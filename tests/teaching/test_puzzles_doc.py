@@ -172,8 +172,8 @@ def render() -> str:
         "oracle (`tests/mutation/deep.py`:",
         "BLOCK_SIZE 8/16/32, up to eleven blocks, head_dims of four and five warps, GQA 5 and 7, "
         "strided q rows, drawn",
-        "scales, scores spanning +-1000, regrading on fresh draws).  A mutant the check passes and "
-        "the oracle refuses is a hole.",
+        "scales, scores spanning +-1000 or all far below 0, regrading on fresh draws).  A mutant "
+        "the check passes and the oracle refuses is a hole.",
         "",
         "On a GPU the kernel's parts run compiled: a check there sees the outputs and where the "
         "stores landed",

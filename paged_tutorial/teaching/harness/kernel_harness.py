@@ -84,6 +84,9 @@ class KernelCase:
     #: large too (past float16's 65504 when ``large_v`` is)
     large_v_dims: int = 0
     large_v: float = 0.0
+    #: (low, high): every score (q . k * scale) the launch computes, of every row, q head and
+    #: token, is drawn from this range (``place_scores``); None: the scores of random q and K
+    score_band: tuple | None = None
 
     @property
     def config(self) -> CacheConfig:
@@ -152,15 +155,17 @@ def prepare(case: KernelCase) -> Prepared:
     slots = [s for s, _ in case.rows]
     lens = [n for _, n in case.rows]
     scale = case.softmax_scale
+    q_per_kv = case.n_q_heads // case.num_kv_heads
+    traces = {(row, h): kernel_read_trace(cache, case.layer, slot, n, h, q_per_kv)
+              for row, (slot, n) in enumerate(case.rows) for h in range(case.n_q_heads)}
+    if case.score_band is not None:
+        place_scores(cache, q, traces, case, rng)
     cpu = clone_cache(cache, "cpu")
     from paged_tutorial.backends.torch_ref import TorchBackend
 
     reference = TorchBackend().decode_attention(q.clone(), cpu, cpu.device_block_table(),
                                                 case.layer, torch.tensor(lens),
                                                 torch.tensor(slots), scale)
-    q_per_kv = case.n_q_heads // case.num_kv_heads
-    traces = {(row, h): kernel_read_trace(cache, case.layer, slot, n, h, q_per_kv)
-              for row, (slot, n) in enumerate(case.rows) for h in range(case.n_q_heads)}
     keep = np.unique(np.concatenate([t.elements() for t in traces.values()]))
     entries = np.unique(np.concatenate([t.table_index for t in traces.values()]))
     poisoned = poisoned_copy(cache, keep, entries)
@@ -169,6 +174,27 @@ def prepare(case: KernelCase) -> Prepared:
                         for (row, h), t in traces.items())
     return Prepared(case, cache, poisoned, q, reference, traces, scale, slots, lens,
                     max_abs_score)
+
+
+def place_scores(cache: PagedKVCache, q: torch.Tensor, traces: dict, case: KernelCase,
+                 rng) -> None:
+    """Move the K vectors the launch reads so that every score q . k * scale of every row, q
+    head and token is drawn uniformly from ``case.score_band``.  Per row and KV head, with Q
+    the q vectors of its q heads and K the keys of its tokens, the smallest change of K that
+    gives the drawn scores S: ``K + (S / scale - K Q^T) (Q Q^T)^-1 Q``."""
+    low, high = case.score_band
+    flat = cache.buffer.view(-1)
+    q_per_kv = case.n_q_heads // case.num_kv_heads
+    for row in range(len(case.rows)):
+        for kv_head in range(case.num_kv_heads):
+            first = kv_head * q_per_kv
+            index = torch.from_numpy(traces[(row, first)].k_index).to(flat.device)
+            heads = q[row, first:first + q_per_kv].double()               # [q_per_kv, dim]
+            keys = flat[index].double().cpu()                              # [tokens, dim]
+            want = torch.from_numpy(rng.uniform(low, high, (keys.shape[0], q_per_kv)))
+            keys += (want / case.softmax_scale - keys @ heads.T) @ torch.linalg.solve(
+                heads @ heads.T, heads)
+            flat[index] = keys.to(flat.dtype).to(flat.device)
 
 
 def launch_q(prep: Prepared, device) -> torch.Tensor:

@@ -11,6 +11,7 @@ Shapes stay small: the simulator spends about 2.5 ms per barrier round of 64 thr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
@@ -75,6 +76,10 @@ def describe(case: KernelCase) -> str:
                             f"{case.head_dim - case.large_v_dims}-{case.head_dim - 1}",
                          ko=f"차원 {case.head_dim - case.large_v_dims}-{case.head_dim - 1}에서 "
                             f"|V| >= {case.large_v:.3g}"))
+    if case.score_band is not None:
+        low, high = case.score_band
+        drawn.append(say(en=f"every score between {low:.0f} and {high:.0f}",
+                         ko=f"모든 점수가 {low:.0f}에서 {high:.0f} 사이"))
     extra = "".join(f", {d}" for d in drawn)
     return say(en=f"head_dim {case.head_dim}, {case.num_kv_heads} kv head(s) x {ratio} q "
                   f"head(s) each, {case.num_layers} layer(s) (layer {case.layer} read), "
@@ -88,28 +93,32 @@ def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layer
          max_slots: int | None = None, slots=None, max_seq_len: int | None = None,
          q_scale: float = 1.0, block_size: int = BLOCK_SIZE, scale: float | None = None,
          q_row_pad: int = 0, zero_v_dims: int = 0, large_v_dims: int = 0,
-         large_v: float = 0.0) -> KernelCase:
+         large_v: float = 0.0, layer: int | None = None,
+         score_band: tuple | None = None) -> KernelCase:
     """One launch: batch row i reads cache slot ``slots[i]`` (default: the rows in reverse
-    order of their slots, so batch row and slot differ) with ``lens[i]`` tokens.  A check
-    passes ``block_size``, ``scale`` and ``q_row_pad`` drawn with ``drawn_constants`` (the
-    defaults are the model's: BLOCK_SIZE 16, 1/sqrt(head_dim), contiguous q rows)."""
+    order of their slots, so batch row and slot differ) with ``lens[i]`` tokens, in ``layer``
+    (default: drawn, never 0 when there are several).  A check passes ``block_size``,
+    ``scale`` and ``q_row_pad`` drawn with ``drawn_constants`` (the defaults are the model's:
+    BLOCK_SIZE 16, 1/sqrt(head_dim), contiguous q rows); ``score_band`` draws every score of
+    the launch from a range (``kernel_harness.place_scores``)."""
     kv, ratio = gqa
     slots = list(slots) if slots is not None else list(range(len(lens)))[::-1]
     max_slots = max_slots or len(lens)
     bs = int(block_size)
     max_seq_len = max_seq_len or bs * (-(-max(lens) // bs) + int(rng.integers(0, 3)))
-    layer = int(rng.integers(1, num_layers)) if num_layers > 1 else 0   # the layer term counts
+    if layer is None:                  # the layer term counts
+        layer = int(rng.integers(1, num_layers)) if num_layers > 1 else 0
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer {layer} is not one of the case's {num_layers} layers: pass "
+                         f"0 to {num_layers - 1}")
     draft = KernelCase("", rows=tuple(zip(slots, lens)), head_dim=head_dim, num_kv_heads=kv,
                        n_q_heads=kv * ratio, num_layers=num_layers, max_slots=max_slots,
                        max_seq_len=max_seq_len, layer=layer,
                        num_blocks=blocks_needed(lens, num_layers, bs) + 2, q_scale=q_scale,
                        seed=seed, block_size=bs, scale=scale, q_row_pad=int(q_row_pad),
                        zero_v_dims=zero_v_dims, large_v_dims=large_v_dims,
-                       large_v=float(large_v))
-    return KernelCase(describe(draft), **{f: getattr(draft, f) for f in (
-        "rows", "head_dim", "num_kv_heads", "n_q_heads", "num_layers", "max_slots",
-        "max_seq_len", "layer", "num_blocks", "q_scale", "seed", "block_size", "scale",
-        "q_row_pad", "zero_v_dims", "large_v_dims", "large_v")})
+                       large_v=float(large_v), score_band=score_band)
+    return dataclasses.replace(draft, label=describe(draft))
 
 
 def partly_filled(rng, low: int = 1, high: int = 2 * BLOCK_SIZE,

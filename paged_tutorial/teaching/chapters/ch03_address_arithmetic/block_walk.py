@@ -8,9 +8,10 @@ The grader compiles her ``walk_blocks`` into the article's kernel (``KernelParts
 on a poisoned cache (every element and table entry the article's kernel does not read is NaN
 or points at a NaN block), in two launches drawn afresh for every check (``cases``): head_dims
 whose last warp is partly used (threads past head_dim have ``owns_dim`` False and must read
-nothing), GQA ratios other than the article's 4, two or three layers, batch rows in the reverse
-order of their slots, sequences with a partly filled last block and one that fills its last
-block exactly.  Besides the output, the
+nothing), GQA ratios other than the article's 4, two to four layers and a layer between the
+first and the last, batch rows in the reverse order of their slots and a slot past the
+second, sequences with a partly filled last block and one that fills its last block exactly,
+and a sequence past eight blocks whose every score lies far below 0.  Besides the output, the
 simulator's access logs must show, for every thread block, the article's table entries and,
 for every thread, each of its K and V elements of the sequence read exactly once and nothing
 else; a wrong answer is told the shape, and which block, thread, entry or token went wrong.
@@ -38,18 +39,42 @@ from paged_tutorial.teaching.harness.kernel_harness import (KernelCase, bad_summ
 
 #: BLOCK_SIZEs of the first launch (its rows end one token into a block and on a block's end)
 FIRST_BLOCK_SIZES = (8, 12)
-#: the range the second launch's q scale is drawn from (scores of tens, not of a few units)
-SPREAD_Q_SCALE = (4.0, 6.0)
+#: BLOCK_SIZEs of the second launch: a few tokens per block, so that its walk past eight
+#: blocks stays a short launch
+LONG_WALK_BLOCK_SIZES = (3, 4, 5, 6)
+#: the logical blocks the second launch's sequence fills (low, high), past eight: a walk that
+#: stops after a fixed number of blocks leaves tokens out
+LONG_WALK_BLOCKS = (9, 12)
+#: the range the second launch's highest score is drawn from: far below 0, so that a running
+#: max started anywhere but -inf stays above every score and exp() of each underflows to 0
+LOW_SCORE_TOP = (-850.0, -250.0)
+#: how far below the highest score the second launch's other scores reach (drawn in this
+#: range): tens, so that many tokens score ten or more below the running max
+SCORE_SPREAD = (20.0, 50.0)
+#: the first launch's number of layers; it reads one of the layers between the first and
+#: the last
+FIRST_LAYER_COUNTS = (3, 4)
+#: the second launch's number of layers (it reads a layer the first does not)
+SECOND_LAYER_COUNTS = (2, 3, 4)
+#: the first launch's number of cache slots (low, high): one of its rows is in slot 2 or
+#: later, so a slot folded onto fewer slots reads another sequence's row of the table
+FIRST_SLOT_COUNTS = (3, 5)
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
 
 
 def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
-    other than 4, two different BLOCK_SIZEs (8 to 32, one of them 12 or 24), three layers
-    then two (and other numbers of logical blocks per sequence, so no table stride can be a
-    constant), a batch whose rows are in the reverse order of their slots, a sequence of three
-    blocks, the last holding one token, and whole blocks, the second launch's scores spread
-    over tens; softmax scales that are not 1/sqrt(head_dim) and q rows wider than their
-    heads."""
+    other than 4, two different BLOCK_SIZEs (3 to 12, one of them not a power of two), three
+    or four layers then two to four, each launch reading another layer (never layer 0, the
+    first never its last), a first launch whose rows sit in two of three to five slots (one in
+    slot 2 or later), in the reverse order of their slots, a sequence of three blocks, the
+    last holding one token, and whole blocks; a second launch whose one sequence fills nine
+    to twelve blocks and whose every score lies far below 0 (the highest between -850 and
+    -250, the others up to tens below it); softmax scales that are not 1/sqrt(head_dim) and q
+    rows wider than their heads."""
     rng, seed = shapes.fresh_rng()
     dims = shapes.distinct(rng, (24, 40, 48), 2)
     # one KV head, then two or three (a K address that swaps the token and the KV head shows)
@@ -58,25 +83,41 @@ def cases() -> list[KernelCase]:
     # for the division); the first small enough that its sequence spans three blocks, and
     # never 16 (a count rounded up with a literal 15 is right at 16 only)
     first_bs = shapes.pick(rng, FIRST_BLOCK_SIZES)
-    sizes = [first_bs, shapes.pick(rng, [b for b in shapes.BLOCK_SIZES if b != first_bs and (
-        first_bs in shapes.UNEVEN_BLOCK_SIZES or b in shapes.UNEVEN_BLOCK_SIZES)])]
+    sizes = [first_bs, shapes.pick(rng, [b for b in LONG_WALK_BLOCK_SIZES if not (
+        _is_power_of_two(first_bs) and _is_power_of_two(b))])]
+    # two layers read, neither layer 0, the first between the first and the last: no
+    # constant layer, and not the last layer's row, passes
+    layers = shapes.pick(rng, FIRST_LAYER_COUNTS)
+    layer = int(rng.integers(1, layers - 1))
+    second_layers = [(n, other) for n in SECOND_LAYER_COUNTS for other in range(1, n)
+                     if other != layer]
+    # the first launch's rows in two slots of three to five, one of them 2 or later
+    max_slots = int(rng.integers(FIRST_SLOT_COUNTS[0], FIRST_SLOT_COUNTS[1] + 1))
+    high = int(rng.integers(2, max_slots))
+    slots = [high, int(rng.integers(0, high))]
     bs = sizes[0]
     # a last block holding one token, and whole blocks: every rounding of the block count
     # other than up, (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, is wrong at one of the two
     first = shapes.case(rng, seed, head_dim=dims[0], gqa=layouts[0],
                         lens=[2 * bs + 1, bs * int(rng.integers(1, 3))],
-                        num_layers=3, max_seq_len=bs * shapes.pick(rng, (3, 5)),
+                        num_layers=layers, layer=layer, max_slots=max_slots, slots=slots,
+                        max_seq_len=bs * shapes.pick(rng, (3, 5)),
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
-    per_seq = shapes.pick(rng, (4, 6))
-    # at least two full blocks (a row spare): one block of BLOCK_SIZE tokens reads the same
-    # under any block size at least as large, so a literal block size could pass
-    full_blocks = int(rng.integers(2, min(max(2, 32 // bs), per_seq - 1) + 1))
-    # q scaled so that the scores spread over tens: many tokens score ten or more below the
-    # running max, so a walk that leaves such tokens out of the softmax shows
-    second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1],
-                         lens=[bs * full_blocks], num_layers=2, max_seq_len=bs * per_seq,
-                         max_slots=2, slots=[1], q_scale=float(rng.uniform(*SPREAD_Q_SCALE)),
+    layers, layer = shapes.pick(rng, second_layers)
+    blocks = int(rng.integers(LONG_WALK_BLOCKS[0], LONG_WALK_BLOCKS[1] + 1))
+    # the last of the blocks holds one to BLOCK_SIZE tokens
+    n = (blocks - 1) * bs + int(rng.integers(1, bs + 1))
+    # every score far below 0, spread over tens: a walk whose running max does not start at
+    # -inf, or that leaves tokens far below the max out of the softmax, shows
+    top = float(rng.uniform(*LOW_SCORE_TOP))
+    band = (top - float(rng.uniform(*SCORE_SPREAD)), top)
+    second_slots = int(rng.integers(2, 5))
+    second = shapes.case(rng, seed + 1, head_dim=dims[1], gqa=layouts[1], lens=[n],
+                         num_layers=layers, layer=layer, max_slots=second_slots,
+                         slots=[int(rng.integers(1, second_slots))], score_band=band,
+                         # a logical block or two of the table's row spare
+                         max_seq_len=bs * (blocks + int(rng.integers(1, 3))),
                          **shapes.drawn_constants(rng, dims[1], bs))
     return [first, second]
 
@@ -306,12 +347,35 @@ def _grade_case(parts, case):
     if result.bad:
         row, h = result.bad[0]
         if not result.logs:
-            raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case), figure)
-        raise Wrong(at + bad_summary(prep, result) + say(
-            en=".  The reads were the article's: what happens to each token's score and V?",
-            ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?"),
-            _figure(prep, result.logs, row, h))
+            note = far_below_zero(case)
+            raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case)
+                        + (f".  {note}" if note else ""), figure)
+        not_a_read = say(en="not from a read", ko="읽기 때문이 아닙니다")
+        raise Wrong(at + bad_summary(prep, result, nan_means=not_a_read)
+                    + reads_were_right(case), _figure(prep, result.logs, row, h))
     return figure
+
+
+def reads_were_right(case) -> str:
+    """What a wrong output whose reads were all the article's is told: where to look next."""
+    note = far_below_zero(case)
+    return say(en=".  The reads were the article's: what happens to each token's score and V?",
+               ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?") \
+        + (f"  {note}" if note else "")
+
+
+def far_below_zero(case) -> str:
+    """For a launch whose every score was drawn far below 0, a sentence: the scores' range,
+    and what to look at ("" for any other launch)."""
+    if case.score_band is None:
+        return ""
+    low, high = case.score_band
+    return say(en=f"Every score of this launch lies between {low:.0f} and {high:.0f}, far "
+                  "below 0: what does each token's exp(score - running max) give, from the "
+                  "running max your walk starts with?",
+               ko=f"이 런치의 모든 점수는 {low:.0f}에서 {high:.0f} 사이로 0보다 한참 "
+                  "아래입니다: 여러분의 루프가 시작하는 running max에서, 각 토큰의 "
+                  "exp(score - running max)는 얼마가 되나요?")
 
 
 def unlogged_reads_hint(case) -> str:
@@ -378,10 +442,11 @@ PUZZLES = (
         DOCSTRING, HINT,
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), two launches drawn afresh for every check: head_dims with a partly used "
-                "last warp, GQA ratios other than 4, two or three layers, rows in another order "
-                "than their slots",
+                "last warp, GQA ratios other than 4, two to four layers, rows in another order "
+                "than their slots, a sequence past eight blocks whose scores all lie far below 0",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "채점할 때마다 새로 뽑는 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, 4가 "
-                "아닌 GQA 비율, 레이어 두세 개, 슬롯과 순서가 다른 배치 행"),
+                "아닌 GQA 비율, 레이어 두 개에서 네 개, 슬롯과 순서가 다른 배치 행, 점수가 모두 "
+                "0보다 한참 아래인, 여덟 블록을 넘는 시퀀스"),
         "kernels.cu:470-485", grade),
 )

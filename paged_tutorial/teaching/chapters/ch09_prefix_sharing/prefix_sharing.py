@@ -8,7 +8,7 @@ three scenarios chosen to cross each edge of the rule, their tokens, lengths and
 drawn afresh for every check (``draw_scenarios``, the seed named in the verdict):
 
 - *the hash ignores the chain*: a hash of a block's own tokens only, so "X Y" finds the Y that
-  was computed after V;
+  was computed after V, and a prompt that begins with Y finds it for its block 0;
 - *every key collides*: a hash under which every block has the same key, so a key finds a block
   that holds other tokens;
 - *the same system prompt*: ordinary sharing, and a prompt of exactly its full blocks (its last
@@ -76,8 +76,11 @@ def draw_scenarios() -> tuple[Scenario, ...]:
     differ).  In this order:
 
     - *the hash ignores the chain*: a hash of a block's own tokens only; a block Y is computed
-      after a block V, then asked for after a block X (the first time X is computed, the
-      second X is shared and Y's key finds the Y computed after V), then after V again;
+      after one to three blocks V, then asked for after a block X (the first time X is
+      computed, the second X is shared and Y's key finds the Y computed after V), then after V
+      again, and, at a drawn place after the first prompt, as the first block of a prompt (its
+      key finds the Y computed after V: the tokens match, the parent is not None, and the
+      request shares nothing before it);
     - *every key collides*: a hash under which every block has the same key, so a key finds
       a block that holds other tokens;
     - *the same system prompt*: ordinary sharing behind a system prompt of two or three full
@@ -101,8 +104,11 @@ def draw_scenarios() -> tuple[Scenario, ...]:
     used = (n_pre + 1) * bs
     # Y computed after V; X computed; X Y: Y found under V (refused: another parent); V Y:
     # Y found under V again (shared)
-    blind = (v + y + tail(bs, used), x + y + tail(bs, used), x + y + tail(bs, used),
-             v + y + tail(bs, used))
+    blind = [v + y + tail(bs, used), x + y + tail(bs, used), x + y + tail(bs, used),
+             v + y + tail(bs, used)]
+    # Y as a prompt's block 0: what its key finds sits deeper, after V
+    blind.insert(int(rng.integers(1, len(blind) + 1)), y + tail(bs, bs))
+    blind = tuple(blind)
 
     bs = sizes[1]
     x, y, v = ids(bs), ids(bs), ids(bs)
@@ -246,6 +252,20 @@ def _describe(call: Call, scenario: Scenario, fn) -> str:
                           "계산된 캐시 블록을 공유했고 (found.parent가 previous가 아님), 다른 "
                           "토큰을 담은 블록을 물어도 True를 돌려줍니다.  키는 해시일 뿐입니다: "
                           "블록의 K/V가 요청의 것인지는 블록의 토큰과 부모만이 말해 줍니다")
+        if previous is None and found.parent is not None:
+            depth = found.logical_block
+            return say(en=f"{where}: your rule compared the tokens but not the parent: the "
+                          "request shares nothing before this block (previous is None), yet "
+                          "it shared a cached block with its tokens that sits at logical block "
+                          f"{depth} of another prompt, computed after that prompt's block "
+                          f"{depth - 1} (found.parent is not None).  K/V depend on every "
+                          "earlier token, so these are K/V of the same tokens after other ones",
+                       ko=f"{where}: 규칙이 토큰만 비교하고 부모는 비교하지 않았습니다: 요청은 이 "
+                          "블록 앞에서 공유하는 것이 없는데 (previous가 None), 같은 토큰을 담고 "
+                          f"다른 프롬프트의 논리 블록 {depth}에 있는 캐시 블록, 즉 그 프롬프트의 "
+                          f"{depth - 1}번 블록 뒤에서 계산된 블록을 공유했습니다 (found.parent가 "
+                          "None이 아님).  K/V는 앞의 모든 토큰에 달려 있으므로 이것은 다른 토큰 "
+                          "뒤에 온 같은 토큰의 K/V입니다")
         return say(en=f"{where}: your rule compared the tokens but not the parent: it shared a "
                       "cached block with the request's own tokens, computed after a different "
                       "block (found.parent is not previous).  K/V depend on every earlier token, "
@@ -296,12 +316,22 @@ def probe_cases(rng) -> list:
     middle = list(tokens)
     middle[int(rng.integers(1, bs - 1))] += 1000
     record = lambda toks, par, at=lb: CachedBlock(13, tuple(toks), par, at, (3,))  # noqa: E731
+    # another prompt's chain, as deep as drawn: its last block holds the request's block 0
+    depth = int(rng.integers(1, 4))
+    elsewhere = None
+    for j in range(depth):
+        elsewhere = CachedBlock(60 + j, ids(), elsewhere, j, (60 + j,))
     return [
         (say(en="the same tokens after the same block", ko="같은 블록 뒤의 같은 토큰"),
          (record(tokens, parent), tokens, parent, lb, n_tokens, bs)),
         (say(en="block 0 with the same tokens (no parent on either side)",
              ko="같은 토큰의 0번 블록 (양쪽 모두 부모 없음)"),
          (record(tokens, None, 0), tokens, None, 0, n_tokens, bs)),
+        (say(en=f"block 0 with the same tokens as a block at logical block {depth} of another "
+                "prompt (found there: its parent is not None, the request has none)",
+             ko=f"다른 프롬프트의 논리 블록 {depth}에 있는 블록과 토큰이 같은 0번 블록 (거기서 "
+                "찾은 블록이라 부모가 None이 아니고, 요청에는 부모가 없음)"),
+         (record(tokens, elsewhere, depth), tokens, None, 0, n_tokens, bs)),
         (say(en="the same tokens in another order", ko="순서만 다른 같은 토큰"),
          (record(shuffled, parent), tokens, parent, lb, n_tokens, bs)),
         (say(en="the same first and last token, another one in between",
@@ -331,7 +361,8 @@ PROBE_NAMES = ["found", "tokens", "previous", "logical_block", "n_tokens", "BLOC
 def probe(fn) -> None:
     """The rule on records built to tell each shortcut apart (``probe_cases``): a token
     compare that ignores order or looks at some tokens only, a parent compared by its tokens
-    rather than as the very block shared, a parentless record taken anywhere."""
+    rather than as the very block shared, a parentless record taken anywhere, a record from
+    deeper in another prompt taken for block 0."""
     rng, _ = shapes.fresh_rng()
     for what, args in probe_cases(rng):
         want = may_share(*args)
