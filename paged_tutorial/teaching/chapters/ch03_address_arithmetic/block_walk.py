@@ -371,11 +371,11 @@ def far_below_zero(case) -> str:
         return ""
     low, high = case.score_band
     return say(en=f"Every score of this launch lies between {low:.0f} and {high:.0f}, far "
-                  "below 0: what does each token's exp(score - running max) give, from the "
+                  "below 0: what does each token's `exp(score - current_max)` give, from the "
                   "running max your walk starts with?",
                ko=f"이 런치의 모든 점수는 {low:.0f}에서 {high:.0f} 사이로 0보다 한참 "
-                  "아래입니다: 여러분의 루프가 시작하는 running max에서, 각 토큰의 "
-                  "exp(score - running max)는 얼마가 되나요?")
+                  "아래입니다: 여러분의 루프가 시작하는 누적 최댓값에서, 각 토큰의 "
+                  "`exp(score - current_max)`는 얼마가 되나요?")
 
 
 def unlogged_reads_hint(case) -> str:
