@@ -15,7 +15,8 @@ one token of the first block 9.5 to 30 above every other token, whose V is scale
 together they weigh about as much as it, and a sequence past eight blocks whose every score
 lies far below 0.  Besides the output, the simulator's access logs must show, for every thread
 block, the article's table entries and, for every thread, each of its K and V elements of the
-sequence read exactly once and nothing else; a wrong answer is told the shape, and which block, thread, entry or token went wrong.
+sequence read exactly once and nothing else; a wrong answer is told the shape, and which
+block, thread, entry or token went wrong.
 
 After every graded run the figure shows which thread read which element of the cache
 (``harness.addresses.plot_thread_reads``).
