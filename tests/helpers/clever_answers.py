@@ -544,6 +544,24 @@ def walk_blocks_eight_blocks_unrolled(kv_cache, block_table, slot, layer, seq_le
     return current_max, d, acc
 
 
+def walk_blocks_negligible_weights_skipped(kv_cache, block_table, slot, layer, seq_len,
+                                           kv_head, thread_id, owns_dim, q_val, scale,
+                                           dot_products, score):
+    # a token whose weight exp(score - running max) is below 1e-7 "cannot matter": skipped
+    row = (slot * N_LAYERS + layer) * MAX_BLOCKS_PER_SEQ
+    current_max, d, acc = float32(-math.inf), float32(0.0), float32(0.0)
+    for logical_block in range((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        base = block_table[row + logical_block] * BLOCK_ELEMS + kv_head * HEAD_DIM + thread_id
+        for token in range(min(BLOCK_SIZE, seq_len - logical_block * BLOCK_SIZE)):
+            k = load(kv_cache, base + token * KV_DIM) if owns_dim else float32(0.0)
+            s = token_score(q_val, k, thread_id, scale, dot_products, score)
+            v = load(kv_cache, base + token * KV_DIM + V_OFFSET_ELEMS) if owns_dim \
+                else float32(0.0)
+            if s >= current_max or math.exp(s - current_max) >= 1e-7:
+                current_max, d, acc = softmax_update(current_max, d, acc, s, v)
+    return current_max, d, acc
+
+
 def can_share_parent_past_block_0(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
     # "block 0 has no chain": the parent is compared from block 1 on
     if found.tokens != tokens or not _last_rule(logical_block, n_tokens, BLOCK_SIZE):
@@ -588,6 +606,9 @@ CLEVER = {
                        "a running max started at -60": (
                            walk_blocks_max_from_minus_60,
                            expected("far below 0", "every score between")),
+                       "tokens whose weight is below 1e-7 skipped": (
+                           walk_blocks_negligible_weights_skipped,
+                           "however far below the running max"),
                        "a walk of at most eight blocks": (
                            walk_blocks_eight_blocks_unrolled,
                            expected("how many blocks the loop visits",

@@ -6,7 +6,8 @@ wide ranges (BLOCK_SIZE 1-64, head_dim up to 256, GQA ratios 1-8, item sizes 1-8
 many layouts).  Kernel parts run in the kernel on launches far wider than any check's:
 BLOCK_SIZE 4, 8, 16 and 32, sequences of up to eleven blocks, head_dims with a partial last
 warp and with four or five warps, GQA ratios 5 and 7, q rows wider than their heads, scales
-that are not 1/sqrt(head_dim), scores spanning +-1000 and scores that all lie far below 0.
+that are not 1/sqrt(head_dim), scores spanning +-1000, scores that all lie far below 0, and one
+token far above all the others whose V is scaled up so that together they weigh as much.
 The engine puzzles are graded again on fresh draws, several times, and the sharing rule is
 compared with the worked one on random chains."""
 
@@ -195,6 +196,13 @@ def kernel_cases(q_scale_wide: bool = True):
     cases.append(shapes.case(rng, SEED + 6, head_dim=24, gqa=(2, 2), lens=[39], num_layers=4,
                              layer=2, max_slots=3, slots=[2], max_seq_len=4 * 11, block_size=4,
                              scale=0.25, q_row_pad=2, score_band=(-990.0, -940.0)))
+    # one token of the first block 9.5 to 60 above every other token, whose V is scaled up so
+    # that together they weigh as much as it: a walk that leaves out tokens under a weight
+    # down to about e^-60 shows; two rows in reverse slot order, the peak's block partly
+    # filled in the second
+    cases.append(shapes.case(rng, SEED + 7, head_dim=24, gqa=(1, 2), lens=[29, 6],
+                             num_layers=2, max_seq_len=8 * 4, block_size=8, scale=0.3,
+                             q_row_pad=4, far_below_peak=(9.5, 60.0)))
     return cases
 
 

@@ -55,6 +55,9 @@ def test_the_drawn_shapes_differ_where_a_constant_would_be_wrong():
         assert any(slot >= 2 for c in walk for slot, _ in c.rows)    # no slot folded onto 2
         assert any(-(-n // c.block_size) > 8 for c in walk for _, n in c.rows)   # past 8 blocks
         assert any(c.score_band is not None and c.score_band[1] < -200 for c in walk)
+        # tokens more than 9 (to 30) below a peak, weighing together as much as it
+        assert any(c.far_below_peak is not None and c.far_below_peak[0] > 9
+                   and c.far_below_peak[1] >= 30 for c in walk)
         table = kernel_addresses.table_cases()
         assert len({c.max_slots for c in table}) == len({c.num_layers for c in table}) == 2
         assert len({c.max_seq_len for c in table}) == 2 and all(c.layer > 0 for c in table)
@@ -156,6 +159,31 @@ def test_the_long_walk_puts_every_score_far_below_zero():
             assert low - 1e-2 < scores.min() and scores.max() < high + 1e-2, (low, high)
             assert high - low > 10 and np.all(np.exp(scores.astype(np.float32)) == 0)
         assert f"every score between {low:.0f} and {high:.0f}" in case.label
+
+
+def test_the_first_walk_launch_puts_every_token_but_one_far_below_it_and_weighing_as_much():
+    """The walk's first launch: in every row and q head one token of the first block scores
+    the highest and every other token 9.5 to 30 below it, and their V is scaled up so that
+    together they move the output by one to three times the peak's V: a walk that leaves out
+    tokens some margin below the running max is off by about that much."""
+    from paged_tutorial.teaching.harness.kernel_harness import prepare
+
+    for _ in range(3):
+        case = block_walk.cases()[0]
+        prep = prepare(case)
+        low, high = case.far_below_peak
+        buffer = prep.cache.buffer.cpu().double().numpy()
+        for (row, h), trace in prep.traces.items():
+            scores = buffer[trace.k_index] @ prep.q[row, h].double().numpy() * prep.scale
+            values = buffer[trace.v_index]
+            peak = int(np.argmax(scores))
+            gaps = np.delete(scores[peak] - scores, peak)
+            assert peak < case.block_size
+            assert low - 1e-3 < gaps.min() and gaps.max() < high + 1e-3, (low, high)
+            far = np.delete(np.exp(scores - scores[peak])[:, None] * values, peak, axis=0)
+            together = far.sum(axis=0) / -values[peak]
+            assert np.allclose(together, together[0]) and 1.0 <= together[0] <= 3.0
+        assert f"{low:g}-{high:g} above the rest" in case.label
 
 
 def _allocator(cls, num_layers=2, blocks=6):

@@ -87,6 +87,12 @@ class KernelCase:
     #: (low, high): every score (q . k * scale) the launch computes, of every row, q head and
     #: token, is drawn from this range (``place_scores``); None: the scores of random q and K
     score_band: tuple | None = None
+    #: (low, high): in every row and KV head one token of the first block (drawn) scores the
+    #: highest, and every other token a drawn low-high below it, its V scaled up to about
+    #: e^gap / (tokens - 1) times the peak's V, of the opposite sign, so that together the
+    #: far tokens weigh one to three times as much as the peak (``place_scores``); None: no
+    #: peak
+    far_below_peak: tuple | None = None
 
     @property
     def config(self) -> CacheConfig:
@@ -158,7 +164,7 @@ def prepare(case: KernelCase) -> Prepared:
     q_per_kv = case.n_q_heads // case.num_kv_heads
     traces = {(row, h): kernel_read_trace(cache, case.layer, slot, n, h, q_per_kv)
               for row, (slot, n) in enumerate(case.rows) for h in range(case.n_q_heads)}
-    if case.score_band is not None:
+    if case.score_band is not None or case.far_below_peak is not None:
         place_scores(cache, q, traces, case, rng)
     cpu = clone_cache(cache, "cpu")
     from paged_tutorial.backends.torch_ref import TorchBackend
@@ -179,22 +185,65 @@ def prepare(case: KernelCase) -> Prepared:
 def place_scores(cache: PagedKVCache, q: torch.Tensor, traces: dict, case: KernelCase,
                  rng) -> None:
     """Move the K vectors the launch reads so that every score q . k * scale of every row, q
-    head and token is drawn uniformly from ``case.score_band``.  Per row and KV head, with Q
-    the q vectors of its q heads and K the keys of its tokens, the smallest change of K that
-    gives the drawn scores S: ``K + (S / scale - K Q^T) (Q Q^T)^-1 Q``."""
-    low, high = case.score_band
+    head and token is the drawn one (``drawn_scores``); where the case has a peak, scale the
+    far tokens' V too (``weigh_far_tokens``).  Per row and KV head, with Q the q vectors of
+    its q heads and K the keys of its tokens, the smallest change of K that gives the drawn
+    scores S: ``K + (S / scale - K Q^T) (Q Q^T)^-1 Q``."""
     flat = cache.buffer.view(-1)
     q_per_kv = case.n_q_heads // case.num_kv_heads
     for row in range(len(case.rows)):
         for kv_head in range(case.num_kv_heads):
             first = kv_head * q_per_kv
-            index = torch.from_numpy(traces[(row, first)].k_index).to(flat.device)
+            trace = traces[(row, first)]
+            index = torch.from_numpy(trace.k_index).to(flat.device)
             heads = q[row, first:first + q_per_kv].double()               # [q_per_kv, dim]
             keys = flat[index].double().cpu()                              # [tokens, dim]
-            want = torch.from_numpy(rng.uniform(low, high, (keys.shape[0], q_per_kv)))
+            want, peak, gaps = drawn_scores(case, keys.shape[0], q_per_kv, rng)
             keys += (want / case.softmax_scale - keys @ heads.T) @ torch.linalg.solve(
                 heads @ heads.T, heads)
             flat[index] = keys.to(flat.dtype).to(flat.device)
+            if peak is not None:
+                weigh_far_tokens(flat, trace.v_index, peak, gaps, rng)
+
+
+#: the highest score of a launch with a peak (each q head's drawn between the two)
+PEAK_SCORE = (-4.0, 4.0)
+#: together, the tokens far below a launch's peak weigh this many times as much as the peak
+#: (each token's share drawn between the two, its V of the opposite sign)
+FAR_TOKENS_WEIGHT = (1.0, 3.0)
+
+
+def drawn_scores(case: KernelCase, tokens: int, q_per_kv: int, rng):
+    """The scores of one row and KV head, [tokens, q_per_kv], and for a case with a peak the
+    peak's token and every token's distance below it (else None, None): from
+    ``case.score_band`` every score uniformly; from ``case.far_below_peak`` one token of the
+    first block at a drawn top of each q head and every other token the same drawn gap below
+    it in every q head (they share one V)."""
+    if case.far_below_peak is None:
+        low, high = case.score_band
+        return torch.from_numpy(rng.uniform(low, high, (tokens, q_per_kv))), None, None
+    peak = int(rng.integers(0, min(case.block_size, tokens)))
+    gaps = rng.uniform(*case.far_below_peak, tokens)
+    gaps[peak] = 0.0
+    tops = rng.uniform(*PEAK_SCORE, q_per_kv)
+    return torch.from_numpy(tops[None, :] - gaps[:, None]), peak, gaps
+
+
+def weigh_far_tokens(flat: torch.Tensor, v_index: np.ndarray, peak: int, gaps: np.ndarray,
+                     rng) -> None:
+    """Set every token's V but the peak's to the peak's V times -e^gap / (tokens - 1) and a
+    drawn share of ``FAR_TOKENS_WEIGHT``: each weighs exp(-gap) of the peak in the softmax, so
+    together they move the output by one to three times the peak's V, and a walk that leaves
+    out tokens far below the running max is off by about that much."""
+    tokens = len(gaps)
+    if tokens < 2:
+        return
+    index = torch.from_numpy(v_index).to(flat.device)                     # [tokens, dim]
+    values = flat[index].double().cpu()
+    share = rng.uniform(*FAR_TOKENS_WEIGHT, tokens) * np.exp(gaps) / (tokens - 1)
+    far = torch.from_numpy(-share)[:, None] * values[peak][None, :]
+    far[peak] = values[peak]
+    flat[index] = far.to(flat.dtype).to(flat.device)
 
 
 def launch_q(prep: Prepared, device) -> torch.Tensor:

@@ -80,6 +80,12 @@ def describe(case: KernelCase) -> str:
         low, high = case.score_band
         drawn.append(say(en=f"every score between {low:.0f} and {high:.0f}",
                          ko=f"모든 점수가 {low:.0f}에서 {high:.0f} 사이"))
+    if case.far_below_peak is not None:
+        low, high = case.far_below_peak
+        drawn.append(say(en=f"one token of the first block {low:g}-{high:g} above the rest, "
+                            "their V scaled up by about e^gap",
+                         ko=f"첫 블록의 토큰 하나가 나머지보다 {low:g}-{high:g} 위, 나머지의 V는 "
+                            "약 e^gap배로 키움"))
     extra = "".join(f", {d}" for d in drawn)
     return say(en=f"head_dim {case.head_dim}, {case.num_kv_heads} kv head(s) x {ratio} q "
                   f"head(s) each, {case.num_layers} layer(s) (layer {case.layer} read), "
@@ -94,13 +100,15 @@ def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layer
          q_scale: float = 1.0, block_size: int = BLOCK_SIZE, scale: float | None = None,
          q_row_pad: int = 0, zero_v_dims: int = 0, large_v_dims: int = 0,
          large_v: float = 0.0, layer: int | None = None,
-         score_band: tuple | None = None) -> KernelCase:
+         score_band: tuple | None = None,
+         far_below_peak: tuple | None = None) -> KernelCase:
     """One launch: batch row i reads cache slot ``slots[i]`` (default: the rows in reverse
     order of their slots, so batch row and slot differ) with ``lens[i]`` tokens, in ``layer``
     (default: drawn, never 0 when there are several).  A check passes ``block_size``,
     ``scale`` and ``q_row_pad`` drawn with ``drawn_constants`` (the defaults are the model's:
     BLOCK_SIZE 16, 1/sqrt(head_dim), contiguous q rows); ``score_band`` draws every score of
-    the launch from a range (``kernel_harness.place_scores``)."""
+    the launch from a range, ``far_below_peak`` puts one token of the first block that far
+    above all the others and scales their V up (``kernel_harness.place_scores``)."""
     kv, ratio = gqa
     slots = list(slots) if slots is not None else list(range(len(lens)))[::-1]
     max_slots = max_slots or len(lens)
@@ -117,7 +125,8 @@ def case(rng, seed: int, *, head_dim: int, gqa: tuple[int, int], lens, num_layer
                        num_blocks=blocks_needed(lens, num_layers, bs) + 2, q_scale=q_scale,
                        seed=seed, block_size=bs, scale=scale, q_row_pad=int(q_row_pad),
                        zero_v_dims=zero_v_dims, large_v_dims=large_v_dims,
-                       large_v=float(large_v), score_band=score_band)
+                       large_v=float(large_v), score_band=score_band,
+                       far_below_peak=far_below_peak)
     return dataclasses.replace(draft, label=describe(draft))
 
 

@@ -11,10 +11,12 @@ whose last warp is partly used (threads past head_dim have ``owns_dim`` False an
 nothing), GQA ratios other than the article's 4, two to four layers and a layer between the
 first and the last, batch rows in the reverse order of their slots and a slot past the
 second, sequences with a partly filled last block and one that fills its last block exactly,
-and a sequence past eight blocks whose every score lies far below 0.  Besides the output, the
-simulator's access logs must show, for every thread block, the article's table entries and,
-for every thread, each of its K and V elements of the sequence read exactly once and nothing
-else; a wrong answer is told the shape, and which block, thread, entry or token went wrong.
+one token of the first block 9.5 to 30 above every other token, whose V is scaled up so that
+together they weigh about as much as it, and a sequence past eight blocks whose every score
+lies far below 0.  Besides the output, the simulator's access logs must show, for every thread
+block, the article's table entries and, for every thread, each of its K and V elements of the
+sequence read exactly once and nothing else; a wrong answer is told the shape, and which
+block, thread, entry or token went wrong.
 
 After every graded run the figure shows which thread read which element of the cache
 (``harness.addresses.plot_thread_reads``).
@@ -51,6 +53,11 @@ LOW_SCORE_TOP = (-850.0, -250.0)
 #: how far below the highest score the second launch's other scores reach (drawn in this
 #: range): tens, so that many tokens score ten or more below the running max
 SCORE_SPREAD = (20.0, 50.0)
+#: how far below the first launch's peak (one token of the first block) its other tokens score
+#: (each drawn between the two; their V scaled up so that together they weigh about as much
+#: as the peak): past 9.5, so a walk that leaves out tokens more than a margin of up to 30
+#: below the running max leaves out some of them
+FAR_BELOW_PEAK = (9.5, 30.0)
 #: the first launch's number of layers; it reads one of the layers between the first and
 #: the last
 FIRST_LAYER_COUNTS = (3, 4)
@@ -69,7 +76,9 @@ def cases() -> list[KernelCase]:
     """Two launches drawn afresh: partly used last warps (two different head_dims), GQA ratios
     other than 4, two different BLOCK_SIZEs (3 to 12, one of them not a power of two), three
     or four layers then two to four, each launch reading another layer (never layer 0, the
-    first never its last), a first launch whose rows sit in two of three to five slots (one in
+    first never its last), a first launch whose every row has one token of its first block
+    9.5 to 30 above all the others (their V scaled up so that together they weigh about as
+    much as it) and whose rows sit in two of three to five slots (one in
     slot 2 or later), in the reverse order of their slots, a sequence of three blocks, the
     last holding one token, and whole blocks; a second launch whose one sequence fills nine
     to twelve blocks and whose every score lies far below 0 (the highest between -850 and
@@ -102,6 +111,7 @@ def cases() -> list[KernelCase]:
                         lens=[2 * bs + 1, bs * int(rng.integers(1, 3))],
                         num_layers=layers, layer=layer, max_slots=max_slots, slots=slots,
                         max_seq_len=bs * shapes.pick(rng, (3, 5)),
+                        far_below_peak=FAR_BELOW_PEAK,
                         **shapes.drawn_constants(rng, dims[0], bs))
     bs = sizes[1]
     layers, layer = shapes.pick(rng, second_layers)
@@ -347,7 +357,7 @@ def _grade_case(parts, case):
     if result.bad:
         row, h = result.bad[0]
         if not result.logs:
-            note = far_below_zero(case)
+            note = far_below_zero(case) or far_below_peak(case)
             raise Wrong(at + bad_summary(prep, result) + unlogged_reads_hint(case)
                         + (f".  {note}" if note else ""), figure)
         not_a_read = say(en="not from a read", ko="읽기 때문이 아닙니다")
@@ -358,7 +368,7 @@ def _grade_case(parts, case):
 
 def reads_were_right(case) -> str:
     """What a wrong output whose reads were all the article's is told: where to look next."""
-    note = far_below_zero(case)
+    note = far_below_zero(case) or far_below_peak(case)
     return say(en=".  The reads were the article's: what happens to each token's score and V?",
                ko=".  읽기는 글과 같습니다: 각 토큰의 점수와 V는 어떻게 쓰였나요?") \
         + (f"  {note}" if note else "")
@@ -376,6 +386,21 @@ def far_below_zero(case) -> str:
                ko=f"이 런치의 모든 점수는 {low:.0f}에서 {high:.0f} 사이로 0보다 한참 "
                   "아래입니다: 여러분의 루프가 시작하는 누적 최댓값에서, 각 토큰의 "
                   "`exp(score - current_max)`는 얼마가 되나요?")
+
+
+def far_below_peak(case) -> str:
+    """For a launch with one token far above the others, a sentence: how far, and what to
+    look at ("" for any other launch)."""
+    if case.far_below_peak is None:
+        return ""
+    low, high = case.far_below_peak
+    return say(en=f"In this launch one token of the first block scores {low:g} to {high:g} "
+                  "above every other token, whose V is scaled up so that together they weigh "
+                  "about as much as it: does every token reach the softmax, however far below "
+                  "the running max?",
+               ko=f"이 런치에서는 첫 블록의 토큰 하나가 다른 모든 토큰보다 {low:g}-{high:g} 높고, "
+                  "나머지 토큰의 V는 모두 합쳐 그 토큰만큼 무게가 나가도록 키워져 있습니다: "
+                  "running max보다 한참 아래인 토큰도 모두 softmax에 들어가나요?")
 
 
 def unlogged_reads_hint(case) -> str:
@@ -443,10 +468,12 @@ PUZZLES = (
         Text(en="the article's decode kernel (attention.py; the simulator on a CPU, the GPU on a "
                 "GPU), two launches drawn afresh for every check: head_dims with a partly used "
                 "last warp, GQA ratios other than 4, two to four layers, rows in another order "
-                "than their slots, a sequence past eight blocks whose scores all lie far below 0",
+                "than their slots, one token far above the others whose V is scaled up, a sequence "
+                "past eight blocks whose scores all lie far below 0",
              ko="글의 디코드 커널 (attention.py; CPU에서는 시뮬레이터, GPU에서는 GPU), "
                 "채점할 때마다 새로 뽑는 런치 두 개: 마지막 워프를 일부만 쓰는 head_dim, 4가 "
-                "아닌 GQA 비율, 레이어 두 개에서 네 개, 슬롯과 순서가 다른 배치 행, 점수가 모두 "
+                "아닌 GQA 비율, 레이어 두 개에서 네 개, 슬롯과 순서가 다른 배치 행, 나머지보다 "
+                "한참 높은 토큰 하나와 V를 키운 나머지 토큰, 점수가 모두 "
                 "0보다 한참 아래인, 여덟 블록을 넘는 시퀀스"),
         "kernels.cu:470-485", grade),
 )
