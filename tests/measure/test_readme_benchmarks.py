@@ -23,6 +23,10 @@ SMALLEST = {
                   ["--timeout", "300", "--only", "tests/measure/test_benchmark_names.py"], False),
     "decode-trees": ("benchmarks/decode_trees.py", ["here=.", "again=.", "--rounds", "1"],
                      True),
+    "decode": ("benchmarks/decode.py", ["--skip-hf", "--skip-variants", "--skip-smollm2"],
+               True),
+    "serve": ("benchmarks/serve_load.py", ["--backend", "torch", "--clients", "2",
+                                           "--max-tokens", "2", "--io", "auto,python"], False),
 }
 
 
