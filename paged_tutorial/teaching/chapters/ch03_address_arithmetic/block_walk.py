@@ -400,7 +400,7 @@ def far_below_peak(case) -> str:
                   "the running max?",
                ko=f"이 런치에서는 첫 블록의 토큰 하나가 다른 모든 토큰보다 {low:g}-{high:g} 높고, "
                   "나머지 토큰의 V는 모두 합쳐 그 토큰만큼 무게가 나가도록 키워져 있습니다: "
-                  "running max보다 한참 아래인 토큰도 모두 softmax에 들어가나요?")
+                  "누적 최댓값보다 한참 아래인 토큰도 모두 softmax에 들어가나요?")
 
 
 def unlogged_reads_hint(case) -> str:
