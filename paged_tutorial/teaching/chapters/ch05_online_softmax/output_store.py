@@ -77,8 +77,7 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
     writes = logs["q"]
     for row in range(len(case.rows)):
         for h in range(case.n_q_heads):
-            who = say(en=f"thread block (row {row}, q head {h})",
-                      ko=f"스레드 블록 (행 {row}, q 헤드 {h})")
+            who = _block_name(row, h)
             mine = sorted((r for r in writes.records if r.block == (row, h) and r.op == "W"),
                           key=lambda r: (r.thread, r.seq))
             base = row * case.q_row_stride + h * case.head_dim
@@ -105,11 +104,20 @@ def check_q_writes(prep, logs, figure_for=lambda row, h: None) -> None:
             counts = Counter(r.thread for r in mine)
             for d in range(case.head_dim):
                 if counts.get(d, 0) != 1:
-                    raise Wrong(figure=figure_for(row, h), message=say(
-                        en=f"{who}: thread {d} wrote its output element {counts.get(d, 0)} "
-                           "time(s), not once",
-                        ko=f"{who}: 스레드 {particle(d, '이/가')} 자기 출력 원소를 한 번이 아니라 "
-                           f"{counts.get(d, 0)}번 썼습니다"))
+                    raise Wrong(figure=figure_for(row, h),
+                                message=_not_once(row, h, d, counts.get(d, 0)))
+
+
+def _block_name(row: int, h: int) -> str:
+    return say(en=f"thread block (row {row}, q head {h})", ko=f"스레드 블록 (행 {row}, q 헤드 {h})")
+
+
+def _not_once(row: int, h: int, thread: int, count: int) -> str:
+    """The verdict for a thread that stored its output element ``count`` times, not once."""
+    return say(en=f"{_block_name(row, h)}: thread {thread} wrote its output element {count} "
+                  "time(s), not once",
+               ko=f"{_block_name(row, h)}: 스레드 {particle(thread, '이/가')} 자기 출력 원소를 "
+                  f"한 번이 아니라 {count}번 썼습니다")
 
 
 def _figure(prep, logs, row: int = 0, h: int = 0):
@@ -195,14 +203,11 @@ def _grade_case(parts, case):
             kept = torch.nonzero((result.out[row, h] == prep.q[row, h])
                                  & (prep.reference[row, h] != prep.q[row, h])).flatten()
             if len(kept):
-                d = int(kept[0])
-                raise Wrong(say(
-                    en=f"thread block (row {row}, q head {h}): thread {d} wrote its output "
-                       f"element 0 time(s), not once: it still holds the q value the kernel "
-                       f"read there ({len(kept)} such element(s) in this head)",
-                    ko=f"스레드 블록 (행 {row}, q 헤드 {h}): 스레드 {particle(d, '이/가')} 자기 "
-                       f"출력 원소를 한 번이 아니라 0번 썼습니다: 커널이 거기서 읽은 q 값이 "
-                       f"그대로 있습니다 (이 헤드에 그런 원소 {len(kept)}개)"), figure)
+                raise Wrong(_not_once(row, h, int(kept[0]), 0) + say(
+                    en=f": it still holds the q value the kernel read there ({len(kept)} such "
+                       "element(s) in this head)",
+                    ko=f": 커널이 거기서 읽은 q 값이 그대로 있습니다 (이 헤드에 그런 원소 "
+                       f"{len(kept)}개)"), figure)
     if result.bad:
         row, h = result.bad[0]
         got, ref = result.out[row, h], prep.reference[row, h]
