@@ -268,13 +268,32 @@ def stray_q_stores(q: torch.Tensor) -> list:
     (``offset`` elements past it), or after the last row."""
     rows, heads, head_dim = q.shape
     stride, width = q.stride(0), heads * head_dim
-    storage = q.as_strided((q.untyped_storage().nbytes() // q.element_size(),), (1,), 0).cpu()
+    storage = _whole_storage(q).cpu()
     found = []
     for row in range(rows):
         end = (row + 1) * stride if row + 1 < rows else storage.numel()
         padding = storage[row * stride + width:end]
         found += [(row, int(i)) for i in torch.nonzero(~torch.isnan(padding)).flatten()]
     return found
+
+
+def _whole_storage(q: torch.Tensor) -> torch.Tensor:
+    """Every element of ``q``'s storage (its padding included), as one flat tensor."""
+    return q.as_strided((q.untyped_storage().nbytes() // q.element_size(),), (1,), 0)
+
+
+def _host_copy(q: torch.Tensor) -> torch.Tensor:
+    """``q`` copied to the host with its whole storage, in one transfer: the same view (shape,
+    strides) over the copy, so that ``stray_q_stores`` reads the padding from it too."""
+    return _whole_storage(q).cpu().as_strided(q.shape, q.stride(), q.storage_offset())
+
+
+def _disagreeing_heads(prep: Prepared, out: torch.Tensor) -> list:
+    """(row, q head) of every output of ``out`` that is not finite or not the oracle's."""
+    return [(row, h) for row in range(len(prep.slots)) for h in range(prep.case.n_q_heads)
+            if not (torch.isfinite(out[row, h]).all()
+                    and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
+                                       atol=prep.atol))]
 
 
 def q_span(q: torch.Tensor) -> torch.Tensor:
@@ -333,14 +352,7 @@ def run(prep: Prepared, parts) -> KernelRun:
         raise Wrong(say(en=f"the kernel failed with your function: {_first_line(exc)}",
                         ko=f"여러분의 함수로 커널이 실패했습니다: {_first_line(exc)}")) from None
     out = q.cpu()
-    bad = []
-    for row in range(len(prep.slots)):
-        for h in range(prep.case.n_q_heads):
-            got, ref = out[row, h], prep.reference[row, h]
-            if not (torch.isfinite(got).all()
-                    and torch.allclose(got, ref, rtol=RTOL, atol=prep.atol)):
-                bad.append((row, h))
-    return KernelRun(out, logs, bad)
+    return KernelRun(out, logs, _disagreeing_heads(prep, out))
 
 
 # --- host replay of the kernel's addressing --------------------------------------------------
@@ -670,12 +682,8 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
         error = _first_line(exc)
     if error is not None:
         return BodyRun(None, logs, shared, [], error)
-    out = q.cpu()
-    bad = [(row, h) for row in range(len(prep.slots)) for h in range(prep.case.n_q_heads)
-           if not (torch.isfinite(out[row, h]).all()
-                   and torch.allclose(out[row, h], prep.reference[row, h], rtol=RTOL,
-                                      atol=prep.atol))]
-    return BodyRun(out, logs, shared, bad, None, stray_q_stores(q))
+    out = _host_copy(q)
+    return BodyRun(out, logs, shared, _disagreeing_heads(prep, out), None, stray_q_stores(out))
 
 
 _EMPTY_BODY_OPS = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP",
