@@ -55,8 +55,18 @@ def model_file() -> str | None:
 SLOWEST = 25
 
 
+def memory_hogs(memory_records: list[dict]) -> list[dict]:
+    """The tests whose process reserved the most GPU memory while they ran (GiB)."""
+    peak: dict[str, int] = {}
+    for r in memory_records:
+        peak[r["test"]] = max(peak.get(r["test"], 0), r["peak_reserved"])
+    return [{"test": t, "peak_reserved_gib": round(b / 2**30, 2)}
+            for t, b in sorted(peak.items(), key=lambda kv: -kv[1])[:SLOWEST]]
+
+
 def summarize(records: list[dict], finished: bool, returncode, seconds: float,
-              not_run: dict, gguf: str | None = None, workers: int = 1) -> dict:
+              not_run: dict, gguf: str | None = None, workers: int = 1,
+              memory_records: list[dict] = ()) -> dict:
     import torch
 
     outcome: dict[str, dict] = {}
@@ -106,6 +116,7 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
                 "notebooks": not_run["notebooks"]},
             "skipped": skips,
             "slowest_tests_s": [{"test": t, "seconds": round(sec, 1)} for t, sec in slowest],
+            "most_gpu_memory": memory_hogs(memory_records),
             "seconds_by_file": {f: round(sec, 1) for f, sec in
                                 sorted(per_file.items(), key=lambda kv: -kv[1])[:SLOWEST]}}
 
@@ -137,6 +148,8 @@ def merge(runs: list[dict]) -> dict:
                 "notebooks": [n for r in runs for n in r["could_not_run_here"]["notebooks"]]},
             "skipped": [s for r in runs for s in r["skipped"]],
             "slowest_tests_s": slowest,
+            "most_gpu_memory": sorted((t for r in runs for t in r.get("most_gpu_memory", [])),
+                                      key=lambda t: -t["peak_reserved_gib"])[:SLOWEST],
             "seconds_by_file": dict(sorted(((f, sec) for r in runs
                                             for f, sec in r.get("seconds_by_file", {}).items()),
                                            key=lambda kv: -kv[1])[:SLOWEST])}
@@ -183,7 +196,10 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / f"{args.name}.jsonl.tmp"        # runs side by side keep their own
     jsonl.unlink(missing_ok=True)
+    memory_log = out / f"{args.name}.memory.tmp"
+    memory_log.unlink(missing_ok=True)
     env = {**os.environ, "PYTEST_JSONL": str(jsonl.resolve()),
+           "PAGED_TUTORIAL_TEST_GPU_MEMORY_LOG": str(memory_log.resolve()),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"),
                                           os.environ.get("PYTHONPATH", "")])}
     t0 = time.time()
@@ -197,7 +213,11 @@ def main(argv=None):
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] \
         if jsonl.exists() else []
     jsonl.unlink(missing_ok=True)
-    data = summarize(records, finished, returncode, seconds, not_run, gguf, args.workers)
+    memory_records = [json.loads(line) for line in memory_log.read_text().splitlines()] \
+        if memory_log.exists() else []
+    memory_log.unlink(missing_ok=True)
+    data = summarize(records, finished, returncode, seconds, not_run, gguf, args.workers,
+                     memory_records)
     path = write_json(data, args.name, args.out)
     print(f"wrote {path}: {data['counts']}, finished {finished}, "
           f"{len(data['failures'])} failures", flush=True)

@@ -3,6 +3,7 @@ SmolLM2 model (loaded once per session)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -137,6 +138,32 @@ def hf_smollm2(smollm2_path):
     path = Path(smollm2_path)
     return LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                             dtype=torch.float32).eval()
+
+
+#: where each test's peak GPU memory goes, one JSON line per test (``benchmarks/gpu_tests.py``
+#: sets it and names the tests that hold the most)
+GPU_MEMORY_LOG = os.environ.get("PAGED_TUTORIAL_TEST_GPU_MEMORY_LOG")
+#: cached GPU memory a test process keeps past this goes back to the GPU after the test
+GPU_MEMORY_KEPT_BYTES = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory_handed_back(request):
+    """Several test processes share one GPU: memory torch's caching allocator keeps after a
+    test (2 GiB for every engine's default KV cache) goes back to the GPU, so one process's
+    cache never starves its neighbours, and each test's peak is logged where asked."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    yield
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    if GPU_MEMORY_LOG:
+        with open(GPU_MEMORY_LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"test": request.node.nodeid, "pid": os.getpid(),
+                                  "peak_reserved": torch.cuda.max_memory_reserved()}) + "\n")
+    if torch.cuda.memory_reserved() > GPU_MEMORY_KEPT_BYTES:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="session")
