@@ -367,6 +367,29 @@ def test_a_failing_thread_ends_the_launch_and_the_next_launch_runs():
     assert (out[0] == (np.arange(64) + 1) % 64).all()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_ends_before_it_runs_fails_the_launch_instead_of_hanging_it():
+    """A thread the interpreter refuses to start (here a trace function refuses its run(), as
+    CPython refuses one of two threads installing a trace function at once) never takes the
+    turn handed to it: the launch fails and names it, the next launch runs."""
+    def refuse(frame, event, arg):
+        if isinstance(threading.current_thread(), sim_block.LaneThread) and \
+                threading.current_thread().thread_id == 3 and frame.f_code.co_name == "run":
+            raise RuntimeError("refused for the test")
+        return None
+
+    traced_before = threading.gettrace()
+    threading.settrace(refuse)
+    try:
+        with pytest.raises(sim_block.SimulatedThreadNotStarted, match=r"tid=\[3, 0, 0\]"):
+            _shared_neighbour_kernel[1, 64](np.zeros((1, 64), np.float32))
+    finally:
+        threading.settrace(traced_before)
+    out = np.zeros((1, 64), np.float32)
+    _shared_neighbour_kernel[1, 64](out)
+    assert (out[0] == (np.arange(64) + 1) % 64).all()
+
+
 def test_barrier_rounds_are_counted_per_thread():
     @cuda.jit
     def rounds(out):

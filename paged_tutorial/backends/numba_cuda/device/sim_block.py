@@ -41,6 +41,14 @@ The waits, and the errors a GPU would turn into a hang or garbage:
 ``LockstepBlock.barrier_rounds`` counts the block barriers released so far, and each thread's
 ``barriers_passed`` how many it has passed: a shared-memory access can be placed between two
 barriers by reading the latter.
+
+*Starting*: the block's threads are started one at a time, each reaching its ``run`` before the
+next starts.  A Python thread installs the process's trace function (``threading.settrace``:
+coverage.py, a debugger) as it starts, and while a Python audit hook is installed (the
+graders' ``answer_guard``) two threads installing at once can make CPython refuse one
+("Cannot install a trace function while another trace function is being installed"): that
+thread would end before it ran, and the turn handed to it would be lost.  One that ends before
+its ``run`` anyway fails the launch with ``SimulatedThreadNotStarted``.
 """
 
 from __future__ import annotations
@@ -63,6 +71,14 @@ class BarrierDivergence(RuntimeError):
 
 class SimulatorDeadlock(RuntimeError):
     """No thread of a simulated block can run, and none of their waits can be released."""
+
+
+class SimulatedThreadNotStarted(RuntimeError):
+    """A simulated thread ended before it could run the kernel (see "Starting" above)."""
+
+
+#: how often (seconds) the launching thread looks whether a starting thread is still alive
+START_POLL_S = 0.05
 
 
 class _Aborted(BaseException):
@@ -147,8 +163,10 @@ class LaneThread(_sim_kernel.BlockThread):
         self.sent: list = []                         # (op, site, value) of each shuffle, in order
         self.exited = False
         self.barriers_passed = 0
+        self.entered = threading.Event()             # set first thing in run()
 
     def run(self):
+        self.entered.set()
         block = self._manager
         self.turn.acquire()                          # the first turn
         if block.aborted:
@@ -201,8 +219,15 @@ class LockstepBlock:
         self.error: BaseException | None = None
         self.error_tb = None
         self.finished = threading.Event()
-        for t in threads:
+        for t in threads:                            # one at a time: "Starting" above
             t.start()
+            while not t.entered.wait(START_POLL_S):
+                if not t.is_alive():
+                    self._abort()
+                    raise SimulatedThreadNotStarted(
+                        f"simulated thread tid={list(t.threadIdx)} ctaid={list(t.blockIdx)} "
+                        "ended before it ran the kernel (Python refused to start it; see "
+                        "this process's stderr): run the cell again")
         try:
             self._give_turn(None)
             self.finished.wait()
@@ -221,7 +246,8 @@ class LockstepBlock:
             if not t.exited and t.turn.locked():
                 t.turn.release()
         for t in self.threads:
-            t.join(timeout=1.0)
+            if t.ident is not None:                  # started (a failed start stops the rest)
+                t.join(timeout=1.0)
 
     # --- handing the turn over (only the thread holding the turn calls these) -------------
     def _next_thread(self):
