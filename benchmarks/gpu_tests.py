@@ -55,6 +55,14 @@ def model_file() -> str | None:
 SLOWEST = 25
 
 
+def take_json_lines(path: Path) -> list[dict]:
+    """The JSON lines a run wrote to ``path`` (none if it wrote none); the file is removed."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] \
+        if path.exists() else []
+    path.unlink(missing_ok=True)
+    return lines
+
+
 def memory_hogs(memory_records: list[dict]) -> list[dict]:
     """The tests whose process reserved the most GPU memory while they ran (GiB)."""
     peak: dict[str, int] = {}
@@ -210,12 +218,8 @@ def main(argv=None):
         proc.kill()
         returncode, finished = None, False
     seconds = time.time() - t0
-    records = [json.loads(line) for line in jsonl.read_text().splitlines()] \
-        if jsonl.exists() else []
-    jsonl.unlink(missing_ok=True)
-    memory_records = [json.loads(line) for line in memory_log.read_text().splitlines()] \
-        if memory_log.exists() else []
-    memory_log.unlink(missing_ok=True)
+    records = take_json_lines(jsonl)
+    memory_records = take_json_lines(memory_log)
     data = summarize(records, finished, returncode, seconds, not_run, gguf, args.workers,
                      memory_records)
     path = write_json(data, args.name, args.out)
