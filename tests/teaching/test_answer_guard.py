@@ -147,3 +147,22 @@ def test_a_class_that_names_pythons_module_as_its_own_is_still_hers():
     Remembers.__module__ = "abc"
     assert "keeps state" in kept_state.refusal(type("Mine", (Remembers,), {
         "__module__": "abc", "ensure_capacity": lambda self, slot, new_len: None}))
+
+
+def test_her_method_may_call_her_other_methods():
+    """A right allocator that splits its work into a helper method of its own is graded right:
+    the call into the watched stand-in of her helper is her code calling her code."""
+    code = ex.reveal("06.allocator").code
+    space = {**vars(sys.modules[code.__module__]), "__name__": "her_cell"}
+    exec(compile(ex.reveal("06.allocator").source, "<her cell>", "exec"), space)
+    worked = space[code.__name__]
+
+    class WithHelper(worked):
+        def ensure_capacity(self, slot, new_len):
+            return self.grow(slot, new_len)
+
+        def grow(self, slot, new_len):
+            return worked.ensure_capacity(self, slot, new_len)
+
+    verdict = ex.grade("06.allocator", WithHelper)
+    assert verdict.ok, verdict.message

@@ -165,9 +165,10 @@ class _Watch:
 
     def may_call(self, frame) -> bool:
         """Whether the call ``frame`` starts is a method of an object she was handed (or of
-        the package's exceptions), or a function one of them holds."""
+        the package's exceptions), a function one of them holds, or her own watched function
+        or method (the stand-in ``guarded`` made: her code calling her code)."""
         code = frame.f_code
-        if code in self.handed_codes:
+        if code in self.handed_codes or code in _STAND_IN_CODES:
             return True
         if code.co_argcount == 0:
             return False
@@ -207,7 +208,7 @@ class _Watch:
                                                ko=f"{Path(code.co_filename).stem}의 "
                                                   f"{particle(code.co_name, '을/를')} "
                                                   "불렀습니다")))
-        elif event == "c_call":
+        else:                                               # "c_call"
             if _origin_of(frame.f_code) != "learner":
                 return
             name = getattr(arg, "__name__", "")
@@ -232,10 +233,9 @@ def _audit(event: str, args: tuple) -> None:
         return
     _STATE.in_hook = True
     try:
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code is _audit.__code__:
-            frame = frame.f_back
-        hers = frame is not None and _origin_of(frame.f_code) == "learner"
+        # the frame that raised the event (a C call makes none); never the hook's own, which
+        # returns above while ``in_hook`` is set
+        hers = _origin_of(sys._getframe(1).f_code) == "learner"
     finally:
         _STATE.in_hook = False
     if hers:
@@ -280,6 +280,12 @@ def _guarded_method(guard: Guard, fn):
         return _watched_call(guard, fn, (self,) + args + tuple(kwargs.values()),
                              (self,) + args, kwargs)
     return watched
+
+
+#: the code of the stand-ins' wrappers: a call into one is her code calling her own function
+#: or method, which runs under the watch already set (``_watched_call``)
+_STAND_IN_CODES = frozenset(wrap(None, _add_hook).__code__
+                            for wrap in (_guarded_function, _guarded_method))
 
 
 def guarded(answer, guard: Guard):
