@@ -555,6 +555,8 @@ def _first_line(exc: Exception) -> str:
 #: a simulated launch of a graded case takes seconds; one still running after this long is
 #: stuck (a thread spinning on shared memory while the others wait at a barrier)
 KERNEL_TIMEOUT_S = 90.0
+#: how often (seconds) a stuck launch's watchdog tries again to reach its running thread
+STOP_RETRY_S = 0.05
 
 
 class KernelTimeout(Exception):
@@ -578,11 +580,10 @@ def _quiet_stopped_threads() -> None:
 
 @contextlib.contextmanager
 def simulated_time_limit(seconds: float):
-    """In the simulator, stop a launch that runs longer than ``seconds``: its block threads get
-    a ``KernelTimeout`` (the simulator then ends the launch with it), so a stuck kernel ends the
-    cell with a message instead of hanging it.  Nothing happens on a GPU."""
-    import ctypes
-
+    """In the simulator, stop a launch that runs longer than ``seconds``: the thread running
+    kernel code gets a ``KernelTimeout`` (the launch then fails with it and ends its other
+    threads), so a stuck kernel ends the cell with a message instead of hanging it.  Nothing
+    happens on a GPU."""
     from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
 
     if not SIMULATING:
@@ -594,16 +595,14 @@ def simulated_time_limit(seconds: float):
     def stop():
         if done.wait(seconds):
             return
-        from numba.cuda.simulator.kernel import BlockThread   # the simulator's CUDA threads
+        from paged_tutorial.backends.numba_cuda.device.sim_block import \
+            interrupt_running_threads
 
-        for t in threading.enumerate():
-            # the threads still running (not those waiting at a barrier: the simulator ends
-            # them itself once the launch fails); one that waits for its turn raises when
-            # it gets it, and the failed launch ends it
-            if isinstance(t, BlockThread) and t.is_alive() and \
-                    not getattr(t, "syncthreads_blocked", False):
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
-                                                           ctypes.py_object(KernelTimeout))
+        # the thread that holds its block's turn, while it runs kernel code (a moment later
+        # if it is handing the turn over); the launch then fails and ends the others
+        while not done.is_set():
+            interrupt_running_threads(KernelTimeout)
+            done.wait(STOP_RETRY_S)
     watchdog = threading.Thread(target=stop, daemon=True)
     watchdog.start()
     try:

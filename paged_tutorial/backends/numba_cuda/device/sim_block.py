@@ -54,6 +54,8 @@ its ``run`` anyway fails the launch with ``SimulatedThreadNotStarted``.
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import os
 import sys
 import threading
@@ -149,6 +151,35 @@ def _ranges(ids) -> str:
     return ", ".join(out)
 
 
+# --- stopping a stuck launch --------------------------------------------------------------------
+
+#: files whose code keeps a block's bookkeeping (and Python's threads'): an exception raised
+#: into a thread while it runs one of them could leave a turn handed to no one
+_BOOKKEEPING = _SKIPPED | {os.path.abspath(threading.__file__),
+                           os.path.abspath(contextlib.__file__)}
+
+
+def interrupt_running_threads(exception: type[BaseException]) -> int:
+    """Raise ``exception`` (asynchronously) in each simulated thread that holds its block's
+    turn and is running kernel code at this moment; returns how many it reached.  Only that
+    thread runs (the others sleep on their turns and leave through ``_abort`` once the launch
+    fails), and never inside the simulator's, the shim's or ``threading``'s own code: a caller
+    that finds none there yet calls again a moment later."""
+    frames = sys._current_frames()
+    reached = 0
+    for t in threading.enumerate():
+        if not isinstance(t, LaneThread) or t.exited or \
+                getattr(t._manager, "running", None) is not t:
+            continue
+        frame = frames.get(t.ident)
+        if frame is None or os.path.abspath(frame.f_code.co_filename) in _BOOKKEEPING:
+            continue
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                   ctypes.py_object(exception))
+        reached += 1
+    return reached
+
+
 # --- the threads -------------------------------------------------------------------------------
 
 class LaneThread(_sim_kernel.BlockThread):
@@ -203,6 +234,7 @@ class LockstepBlock:
         self.block_state = np.zeros(block_dim, dtype=np.bool_)   # syncthreads_count & co.
         self.barrier_rounds = 0
         self.aborted = False
+        self.running: LaneThread | None = None      # the thread that holds the turn
 
     # --- the launch of one block ---------------------------------------------------------
     def run(self, grid_point, *args):
@@ -269,6 +301,7 @@ class LockstepBlock:
         nxt = self._next_thread()
         if nxt is me:
             return
+        self.running = nxt
         if nxt is None:
             self.finished.set()
         else:
@@ -414,6 +447,7 @@ class LockstepBlock:
         self.warp_live[me.warp] -= 1
         if me.exception is not None:
             self._fail(*me.exception)
+            self.running = None
             self.finished.set()
             return
         waiting = self.warp_waiting.get(me.warp)
@@ -423,6 +457,7 @@ class LockstepBlock:
         if readers:                                  # they find it gone and say so
             self.ready.extend(readers)
         nxt = self._next_thread()
+        self.running = nxt
         if nxt is None:
             self.finished.set()
         else:
