@@ -81,6 +81,8 @@ class AllocatorBase(BlockAllocator):
 #: the package's allocators: an answer may not call or inherit their methods (nor the worked
 #: solution's, ``exercises.solutions``)
 BORROWED = (FreeListAllocator,)
+#: the package's modules' names begin so
+PACKAGE_PREFIX = "paged_tutorial."
 #: the worked solutions' module, named rather than imported (it imports this module)
 SOLUTIONS_MODULE = "paged_tutorial.teaching.exercises.solutions"
 
@@ -90,14 +92,15 @@ def borrowed_code(cls) -> str | None:
     that its methods name, else None: such an answer hands the work to code it did not write.
     (The worked solution itself, passed as it is, is what ``reveal`` gives: not refused.)"""
     def borrowed(value) -> bool:
-        if isinstance(value, type) and issubclass(value, BORROWED):
+        if isinstance(value, type) and issubclass(value, BORROWED) and \
+                value.__module__.startswith(PACKAGE_PREFIX):    # hers may derive from one
             return True
         return getattr(value, "__module__", None) == SOLUTIONS_MODULE and value is not cls
 
     for base in cls.__mro__:
         if base in (AllocatorBase, BlockAllocator, object):
             continue
-        if base is not cls and borrowed(base) or issubclass(base, BORROWED):
+        if base is not cls and borrowed(base):        # named as the base it borrows from
             return f"{base.__module__}.{base.__qualname__}"
         for value in vars(base).values():
             fn = getattr(value, "__func__", value)
