@@ -611,19 +611,27 @@ def _line_of(instruction, code) -> int:
     return line or instruction.starts_line or code.co_firstlineno
 
 
+def compile_errors() -> tuple:
+    """The exceptions by which Numba refuses to compile a function: its own errors, and the
+    bytecode it does not support (an ``import`` or a ``with`` block inside the function, star
+    unpacking), which it raises as a plain ``Exception``."""
+    from numba.core.errors import NumbaError, UnsupportedBytecodeError
+
+    return (NumbaError, UnsupportedBytecodeError)
+
+
 def check_compiles(fn: Callable, sample_args: tuple) -> None:
     """Type ``fn`` with Numba for the sample arguments (without running it), and hold it to
     what the CUDA target compiles for a device function: code Numba cannot type at all, and
     code the CPU target accepts only because it has a heap (a dict, a string or f-string, a
     list of any kind), are reported here, on every machine, not only on a GPU."""
     import numba
-    from numba.core.errors import NumbaError
 
     try:
         dispatcher = numba.njit(cache=False)(fn)
         signature = tuple(numba.typeof(a) for a in sample_args)
         dispatcher.compile(signature)
-    except NumbaError as exc:
+    except compile_errors() as exc:
         raise _compile_problem(compile_error_text(exc)) from None
     except (Wrong, Unsolved, TimeLimitExceeded, SystemExit, KeyboardInterrupt):
         raise

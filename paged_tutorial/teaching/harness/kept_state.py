@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import collections
 import dis
+import enum
 import functools
 import inspect
 import types
@@ -196,13 +197,23 @@ def _reach_of_function(where: str, fn) -> str | None:
     return None
 
 
+def _pythons_own(klass, name: str) -> bool:
+    """Whether the class attribute ``name`` is one Python keeps on every class of its kind:
+    a named tuple's ``_field_defaults``, an Enum's member tables (``_member_map_``...): how
+    the class was built, not state an answer keeps."""
+    if issubclass(klass, tuple) and hasattr(klass, "_fields") and name == "_field_defaults":
+        return True
+    return isinstance(klass, enum.EnumMeta) and name.startswith("_") and name.endswith("_")
+
+
 def _class_state(klass) -> str | None:
     """The first mutable class attribute of ``klass`` (or its non-package bases), in words."""
     for base in klass.__mro__:
         if not answers_own(base):
             continue
         for name, value in vars(base).items():
-            if isinstance(value, MUTABLE_TYPES) and not _dunder(name):
+            if isinstance(value, MUTABLE_TYPES) and not _dunder(name) and \
+                    not _pythons_own(base, name):
                 return say(en=f"the class attribute `{base.__name__}.{name}` ({_kind(value)}), "
                               "shared by every call",
                            ko=f"모든 호출이 함께 쓰는 클래스 속성 `{base.__name__}.{name}` "

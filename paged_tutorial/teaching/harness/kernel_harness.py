@@ -44,7 +44,8 @@ from paged_tutorial.teaching.oracles import (clone_cache, kernel_device, kernel_
                        quiet_nan_arithmetic)
 from paged_tutorial.teaching.error_text import compile_error_text, error_text
 from paged_tutorial.teaching.language import particle, say
-from paged_tutorial.teaching.harness.base import Wrong, host_call, host_only_code, need_int
+from paged_tutorial.teaching.harness.base import (Wrong, compile_errors, host_call,
+                                                  host_only_code, need_int)
 from paged_tutorial.teaching.harness.faults import is_checker_fault
 from paged_tutorial.teaching.verdict import Verdict
 
@@ -320,7 +321,6 @@ def run(prep: Prepared, parts) -> KernelRun:
     compare with the oracle."""
     from paged_tutorial.backends.numba_cuda.runtime import access_log
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from numba.core.errors import NumbaError
 
     host_only = _host_only_part(parts)
     if host_only is not None:
@@ -341,7 +341,7 @@ def run(prep: Prepared, parts) -> KernelRun:
                                  prep.slots, prep.scale, parts)
     except KernelTimeout:
         raise Wrong(stuck_message(KERNEL_TIMEOUT_S)) from None
-    except NumbaError as exc:
+    except compile_errors() as exc:
         raise Wrong(say(en=f"the kernel did not compile with your function: "
                            f"{compile_error_text(exc)}",
                         ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: "
@@ -644,7 +644,6 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
     reported as stuck."""
     from paged_tutorial.backends.numba_cuda.runtime import access_log
     from paged_tutorial.backends.numba_cuda.kernels import attention
-    from numba.core.errors import NumbaError
 
     host_only = _host_only_part(parts)
     if host_only is not None:
@@ -671,7 +670,7 @@ def run_body(prep: Prepared, parts, timeout: float | None = None) -> BodyRun:
                 launch()
     except KernelTimeout:
         error = stuck_message(limit)
-    except NumbaError as exc:
+    except compile_errors() as exc:
         error = say(en=f"the kernel did not compile with your function: "
                        f"{compile_error_text(exc)}",
                     ko=f"여러분의 함수로는 커널이 컴파일되지 않습니다: {compile_error_text(exc)}")
