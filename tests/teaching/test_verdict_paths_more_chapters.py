@@ -315,3 +315,25 @@ def test_a_share_run_that_differs_without_a_disagreement_is_named(monkeypatch):
     assert verdict.status == "wrong", verdict.message
     assert "[the hash ignores the chain; BLOCK_SIZE" in verdict.message, verdict.message
     assert "the run differs from the engine's" in verdict.message, verdict.message
+
+
+def can_share_counting_its_sharers(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    ok = (found.tokens == tuple(tokens) and found.parent is previous
+          and (logical_block + 1) * BLOCK_SIZE < n_tokens)
+    if ok:
+        found.ref_count += 1              # "one more slot shares it"
+    return ok
+
+
+def can_share_marking_it_done(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    found.pending = False
+    return (found.tokens == tuple(tokens) and found.parent is previous
+            and (logical_block + 1) * BLOCK_SIZE < n_tokens)
+
+
+@pytest.mark.parametrize("answer, field", [(can_share_counting_its_sharers, "ref_count"),
+                                           (can_share_marking_it_done, "pending")])
+def test_a_share_rule_that_edits_the_caches_record_is_refused_naming_the_field(answer, field):
+    verdict = ex.grade("09.can_share", answer)
+    assert verdict.status == "wrong", verdict.message
+    assert f"can_share changed found.{field}" in verdict.message, verdict.message

@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from paged_tutorial.cache.prefix_cache import PrefixCachingKVCache, chain_hash, may_share
+from paged_tutorial.cache.prefix_cache import (CachedBlock, PrefixCachingKVCache, chain_hash,
+                                               may_share)
 from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness import shapes
 from paged_tutorial.teaching.harness.base import Puzzle, Wrong, host_call
@@ -187,7 +188,7 @@ class ReaderRule:
 
     def __call__(self, found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
         args = (found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE)
-        mine = host_call(self.fn, args, PARAMS)
+        mine = _leaves_records_alone(self.fn, args, PARAMS)
         if not isinstance(mine, (bool, np.bool_)):
             raise Wrong(say(en=f"can_share returned {mine!r}; it must return True or False",
                             ko=f"can_share가 {particle(repr(mine), '을/를')} 돌려줬습니다; True나 False를 돌려줘야 "
@@ -209,6 +210,29 @@ class ReaderRule:
                    "와서 계산할 토큰이 하나도 남지 않지만, 첫 생성 토큰은 마지막으로 계산한 "
                    "토큰의 로짓에서 나옵니다."))
         return mine
+
+
+def _leaves_records_alone(fn, args, names):
+    """``host_call(fn, args, names)``, refused if it changed a field of ``found`` or
+    ``previous``: the cache's records (their reference counts, whether a step still writes
+    them) are the engine's bookkeeping, and the rule only answers whether one may be shared."""
+    records = [(name, record, dict(vars(record))) for name, record in zip(names, args)
+               if isinstance(record, CachedBlock)]
+    got = host_call(fn, args, names)
+    for name, record, before in records:
+        for field, value in before.items():
+            now = vars(record).get(field)
+            if now is not value and now != value:
+                raise Wrong(say(
+                    en=f"can_share changed {name}.{field} from {value!r} to {now!r}: the "
+                       "cache's records are the engine's bookkeeping (it counts a block's "
+                       "sharers and marks what a step still writes); the rule only answers "
+                       "whether the block may be shared",
+                    ko=f"can_share가 {name}.{particle(field, '을/를')} {value!r}에서 "
+                       f"{particle(repr(now), '으로/로')} 바꿨습니다: 캐시의 기록은 엔진의 장부입니다 (블록을 "
+                       "함께 쓰는 수와 아직 쓰는 중인 블록을 표시합니다); 규칙은 블록을 "
+                       "공유해도 되는지만 답합니다"))
+    return got
 
 
 def _compares_tokens(fn, args) -> bool:
@@ -288,7 +312,6 @@ def probe_cases(rng) -> list:
     two, the block's place).  Every record is one the cache could hold: a record past block 0
     has a parent one block before it, and two records that hold the same tokens all the way
     from the start have one key (a key names the contents), so they are never two records."""
-    from paged_tutorial.cache.prefix_cache import CachedBlock
 
     bs = shapes.pick(rng, shapes.UNEVEN_BLOCK_SIZES)
     lb = int(rng.integers(2, 5))
@@ -366,7 +389,7 @@ def probe(fn) -> None:
     rng, _ = shapes.fresh_rng()
     for what, args in probe_cases(rng):
         want = may_share(*args)
-        got = host_call(fn, args, PROBE_NAMES)
+        got = _leaves_records_alone(fn, args, PROBE_NAMES)
         if isinstance(got, (bool, np.bool_)) and bool(got) == want:
             continue
         found, tokens, previous, lb, n_tokens, bs = args
