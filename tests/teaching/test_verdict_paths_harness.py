@@ -423,3 +423,19 @@ def test_an_enum_helper_keeps_no_state():
 
     assert kept_state._class_state(Half) is None
     assert kept_state._class_state(BlockAndOffset) is None
+
+
+def locate_remembering_in_the_named_tuples_table(block_table, slot, layer, position,
+                                                  BLOCK_SIZE):
+    key = (slot, layer, position // BLOCK_SIZE)
+    memo = BlockAndOffset._field_defaults
+    if key not in memo:
+        memo[key] = int(block_table[key])
+    return memo[key], position % BLOCK_SIZE
+
+
+def test_state_parked_in_a_named_tuples_own_table_is_kept_state():
+    verdict = ex.grade("02.locate", locate_remembering_in_the_named_tuples_table)
+    assert verdict.status == "wrong", verdict.message
+    assert "keeps state between calls" in verdict.message, verdict.message
+    assert "`_field_defaults`" in verdict.message, verdict.message

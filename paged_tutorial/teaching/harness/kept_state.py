@@ -197,13 +197,30 @@ def _reach_of_function(where: str, fn) -> str | None:
     return None
 
 
+#: the mutable tables Python keeps on every named tuple class and every Enum: how the class
+#: was built, not state an answer keeps, so long as her code never names them
+NAMED_TUPLE_TABLES = ("_field_defaults",)
+ENUM_TABLES = ("_member_map_", "_value2member_map_", "_member_names_", "_unhashable_values_")
+
+
 def _pythons_own(klass, name: str) -> bool:
-    """Whether the class attribute ``name`` is one Python keeps on every class of its kind:
-    a named tuple's ``_field_defaults``, an Enum's member tables (``_member_map_``...): how
-    the class was built, not state an answer keeps."""
-    if issubclass(klass, tuple) and hasattr(klass, "_fields") and name == "_field_defaults":
+    """Whether the class attribute ``name`` is one of the tables Python keeps on ``klass``'s
+    kind of class (a named tuple's, an Enum's)."""
+    if issubclass(klass, tuple) and hasattr(klass, "_fields") and name in NAMED_TUPLE_TABLES:
         return True
-    return isinstance(klass, enum.EnumMeta) and name.startswith("_") and name.endswith("_")
+    return isinstance(klass, enum.EnumMeta) and name in ENUM_TABLES
+
+
+def _names_pythons_tables(where: str, fn) -> str | None:
+    """A table of ``_pythons_own`` that ``fn`` names: state parked where the class check lets
+    Python's own tables be."""
+    for code in _codes(fn.__code__):
+        for name in code.co_names:
+            if name in NAMED_TUPLE_TABLES + ENUM_TABLES:
+                return _keeps(where, say(en=f"it names `{name}`, a table Python keeps on the "
+                                            "class",
+                                         ko=f"클래스에 파이썬이 두는 표 `{name}`을 씁니다"))
+    return None
 
 
 def _class_state(klass) -> str | None:
@@ -310,7 +327,7 @@ def refusal(answer) -> str | None:
                         ko="functools 캐시로 결과를 기억합니다"))
     for where, fn in _functions(answer):
         problem = (_reach_of_function(where, fn) or _state_of_function(where, fn)
-                   or _module_attribute(where, fn))
+                   or _module_attribute(where, fn) or _names_pythons_tables(where, fn))
         if problem is not None:
             return problem
     return None
