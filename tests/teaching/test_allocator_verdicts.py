@@ -178,3 +178,20 @@ def test_state_kept_beside_the_table_is_compared_across_a_refusal():
     verdict = ex.grade("06.allocator", TracksOwnersBeforeRefusing)
     assert verdict.status == "wrong"
     assert "raised CacheFullError after changing the table" in verdict.message, verdict.message
+
+
+class RefusesWhenNothingIsFree(Worked):
+    """Raises CacheFullError whenever the free list is empty, even for a call that needs no
+    block (a decode step inside the slot's last block, with the cache exactly full)."""
+
+    def ensure_capacity(self, slot, new_len):
+        if not self.free_blocks:
+            raise CacheFullError("no block free")
+        super().ensure_capacity(slot, new_len)
+
+
+def test_a_call_that_needs_no_block_succeeds_with_none_free():
+    verdict = ex.grade("06.allocator", RefusesWhenNothingIsFree)
+    assert verdict.status == "wrong", verdict.message
+    assert "no block free" in verdict.message and "within the blocks it owns" in \
+        verdict.message, verdict.message

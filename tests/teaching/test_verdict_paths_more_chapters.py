@@ -337,3 +337,19 @@ def test_a_share_rule_that_edits_the_caches_record_is_refused_naming_the_field(a
     verdict = ex.grade("09.can_share", answer)
     assert verdict.status == "wrong", verdict.message
     assert f"can_share changed found.{field}" in verdict.message, verdict.message
+
+
+def can_share_leaving_two_tokens(found, tokens, previous, logical_block, n_tokens, BLOCK_SIZE):
+    return ((logical_block + 1) * BLOCK_SIZE < n_tokens - 1 and found.tokens == tuple(tokens)
+            and found.parent is previous)
+
+
+def test_a_share_rule_off_by_one_at_the_last_token_is_refused():
+    """A block followed by the prompt's last token alone leaves one token to compute: it is
+    shared.  A rule that wants two left recomputes a whole block."""
+    verdict = ex.grade("09.can_share", can_share_leaving_two_tokens)
+    assert verdict.status == "wrong", verdict.message
+    # the probe ("one token left to compute"), or an engine stream that met the case first
+    # ("leaving one token or more to compute")
+    assert "to compute" in verdict.message and "False" in verdict.message or \
+        "your rule refused" in verdict.message, verdict.message

@@ -407,9 +407,10 @@ def probe_full(cls, bs: int = 16) -> str:
     tokens per block: a prompt that needs more blocks than are free, and a decode step that
     starts a new block in every layer with one block fewer free than layers.  Each must raise
     CacheFullError and change nothing.  Then the same decode step with exactly as many blocks
-    free as layers, and a slot that owns blocks grown by two or three blocks in one call (the
-    contract backs every position below new_len, not only a decode step's), which must
-    succeed.  Returns the layouts probed."""
+    free as layers, a slot that owns blocks grown by two or three blocks in one call (the
+    contract backs every position below new_len, not only a decode step's), and, with no block
+    free at all, a slot that grows within the blocks it owns, which must succeed.  Returns the
+    layouts probed."""
     from paged_tutorial.config import CacheConfig
     from paged_tutorial.teaching.harness import shapes
 
@@ -424,12 +425,15 @@ def probe_full(cls, bs: int = 16) -> str:
     # a block (the contract: positions < new_len backed, however far they reach)
     jump_to = -(-first // bs) * bs + int(rng.integers(1, 3)) * bs + int(rng.integers(2, bs))
     jump_need = (-(-jump_to // bs) - -(-first // bs)) * num_layers
+    # to the end of slot 0's last block: no block needed
+    within = -(-first // bs) * bs
     probed = []
-    for call in ("prompt", "decode", "exact", "jump"):
+    for call in ("prompt", "decode", "exact", "jump", "within"):
         # 0 < free < needed; a decode step is one short of a block per layer, then has exactly
-        # one per layer; the long growth has a block to spare
+        # one per layer; the long growth has a block to spare; growth within owned blocks with
+        # none free
         free = {"prompt": int(rng.integers(1, num_layers)), "decode": num_layers - 1,
-                "exact": num_layers, "jump": jump_need + 1}[call]
+                "exact": num_layers, "jump": jump_need + 1, "within": 0}[call]
         config = CacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=8,
                              dtype="float32", kv_cache_bytes=(owned + free) * 2 * bs * 8 * 4,
                              max_slots=2, max_seq_len=6 * bs, block_size=bs)
@@ -442,7 +446,20 @@ def probe_full(cls, bs: int = 16) -> str:
         except Wrong as wrong:
             raise Wrong(f"[{num_layers} layers, BLOCK_SIZE {bs}, NUM_BLOCKS {config.NUM_BLOCKS}, "
                         f"seed {seed}] {wrong.message}") from None
-        slot, new_len = {"prompt": (1, prompt), "jump": (0, jump_to)}.get(call, (0, grow_to))
+        slot, new_len = {"prompt": (1, prompt), "jump": (0, jump_to),
+                         "within": (0, within)}.get(call, (0, grow_to))
+        if call == "within":
+            try:
+                allocator.ensure_capacity(slot, new_len)
+            except Wrong as wrong:
+                raise Wrong(say(
+                    en=f"[{num_layers} layers, BLOCK_SIZE {bs}, no block free, slot 0 holding "
+                       f"{first} tokens grows to {new_len} within the blocks it owns, seed "
+                       f"{seed}] {wrong.message}",
+                    ko=f"[레이어 {num_layers}개, BLOCK_SIZE {bs}, 빈 블록 없음, 토큰 {first}개를 "
+                       f"가진 슬롯 0이 가진 블록 안에서 {new_len}개로 자람, 시드 {seed}] "
+                       f"{wrong.message}")) from None
+            continue
         if call == "exact":
             try:
                 allocator.ensure_capacity(slot, new_len)

@@ -375,6 +375,11 @@ def probe_cases(rng) -> list:
          (record(tokens, None), tokens, parent, lb, n_tokens, bs)),
         (say(en="the block of the prompt's last token", ko="프롬프트 마지막 토큰의 블록"),
          (record(tokens, parent), tokens, parent, lb, (lb + 1) * bs, bs)),
+        (say(en="the block just before the prompt's last token, which is alone in the next "
+                "block (one token left to compute)",
+             ko="프롬프트 마지막 토큰 바로 앞의 블록, 마지막 토큰은 다음 블록에 혼자 있음 (계산할 "
+                "토큰 하나가 남음)"),
+         (record(tokens, parent), tokens, parent, lb, (lb + 1) * bs + 1, bs)),
     ]
 
 
@@ -385,7 +390,8 @@ def probe(fn) -> None:
     """The rule on records built to tell each shortcut apart (``probe_cases``): a token
     compare that ignores order or looks at some tokens only, a parent compared by its tokens
     rather than as the very block shared, a parentless record taken anywhere, a record from
-    deeper in another prompt taken for block 0."""
+    deeper in another prompt taken for block 0, and both sides of the last token's block (no
+    token left to compute; exactly one)."""
     rng, _ = shapes.fresh_rng()
     for what, args in probe_cases(rng):
         want = may_share(*args)
