@@ -22,7 +22,6 @@ import pytest  # noqa: E402
 
 import paged_tutorial.teaching.exercises as ex
 from paged_tutorial.backends.numba_cuda.kernels import attention
-from paged_tutorial.backends.numba_cuda.runtime import access_log
 from paged_tutorial.teaching.chapters.ch01_block_layout import block_layout
 from paged_tutorial.teaching.chapters.ch02_block_table import kernel_addresses
 from paged_tutorial.teaching.chapters.ch03_address_arithmetic import block_walk
@@ -30,16 +29,7 @@ from paged_tutorial.teaching.chapters.ch05_online_softmax import online_softmax
 from paged_tutorial.teaching.chapters.ch09_prefix_sharing import prefix_sharing
 from paged_tutorial.teaching.harness import shapes
 from test_verdict_paths import assert_checker_fault, checker_code
-
-SIMULATING = access_log.AVAILABLE
-NEEDS_THE_SIMULATOR = pytest.mark.skipif(
-    not SIMULATING, reason="these paths are told apart by the simulator's logs, or pretend a "
-                           "GPU by hiding them")
-
-
-def on_a_gpu(monkeypatch):
-    """Grade as on a GPU: no access log of the kernel's reads, stores or shared memory."""
-    monkeypatch.setattr(access_log, "AVAILABLE", False)
+from test_verdict_paths_chapters import NEEDS_THE_SIMULATOR, on_a_gpu
 
 
 # --- 09.can_share ----------------------------------------------------------------------------
