@@ -262,6 +262,10 @@ def build_serve_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    default=30.0, metavar="SECONDS",
                    help="seconds the requests in flight get to finish after Ctrl-C or SIGTERM "
                         "(default: %(default)s)")
+    p.add_argument("--engine", default="process", choices=["process", "thread"],
+                   help="where the engine steps: 'process', a process of its own, so the HTTP "
+                        "server never waits for the engine's share of the interpreter lock "
+                        "(default); 'thread', a thread of the server's process")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p

@@ -3,8 +3,9 @@
     python -m paged_tutorial serve --model smollm2-135m --port 8000
 
 The options are parsed by ``options.py`` (the same parser as the main command's, before
-anything heavy is imported); ``run_serve`` loads the model, builds the engine, and serves on
-127.0.0.1 unless ``--host`` says otherwise, until Ctrl-C or SIGTERM: then it lets the requests
+anything heavy is imported); ``run_serve`` starts the engine -- in a process of its own
+(``serving/engine_process.py``, the default) or, with ``--engine thread``, on a thread of the
+server's process -- and serves on 127.0.0.1 unless ``--host`` says otherwise, until Ctrl-C or SIGTERM: then it lets the requests
 in flight finish (``--drain-timeout``) and exits, 0 after SIGTERM, 130 after Ctrl-C (as the
 main command).
 """
@@ -26,29 +27,29 @@ def run_serve(args, err=None) -> int:
         print("error: the server needs FastAPI and uvicorn: pip install 'paged-tutorial[serve]'",
               file=err)
         return EXIT_USAGE
-    from paged_tutorial.threads import configure_threads
-
-    configure_threads(args.threads)
-    from paged_tutorial.engine.llm_engine import Engine
-    from paged_tutorial.loading.models import load_model
     from paged_tutorial.serving.app import build_app
+    from paged_tutorial.serving.engine_process import EngineProcess, EngineRecipe
     from paged_tutorial.serving.server import serve
 
+    recipe = EngineRecipe(args.model, backend=args.backend, dtype=args.dtype,
+                          max_slots=args.max_slots, max_seq_len=args.max_seq_len,
+                          prefix_caching=args.prefix_caching, threads=args.threads,
+                          kv_cache_bytes=None if args.kv_cache_mib is None
+                          else int(args.kv_cache_mib * MIB))
     try:
-        model = load_model(args.model, dtype=args.dtype)
-        engine = Engine(model, backend=args.backend, max_slots=args.max_slots,
-                        max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
-                        kv_cache_bytes=None if args.kv_cache_mib is None
-                        else int(args.kv_cache_mib * MIB))
-        engine.warm_up()
+        if args.engine == "process":
+            engine_loop = EngineProcess(recipe)
+            engine = engine_loop.frontend
+        else:
+            engine_loop, engine = None, recipe.build()
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=err)
         return EXIT_USAGE
     name = args.served_model_name or args.model
-    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({engine.describe()})",
-          file=err, flush=True)
-    app = build_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                    body_timeout_s=args.body_timeout)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({engine.describe()}; "
+          f"engine in a {args.engine} of its own)", file=err, flush=True)
+    app = build_app(engine, name, engine_loop, api_key=args.api_key,
+                    max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout)
     stopped_by = serve(app, host=args.host, port=args.port, drain_timeout_s=args.drain_timeout,
                        log_level=args.log_level, limit_concurrency=args.limit_concurrency,
                        timeout_keep_alive_s=args.timeout_keep_alive)

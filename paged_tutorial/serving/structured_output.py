@@ -109,6 +109,18 @@ def compile_json(tokenizer, vocab_size: int, stop_token_ids, schema: dict | str 
     return grammar_tokenizer, grammar
 
 
+@dataclass(frozen=True)
+class GrammarRecipe:
+    """A ``JSONLogitsProcessor`` as it crosses to another process (``engine_process.py``): its
+    grammar and stop tokens, built again there against that process's tokenizer."""
+    grammar: str
+    stop_token_ids: tuple[int, ...]
+
+    def processor(self, tokenizer, vocab_size: int) -> "JSONLogitsProcessor":
+        return JSONLogitsProcessor(_grammar_tokenizer(tokenizer, vocab_size, self.stop_token_ids),
+                                   self.grammar, self.stop_token_ids)
+
+
 class JSONLogitsProcessor:
     """Masks every token that would leave the grammar (one matcher per answer)."""
 
@@ -118,6 +130,9 @@ class JSONLogitsProcessor:
         self.grammar = grammar
         self.stop_token_ids = tuple(stop_token_ids)   # the first is llguidance's own
         self.answers: dict[int, list] = {}     # id(output list) -> [matcher, tokens followed]
+
+    def recipe(self) -> GrammarRecipe:
+        return GrammarRecipe(self.grammar, self.stop_token_ids)
 
     def _matcher(self, output_token_ids: list[int]):
         """The answer's matcher, having followed every token of ``output_token_ids``."""
