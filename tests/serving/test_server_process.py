@@ -45,7 +45,21 @@ def wait_healthy(url: str, process, timeout_s: float = 120.0) -> None:
     raise AssertionError("the server did not become healthy")
 
 
-def test_sigterm_drains_the_request_in_flight_and_exits_cleanly(tmp_path, chat_tokenizer):
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_sigterm_drains_the_request_in_flight_and_exits_cleanly(tmp_path, chat_tokenizer,
+                                                                engine):
+    drains(tmp_path, chat_tokenizer, engine, signal.SIGTERM, to_the_group=False, status=0)
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_engine_process_too_and_still_drains(
+        tmp_path, chat_tokenizer):
+    """A terminal's Ctrl-C signals the whole process group, the engine's process included:
+    that one leaves the decision to the server, which drains and exits 130."""
+    drains(tmp_path, chat_tokenizer, "process", signal.SIGINT, to_the_group=True, status=130)
+
+
+def drains(tmp_path, chat_tokenizer, engine: str, sig: int, to_the_group: bool,
+           status: int) -> None:
     folder = save_tiny_chat_model(tmp_path / "tiny", chat_tokenizer)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -54,8 +68,9 @@ def test_sigterm_drains_the_request_in_flight_and_exits_cleanly(tmp_path, chat_t
         [sys.executable, "-m", "paged_tutorial.serving", "--model", str(folder),
          "--served-model-name", "tiny", "--backend", "torch", "--dtype", "float32",
          "--port", str(port), "--max-slots", "2", "--max-seq-len", "128",
-         "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+         "--log-level", "warning", "--engine", engine],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        start_new_session=to_the_group)
     try:
         wait_healthy(url, process)
         body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 120,
@@ -72,14 +87,17 @@ def test_sigterm_drains_the_request_in_flight_and_exits_cleanly(tmp_path, chat_t
         reader = threading.Thread(target=read)
         reader.start()
         assert started.wait(60)
-        process.send_signal(signal.SIGTERM)
+        if to_the_group:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
         received_before = len(events)
         reader.join(120)
         assert not reader.is_alive()
         assert events[-1] == "[DONE]" and len(events) > received_before + 10
         chunks = [json.loads(e) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert process.wait(timeout=120) == 0
+        assert process.wait(timeout=120) == status
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=2)
     finally:
