@@ -28,6 +28,9 @@ What a graph needs, and how this module provides it:
   eager warm-up run of the same step on a side stream (it compiles the kernels and sets up
   cuBLAS; its cache writes are the ones the replay repeats).  All graphs share one memory
   pool: only one replays at a time, and its outputs are read before the next replay.
+  ``capture_every_bucket_next_step()`` makes the next step capture every bucket it can pad
+  to, its rows repeated as padding (a server's warm-up, as vLLM captures its graphs at start:
+  the first clients do not wait for captures while the batch grows).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple] = {}      # bucket -> (graph, logits, next_ids)
         self._pool = None
         self.replays = 0
+        self.capture_every_bucket = False       # one-shot: the next step captures them all
 
     def bucket_for(self, n: int) -> int:
         for b in self.buckets:
@@ -127,6 +131,9 @@ class DecodeGraphs:
             self._pool = graph.pool()
         self.graphs[bucket] = (graph, logits, read_back)
 
+    def capture_every_bucket_next_step(self) -> None:
+        self.capture_every_bucket = True
+
     def run(self, token_ids, positions, slots, temperature, top_p, uniforms):
         """One decode step for n = len(token_ids) sequences (host lists).  Returns
         (logits [n, V] in the model dtype on the device, a view into the graph's output, valid
@@ -134,8 +141,15 @@ class DecodeGraphs:
         finite: host lists, read back by one copy)."""
         n = len(token_ids)
         bucket = self.bucket_for(n)
-        self._fill(n, bucket, token_ids, positions, slots, temperature, top_p, uniforms)
         self.cache.device_block_table()         # send dirty entries before the replay
+        if self.capture_every_bucket:
+            self.capture_every_bucket = False
+            for other in self.buckets:
+                if other >= n and other not in self.graphs:
+                    self._fill(n, other, token_ids, positions, slots, temperature, top_p,
+                               uniforms)
+                    self._capture(other)
+        self._fill(n, bucket, token_ids, positions, slots, temperature, top_p, uniforms)
         if bucket not in self.graphs:
             self._capture(bucket)
         graph, logits, read_back = self.graphs[bucket]

@@ -160,19 +160,26 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
-    def warm_up(self) -> None:
+    def warm_up(self, every_batch_size: bool = False) -> None:
         """Serve one two-token prompt (a prefill and a decode step) and forget it, so that the
         first real request finds the kernels it needs compiled (or loaded from the disk
-        cache) and, with CUDA graphs, the batch-1 decode graph captured.  Call it before any
-        request is queued; ``step_count`` counts its two steps."""
+        cache) and, with CUDA graphs, the batch-1 decode graph captured; with
+        ``every_batch_size``, the decode graph of every batch-size bucket (what a server wants
+        before its first clients arrive; ``serve`` does it).  Call it before any request is
+        queued; ``step_count`` counts its two steps."""
         if self.has_unfinished():
             raise RuntimeError("warm_up() runs before any request: this engine has requests "
                                "queued or running")
         request = self.add_request([1, 2], SamplingParams(max_tokens=2, ignore_eos=True),
                                    chat=False)
+        graphs = self.model_runner.graphs
         while not request.finished:
+            if every_batch_size and graphs is not None and request.output_ids:
+                graphs.capture_every_bucket_next_step()       # the decode step captures them
             self.step()
         self.requests.forget([request])
+        if graphs is not None:
+            graphs.capture_every_bucket = False
 
     def step(self) -> StepReport:
         """Admit what fits and prefill it; otherwise decode every running request

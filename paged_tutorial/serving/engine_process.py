@@ -54,8 +54,8 @@ POLL_S = 0.1
 @dataclass(frozen=True)
 class EngineRecipe:
     """How the child builds its engine: ``load_model(model, dtype=dtype)`` and ``Engine(...)``
-    with these settings, then a warm-up step (what ``paged-tutorial serve`` does in one
-    process).  ``threads``: torch's CPU threads in the child (``configure_threads``)."""
+    with these settings, then a warm-up that captures the decode graph of every batch size
+    (what ``paged-tutorial serve`` does, in either process).  ``threads``: torch's CPU threads in the child (``configure_threads``)."""
     model: str
     backend: str = "auto"
     dtype: str | None = None
@@ -76,7 +76,7 @@ class EngineRecipe:
                         max_slots=self.max_slots, max_seq_len=self.max_seq_len,
                         prefix_caching=self.prefix_caching, kv_cache_bytes=self.kv_cache_bytes)
         if self.warm_up:
-            engine.warm_up()
+            engine.warm_up(every_batch_size=True)
         return engine
 
 

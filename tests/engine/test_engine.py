@@ -165,14 +165,15 @@ def test_finish_reasons(tiny_llama):
     assert zero.finish_reason == "length" and len(zero.token_ids) == 20
 
 
-def test_warm_up_serves_one_request_and_leaves_no_trace():
+@pytest.mark.parametrize("every_batch_size", [False, True])
+def test_warm_up_serves_one_request_and_leaves_no_trace(every_batch_size):
     from paged_tutorial.loading.models import random_model
     from helpers.fixtures_loading import tiny_config
 
     model = random_model(tiny_config(), seed=0)
     warmed = pt.Engine(model, backend="torch")
     free_before = sorted(warmed.cache.free_blocks)
-    warmed.warm_up()
+    warmed.warm_up(every_batch_size=every_batch_size)    # no graphs on a CPU: the same
     assert warmed.step_count == 2 and not warmed.has_unfinished()
     assert sorted(warmed.cache.free_blocks) == free_before
     fresh = pt.Engine(model, backend="torch")
