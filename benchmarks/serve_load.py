@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     llm = pt.LLM(args.model, backend=args.backend, dtype=args.dtype,
                  max_num_seqs=args.max_slots or args.clients,
                  max_model_len=args.max_model_len)
-    llm.engine.warm_up()
+    llm.engine.warm_up(every_batch_size=True)      # as the served engines are
     prompts = prompts_for(args.clients, args.prompt_words)
     llm.generate(prompts[:2], pt.SamplingParams(max_tokens=2))         # warm both batch sizes
     from paged_tutorial.serving.engine_process import EngineProcess, EngineRecipe
