@@ -64,16 +64,19 @@ def drains(tmp_path, chat_tokenizer, engine: str, sig: int, to_the_group: bool,
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = child_env()                 # this checkout first, then the caller's PYTHONPATH
+    # on the CPU even where a GPU is: there the tiny model's answer would be streamed whole
+    # before the signal could be sent, and nothing would be in flight
+    env["CUDA_VISIBLE_DEVICES"] = ""
     process = subprocess.Popen(
         [sys.executable, "-m", "paged_tutorial.serving", "--model", str(folder),
          "--served-model-name", "tiny", "--backend", "torch", "--dtype", "float32",
-         "--port", str(port), "--max-slots", "2", "--max-seq-len", "128",
+         "--port", str(port), "--max-slots", "2", "--max-seq-len", "256",
          "--log-level", "warning", "--engine", engine],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         start_new_session=to_the_group)
     try:
         wait_healthy(url, process)
-        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 120,
+        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 240,
                 "temperature": 0, "stream": True, "ignore_eos": True}
         events, started = [], threading.Event()
 
