@@ -1,6 +1,8 @@
-"""The OpenAI-compatible HTTP server: a FastAPI application over one ``EngineLoop``.
+"""The OpenAI-compatible HTTP server: a FastAPI application over one engine loop, an
+``EngineLoop`` on a thread of this process or an ``EngineProcess`` (the same loop in a process
+of its own, ``engine_process.py``; ``serve``'s default).
 
-    GET  /health                 200 while the engine thread runs, 503 once it has failed
+    GET  /health                 200 while the engine loop runs, 503 once it has failed
     GET  /metrics                Prometheus text (``metrics.py``)
     GET  /v1/models              the one model served
     POST /v1/completions         text completion, JSON or Server-Sent Events (stream=true)
@@ -8,9 +10,9 @@
 
 A handler reads the body (at most ``max_body_bytes``, within ``body_timeout_s``: 413 and 408
 otherwise), checks it (``openai_protocol.py``: a 4xx with an OpenAI-style error body when it is
-malformed or out of range), hands one job per prompt to the engine thread and reads the job's
-events.  The engine thread hands each step's events for every client to the event loop in one
-call (``EngineLoop.start(deliver)``); each handler then wakes once per step, whatever number of
+malformed or out of range), hands one job per prompt to the engine loop and reads the job's
+events.  The engine loop hands each step's events for every client to the event loop in one
+call (``start(deliver)``); each handler then wakes once per step, whatever number of
 tokens arrived.  A client that goes away (the connection closes mid-stream, or before a JSON
 answer is ready) has its jobs cancelled: their requests leave their slots and their blocks
 return to the free list at the next step.  With ``api_key`` set, every ``/v1`` route wants
@@ -174,12 +176,13 @@ class ChunkWriter:
         return "data: " + json.dumps(body) + "\n\n"
 
 
-def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = None, *,
+def build_app(engine, served_model_name: str, engine_loop=None, *,
               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """The ASGI application serving ``engine`` under the name ``served_model_name``.  The
-    engine thread starts with the application (its lifespan) and is stopped, after serving
-    everything queued, when the application shuts down.
+    engine loop (``engine_loop``: an ``EngineProcess``, whose ``frontend`` is then ``engine``;
+    by default an ``EngineLoop`` over ``engine`` on a thread) starts with the application (its
+    lifespan) and is stopped, after serving everything queued, when the application shuts down.
 
     ``api_key``: when set, ``/v1`` routes answer 401 without ``Authorization: Bearer <key>``.
     ``max_body_bytes``: a larger request body is a 413.  ``body_timeout_s``: a body not fully
@@ -236,7 +239,7 @@ def build_app(engine, served_model_name: str, engine_loop: EngineLoop | None = N
     @app.get("/health")
     async def health():
         if loop.failure is not None or not loop.alive:
-            return JSONResponse(error_body("the engine thread has stopped", "server_error"),
+            return JSONResponse(error_body("the engine loop has stopped", "server_error"),
                                 status_code=503)
         return JSONResponse({"status": "ok"})
 
