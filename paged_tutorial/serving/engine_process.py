@@ -277,6 +277,9 @@ class EngineProcess:
         self._jobs[job.job_id] = job
         try:
             self._send(message)
+        except OSError as exc:                   # the child has gone; the reader will say so
+            self._jobs.pop(job.job_id, None)
+            raise RuntimeError(f"the engine process has stopped ({exc})") from None
         except BaseException:
             self._jobs.pop(job.job_id, None)
             raise

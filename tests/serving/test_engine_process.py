@@ -18,6 +18,7 @@ from tiny_chat_model import save_tiny_chat_model
 
 pytest.importorskip("fastapi")
 
+from paged_tutorial.engine.sampling_params import SamplingParams  # noqa: E402
 from paged_tutorial.serving.app import build_app  # noqa: E402
 from paged_tutorial.serving.engine_process import EngineProcess, EngineRecipe  # noqa: E402
 from paged_tutorial.serving.server import BackgroundServer  # noqa: E402
@@ -125,6 +126,21 @@ def test_a_child_that_dies_fails_the_open_streams_and_the_health_check(recipe):
         assert httpx.get(server.url + "/health").status_code == 503
         with pytest.raises(openai.APIStatusError):
             client_of(server).completions.create(model="tiny", prompt="Once", max_tokens=3)
+        with pytest.raises(RuntimeError):          # never a broken pipe
+            engine_process.submit([1, 2], SamplingParams(max_tokens=1), lambda event: None)
+    assert "exit code -9" in str(engine_process.failure)
+
+
+def test_a_job_for_a_child_that_has_died_is_refused_as_a_stopped_server(recipe):
+    """Before anyone has read the end of its pipe: a RuntimeError (a 503), not a broken pipe."""
+    engine_process = EngineProcess(recipe)
+    os.kill(engine_process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _running(engine_process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="the engine process has stopped"):
+        engine_process.submit([1, 2], SamplingParams(max_tokens=1), lambda event: None)
+    engine_process.stop(timeout=10)
     assert "exit code -9" in str(engine_process.failure)
 
 
@@ -162,10 +178,12 @@ def test_the_child_ends_when_the_server_process_is_killed(recipe, tmp_path):
 
 
 def _running(pid: int) -> bool:
-    """The process exists and is not a zombie waiting to be reaped."""
+    """The process exists and is not a zombie waiting to be reaped (a killed process's main
+    thread turns zombie before its other threads have exited and closed its files)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] != "Z" or int(fields[17]) > 1          # state, num_threads
     except FileNotFoundError:
         return False
     except OSError:                              # no /proc (macOS): ask the kernel
