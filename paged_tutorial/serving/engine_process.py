@@ -24,7 +24,8 @@ What the server needs of the engine to parse and check a request (tokenizer, cha
 vocabulary, ``Admission``'s limits) comes up once, when the engine is ready, as
 ``EngineFrontend``: the server admits and refuses requests without asking the child.  A JSON
 grammar's logits processor crosses as its recipe (``structured_output.GrammarRecipe``) and is
-built again against the child's tokenizer; any other logits processor must pickle.
+built again against the child's tokenizer; any other logits processor must pickle (one that
+pickles here but cannot be rebuilt there refuses its job with a ``("rejected", ...)`` event).
 
 The child ignores Ctrl-C and SIGTERM (they reach the whole process group): the server decides
 when it stops, drains, and then sends ``stop``.  If the server's process dies, the child reads
@@ -203,9 +204,16 @@ def _child_main(recipe: EngineRecipe, commands, events) -> None:
                 _, job_id, prompt_ids, params, processors = message
                 child_job = _ChildJob(job_id, params.n)
                 jobs[job_id] = child_job
-                child_job.job = loop.submit(prompt_ids,
-                                            rebuilt_params(params, processors, engine),
-                                            child_job)
+                try:
+                    processors = None if processors is None else pickle.loads(processors)
+                    child_job.job = loop.submit(prompt_ids,
+                                                rebuilt_params(params, processors, engine),
+                                                child_job)
+                except Exception as exc:         # noqa: BLE001 - this job's own fault
+                    jobs.pop(job_id, None)
+                    send(("events", [(job_id, ("rejected", f"its logits processors cannot "
+                                               f"be used in the engine's process: "
+                                               f"{type(exc).__name__}: {exc}"))], loop.stats()))
             elif message[0] == "cancel":
                 child_job = jobs.get(message[1])
                 if child_job is not None and child_job.job is not None:
@@ -273,7 +281,11 @@ class EngineProcess:
         if self._stopping.is_set() or self.failure is not None:
             raise RuntimeError("the server is shutting down")
         job = RemoteJob(next(self._ids), on_event, params.n)
-        message = ("submit", job.job_id, list(prompt_ids), *portable_params(params))
+        params, processors = portable_params(params)
+        # the processors travel pickled on their own, so that one the child cannot unpickle
+        # refuses this job there instead of ending the child
+        message = ("submit", job.job_id, list(prompt_ids), params,
+                   None if processors is None else pickle.dumps(processors))
         self._jobs[job.job_id] = job
         try:
             self._send(message)

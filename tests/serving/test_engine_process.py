@@ -4,6 +4,7 @@ serves, token for token, and every way it can end leaves the server told and not
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -142,6 +143,40 @@ def test_a_job_for_a_child_that_has_died_is_refused_as_a_stopped_server(recipe):
         engine_process.submit([1, 2], SamplingParams(max_tokens=1), lambda event: None)
     engine_process.stop(timeout=10)
     assert "exit code -9" in str(engine_process.failure)
+
+
+class Unbuildable:
+    """A logits processor that pickles in the server's process and cannot be rebuilt in the
+    engine's."""
+
+    def __call__(self, output_token_ids, logits):
+        return logits
+
+    def __reduce__(self):
+        return _refuse, ("this processor exists only in the server's process",)
+
+
+def _refuse(message):
+    raise RuntimeError(message)
+
+
+def test_a_processor_the_child_cannot_rebuild_refuses_its_job_alone(recipe):
+    engine_process = EngineProcess(recipe)
+    events = {"bad": queue.Queue(), "good": queue.Queue()}
+    engine_process.start()
+    try:
+        engine_process.submit([1, 2], SamplingParams(max_tokens=2, logits_processors=[
+            Unbuildable()]), events["bad"].put)
+        engine_process.submit([1, 2], SamplingParams(max_tokens=2), events["good"].put)
+        kind, message = events["bad"].get(timeout=60)
+        assert kind == "rejected" and "exists only in the server's process" in message
+        got = [events["good"].get(timeout=60)[0]]
+        while got[-1] != "finish":
+            got.append(events["good"].get(timeout=60)[0])
+        assert engine_process.alive
+    finally:
+        engine_process.stop(timeout=30)
+    assert engine_process.failure is None
 
 
 def test_a_model_the_child_cannot_load_is_the_servers_error(tmp_path):
