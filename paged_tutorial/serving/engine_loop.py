@@ -86,7 +86,7 @@ class EngineLoop:
                                       "prefix_cache_hits", "preemptions"), 0)
         self._reasons: dict[str, int] = {}
         self._outbox: list[tuple[Callable[[tuple], None], tuple]] = []
-        self._deliver: Callable[[list], None] = _call_each
+        self._deliver: Callable[[list], None] = call_each
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -222,6 +222,7 @@ class EngineLoop:
                                 **self._counts)
 
 
-def _call_each(calls: list) -> None:
+def call_each(calls: list) -> None:
+    """The default ``deliver``: each ``on_event(event)`` called where the step ran."""
     for on_event, event in calls:
         on_event(event)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from paged_tutorial.engine.sampling_params import SamplingParams
-from paged_tutorial.serving.engine_loop import EngineLoop, LoopStats
+from paged_tutorial.serving.engine_loop import EngineLoop, LoopStats, call_each
 from paged_tutorial.serving.structured_output import GrammarRecipe, JSONLogitsProcessor
 
 #: how often the child, waiting for a command, looks whether its engine thread has failed and
@@ -144,6 +144,15 @@ class RemoteJob:
     cancelled: bool = False
 
 
+def ended_by(job, event: tuple) -> bool:
+    """Whether ``event`` ends ``job`` (a ``RemoteJob`` or the child's ``_ChildJob``): its last
+    answer finished, or it was refused or failed.  Counts the finished answers down."""
+    if event[0] == "finish":
+        job.answers_left -= 1
+        return job.answers_left == 0
+    return event[0] in ("rejected", "error")
+
+
 class _ChildJob:
     """The child's side of one job: called with its events by the loop, it knows whose they
     are and when the job has ended (its n answers finished, or it was refused)."""
@@ -155,12 +164,6 @@ class _ChildJob:
 
     def __call__(self, event: tuple) -> None:    # never called: ``deliver`` reads the pairs
         raise AssertionError("the child's events are delivered in batches")
-
-    def ended_by(self, event: tuple) -> bool:
-        if event[0] == "finish":
-            self.answers_left -= 1
-            return self.answers_left == 0
-        return event[0] in ("rejected", "error")
 
 
 def _child_main(recipe: EngineRecipe, commands, events) -> None:
@@ -184,7 +187,7 @@ def _child_main(recipe: EngineRecipe, commands, events) -> None:
         pairs = []
         for child_job, event in calls:
             pairs.append((child_job.job_id, event))
-            if child_job.ended_by(event):
+            if ended_by(child_job, event):
                 jobs.pop(child_job.job_id, None)
         stats = sent[0] = loop.stats()
         send(("events", pairs, stats))
@@ -264,7 +267,7 @@ class EngineProcess:
         self._jobs: dict[int, RemoteJob] = {}
         self._ids = itertools.count()
         self._stopping = threading.Event()
-        self._deliver: Callable[[list], None] = _call_each
+        self._deliver: Callable[[list], None] = call_each
         self.failure: BaseException | None = None
         self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
 
@@ -371,9 +374,7 @@ class EngineProcess:
             if job is None:
                 continue
             calls.append((job.on_event, event))
-            if event[0] == "finish":
-                job.answers_left -= 1
-            if job.answers_left == 0 or event[0] in ("rejected", "error"):
+            if ended_by(job, event):
                 del self._jobs[job_id]
         if calls:
             self._deliver(calls)
@@ -389,8 +390,3 @@ class EngineProcess:
         calls = [(job.on_event, ("error", message)) for job in jobs]
         if calls:
             self._deliver(calls)
-
-
-def _call_each(calls: list) -> None:
-    for on_event, event in calls:
-        on_event(event)
