@@ -184,7 +184,9 @@ def write_result(args, thread_counts, times, loads, same, repeats_done):
               "load_average_1_5_15_min_at_each_phase_start": loads,
               "load_average_1_5_15_min_when_written": load_average(),
               "torch": torch.__version__, "thread_counts": thread_counts,
-              "model": "SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to float32",
+              "model": "SmolLM2-135M-Instruct Q4_1 GGUF (embedding Q8_0): HF dequantizes it "
+                       "to float32; ours too, and its decode products read the GGUF's blocks "
+                       "(the same values: backends/cpu_quantized.py)",
               "prompts": PROMPTS, "new_tokens_per_prompt": args.new_tokens,
               "repeats": repeats_done,
               "hf": "transformers LlamaForCausalLM.generate, one prompt at a time",

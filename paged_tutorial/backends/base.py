@@ -58,6 +58,11 @@ class Backend(abc.ABC):
         """x [T, in] @ weight[out, in].T (+ bias [out]) -> [T, out]."""
         return torch.nn.functional.linear(x, weight, bias)
 
+    def use_quantized_rows(self, pairs: list) -> None:
+        """``pairs`` of (weight tensor, ``gguf_rows.QuantizedRows`` holding the same values as
+        the file's blocks): a backend whose ``linear`` can read the blocks instead keeps them;
+        this one does not."""
+
     # --- per-token ops -----------------------------------------------------------------
     @abc.abstractmethod
     def embed(self, weight: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

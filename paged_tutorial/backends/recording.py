@@ -82,6 +82,10 @@ class RecordingBackend(Backend):
     def describe(self) -> str:
         return f"recording wrapper around {self.inner.describe()}"
 
+    def use_quantized_rows(self, pairs) -> None:
+        """The wrapped backend multiplies by the kept blocks if it can, as it would unwrapped."""
+        self.inner.use_quantized_rows(pairs)
+
     def begin_step(self, step_index: int) -> None:
         """The engine calls this before each step: calls recorded from now on carry it."""
         self.current_step = step_index

@@ -11,7 +11,9 @@ ops are few: q and k rotated together, k and v written by one scatter, K and V r
 gather each.
 
 On the CPU the few-row projections of a decode step go to a compiled matrix-vector product
-(``cpu_matvec.py``) rather than to the BLAS, which serves them poorly there.
+rather than to the BLAS, which serves them poorly there: over the GGUF's own blocks for a
+matrix the model keeps them for (``cpu_quantized.py``, ``use_quantized_rows``), over the
+float32 values otherwise (``cpu_matvec.py``).
 
 ``check_inputs`` (default: on the CPU only) checks every block-table entry an op will follow
 before it follows one (``check_block_entries``), reading the tensors in place; on a GPU that
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_tutorial.backends import cpu_matvec
+from paged_tutorial.backends.cpu_quantized import QuantizedMatrix, quantized_matrix
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.batched_sampling import sample_batched
 from paged_tutorial.backends.paged_reads import (attention, cache_view, decode_attention_rows,
@@ -66,9 +69,21 @@ class TorchBackend(Backend):
         self.device = torch.device(device)
         self.check_inputs = self.device.type == "cpu" if check_inputs is None else \
             bool(check_inputs)
+        #: weight tensor's data pointer -> (the tensor, its QuantizedMatrix), CPU float32 only
+        self.quantized: dict[int, tuple[torch.Tensor, QuantizedMatrix]] = {}
+
+    def use_quantized_rows(self, pairs):
+        if self.device.type != "cpu":
+            return
+        for weight, rows in pairs:
+            if weight.dtype == torch.float32 and tuple(weight.shape) == rows.shape:
+                self.quantized[weight.data_ptr()] = (weight, quantized_matrix(rows))
 
     def linear(self, x, weight, bias=None):
         if bias is None and cpu_matvec.takes(x, weight):
+            kept = self.quantized.get(weight.data_ptr())
+            if kept is not None and kept[0] is weight:
+                return kept[1].matvec(x)
             return cpu_matvec.matvec(x, weight)
         return F.linear(x, weight, bias)
 

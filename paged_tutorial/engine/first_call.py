@@ -7,8 +7,9 @@ half-initialised in ``sys.modules``, and every later use fails with "partially i
 module".  So nothing on the serving path may import for the first time after construction:
 ``prepare_first_call`` runs, at construction, everything that imports lazily there:
 
-- the torch backend on the CPU: the compiled matrix-vector product (``cpu_matvec.py``: Numba,
-  imported and the product compiled, or read from Numba's disk cache, by one tiny product);
+- the torch backend on the CPU: the compiled matrix-vector products (``cpu_matvec.py`` over
+  float32 values, ``cpu_quantized.py`` over a GGUF's blocks: Numba, imported and each product
+  compiled, or read from Numba's disk cache, by one tiny product);
 - the tokenizer's chat template: compiled and rendered once (Jinja2 and what rendering
   imports); a template that fails is left to fail, with its own message, when it is used;
 - a backend that compiles kernels: the modules Numba's argument typing imports at a kernel's
@@ -24,7 +25,7 @@ import importlib
 
 import torch
 
-from paged_tutorial.backends import cpu_matvec
+from paged_tutorial.backends import cpu_matvec, cpu_quantized
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.loading.tokenizer import Tokenizer
 
@@ -37,6 +38,7 @@ def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
     if backend.device.type == "cpu":
         one = torch.zeros(1, 1, dtype=torch.float32)
         cpu_matvec.matvec(one, one)
+        cpu_quantized.compile_products()
     if backend.compiles_kernels:
         for name in NUMBA_LAUNCH_TYPING:
             importlib.import_module(name)

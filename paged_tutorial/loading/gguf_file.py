@@ -174,7 +174,7 @@ class GGUFFile:
         return dequantize(tensor).reshape(tensor.shape)
 
 
-def _f16(raw: np.ndarray) -> np.ndarray:
+def float16_values(raw: np.ndarray) -> np.ndarray:
     """Little-endian float16 bytes [..., 2] -> float32 [...]."""
     return np.ascontiguousarray(raw).view("<f2").astype(np.float32)[..., 0]
 
@@ -191,7 +191,7 @@ def dequantize(tensor: GGUFTensor) -> np.ndarray:
     if kind == Q.BF16:
         return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
     if kind.name in _BLOCK_WIDTHS:
-        return _dequantize_blocks(raw, kind)
+        return dequantize_blocks(raw, kind.name)
     from gguf.quants import dequantize as gguf_dequantize
 
     block, block_bytes = _quant_size(kind)
@@ -205,17 +205,17 @@ _BLOCK_WIDTHS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 _CHUNK_BLOCKS = 1 << 14
 
 
-def _dequantize_blocks(raw: np.ndarray, kind) -> np.ndarray:
-    """Q8_0, Q4_0 and Q4_1: the arithmetic of ``gguf.quants`` (float32: d * q, plus m for
-    Q4_1), over chunks of whole blocks written into one output array."""
-    name = kind.name
+def dequantize_blocks(raw: np.ndarray, name: str) -> np.ndarray:
+    """Q8_0, Q4_0 and Q4_1 bytes (flat uint8) -> flat float32: the arithmetic of
+    ``gguf.quants`` (float32: d * q, plus m for Q4_1), over chunks of whole blocks written
+    into one output array."""
     width = _BLOCK_WIDTHS[name]
     blocks = raw.reshape(-1, width)
     out = np.empty((blocks.shape[0], 32), dtype=np.float32)
     for first in range(0, blocks.shape[0], _CHUNK_BLOCKS):
         b = blocks[first:first + _CHUNK_BLOCKS]
         o = out[first:first + _CHUNK_BLOCKS]
-        d = _f16(b[:, :2])[:, None]
+        d = float16_values(b[:, :2])[:, None]
         if name == "Q8_0":
             o[:] = b[:, 2:].view(np.int8)
             o *= d
@@ -228,7 +228,7 @@ def _dequantize_blocks(raw: np.ndarray, kind) -> np.ndarray:
             o *= d
         else:
             o *= d
-            o += _f16(b[:, 2:4])[:, None]
+            o += float16_values(b[:, 2:4])[:, None]
     return out.reshape(-1)
 
 

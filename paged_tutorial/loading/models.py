@@ -34,7 +34,9 @@ import torch
 
 from paged_tutorial.config import ModelConfig, check_dtype
 from paged_tutorial.devices import check_device
-from paged_tutorial.loading.packed_weights import is_packed_part, pack_weights
+from paged_tutorial.loading.packed_weights import (is_packed_part, pack_quantized_rows,
+                                                   pack_weights)
+from paged_tutorial.loading.gguf_rows import read_quantized_rows
 from paged_tutorial.loading.tokenizer import Tokenizer
 from paged_tutorial.loading.weights import (expected_tensor_shapes, load_gguf,
                                             load_safetensors_folder, read_generation_eos_ids)
@@ -74,10 +76,16 @@ class Model:
     #: why this dtype ("asked for", or the catalog's reason: ``dtype_choice.choose_dtype``)
     dtype_reason: str = "asked for"
     packed: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: a GGUF's quantized matrices as the file stores them (``gguf_rows.QuantizedRows``), by
+    #: the name of the float tensor they equal (packed names for q/k/v and gate/up): the CPU's
+    #: decode steps read these instead (``backends/cpu_quantized.py``).  Empty for other
+    #: sources, dtypes or devices.
+    quantized: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.dtype = check_dtype(self.dtype)
         self.packed = pack_weights(self.weights, self.config, self.packed or None)
+        self.quantized = pack_quantized_rows(self.quantized, self.config)
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +112,8 @@ class Model:
         rest = {name: t.to(device) for name, t in self.weights.items()
                 if not is_packed_part(self.config, name)}
         return Model(self.config, rest, self.tokenizer, self.dtype, self.source,
-                     dtype_reason=self.dtype_reason, packed=packed)
+                     dtype_reason=self.dtype_reason, packed=packed,
+                     quantized=self.quantized if device.type == "cpu" else {})
 
     def num_bytes(self) -> int:
         """Bytes of weight storage (each tensor counted once, however many names view it)."""
@@ -211,13 +220,15 @@ def _merge_eos(config: ModelConfig, tokenizer: Tokenizer | None,
 def model_from_gguf(path, dtype: str = "bfloat16", source: str | None = None,
                     device="cpu", progress: bool = False) -> Model:
     config, weights, meta = load_gguf(path, dtype, device, progress)
+    quantized = (read_quantized_rows(path, config)
+                 if torch.device(device).type == "cpu" and dtype == "float32" else {})
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta, source=str(path))
     except ValueError as exc:
         warnings.warn(f"{path}: {exc}; the model loads without a tokenizer", stacklevel=2)
         tokenizer = None
     return Model(_merge_eos(config, tokenizer), weights, tokenizer, dtype,
-                 str(source if source is not None else path))
+                 str(source if source is not None else path), quantized=quantized)
 
 
 def model_from_folder(folder, dtype: str = "bfloat16", source: str | None = None,

@@ -48,6 +48,21 @@ def pack_weights(weights: dict[str, torch.Tensor], config: ModelConfig,
     return out
 
 
+def pack_quantized_rows(rows: dict, config: ModelConfig) -> dict:
+    """``rows`` (HF name -> ``gguf_rows.QuantizedRows``) with each packed group's parts stacked
+    as ``pack_weights`` stacks the float tensors, under the packed name; a group whose parts
+    are not all kept as rows of one kind is left out (its float tensor serves it)."""
+    family = config.family
+    out = {name: r for name, r in rows.items() if not is_packed_part(config, name)}
+    for layer in range(config.num_hidden_layers):
+        prefix = family.layer_prefix.format(i=layer)
+        for name, parts in family.packed_modules.items():
+            found = [rows.get(prefix + p) for p in parts]
+            if all(r is not None for r in found) and len({r.kind for r in found}) == 1:
+                out[prefix + name] = type(found[0]).stack(found)
+    return out
+
+
 def is_packed_part(config: ModelConfig, name: str) -> bool:
     """Is ``name`` a view into one of ``config``'s family's packed tensors?"""
     return config.family.is_packed_part(name)

@@ -536,7 +536,7 @@ def config_from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str],
     return config
 
 
-def _gguf_tensors_by_hf_name(reader, family: ModelFamily, path: Path) -> dict[str, Any]:
+def gguf_tensors_by_hf_name(reader, family: ModelFamily, path: Path) -> dict[str, Any]:
     by_name = {}
     for tensor in reader.tensors:
         if tensor.name == GGUF_ROPE_FREQS:
@@ -570,7 +570,7 @@ def load_gguf(path, dtype: str = "bfloat16", device: str | torch.device = "cpu",
     rope_freqs = next((dequantize_gguf_tensor(t, torch.device("cpu")).numpy()
                        for t in reader.tensors if t.name == GGUF_ROPE_FREQS), None)
     config = config_from_gguf_metadata(meta, {t.name for t in reader.tensors}, rope_freqs, path)
-    gguf_tensors = _gguf_tensors_by_hf_name(reader, family, path)
+    gguf_tensors = gguf_tensors_by_hf_name(reader, family, path)
     # Shapes first (from the header, on the meta device): a mismatch fails before any dequantizing.
     check_weights(config, {name: torch.empty(t.shape, device="meta")
                            for name, t in gguf_tensors.items()})

@@ -167,6 +167,9 @@ def build_network(model, backend, max_positions: int) -> DecoderNetwork:
                  for role, name in family.layer_roles.items()}
         layers.append(LayerWeights(**roles))
     embed = tensors[family.embed]
+    backend.use_quantized_rows([(tensors[name], rows)
+                                for name, rows in getattr(model, "quantized", {}).items()
+                                if name in tensors])
     return DecoderNetwork(config, embed, tensors[family.final_norm],
                           tensors.get(family.lm_head, embed), layers, backend, max_positions)
 
