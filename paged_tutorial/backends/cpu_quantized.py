@@ -16,7 +16,8 @@ rows whose bytes for block k, byte j lie side by side for all the tile's rows
 compiler turns into vector instructions, one accumulator per row, and no sum across a vector
 inside the loop.  A 4-bit byte holds value j (low nibble) and value j + 16 (high nibble) of its
 block, as in the file; ``hi = floor(q / 16)`` and ``lo = q - 16 hi`` split it in float
-arithmetic, which stays in 32-bit vector lanes.  Q4_0 becomes ``d * q + m`` with ``m = -8 d``;
+arithmetic, which stays in 32-bit vector lanes.  With several activation rows each byte is
+split once and its halves serve every row (``*_rows``).  Q4_0 becomes ``d * q + m`` with ``m = -8 d``;
 Q8_0 (signed bytes, ``d * q``) has its own loop.
 
 The torch backend takes this path for the matrices a model loaded from a GGUF keeps as blocks
@@ -81,6 +82,73 @@ def _nibble_product(x, quants, d, m, out, sums, acc, first_tile, end_tile):
                 out[b, first + r] = acc[b, r]
 
 
+def _nibble_product_rows(x, quants, d, m, out, sums, acc, first_tile, end_tile, values, highs):
+    """``_nibble_product`` for several activation rows: each byte is split once, into
+    ``values`` (q = 16 hi + lo) and ``highs`` (hi), scratch [TILE_ROWS], and every row adds
+    ``q * x_lo + hi * (x_hi - 16 x_lo)`` (= lo * x_lo + hi * x_hi) from them."""
+    _, n_blocks, _, rows_per_tile = quants.shape
+    n_rows, n_out = x.shape[0], out.shape[1]
+    for t in range(first_tile, end_tile):
+        for b in range(n_rows):
+            for r in range(rows_per_tile):
+                acc[b, r] = 0.0
+        for k in range(n_blocks):
+            base = k * 32
+            for b in range(n_rows):
+                for r in range(rows_per_tile):
+                    sums[b, r] = 0.0
+            for j in range(16):
+                for r in range(rows_per_tile):
+                    q = np.float32(quants[t, k, j, r])
+                    values[r] = q
+                    highs[r] = np.floor(q * np.float32(0.0625))
+                for b in range(n_rows):
+                    x_lo = x[b, base + j]
+                    x_rest = x[b, base + 16 + j] - np.float32(16.0) * x_lo
+                    for r in range(rows_per_tile):
+                        sums[b, r] += values[r] * x_lo + highs[r] * x_rest
+            for b in range(n_rows):
+                x_sum = np.float32(0.0)
+                for j in range(32):
+                    x_sum += x[b, base + j]
+                for r in range(rows_per_tile):
+                    acc[b, r] += d[t, k, r] * sums[b, r] + m[t, k, r] * x_sum
+        first = t * rows_per_tile
+        for b in range(n_rows):
+            for r in range(min(rows_per_tile, n_out - first)):
+                out[b, first + r] = acc[b, r]
+
+
+def _byte_product_rows(x, quants, d, out, sums, acc, first_tile, end_tile, values):
+    """``_byte_product`` for several activation rows: each byte converted once, into
+    ``values`` (scratch [TILE_ROWS]), and used by every row."""
+    _, n_blocks, _, rows_per_tile = quants.shape
+    n_rows, n_out = x.shape[0], out.shape[1]
+    for t in range(first_tile, end_tile):
+        for b in range(n_rows):
+            for r in range(rows_per_tile):
+                acc[b, r] = 0.0
+        for k in range(n_blocks):
+            base = k * 32
+            for b in range(n_rows):
+                for r in range(rows_per_tile):
+                    sums[b, r] = 0.0
+            for j in range(32):
+                for r in range(rows_per_tile):
+                    values[r] = np.float32(quants[t, k, j, r])
+                for b in range(n_rows):
+                    xj = x[b, base + j]
+                    for r in range(rows_per_tile):
+                        sums[b, r] += values[r] * xj
+            for b in range(n_rows):
+                for r in range(rows_per_tile):
+                    acc[b, r] += d[t, k, r] * sums[b, r]
+        first = t * rows_per_tile
+        for b in range(n_rows):
+            for r in range(min(rows_per_tile, n_out - first)):
+                out[b, first + r] = acc[b, r]
+
+
 def _byte_product(x, quants, d, out, sums, acc, first_tile, end_tile):
     """out[b, o] = sum over blocks k of d[o, k] * sum_j q[o, k, j] * x[b, 32k + j] for the rows
     of tiles first_tile .. end_tile - 1, with signed 8-bit ``quants`` [tiles, blocks, 32,
@@ -114,7 +182,8 @@ def _compiled_loop(name: str):
         from numba import njit
 
         _compiled[name] = njit(fastmath=True, nogil=True, cache=True)(
-            {"nibbles": _nibble_product, "bytes": _byte_product}[name])
+            {"nibbles": _nibble_product, "nibbles, rows": _nibble_product_rows,
+             "bytes": _byte_product, "bytes, rows": _byte_product_rows}[name])
     return _compiled[name]
 
 
@@ -156,13 +225,22 @@ class QuantizedMatrix:
                              f"rows [B, {n_in}], got {x.dtype} {list(x.shape)}")
         xs = x.contiguous().numpy()
         out = torch.empty(x.shape[0], n_out, dtype=torch.float32)
+        sums, acc = (np.empty((x.shape[0], TILE_ROWS), np.float32) for _ in range(2))
+        tiles = (0, self.quants.shape[0])
+        one_row = x.shape[0] == 1
         if self.m is None:
-            loop, arrays = _compiled_loop("bytes"), (xs, self.quants, self.d, out.numpy())
+            arrays = (xs, self.quants, self.d, out.numpy(), sums, acc, *tiles)
+            if one_row:
+                _compiled_loop("bytes")(*arrays)
+            else:
+                _compiled_loop("bytes, rows")(*arrays, np.empty(TILE_ROWS, np.float32))
         else:
-            loop, arrays = (_compiled_loop("nibbles"),
-                            (xs, self.quants, self.d, self.m, out.numpy()))
-        scratch = [np.empty((x.shape[0], TILE_ROWS), np.float32) for _ in range(2)]
-        loop(*arrays, *scratch, 0, self.quants.shape[0])
+            arrays = (xs, self.quants, self.d, self.m, out.numpy(), sums, acc, *tiles)
+            if one_row:
+                _compiled_loop("nibbles")(*arrays)
+            else:
+                _compiled_loop("nibbles, rows")(*arrays, *(np.empty(TILE_ROWS, np.float32)
+                                                           for _ in range(2)))
         return out
 
 
@@ -170,8 +248,9 @@ def compile_products() -> None:
     """Compile both loops now (or read them from Numba's disk cache) by one tiny product each,
     so that no first product compiles, or imports, in the middle of a request."""
     for kind in ("Q4_1", "Q8_0"):
-        QuantizedMatrix(QuantizedRows(kind, np.zeros((1, BLOCK_BYTES[kind]), np.uint8))).matvec(
-            torch.zeros(1, VALUES_PER_BLOCK))
+        matrix = QuantizedMatrix(QuantizedRows(kind, np.zeros((1, BLOCK_BYTES[kind]), np.uint8)))
+        for rows in (1, 2):
+            matrix.matvec(torch.zeros(rows, VALUES_PER_BLOCK))
 
 
 def quantized_matrix(rows: QuantizedRows) -> QuantizedMatrix:

@@ -81,7 +81,7 @@ class TorchBackend(Backend):
 
     def linear(self, x, weight, bias=None):
         if bias is None and cpu_matvec.takes(x, weight):
-            kept = self.quantized.get(weight.data_ptr())
+            kept = self.quantized.get(weight.data_ptr()) if self.quantized else None
             if kept is not None and kept[0] is weight:
                 return kept[1].matvec(x)
             return cpu_matvec.matvec(x, weight)
