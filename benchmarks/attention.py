@@ -8,6 +8,9 @@ physical blocks scattered at random.  For each (batch, context):
 
 - ``fast``: our Numba kernel (``attention_fast.py``, the engine's default),
 - ``triton``: the Triton peer (``backends/triton_attention.py``),
+- ``flashinfer``, ``flashinfer-tc``: FlashInfer's batch decode on CUDA cores and on tensor
+  cores, reading our cache in place (``measure/flashinfer_peer.py``; where FlashInfer is not
+  installed or cannot compile, the case's ``not_run`` says why),
 - ``article``: the article-faithful Numba kernel (``attention.py``; target cases only: slow),
 - ``sdpa``: torch SDPA on *contiguous* K/V (no paging; enable_gqa), the library baseline,
 - ``floor``: K+V bytes / copy bandwidth measured in this run.

@@ -1,5 +1,6 @@
 """Paged decode attention (and prefill attention) on the GPU, side by side: the fast Numba
-kernel, the Triton peer, the article's kernel, torch SDPA on contiguous K/V, against the copy
+kernel, the Triton peer, FlashInfer's batch decode where it is installed
+(``flashinfer_peer.py``), the article's kernel, torch SDPA on contiguous K/V, against the copy
 floor; and the sweep over the fast kernel's shapes that chose ``attention_fast.CHOSEN_SHAPE``.
 
 ``benchmarks/attention.py`` (its docstring says what each run measures and writes) parses its
@@ -25,6 +26,7 @@ from paged_tutorial.backends.numba_cuda.kernels.attention_fast import KernelShap
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.cache.paged_cache import PagedKVCache
 from paged_tutorial.config import CacheConfig
+from paged_tutorial.measure import flashinfer_peer
 from paged_tutorial.measure.comparison import rel_err
 from paged_tutorial.measure.gpu_machine import ceilings, gpu_info
 from paged_tutorial.measure.gpu_timers import N_INNER, copies_for, graph_ms
@@ -166,9 +168,37 @@ def bench_case(batch, ctx, bw_gbs, sweep, g):
         qd, *kvs[i % n_layers], scale=SCALE, enable_gqa=True), N_INNER) * 1e3
     row["us"]["sdpa"] = us
     row["pct_of_copy_bw"]["sdpa"] = 100 * row["floor_us"] / us
+    bench_flashinfer(row, cache, n_layers, q0, seq_lens, mixed, slots, ref, ref_mixed)
     if "article" in row["us"]:
         row["speedup_vs_article"] = row["us"]["article"] / row["us"]["fast"]
     return row
+
+
+def bench_flashinfer(row, cache, n_layers, q0, seq_lens, mixed, slots, ref, ref_mixed) -> None:
+    """FlashInfer's batch decode (``flashinfer_peer.py``), CUDA cores and tensor cores, checked
+    like the others, timed the same way; where it cannot run, ``row["not_run"]`` says why."""
+    ok, why = flashinfer_peer.available()
+    if not ok:
+        row.setdefault("not_run", {})["flashinfer"] = why
+        return
+    for name, tensor_cores in (("flashinfer", False), ("flashinfer-tc", True)):
+        try:
+            peer = flashinfer_peer.FlashInferDecode(cache, N_Q, SCALE, tensor_cores)
+            err = max(rel_err(peer(q0.clone(), 0, seq_lens, slots).clone(), ref),
+                      rel_err(peer(q0.clone(), 0, mixed, slots).clone(), ref_mixed))
+            row["max_rel_err"][name] = err
+            if not err < 1e-2:
+                raise AssertionError(f"rel err {err}")
+            for layer in range(n_layers):
+                peer.prepare(layer, seq_lens, slots)
+            torch.cuda.synchronize()
+            qs = [q0.clone() for _ in range(N_INNER)]
+            us = graph_ms(lambda i: peer(qs[i], i % n_layers, seq_lens, slots), N_INNER) * 1e3
+        except Exception as exc:          # a peer that fails is reported, not fatal
+            row.setdefault("not_run", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+            continue
+        row["us"][name] = us
+        row["pct_of_copy_bw"][name] = 100 * row["floor_us"] / us
 
 
 def bench_prefill(g, matmul_tflops):
