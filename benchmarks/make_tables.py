@@ -111,15 +111,22 @@ def committed_entry(a: dict, r: dict) -> str | None:
     return key if key in r["us"] else None
 
 
+#: FlashInfer's batch decode, where the run had it (``measure/flashinfer_peer.py``)
+FLASHINFER_COLUMNS = {"flashinfer": "FlashInfer", "flashinfer-tc": "FlashInfer, tensor cores"}
+
+
 def attention_table(a: dict) -> str:
     bw = a["ceilings"]["copy_bandwidth_gbs"]
+    flashinfer = any(k in r["us"] for r in a["rows"] for k in FLASHINFER_COLUMNS)
+    columns = ["batch", "context", "ours (Numba, defaults of the run)",
+               "ours, committed defaults (sweep)", "Triton",
+               *(FLASHINFER_COLUMNS.values() if flashinfer else ()),
+               "torch SDPA, contiguous K/V", "article kernel", "floor"]
     best = a.get("best_variant", {}).get("name")
     out = [f"Paged decode attention, 32 query / 8 KV heads, head_dim 64, BLOCK_SIZE 16, bf16; "
            f"{a['gpu']}, {a['date']}; copy bandwidth {bw:.0f} GB/s.  Microseconds per call "
            "(median of CUDA-graph replays), and % of the copy bandwidth for the K/V bytes.", "",
-           "| batch | context | ours (Numba, defaults of the run) | ours, committed defaults "
-           "(sweep) | Triton | torch SDPA, contiguous K/V | article kernel | floor |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
     for r in a["rows"]:
         us, pct = r["us"], r["pct_of_copy_bw"]
         bk = committed_entry(a, r)
@@ -127,9 +134,13 @@ def attention_table(a: dict) -> str:
         def cell(k):
             return f"{us[k]:.1f} ({pct[k]:.0f}%)" if k in us else "-"
 
+        peers = "".join(f"{cell(k)} | " for k in FLASHINFER_COLUMNS) if flashinfer else ""
         out.append(f"| {r['batch']} | {r['context']} | {cell('fast')} | "
-                   f"{cell(bk) if bk else '-'} | {cell('triton')} | {cell('sdpa')} | "
+                   f"{cell(bk) if bk else '-'} | {cell('triton')} | {peers}{cell('sdpa')} | "
                    f"{cell('article')} | {r['floor_us']:.1f} |")
+    not_run = {k: v for r in a["rows"] for k, v in r.get("not_run", {}).items()}
+    if not_run:
+        out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in not_run.items()) + "."]
     p = a.get("prefill")
     if p:
         names = {"numba": "Numba kernel", "varlen": "one varlen flash call (the GPU default)",
