@@ -79,6 +79,17 @@ def start_busy_process() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
+def cpu_model() -> str:
+    """The processor's name ("model name" in /proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
+
+
 def load_average():
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
@@ -179,7 +190,7 @@ def write_result(args, thread_counts, times, loads, same, repeats_done):
             rows.append({"phase": phase, **row, "same_tokens_as_hf": same[key]})
     result = {"benchmark": "cpu_generate", "date": dt.date.today().isoformat(),
               "command": "python benchmarks/cpu_generate.py " + " ".join(sys.argv[1:]),
-              "machine": f"{platform.machine()} {os.cpu_count()} cores",
+              "machine": f"{platform.machine()} {os.cpu_count()} cores, {cpu_model()}",
               "usable_cores": len(usable_cores()),
               "load_average_1_5_15_min_at_each_phase_start": loads,
               "load_average_1_5_15_min_when_written": load_average(),
