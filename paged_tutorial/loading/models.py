@@ -116,14 +116,15 @@ class Model:
                      quantized=self.quantized if device.type == "cpu" else {})
 
     def num_bytes(self) -> int:
-        """Bytes of weight storage (each tensor counted once, however many names view it)."""
+        """Bytes of weight storage: every tensor counted once, however many names view it,
+        and the GGUF blocks kept beside them (``quantized``)."""
         seen, total = set(), 0
         for t in [*self.packed.values(), *self.weights.values()]:
             key = (t.untyped_storage().data_ptr(), t.device)
             if key not in seen:
                 seen.add(key)
                 total += t.untyped_storage().nbytes()
-        return total
+        return total + sum(rows.data.nbytes for rows in self.quantized.values())
 
     def describe(self) -> str:
         """One line: where the model came from, its dtype and why, its device and shape."""

@@ -126,6 +126,19 @@ def test_models_off_the_cpu_or_in_other_dtypes_keep_no_rows(smollm2_f32):
     assert pt.load_model("smollm2-135m", dtype="bfloat16").quantized == {}
 
 
+def test_a_model_counts_the_blocks_it_keeps_in_its_size(smollm2_f32, smollm2_path):
+    """The kept blocks are the file's matrices again: a float32 model that keeps them holds
+    about the GGUF's size more than the same tensors without them."""
+    from paged_tutorial.loading.models import Model
+
+    m = smollm2_f32
+    without_rows = Model(m.config, dict(m.weights), m.tokenizer, m.dtype, m.source,
+                         packed=dict(m.packed))
+    kept = m.num_bytes() - without_rows.num_bytes()
+    assert kept == sum(r.data.nbytes for r in m.quantized.values())
+    assert 0.9 * smollm2_path.stat().st_size < kept <= smollm2_path.stat().st_size
+
+
 def test_a_recording_backend_hands_the_blocks_to_the_backend_it_wraps(smollm2_f32):
     """A watched engine multiplies by the same blocks as an unwatched one (same sums, same
     tokens)."""
