@@ -35,9 +35,28 @@ def newest_name(folder: Path, stem: str) -> str | None:
     return files[-1][1].name if files else None
 
 
+def newest_with(folder: Path, stem: str, key: str) -> tuple[dict, str] | None:
+    """The newest ``<stem>-<date>.json`` that holds ``key`` (a run may skip a part: the
+    attention benchmark's ``--skip-prefill``), and its file name."""
+    for _, path in reversed(dated_files(stem, folder)):
+        data = json.loads(path.read_text())
+        if data.get(key):
+            return data, path.name
+    return None
+
+
+def prefill_run(folder: Path) -> tuple[dict, str] | None:
+    """Where the prefill attention line comes from when the newest attention run skipped it:
+    the newest run that has it (None when the newest has it, or none does)."""
+    a = newest(folder, "attention")
+    return None if a is None or a.get("prefill") else newest_with(folder, "attention", "prefill")
+
+
 def sources_line(folder: Path) -> str:
-    """Which committed files the tables below were made from (so the page cannot name others)."""
-    names = [newest_name(folder, stem) for stem in SOURCES]
+    """Which committed files the tables below were made from (so the page cannot name others),
+    an older attention run that gave the prefill line included."""
+    older = prefill_run(folder)
+    names = [newest_name(folder, stem) for stem in SOURCES] + ([older[1]] if older else [])
     return "Made from: " + ", ".join(f"`{n}`" for n in names if n) + \
         " (`python benchmarks/make_tables.py --doc docs/measured.md`)."
 
@@ -115,7 +134,9 @@ def committed_entry(a: dict, r: dict) -> str | None:
 FLASHINFER_COLUMNS = {"flashinfer": "FlashInfer", "flashinfer-tc": "FlashInfer, tensor cores"}
 
 
-def attention_table(a: dict) -> str:
+def attention_table(a: dict, prefill_run: tuple[dict, str] | None = None) -> str:
+    """The decode attention table of run ``a``, and the prefill attention of ``a`` or, when
+    ``a`` skipped it, of ``prefill_run`` (an older run, named with its card and date)."""
     bw = a["ceilings"]["copy_bandwidth_gbs"]
     flashinfer = any(k in r["us"] for r in a["rows"] for k in FLASHINFER_COLUMNS)
     columns = ["batch", "context", "ours (Numba, defaults of the run)",
@@ -141,11 +162,14 @@ def attention_table(a: dict) -> str:
     not_run = {k: v for r in a["rows"] for k, v in r.get("not_run", {}).items()}
     if not_run:
         out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in not_run.items()) + "."]
-    p = a.get("prefill")
+    p, where = a.get("prefill"), ""
+    if not p and prefill_run:
+        older, name = prefill_run
+        p, where = older["prefill"], f" (`{name}`: {older['gpu']}, {older['date']})"
     if p:
         names = {"numba": "Numba kernel", "varlen": "one varlen flash call (the GPU default)",
                  "sdpa_per_sequence": "SDPA per sequence", "sdpa": "torch SDPA (flash)"}
-        out += ["", "Prefill attention, 2 x 1024 tokens, one layer: " + ", ".join(
+        out += ["", f"Prefill attention, 2 x 1024 tokens, one layer{where}: " + ", ".join(
             f"{names.get(k, k)} {us:.0f} us ({p['tflops'][k]:.1f} TFLOP/s)"
             for k, us in p["us"].items()) + "."]
     if best:
@@ -368,7 +392,7 @@ def main(argv=None):
         if not args.no_plots:
             plot_decode(d, folder / f"decode-{d['date']}.png")
     if a:
-        parts.append(attention_table(a))
+        parts.append(attention_table(a, prefill_run(folder)))
         if not args.no_plots:
             plot_attention(a, folder / f"attention-{a['date']}.png")
     if k:

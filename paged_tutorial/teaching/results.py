@@ -130,10 +130,13 @@ class Measured:
         return value
 
 
-def newest(name: str, how_to_make: str | None = None, folder: Path | None = None) -> Measured:
-    """The newest ``<name>-<date>.json`` of the results folder (or ``folder``); when there is
-    none, or it holds a ``--dry-run`` result, a ``Measured`` whose message says so and
-    (``how_to_make``) which command writes a measurement."""
+def newest(name: str, how_to_make: str | None = None, folder: Path | None = None,
+           holding: str | None = None) -> Measured:
+    """The newest ``<name>-<date>.json`` of the results folder (or ``folder``); with
+    ``holding``, the newest that holds that key (a run may skip a part: the attention
+    benchmark's ``--skip-prefill``).  When there is none, or it holds a ``--dry-run`` result, a
+    ``Measured`` whose message says so and (``how_to_make``) which command writes a
+    measurement."""
     make = f"  It is written by `{how_to_make}` on a machine with an NVIDIA GPU." \
         if how_to_make else ""
     if folder is None:
@@ -145,6 +148,9 @@ def newest(name: str, how_to_make: str | None = None, folder: Path | None = None
                             f"no {RESULTS_SUBDIR} folder beside it (they come with a clone of "
                             f"the repository installed with `pip install -e .`).{make}")
     files = dated_files(name, Path(folder))
+    if holding is not None:
+        files = [(date, path) for date, path in files
+                 if json.loads(path.read_text(encoding="utf-8")).get(holding)]
     if not files:
         return Measured(name, None, None,
                         f"{RESULTS_SUBDIR / (name + '-<date>.json')} is missing: "

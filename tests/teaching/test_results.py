@@ -45,3 +45,16 @@ def test_the_repository_results_are_found():
     folder = results.results_dir()
     assert folder.name == "results" and folder.parent.name == "benchmarks"
     assert results.newest("decode").found
+
+
+def test_holding_skips_newer_runs_without_that_part(tmp_path):
+    """A run that skipped a part (``attention.py --skip-prefill``) does not hide an older run
+    that has it; without ``holding`` the newest run wins as before."""
+    (tmp_path / "attention-2026-01-01.json").write_text(json.dumps({"prefill": {"us": {}},
+                                                                    "gpu": "A"}))
+    (tmp_path / "attention-2026-02-01.json").write_text(json.dumps({"rows": [], "gpu": "B"}))
+    assert results.newest("attention", folder=tmp_path).data["gpu"] == "B"
+    older = results.newest("attention", folder=tmp_path, holding="prefill")
+    assert older.data["gpu"] == "A" and "2026-01-01" in older.describe()
+    none = results.newest("attention", folder=tmp_path, holding="profile")
+    assert not none.found and "missing" in none.describe()
