@@ -13,7 +13,9 @@ gather each.
 On the CPU the few-row projections of a decode step go to a compiled matrix-vector product
 rather than to the BLAS, which serves them poorly there: over the GGUF's own blocks for a
 matrix the model keeps them for (``cpu_quantized.py``, ``use_quantized_rows``), over the
-float32 values otherwise (``cpu_matvec.py``).
+float32 values otherwise (``cpu_matvec.py``); the norms, RoPE with the cache write and the
+decode attention of such a step go to compiled loops (``cpu_decode_ops.py``) rather than to
+chains of torch ops, whose dispatch costs more than their arithmetic at that size.
 
 ``check_inputs`` (default: on the CPU only) checks every block-table entry an op will follow
 before it follows one (``check_block_entries``), reading the tensors in place; on a GPU that
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from paged_tutorial.backends import cpu_matvec
+from paged_tutorial.backends import cpu_decode_ops, cpu_matvec
 from paged_tutorial.backends.cpu_quantized import QuantizedMatrix, quantized_matrix
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.backends.batched_sampling import sample_batched
@@ -92,11 +94,18 @@ class TorchBackend(Backend):
         return weight[token_ids.long()]
 
     def rms_norm(self, x, weight, eps):
+        if x.dim() == 2 and x.is_contiguous() and weight.is_contiguous() \
+                and cpu_decode_ops.takes(x, weight):
+            return cpu_decode_ops.rms_norm(None, x, weight, eps)
         x32 = x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)
         return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
 
     def add_rms_norm(self, x, residual, weight, eps):
+        if type(self).rms_norm is TorchBackend.rms_norm and x.shape == residual.shape \
+                and residual.dim() == 2 and residual.is_contiguous() \
+                and weight.is_contiguous() and cpu_decode_ops.takes(residual, x, weight):
+            return cpu_decode_ops.rms_norm(x, residual, weight, eps)
         residual.add_(x)
         return self.rms_norm(residual, weight, eps)
 
@@ -143,13 +152,19 @@ class TorchBackend(Backend):
         c = cache.config
         t, d = qkv.shape[0], c.head_dim
         q_dim = n_q_heads * d
-        if self.check_inputs:
-            self._check_entries(cache, block_table, layer, slots, positions.long() + 1,
-                                "qkv_rope_write_kv")
-        qk = qkv[:, :q_dim + c.KV_DIM].view(t, n_q_heads + c.num_kv_heads, d)
-        rotate_half_pairs(qk, *rope_factors(positions, cos, sin, qkv.dtype))
-        write_rows(cache, qkv[:, q_dim:].view(t, 2, c.KV_DIM), block_table, layer, slots,
-                   positions)
+        compiled = cpu_decode_ops.takes(qkv, cos, sin) and cpu_decode_ops.takes_cache(
+            cache, block_table, positions, slots) and cos.is_contiguous() and sin.is_contiguous()
+        # the compiled loop refuses (changing nothing) a table entry that is not a block; the
+        # torch ops below then name it (check_inputs) or fail as they would have
+        if not (compiled and cpu_decode_ops.rope_write_kv(qkv, n_q_heads, d, positions, cos,
+                                                          sin, cache, block_table, layer, slots)):
+            if self.check_inputs:
+                self._check_entries(cache, block_table, layer, slots, positions.long() + 1,
+                                    "qkv_rope_write_kv")
+            qk = qkv[:, :q_dim + c.KV_DIM].view(t, n_q_heads + c.num_kv_heads, d)
+            rotate_half_pairs(qk, *rope_factors(positions, cos, sin, qkv.dtype))
+            write_rows(cache, qkv[:, q_dim:].view(t, 2, c.KV_DIM), block_table, layer, slots,
+                       positions)
         q = qkv[:, :q_dim].view(t, n_q_heads, d)
         k = qkv[:, q_dim:q_dim + c.KV_DIM].view(t, c.num_kv_heads, d)
         v = qkv[:, q_dim + c.KV_DIM:].view(t, c.num_kv_heads, d)
@@ -179,6 +194,10 @@ class TorchBackend(Backend):
 
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
                          max_seq_len=None):
+        if q.dim() == 3 and cpu_decode_ops.takes(q) and cpu_decode_ops.takes_cache(
+                cache, block_table, seq_lens, active_slots) and cpu_decode_ops.decode_attention(
+                q, cache, block_table, layer, active_slots, seq_lens, scale):
+            return q             # a wild table entry: the ops below name it, or fail as before
         if self.check_inputs:
             self._check_entries(cache, block_table, layer, active_slots, seq_lens,
                                 "decode_attention")

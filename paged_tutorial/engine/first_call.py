@@ -9,7 +9,8 @@ module".  So nothing on the serving path may import for the first time after con
 
 - the torch backend on the CPU: the compiled matrix-vector products (``cpu_matvec.py`` over
   float32 values, ``cpu_quantized.py`` over a GGUF's blocks: Numba, imported and each product
-  compiled, or read from Numba's disk cache, by one tiny product);
+  compiled, or read from Numba's disk cache, by one tiny product) and the compiled norms, RoPE
+  and attention of a decode step (``cpu_decode_ops.py``);
 - the tokenizer's chat template: compiled and rendered once (Jinja2 and what rendering
   imports); a template that fails is left to fail, with its own message, when it is used;
 - a backend that compiles kernels: the modules Numba's argument typing imports at a kernel's
@@ -25,7 +26,7 @@ import importlib
 
 import torch
 
-from paged_tutorial.backends import cpu_matvec, cpu_quantized
+from paged_tutorial.backends import cpu_decode_ops, cpu_matvec, cpu_quantized
 from paged_tutorial.backends.base import Backend
 from paged_tutorial.loading.tokenizer import Tokenizer
 
@@ -39,6 +40,7 @@ def prepare_first_call(backend: Backend, tokenizer: Tokenizer) -> None:
         one = torch.zeros(1, 1, dtype=torch.float32)
         cpu_matvec.matvec(one, one)
         cpu_quantized.compile_products()
+        cpu_decode_ops.compile_ops()
     if backend.compiles_kernels:
         for name in NUMBA_LAUNCH_TYPING:
             importlib.import_module(name)

@@ -90,7 +90,8 @@ class HostReads(TorchFunctionMode):
 
 def test_torch_decode_reads_nothing_back_from_the_device(tiny_llama, monkeypatch):
     # check_inputs=False: the default on a GPU, where the checks would copy the table; and the
-    # projections through torch as on a GPU (on the CPU, cpu_matvec views CPU tensors as numpy)
+    # decode rows through torch ops as on a GPU (on the CPU, the compiled products and ops of
+    # cpu_matvec, cpu_quantized and cpu_decode_ops view CPU tensors as numpy)
     from paged_tutorial.backends import cpu_matvec
 
     monkeypatch.setattr(cpu_matvec, "MAX_ROWS", 0)
