@@ -3,6 +3,10 @@
 #
 #     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over
 #                                           # 14 pytest-xdist processes (<= 9.5 min)
+#     bash benchmarks/gpu_all.sh tests 1/2  # the same in two calls, where one no longer fits
+#     bash benchmarks/gpu_all.sh tests 2/2  # (an H100: 7 workers): every other test file each,
+#                                           # the notebooks with the first; then, here,
+#                                           # python benchmarks/gpu_tests.py --merge A.json B.json
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
 #     bash benchmarks/gpu_all.sh smollm2    # real weights: decode.py --only-smollm2 and the
 #                                           # torch backend's decode (<= 7 min)
@@ -37,6 +41,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PART=${1:-core}
+SHARE=${2:-all}                  # tests only: all, or k/n (every n-th test file from the k-th)
 # the carried wheels are installed here, beside the image's packages
 SITE=$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site
 if [ ! -e "$SITE/.gpu_all_installed" ]; then
@@ -82,14 +87,24 @@ tests)
     # with its engines' caches) ran the card out of memory; on an H200, 11 fit
     gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     workers=$(( gpu_mib / 10240 )); [ "$workers" -gt 11 ] && workers=11; [ "$workers" -lt 2 ] && workers=2
+    if [ "$SHARE" = all ]; then
+        suite=(tests); name=gpu-tests
+    else                     # k/n: test files k, k + n, ... of the sorted list
+        k=${SHARE%/*}; n=${SHARE#*/}
+        mapfile -t suite < <(find tests -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" \
+                             '(NR - 1) % n == k - 1')
+        name=gpu-tests-part-${k}of${n}
+    fi
     python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-suite --timeout 540 \
-        --workers "$workers" --dist load --only tests > "$OUT/gpu-tests-suite.log" 2>&1 &
-    step notebooks 560 python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-notebooks \
-        --timeout 540 --workers 3 --only notebooks/*.ipynb
+        --workers "$workers" --dist load --only "${suite[@]}" > "$OUT/gpu-tests-suite.log" 2>&1 &
+    if [ "$SHARE" = all ] || [ "${SHARE%/*}" = 1 ]; then
+        step notebooks 560 python3 benchmarks/gpu_tests.py --out "$OUT" \
+            --name gpu-tests-notebooks --timeout 540 --workers 3 --only notebooks/*.ipynb
+    fi
     wait
     tail -5 "$OUT/gpu-tests-suite.log" | tee -a "$LOG"
-    step merge 30 python3 benchmarks/gpu_tests.py --out "$OUT" --merge \
-        "$OUT"/gpu-tests-suite-*.json "$OUT"/gpu-tests-notebooks-*.json
+    step merge 30 python3 benchmarks/gpu_tests.py --out "$OUT" --name "$name" --merge \
+        "$OUT"/gpu-tests-suite-*.json $(ls "$OUT"/gpu-tests-notebooks-*.json 2>/dev/null)
     ;;
 core)
     step decode 170 python3 benchmarks/decode.py --skip-smollm2 --out "$OUT"
