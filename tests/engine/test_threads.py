@@ -137,3 +137,44 @@ def test_a_cpu_engine_chooses_automatically_and_is_followed_before_steps():
         print(choice.source, 1 <= choice.threads <= len(threads.usable_cores()), len(looks) > 2)
     """)
     assert out == "automatic True True"
+
+
+def test_fixed_threads_holds_a_count_for_a_block_and_gives_the_choice_back():
+    """Inside the block every engine step runs on the fixed count, whatever was chosen; after
+    it the previous choice is in force again, as the user's or the package's, not as a count
+    someone set by hand."""
+    out = run_fresh("""
+        import torch
+        import paged_tutorial as pt
+        from paged_tutorial import threads
+        engine = pt.Engine(pt.random_model(pt.ModelConfig(vocab_size=32, hidden_size=16,
+            intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, max_position_embeddings=64), seed=0),
+            backend="torch", max_slots=1, max_seq_len=32)
+        threads.configure_threads(3)
+        seen = []
+        with threads.fixed_threads(2) as n:
+            engine.generate([[1, 2, 3]], max_tokens=2,
+                            on_step=lambda report: seen.append(torch.get_num_threads()))
+        engine.generate([[1, 2, 3]], max_tokens=1)
+        print(n, set(seen), torch.get_num_threads(), threads.current_choice())
+    """)
+    assert out == "2 {2} 3 ThreadChoice(threads=3, source='argument')"
+
+
+def test_a_grader_runs_on_one_thread():
+    """Graders compare engine runs bit for bit, and two-thread GEMMs may differ in the last
+    bit from run to run: every grading runs on one thread, and the count is given back."""
+    out = run_fresh("""
+        import dataclasses, torch
+        from paged_tutorial import threads
+        from paged_tutorial.teaching.chapters import puzzle
+        threads.configure_threads(3)
+        seen = []
+        counting = dataclasses.replace(
+            puzzle("06.allocator"),
+            grader=lambda answer: seen.append(torch.get_num_threads()) or "ok")
+        verdict = counting._run_grader(lambda: None)
+        print(verdict.status, seen, torch.get_num_threads())
+    """)
+    assert out == "correct [1] 3"

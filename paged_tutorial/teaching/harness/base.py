@@ -25,6 +25,7 @@ from paged_tutorial.teaching.language import Text, particle, say
 from paged_tutorial.teaching.harness.faults import checker_fault_message, is_checker_fault
 from paged_tutorial.teaching.harness import answer_guard, kept_state
 from paged_tutorial.teaching.time_limit import TimeLimitExceeded, time_limit
+from paged_tutorial.threads import fixed_threads
 from paged_tutorial.teaching.verdict import Verdict, unsolved
 
 
@@ -146,7 +147,8 @@ class Puzzle:
 
     def _run_grader(self, answer) -> Verdict:
         try:
-            with time_limit(GRADE_LIMIT_S):
+            # one thread: a grader compares engine runs bit for bit (threads.fixed_threads)
+            with time_limit(GRADE_LIMIT_S), fixed_threads(1):
                 message = self.grader(answer)
         except answer_guard.AnswerRefused as refused:
             return Verdict("wrong", str(refused))
