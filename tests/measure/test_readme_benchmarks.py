@@ -25,6 +25,7 @@ SMALLEST = {
                      True),
     "decode": ("benchmarks/decode.py", ["--skip-hf", "--skip-variants", "--skip-smollm2"],
                True),
+    "attention": ("benchmarks/attention.py", ["--cases", "1:1024", "--skip-prefill"], True),
     "serve": ("benchmarks/serve_load.py", ["--backend", "torch", "--clients", "2",
                                            "--max-tokens", "2", "--io", "auto,python"], False),
 }

@@ -142,7 +142,10 @@ async def malformed(url: str, count: int, at_once: int = 50) -> list[int]:
             assert "error" in response.json()
             return response.status_code
 
-    async with httpx.AsyncClient(timeout=30) as http:
+    # each body on a connection of its own: a pooled connection the server has just closed
+    # for idling past its keep-alive (a client's race, not the server's answer) fails a send
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=30, limits=no_reuse) as http:
         return await asyncio.gather(*(one(http) for _ in range(count)))
 
 
