@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from paged_tutorial.teaching import results
 from paged_tutorial.teaching.results import dated_files
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -35,21 +36,14 @@ def newest_name(folder: Path, stem: str) -> str | None:
     return files[-1][1].name if files else None
 
 
-def newest_with(folder: Path, stem: str, key: str) -> tuple[dict, str] | None:
-    """The newest ``<stem>-<date>.json`` that holds ``key`` (a run may skip a part: the
-    attention benchmark's ``--skip-prefill``), and its file name."""
-    for _, path in reversed(dated_files(stem, folder)):
-        data = json.loads(path.read_text())
-        if data.get(key):
-            return data, path.name
-    return None
-
-
 def prefill_run(folder: Path) -> tuple[dict, str] | None:
     """Where the prefill attention line comes from when the newest attention run skipped it:
     the newest run that has it (None when the newest has it, or none does)."""
     a = newest(folder, "attention")
-    return None if a is None or a.get("prefill") else newest_with(folder, "attention", "prefill")
+    if a is None or a.get("prefill"):
+        return None
+    older = results.newest("attention", folder=folder, holding="prefill")
+    return (older.data, older.path.name) if older.found else None
 
 
 def sources_line(folder: Path) -> str:
