@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from paged_tutorial.backends import cpu_matvec
+from paged_tutorial.backends.paged_reads import cache_view
 
 _compiled = None         # the module of compiled loops, imported on first use
 
@@ -84,8 +85,7 @@ def rope_write_kv(qkv: torch.Tensor, n_q_heads: int, head_dim: int, positions, c
                   cache, block_table, layer: int, slots) -> bool:
     """RoPE on q and k inside ``qkv`` [T, (nH + 2 nKV) * D] and k, v into the cache; False,
     with nothing changed, when the table holds an entry that is not a block of the cache."""
-    c = cache.config
-    view = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.KV_DIM).numpy()
+    view = cache_view(cache).numpy()
     return _loops().rope_write_kv_rows(qkv.numpy(), n_q_heads, head_dim,
                                        _host_ints(positions), cos.numpy(), sin.numpy(), view,
                                        _host_ints(block_table), layer, _host_ints(slots))
@@ -95,10 +95,9 @@ def decode_attention(q: torch.Tensor, cache, block_table, layer: int, slots, seq
                      scale: float) -> bool:
     """q [B, nH, D] (float32, CPU) replaced by its attention over each sequence's cached K/V;
     False, with q unchanged, when the table holds an entry that is not a block of the cache."""
-    c = cache.config
-    view = cache.buffer.view(c.NUM_BLOCKS, 2, c.BLOCK_SIZE, c.KV_DIM).numpy()
+    view = cache_view(cache).numpy()
     table = _host_ints(block_table)
-    scores = np.empty(table.shape[2] * c.BLOCK_SIZE, np.float32)
+    scores = np.empty(table.shape[2] * cache.config.BLOCK_SIZE, np.float32)
     return _loops().decode_attention_rows(q.numpy(), view, table, layer, _host_ints(slots),
                                           _host_ints(seq_lens), float(scale), scores)
 
