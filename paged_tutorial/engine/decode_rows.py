@@ -30,6 +30,9 @@ class DecodeRows:
     samples: bool                        # some request samples: uniforms must be drawn
     controlled: bool                     # some request needs sampling controls (top-k, min-p,
     #                                      penalties, min_tokens, processors, logprobs)
+    #: a step scheduled ahead (``Scheduler.schedule_ahead``): the row of the step in flight
+    #: that row i continues, whose sampled token is its input (``token_ids`` are not known yet)
+    source_rows: list[int] | None = None
 
     @classmethod
     def of(cls, requests: list[Request]) -> "DecodeRows":
@@ -56,3 +59,12 @@ class DecodeRows:
                           temperature, [self.top_p[i] for i in kept], samples,
                           self.controlled and
                           any(r.params.needs_sampling_controls for r in requests))
+
+    def ahead(self, kept: list[int], positions: list[int]) -> "DecodeRows":
+        """The rows of the step after this one, scheduled before this one is committed: rows
+        ``kept`` of this step, at ``positions``, each continuing its own row (whose token
+        is not known on the host yet)."""
+        return DecodeRows([self.requests[i] for i in kept], [-1] * len(kept), positions,
+                          [self.slots[i] for i in kept], [self.temperature[i] for i in kept],
+                          [self.top_p[i] for i in kept], self.samples, self.controlled,
+                          source_rows=list(kept))

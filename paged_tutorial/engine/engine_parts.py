@@ -95,7 +95,7 @@ class EngineParts:
               kv_cache_bytes: int | None, max_slots: int, max_seq_len: int | None,
               device: str | None, debug: bool | None, cuda_graphs: bool | None,
               allow_beyond_max_positions: bool, prefix_caching: bool,
-              cache_factory: Callable | None) -> "EngineParts":
+              cache_factory: Callable | None, async_scheduling: bool = False) -> "EngineParts":
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -106,6 +106,9 @@ class EngineParts:
             kv_cache_bytes = positive_int("kv_cache_bytes", kv_cache_bytes)
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        if not isinstance(async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be True or False, got "
+                            f"{async_scheduling!r}")
         check_device(device)
         config = model.config
         backend = make_backend(backend, device, debug)
@@ -129,7 +132,7 @@ class EngineParts:
         model_runner = ModelRunner(on_device, backend, cache, max_slots, max_seq_len,
                                    cuda_graphs=bool(cuda_graphs))
         outputs = OutputProcessor(model.tokenizer)
-        core = EngineCore(scheduler, model_runner, backend, cache, outputs)
+        core = EngineCore(scheduler, model_runner, backend, cache, outputs, async_scheduling)
         requests = RequestRegistry()
         prepare_first_call(backend, model.tokenizer)     # no first import after this
         return cls(config, model.tokenizer, backend, cache_config, on_device, cache,

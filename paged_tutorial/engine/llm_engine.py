@@ -81,15 +81,18 @@ class Engine:
                  debug: bool | None = None, cuda_graphs: bool | None = None,
                  allow_beyond_max_positions: bool = False, prefix_caching: bool = False,
                  cache_factory: Callable[[CacheConfig, torch.device], PagedKVCache]
-                 | None = None):
+                 | None = None, async_scheduling: bool = False):
         """``prefix_caching``: requests whose prompts begin with the same full blocks share
-        those blocks (``prefix_cache.PrefixCachingKVCache``).  ``cache_factory(cache_config,
+        those blocks (``prefix_cache.PrefixCachingKVCache``).  ``async_scheduling``: launch
+        each decode step before the previous one is read back, so that the device does not
+        wait for the host between steps (``engine_core.py``); the tokens are the same.  ``cache_factory(cache_config,
         device)`` builds the paged cache instead (one with other allocation rules: the puzzles
         of chapters 06 and 09); with ``prefix_caching=True`` its allocator must be a
         ``PrefixCache``.  The parts and their checks: ``engine_parts.py``."""
         parts = EngineParts.build(model, backend, block_size, kv_cache_bytes, max_slots,
                                   max_seq_len, device, debug, cuda_graphs,
-                                  allow_beyond_max_positions, prefix_caching, cache_factory)
+                                  allow_beyond_max_positions, prefix_caching, cache_factory,
+                                  async_scheduling)
         vars(self).update(vars(parts))        # config, backend, cache, scheduler, core, ...
         self.lock = self.transaction.lock
 

@@ -19,10 +19,15 @@ decode batch with controls is not replayed from a graph (a replay calls no Pytho
 On the CPU the runner chooses torch's thread count when it is built and looks again before each
 step (``threads.py``: the user's choice first, else what the other processes leave free).
 
+A run is two calls: ``launch`` queues it on the device and returns (on a CPU it has run by
+then), ``collect`` waits for it and reads the tokens back.  Between the two the engine may
+launch the next decode step (asynchronous scheduling, ``engine_core.py``): ``launch(batch,
+after=...)`` takes that step's input tokens from the earlier step's sampled ids on the device.
+
 The runner changes nothing but the cache's K/V contents: tokens are appended and requests
 finished by the scheduler, after the step has succeeded.
 
-``phase_seconds`` says where the last ``run`` spent its time, on the host's clock: ``inputs``
+``phase_seconds`` says where the last collected run spent its time, on the host's clock: ``inputs``
 (packing the step and syncing the block table), ``forward`` (the layers; on a GPU, the time to
 enqueue their kernels), ``sample`` (sampling and reading the tokens back: on a GPU, this is
 where the host waits for the kernels still running), or ``graph`` for a replayed decode.
@@ -31,7 +36,7 @@ where the host waits for the kernels still running), or ``graph`` for a replayed
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -81,18 +86,21 @@ class ModelRunner:
                 ModelRunner.uniforms(requests, temperature))
 
     @staticmethod
-    def uniforms(requests: list[Request], temperature: list[float]) -> list[float]:
-        """Each request's uniform for its next token, 0.0 for the greedy ones (temperature
-        0), whose uniform is not drawn."""
-        return [ModelRunner.uniform(r) if t > 0 else 0.0 for r, t in zip(requests, temperature)]
+    def uniforms(requests: list[Request], temperature: list[float],
+                 ahead: int = 0) -> list[float]:
+        """Each request's uniform for its next token (``ahead`` tokens later: a step launched
+        before the one in flight was committed), 0.0 for the greedy ones (temperature 0),
+        whose uniform is not drawn."""
+        return [ModelRunner.uniform(r, ahead) if t > 0 else 0.0
+                for r, t in zip(requests, temperature)]
 
     @staticmethod
-    def uniform(request: Request) -> float:
+    def uniform(request: Request, ahead: int = 0) -> float:
         """The request's uniform for its next token; a RequestError names the request if its
         stream cannot be drawn (its seed or sample_key was changed after validation)."""
         try:
             return request_uniform(request.params.seed, request.sample_key,
-                                   len(request.output_ids))
+                                   len(request.output_ids) + ahead)
         except Exception as exc:
             raise RequestError(request, exc) from exc
 
@@ -120,29 +128,41 @@ class ModelRunner:
                                   self.sampling_inputs(requests))
 
     # --- one step --------------------------------------------------------------------------
-    def run(self, batch: ScheduledBatch) -> RunOutput:
-        """Run the batch: one sampled token per request, the logits, and whether each row of
-        logits is finite (read back with the tokens); with them the logprobs that requests
-        asked for."""
+    def launch(self, batch: ScheduledBatch, after: "LaunchedRun | None" = None) -> LaunchedRun:
+        """Queue the batch's model run on the device and return without reading anything
+        back (on a CPU the run is done when this returns).  ``after``: a decode step launched
+        earlier and not committed yet; this batch is then a decode whose ``rows.source_rows``
+        say which of that step's rows each of its requests continues, its input tokens are
+        that step's sampled ids, taken on the device, and its positions and uniforms are
+        already one token further (``Scheduler.schedule_ahead``)."""
         requests = batch.requests
+        self.phase_seconds = {}
         if self.device.type == "cpu":
             adapt_threads()
         t0 = time.perf_counter()
         prompt_rows = None
+        ahead = int(after is not None)
         if batch.kind == "decode":
             rows = batch.rows if batch.rows is not None else DecodeRows.of(requests)
             sampling = (rows.temperature, rows.top_p,
-                        self.uniforms(requests, rows.temperature) if rows.samples
+                        self.uniforms(requests, rows.temperature, ahead) if rows.samples
                         else [0.0] * len(requests))
             if self.graphs is not None and not rows.controlled:
-                logits, next_ids, finite = self.graphs.run(rows.token_ids, rows.positions,
-                                                           rows.slots, *sampling)
-                self.phase_seconds = {"graph": time.perf_counter() - t0}
-                return RunOutput(next_ids, logits, finite)
+                graph_run = self.graphs.launch(
+                    rows.token_ids, rows.positions, rows.slots, *sampling,
+                    after=None if after is None else after.graph_run,
+                    source_rows=rows.source_rows if after is not None else None)
+                return LaunchedRun(batch, graph_run.token_ids, graph_run=graph_run,
+                                   phase_seconds={"launch": time.perf_counter() - t0})
             inputs = self.packer.decode(rows.token_ids, rows.positions, rows.slots,
                                         self.cache.device_block_table(), sampling)
+            if after is not None:                # the previous step's tokens, on the device
+                source = torch.tensor(rows.source_rows, device=after.token_ids.device)
+                inputs.token_ids.copy_(after.token_ids.index_select(0, source))
             controlled = rows.controlled
         else:
+            if after is not None:
+                raise ValueError("only a decode step is launched after another")
             prompt_rows = PromptLogprobRows.of(requests)
             inputs = self.prefill_inputs(requests, prompt_rows)
             controlled = any(r.params.needs_sampling_controls for r in requests)
@@ -159,12 +179,45 @@ class ModelRunner:
                 inputs.temperature, inputs.top_p, inputs.uniforms, controls))
         except LogitsProcessorError as exc:
             raise RequestError(requests[exc.row], exc) from exc
-        tokens, finite = read_back(sampled.token_ids, torch.isfinite(logits).all(dim=-1))
+        return LaunchedRun(batch, sampled.token_ids, logits=logits, all_logits=all_logits,
+                           finite=torch.isfinite(logits).all(dim=-1), sampled=sampled,
+                           prompt_rows=prompt_rows,
+                           phase_seconds={"inputs": t1 - t0, "forward": t2 - t1,
+                                          "sample": time.perf_counter() - t2})
+
+    def collect(self, launched: LaunchedRun) -> RunOutput:
+        """Wait for a launched run and read back one sampled token per request, the logits,
+        whether each row of logits is finite, and the logprobs that requests asked for.
+        ``phase_seconds`` then holds the launch's phases and ``graph`` or ``sample`` (where
+        the host waited for the device)."""
+        t0 = time.perf_counter()
+        phases = dict(launched.phase_seconds)
+        if launched.graph_run is not None:
+            logits, tokens, finite = self.graphs.collect(launched.graph_run)
+            phases["graph"] = phases.pop("launch") + time.perf_counter() - t0
+            self.phase_seconds = phases
+            return RunOutput(tokens, logits, finite)
+        tokens, finite = read_back(launched.token_ids, launched.finite)
+        sampled, prompt_rows = launched.sampled, launched.prompt_rows
         logprobs = sampled.logprobs.rows() if sampled.logprobs is not None else None
-        prompt_logprobs = prompt_rows.logprobs(all_logits) if prompt_rows else None
-        self.phase_seconds = {"inputs": t1 - t0, "forward": t2 - t1,
-                              "sample": time.perf_counter() - t2}
-        return RunOutput(tokens, logits, finite, logprobs, prompt_logprobs)
+        prompt_logprobs = prompt_rows.logprobs(launched.all_logits) if prompt_rows else None
+        phases["sample"] += time.perf_counter() - t0
+        self.phase_seconds = phases
+        return RunOutput(tokens, launched.logits, finite, logprobs, prompt_logprobs)
+
+
+@dataclass
+class LaunchedRun:
+    """A model run queued on the device by ``ModelRunner.launch``, not read back yet."""
+    batch: ScheduledBatch
+    token_ids: torch.Tensor              # [n] the sampled ids, on the device
+    graph_run: object | None = None      # a replayed decode: ``cuda_graphs.GraphRun``
+    logits: torch.Tensor | None = None   # the eager path's: the rows sampled from,
+    all_logits: torch.Tensor | None = None    # every row computed (prompt logprobs),
+    finite: torch.Tensor | None = None   # whether each sampled-from row is finite,
+    sampled: object | None = None        # the backend's ``SamplerOutput``
+    prompt_rows: "PromptLogprobRows | None" = None
+    phase_seconds: dict = field(default_factory=dict)
 
 
 class PromptLogprobRows:

@@ -18,6 +18,13 @@ finishes requests.  If the model runner fails in between (an exception, Ctrl-C),
 preempts every request of the batch: their blocks go back, nothing was appended, and they are
 recomputed later with exactly the tokens they would have produced.  ``postprocess`` also
 commits the prompt blocks the step registered for sharing; ``rollback`` forgets them.
+
+With asynchronous scheduling (``engine_core.py``) ``schedule_ahead`` makes the decode step
+after a decode still in flight, before that one is committed: the same requests minus those
+whose length ends them, one position further, with blocks for it, and never an admission or a
+preemption (when either would be needed it gives up: the engine then waits, commits and
+schedules as usual).  A request that finishes while a later step of it is in flight keeps its
+blocks until that step is collected (``hold``): the device may still be writing them.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class Scheduler:
         self._admitting: list[Request] = []       # admitted by the schedule() in progress
         self._to_release: list[int] = []          # slots of retired requests, blocks not freed
         self._next_rows: DecodeRows | None = None  # made by the last decode commit
+        #: slots of the steps in flight: a retired one keeps its blocks until they are collected
+        self.held_slots: frozenset[int] = frozenset()
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -173,6 +182,43 @@ class Scheduler:
                     # the victim may be this request (then it waits, and the loop ends)
         return preempted
 
+    def schedule_ahead(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode step after ``batch`` (a decode launched, not committed), made now: its
+        requests that are still running and whose length does not end them at ``batch``'s
+        commit, each at the next position, with a block for it.  None when that step would
+        admit a request (some wait while a slot is free), preempt one (blocks are short), or
+        has no request; the engine then collects ``batch`` and schedules as usual.  Blocks
+        taken here are the requests' own: a rollback or a retirement gives them back."""
+        rows = batch.rows
+        if rows is None or rows.controlled or (self.waiting and self.free_slots):
+            return None
+        kept, positions = [], []
+        max_seq_len = self.max_seq_len
+        for i, request in enumerate(rows.requests):
+            if request.status is not Status.RUNNING:
+                continue
+            produced = len(request.output_ids) + 1          # once ``batch`` is committed
+            total = len(request.prompt_ids) + produced - 1
+            if produced >= request.params.max_tokens or total + 1 >= max_seq_len:
+                continue                                   # ``batch`` finishes it
+            kept.append(i)
+            positions.append(total)
+        if not kept:
+            return None
+        slots = [rows.slots[i] for i in kept]
+        for j in self.blocks.slots_to_grow(slots, [p + 1 for p in positions]):
+            try:
+                self.blocks.ensure_capacity(slots[j], positions[j] + 1)
+            except CacheFullError:
+                return None                    # a preemption would be needed: not ahead
+        ahead = rows.ahead(kept, positions)
+        return ScheduledBatch("decode", ahead.requests, rows=ahead)
+
+    def hold(self, slots) -> None:
+        """Keep the blocks of these slots (a step in flight writes them) when their requests
+        retire, until ``hold(())``; then ``release_retired`` gives them back."""
+        self.held_slots = frozenset(slots)
+
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
                     skip: list[Request] = ()) -> list[Request]:
         """Commit a step that ran: every request of the batch now has all its tokens cached,
@@ -278,12 +324,17 @@ class Scheduler:
         """Push the blocks of retired requests back to ``free_blocks`` (every slot is released
         even if a cache listener raises; the first such exception is re-raised after)."""
         first = None
-        while self._to_release:
-            slot = self._to_release.pop(0)
-            try:
-                self.blocks.release(slot)
-            except BaseException as exc:          # noqa: BLE001 - re-raised below
-                first = first or exc
+        held = [slot for slot in self._to_release if slot in self.held_slots]
+        self._to_release = [slot for slot in self._to_release if slot not in self.held_slots]
+        try:
+            while self._to_release:
+                slot = self._to_release.pop(0)
+                try:
+                    self.blocks.release(slot)
+                except BaseException as exc:          # noqa: BLE001 - re-raised below
+                    first = first or exc
+        finally:
+            self._to_release = held + self._to_release
         if first is not None:
             raise first
 

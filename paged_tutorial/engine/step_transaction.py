@@ -67,13 +67,13 @@ class StepTransaction:
         self.phases[name] = time.perf_counter() - start
         return result
 
-    def model_run(self, batch, run: Callable, report):
-        """``run(batch)`` open to Ctrl-C; its output, or None when one request's own fault
-        (``RequestError``) finished that request and the batch was rolled back.  Anything
-        else rolls the batch back and propagates."""
+    def model_run(self, batch, run: Callable, report, *args):
+        """``run(*args)`` (default ``run(batch)``) open to Ctrl-C; its output, or None when one
+        request's own fault (``RequestError``) finished that request and the batch was rolled
+        back.  Anything else rolls the batch back and propagates."""
         try:
             with SIGNALS.open():
-                output = run(batch)
+                output = run(*args) if args else run(batch)
         except RequestError as failure:          # one request's own fault: drop it alone
             with SIGNALS.critical():
                 self.core.scheduler.rollback(batch, count=False)

@@ -94,9 +94,12 @@ def test_cache_listener_replays_the_free_list(tiny_model):
         cache.add_listener("not callable")
 
 
-@pytest.mark.parametrize("fail_at", [1, 3, 7, 12, 20, 30])
-def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
-    engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("fail_at", [1, 3, 5, 7, 12, 20, 30])
+def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at,
+                                                         async_scheduling):
+    engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96,
+                       async_scheduling=async_scheduling)
     solo = pt.Engine(tiny_model, backend="torch", max_slots=1, max_seq_len=96)
     other = engine.add_request(PROMPTS[2], max_tokens=20)
     seen = []
@@ -111,6 +114,7 @@ def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
         engine.generate([PROMPTS[0]], max_tokens=20)
     except RuntimeError as exc:
         assert "listener bug" in str(exc)
+    assert not engine.scheduler.held_slots           # nothing in flight holds blocks
     engine.cache.check_invariants()
     engine.scheduler.check_invariants()
     engine.cache.remove_listener(listen)
@@ -121,8 +125,10 @@ def test_a_raising_listener_leaves_the_engine_consistent(tiny_model, fail_at):
     assert (engine.cache.block_table == -1).all()
 
 
-def test_step_count_and_reports(tiny_model):
-    engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_step_count_and_reports(tiny_model, async_scheduling):
+    engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=96,
+                       async_scheduling=async_scheduling)
     assert engine.step_count == 0
     reports = []
     engine.generate(PROMPTS[:2], max_tokens=3, on_step=reports.append)

@@ -43,12 +43,13 @@ def tiny_model():
     return pt.random_model(TINY, dtype="float32", seed=0)
 
 
-def small_engine(model, prefix_caching: bool):
+def small_engine(model, prefix_caching: bool, async_scheduling: bool = False):
     # three prompts of ~30 tokens take 48 blocks (20 sharing their prefix), growing to ~44
     # tokens they need 66 (44): with 52 (30) blocks, decode steps preempt
     return pt.Engine(model, backend="torch", max_slots=3, max_seq_len=96,
                      block_size=BLOCK_SIZE, prefix_caching=prefix_caching,
-                     kv_cache_bytes=(30 if prefix_caching else 52) * BLOCK_BYTES)
+                     kv_cache_bytes=(30 if prefix_caching else 52) * BLOCK_BYTES,
+                     async_scheduling=async_scheduling)
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +140,9 @@ def assert_idle_and_consistent(engine):
     assert engine.num_requests == 0
 
 
-def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) -> dict:
-    engine = small_engine(model, prefix_caching)
+def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int,
+                     async_scheduling: bool = False) -> dict:
+    engine = small_engine(model, prefix_caching, async_scheduling)
     spans = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -165,8 +167,9 @@ def interrupt_trials(model, solo, prefix_caching: bool, trials: int, seed: int) 
     return counts
 
 
-def line_trials(model, solo, prefix_caching: bool, trials: int, seed: int) -> dict:
-    engine = small_engine(model, prefix_caching)
+def line_trials(model, solo, prefix_caching: bool, trials: int, seed: int,
+                async_scheduling: bool = False) -> dict:
+    engine = small_engine(model, prefix_caching, async_scheduling)
     engine.generate(PROMPTS, max_tokens=MAX_NEW)        # warm: the prefix cache is filled
     counter, outer = SignalAtLine(), sys.gettrace()
     sys.settrace(counter)
@@ -197,6 +200,15 @@ def test_ctrl_c_at_random_lines_leaves_the_engine_idle_and_serving(tiny_model, s
     assert counts["interrupted"] >= 30, counts
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_ctrl_c_at_random_lines_with_a_step_in_flight(tiny_model, solo, prefix_caching):
+    """The same with asynchronous scheduling: a decode step may be launched ahead when the
+    signal lands (preemptions included: the cache is small)."""
+    counts = line_trials(tiny_model, solo, prefix_caching, trials=40, seed=5,
+                         async_scheduling=True)
+    assert counts["interrupted"] >= 30, counts
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_ctrl_c_at_random_lines_many_trials(tiny_model, solo, prefix_caching):
@@ -210,10 +222,25 @@ def test_ctrl_c_at_random_instants_leaves_the_engine_idle_and_serving(tiny_model
     assert counts["interrupted"] >= 10, counts       # most alarms land inside generate
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_ctrl_c_at_random_instants_with_a_step_in_flight(tiny_model, solo, prefix_caching):
+    counts = interrupt_trials(tiny_model, solo, prefix_caching, trials=20, seed=6,
+                              async_scheduling=True)
+    assert counts["interrupted"] >= 10, counts
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_ctrl_c_at_random_instants_many_trials(tiny_model, solo, prefix_caching):
     interrupt_trials(tiny_model, solo, prefix_caching, trials=600, seed=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_ctrl_c_at_random_instants_many_trials_with_a_step_in_flight(tiny_model, solo,
+                                                                     prefix_caching):
+    interrupt_trials(tiny_model, solo, prefix_caching, trials=600, seed=7,
+                     async_scheduling=True)
 
 
 def test_a_signal_inside_a_critical_section_waits_for_its_end():

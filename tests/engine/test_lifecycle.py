@@ -371,16 +371,19 @@ event_st = st.tuples(st.integers(0, 10),                                   # ste
 
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(events=st.lists(event_st, min_size=1, max_size=8), cache_blocks=st.integers(6, 20),
        slots=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_random_streams_with_failures_closes_and_thread_cancels(tiny_model, solo, events,
-                                                               cache_blocks, slots, seed):
+                                                               cache_blocks, slots, seed,
+                                                               async_scheduling):
     block_bytes = 2 * 16 * TINY.kv_dim * 4
     backend = SwitchableFailure()
     engine = make_engine(tiny_model, backend=backend, max_slots=slots, max_seq_len=64,
-                         kv_cache_bytes=cache_blocks * block_bytes)
+                         kv_cache_bytes=cache_blocks * block_bytes,
+                         async_scheduling=async_scheduling)
     rng = np.random.default_rng(seed)
 
     def check():
