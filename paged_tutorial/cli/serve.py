@@ -34,6 +34,7 @@ def run_serve(args, err=None) -> int:
     recipe = EngineRecipe(args.model, backend=args.backend, dtype=args.dtype,
                           max_slots=args.max_slots, max_seq_len=args.max_seq_len,
                           prefix_caching=args.prefix_caching, threads=args.threads,
+                          async_scheduling=args.async_scheduling,
                           kv_cache_bytes=None if args.kv_cache_mib is None
                           else int(args.kv_cache_mib * MIB))
     try:

@@ -106,7 +106,8 @@ def start_engine(args, err):
         engine = pt.Engine(model, backend=backend, max_slots=args.max_slots,
                            max_seq_len=args.max_seq_len, prefix_caching=args.prefix_caching,
                            kv_cache_bytes=None if args.kv_cache_mib is None
-                           else int(args.kv_cache_mib * 2**20))
+                           else int(args.kv_cache_mib * 2**20),
+                           async_scheduling=args.async_scheduling)
         _warm_up(engine, err, progress=not args.no_progress)
     except USER_FAULTS as exc:
         raise UsageError(one_line(exc)) from exc

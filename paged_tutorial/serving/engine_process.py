@@ -65,6 +65,7 @@ class EngineRecipe:
     prefix_caching: bool = False
     kv_cache_bytes: int | None = None
     threads: int | None = None
+    async_scheduling: bool = False
     warm_up: bool = True
 
     def build(self):
@@ -75,7 +76,8 @@ class EngineRecipe:
         configure_threads(self.threads)
         engine = Engine(load_model(self.model, dtype=self.dtype), backend=self.backend,
                         max_slots=self.max_slots, max_seq_len=self.max_seq_len,
-                        prefix_caching=self.prefix_caching, kv_cache_bytes=self.kv_cache_bytes)
+                        prefix_caching=self.prefix_caching, kv_cache_bytes=self.kv_cache_bytes,
+                        async_scheduling=self.async_scheduling)
         if self.warm_up:
             engine.warm_up(every_batch_size=True)
         return engine
