@@ -161,3 +161,37 @@ def test_logprobs_and_penalties_take_openais_shapes_and_equal_llm_generate(tiny_
     assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
     assert all(c.bytes == list(c.token.encode()) for c in content)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
+
+
+def test_an_engine_with_async_scheduling_serves_streams_stops_and_cancels(tiny_model):
+    """The server over an engine that launches each decode step ahead: answers equal the
+    engine's without it, streams cut by a stop string or closed mid-answer end cleanly, and
+    afterwards every block is free again."""
+    sync = pt.LLM(tiny_model, backend="torch", max_num_seqs=3, max_model_len=128)
+    prompts = ["a b c", "d e f g", "h i"]
+    expected = [o.outputs[0].text for o in sync.generate(prompts, pt.SamplingParams(
+        max_tokens=12, ignore_eos=True))]
+    stop = expected[1][4:7]
+    engine = pt.Engine(tiny_model, backend="torch", max_slots=3, max_seq_len=128,
+                       async_scheduling=True)
+    with BackgroundServer(build_app(engine, NAME)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        answer = client.completions.create(model=NAME, prompt=prompts, max_tokens=12,
+                                           temperature=0, extra_body={"ignore_eos": True})
+        stopped = client.completions.create(model=NAME, prompt=prompts[1], max_tokens=12,
+                                            temperature=0, stop=[stop],
+                                            extra_body={"ignore_eos": True})
+        stream = client.completions.create(model=NAME, prompt=prompts[0], max_tokens=40,
+                                           temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))
+        stream.close()                                    # the client leaves mid-answer
+        again = client.completions.create(model=NAME, prompt=prompts[2], max_tokens=12,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        m = parse_metrics(httpx.get(server.url + "/metrics").text)
+    assert [c.text for c in sorted(answer.choices, key=lambda c: c.index)] == expected
+    assert stopped.choices[0].text == expected[1][:expected[1].index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+    assert again.choices[0].text == expected[2]
+    assert engine.core.steps_ahead > 0
+    assert m["num_free_blocks"] == engine.cache.NUM_BLOCKS
