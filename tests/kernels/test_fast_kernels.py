@@ -5,7 +5,9 @@ these checks at full size on the GPU before timing anything.
 - ``attention_fast``: the fast decode kernel (GQA-shared K/V reads, 8-byte loads, a warp per
   logical block, split-KV merged by the last block) against a float32 oracle, with one and
   several splits, sequence lengths that end mid-block and empty splits.
-- ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``.
+- ``rope_write_kv``: the fused RoPE + cache write, bit for bit against ``rope`` + ``write_kv``;
+  its 16-byte kernel bit for bit against the scalar one and the torch backend (every dtype, GQA,
+  strided q/k/v, a block-table entry of -1), and the layouts it must leave to the scalar one.
 - the 16-byte bf16 kernels (norms, SwiGLU, embedding): bit for bit against the scalar ones
   (``KernelOptions(vector=False)``); the GEMV against float32 products; the greedy sampler
   split over several blocks against ``sample_reference``; the launch glue.
@@ -19,6 +21,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from numba import cuda
 
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast
@@ -27,7 +30,7 @@ from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.step_inputs import prefill_layout
 from paged_tutorial.config import CacheConfig
 from paged_tutorial.engine.cuda_graphs import default_buckets
-from paged_tutorial.cache.paged_cache import PagedKVCache
+from paged_tutorial.cache.paged_cache import PagedKVCache, clone_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -164,7 +167,7 @@ def test_fast_kernel_is_the_backend_default(nb):
     assert attention_fast.choose_splits(64, 8, 128, 4) >= 1
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_rope_write_kv_fused_is_bit_exact(nb, dtype):
     g = gen(3)
     dt = DTYPES[dtype]
@@ -196,6 +199,186 @@ def test_rope_write_kv_fused_is_bit_exact(nb, dtype):
     bits = torch.int32 if dt == torch.float32 else torch.int16
     assert torch.equal(a.view(bits), b.view(bits))
     assert torch.equal(cache.buffer.view(bits), other.buffer.view(bits))
+
+
+class KernelSpy:
+    """Which of rope_write_kv's kernels (scalar, 16-byte) the backend asked for."""
+
+    def __init__(self, monkeypatch):
+        from paged_tutorial.backends.numba_cuda.kernels import rope_write_kv
+
+        self.used = []
+        for name, tag in (("rope_write_kv_kernel", "scalar"),
+                          ("rope_write_kv_vec_kernel", "vector")):
+            make = getattr(rope_write_kv, name)
+
+            def spy(dtype_name, make=make, tag=tag):
+                self.used.append(tag)
+                return make(dtype_name)
+
+            monkeypatch.setattr(rope_write_kv, name, spy)
+
+
+def rope_write_case(g, dtype, n_tokens, *, n_q=6, n_kv=2, head_dim=32, drop=False,
+                    offset=0, device="cpu"):
+    """A cache and the inputs of rope_write_kv for ``n_tokens`` tokens of two
+    sequences (slot 2 from position 5, slot 0 from position 20).  q, k, v are column views of
+    one fused projection, ``offset`` columns into a wider matrix; ``drop``: the entry of slot
+    0's logical block 1 is -1 (its tokens are not written)."""
+    dt = DTYPES[dtype]
+    first = (n_tokens + 1) // 2
+    slots = torch.tensor([2] * first + [0] * (n_tokens - first), dtype=torch.int32)
+    positions = torch.tensor(list(range(5, 5 + first)) + list(range(20, 20 + n_tokens - first)),
+                             dtype=torch.int32)
+    cache = make_cache(g, dtype, n_kv=n_kv, head_dim=head_dim, device=device)
+    assign(g, cache, {2: 5 + first, 0: 20 + n_tokens - first})
+    if drop:
+        assert ((slots == 0) & (positions // 16 == 1)).any(), "some token must be dropped"
+        cache.block_table[0, 1, 1] = -1
+        cache.mark_table_changed(0, 1, 1)
+    width = (n_q + 2 * n_kv) * head_dim
+    wide = torch.randn(n_tokens, width + offset, generator=g).to(dt).to(device)
+    cos = torch.rand(64, head_dim // 2, generator=g).to(device)
+    sin = torch.rand(64, head_dim // 2, generator=g).to(device)
+    return cache, wide, offset, slots.to(device), positions.to(device), cos, sin
+
+
+def qkv_split(wide, offset, n_q, n_kv, head_dim):
+    t, d = wide.shape[0], head_dim
+    qkv = wide[:, offset:]
+    return (qkv[:, :n_q * d].view(t, n_q, d), qkv[:, n_q * d:(n_q + n_kv) * d].view(t, n_kv, d),
+            qkv[:, (n_q + n_kv) * d:].view(t, n_kv, d))
+
+
+def rope_write_reference(cache, wide, offset, slots, positions, cos, sin, n_q, n_kv, head_dim):
+    """The torch backend's rope, then its write_kv of the tokens whose block is assigned."""
+    ref = TorchBackend("cpu", check_inputs=False)
+    wide = wide.cpu().clone()
+    q, k, v = qkv_split(wide, offset, n_q, n_kv, head_dim)
+    positions, slots = positions.cpu(), slots.cpu()
+    ref.rope(q, k, positions, cos.cpu(), sin.cpu())
+    table = cache.device_block_table()
+    bs = cache.config.BLOCK_SIZE
+    keep = table[slots.long(), 1, (positions // bs).long()] >= 0
+    ref.write_kv(cache, k[keep], v[keep], table, 1, slots[keep], positions[keep])
+    return wide
+
+
+def bits_of(t):
+    return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int16).cpu()
+
+
+ROPE_VEC_CASES = [
+    pytest.param(dtype, n, id=f"{dtype}-{n}tok")
+    for dtype in ("bfloat16", "float16", "float32") for n in (1, 17, 40)
+]
+
+
+@pytest.mark.parametrize("dtype,n_tokens", ROPE_VEC_CASES)
+def test_rope_write_kv_vector_kernel_is_bit_exact(nb, monkeypatch, dtype, n_tokens):
+    """The 16-byte kernel against the scalar one and the torch backend: q (in place), k (in
+    place) and the whole cache bit for bit, GQA 3, q/k/v strided views of one projection, and
+    from 17 tokens on a block-table entry of -1 whose tokens the cache must not receive."""
+    n_q, n_kv, d = 6, 2, 32
+    g = gen(20 + n_tokens)
+    cache, wide, off, slots, positions, cos, sin = rope_write_case(
+        g, dtype, n_tokens, n_q=n_q, n_kv=n_kv, head_dim=d, drop=n_tokens >= 17,
+        device=nb.device)
+    scalar_cache, ref_cache = clone_cache(cache), clone_cache(cache, device="cpu")
+    spy = KernelSpy(monkeypatch)
+    vec_out, scalar_out = wide.clone(), wide.clone()
+    NumbaBackend(check_inputs=False).rope_write_kv(
+        *qkv_split(vec_out, off, n_q, n_kv, d), positions, cos, sin, cache,
+        cache.device_block_table(), 1, slots)
+    NumbaBackend(check_inputs=False, options=KernelOptions(vector=False)).rope_write_kv(
+        *qkv_split(scalar_out, off, n_q, n_kv, d), positions, cos, sin, scalar_cache,
+        scalar_cache.device_block_table(), 1, slots)
+    assert spy.used == ["vector", "scalar"]
+    ref_out = rope_write_reference(ref_cache, wide, off, slots, positions, cos, sin, n_q, n_kv,
+                                   d)
+    assert torch.equal(bits_of(vec_out), bits_of(scalar_out))
+    assert torch.equal(bits_of(cache.buffer), bits_of(scalar_cache.buffer))
+    assert torch.equal(bits_of(vec_out), bits_of(ref_out))
+    assert torch.equal(bits_of(cache.buffer), bits_of(ref_cache.buffer))
+
+
+ROPE_SCALAR_CASES = [
+    # dtype, head_dim, column offset into the projection, why the 16-byte kernel cannot run
+    pytest.param("bfloat16", 32, 1, id="bf16-misaligned-views"),
+    pytest.param("float32", 32, 2, id="fp32-misaligned-views"),
+    pytest.param("bfloat16", 24, 0, id="bf16-d24-half-not-a-multiple-of-8"),
+    pytest.param("float16", 8, 0, id="fp16-d8-half-shorter-than-a-chunk"),
+    pytest.param("float32", 12, 0, id="fp32-d12-half-not-a-multiple-of-4"),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,offset", ROPE_SCALAR_CASES)
+def test_rope_write_kv_falls_back_to_the_scalar_kernel(nb, monkeypatch, dtype, head_dim,
+                                                       offset):
+    """Layouts the 16-byte kernel cannot take go to the scalar kernel, with the right answer."""
+    n_q, n_kv, n_tokens = 4, 2, 17
+    g = gen(40 + head_dim + offset)
+    cache, wide, off, slots, positions, cos, sin = rope_write_case(
+        g, dtype, n_tokens, n_q=n_q, n_kv=n_kv, head_dim=head_dim, drop=True, offset=offset,
+        device=nb.device)
+    ref_cache = clone_cache(cache, device="cpu")
+    spy = KernelSpy(monkeypatch)
+    out = wide.clone()
+    NumbaBackend(check_inputs=False).rope_write_kv(
+        *qkv_split(out, off, n_q, n_kv, head_dim), positions, cos, sin, cache,
+        cache.device_block_table(), 1, slots)
+    assert spy.used == ["scalar"]
+    ref_out = rope_write_reference(ref_cache, wide, off, slots, positions, cos, sin, n_q, n_kv,
+                                   head_dim)
+    assert torch.equal(bits_of(out), bits_of(ref_out))
+    assert torch.equal(bits_of(cache.buffer), bits_of(ref_cache.buffer))
+
+
+def codec_kernel(decode, encode, e):
+    """A kernel: each thread encodes e float32 of x into four words, then decodes them."""
+    @cuda.jit
+    def codec(x, words, back):
+        c = cuda.grid(1)
+        if c < x.size // e:
+            buf = cuda.local.array(8, np.float32)
+            for j in range(e):
+                buf[j] = x[c * e + j]
+            w0, w1, w2, w3 = encode(buf)
+            words[4 * c] = w0
+            words[4 * c + 1] = w1
+            words[4 * c + 2] = w2
+            words[4 * c + 3] = w3
+            decode(w0, w1, w2, w3, buf)
+            for j in range(e):
+                back[c * e + j] = buf[j]
+
+    return codec
+
+
+def test_chunk_codec_round_trips_and_rounds_as_a_store():
+    """vector_io.chunk_codec: decode gives each element's value, encode rounds to nearest even
+    as a scalar store does (float16: subnormals, overflow to inf, ties; bf16 and float32)."""
+    from paged_tutorial.backends.numba_cuda.device.vector_io import chunk_codec, chunk_elems
+
+    special = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 1e-5,
+                        1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8, np.inf, -np.inf,
+                        1.0 + 3 * 2.0 ** -8, 3.0e38, 1e-40], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    for dtype_name, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                           ("float32", torch.float32)):
+        decode, encode = chunk_codec(dtype_name)
+        e = chunk_elems(torch.empty(0, dtype=dt).element_size())
+        vals = np.concatenate([special, rng.standard_normal(61).astype(np.float32) * 100])
+        vals = vals[:len(vals) // e * e]
+        codec = codec_kernel(decode, encode, e)
+        words = np.zeros(len(vals) // e * 4, dtype=np.int32)
+        back = np.zeros_like(vals)
+        codec[1, len(vals) // e](vals, words, back)
+        want = torch.from_numpy(vals).to(dt)
+        stored = torch.from_numpy(words).view(dt)
+        assert torch.equal(stored.view(torch.int16 if e == 8 else torch.int32),
+                           want.view(torch.int16 if e == 8 else torch.int32)), dtype_name
+        assert torch.equal(torch.from_numpy(back), want.float()), dtype_name
 
 
 def test_prefill_sdpa_matches_torch_backend():

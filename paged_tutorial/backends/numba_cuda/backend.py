@@ -19,6 +19,7 @@ from paged_tutorial.backends.numba_cuda.device import grid_dependency
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, ops_for
 from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, rows, words
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING
+from paged_tutorial.backends.numba_cuda.device.vector_io import CHUNK_BYTES, chunk_elems
 from paged_tutorial.backends.numba_cuda.options import KernelOptions
 #: most threads per block of the 16-byte row kernels (norms): one 16-byte chunk per thread up
 #: to rows of 8 * this many elements
@@ -485,16 +486,62 @@ class NumbaBackend(Backend):
         pos32, slots32 = self._int32(positions), self._int32(slots)
         if self.check_inputs:
             self._check_rope_write(cache, block_table, layer, pos32, slots32, cos)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        if self._rope_vec_ok(q, k, v, cos, sin, cache):
+            qa, q_rw = self._word_rows(q, "q")
+            ka, k_rw = self._word_rows(k, "k")
+            va, v_rw = self._word_rows(v, "v")
+            n_chunks = (n_tokens * (n_q_heads + c.num_kv_heads) * (head_dim // 2)
+                        // chunk_elems(q.element_size()))
+            self._launch(rope_write_kv.rope_write_kv_vec_kernel(dtype),
+                         launch.elemwise_grid(n_chunks), launch.ELEMWISE_THREADS, qa, q_rw,
+                         n_q_heads, ka, k_rw, va, v_rw, c.num_kv_heads, head_dim, flat(pos32),
+                         flat(cos.view(torch.int32)), flat(sin.view(torch.int32)), n_tokens,
+                         self._words(cache.buffer, "cache.buffer"),
+                         as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
+                         c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+            return
         qa, q_rs = rows(q, "q")
         ka, k_rs = rows(k, "k")
         va, v_rs = rows(v, "v")
         n = n_tokens * (n_q_heads + c.num_kv_heads) * (head_dim // 2)
         self._launch(rope_write_kv.rope_write_kv_kernel(dtype), launch.elemwise_grid(n),
                 launch.ELEMWISE_THREADS, qa, q_rs, n_q_heads, ka, k_rs, va, v_rs,
-                c.num_kv_heads, head_dim, flat(pos32), flat(cos.contiguous()),
-                flat(sin.contiguous()), n_tokens, flat(cache.buffer, "cache.buffer"),
+                c.num_kv_heads, head_dim, flat(pos32), flat(cos), flat(sin), n_tokens,
+                flat(cache.buffer, "cache.buffer"),
                 as_kernel_array(block_table), int(layer), flat(slots32), c.KV_DIM,
                 c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
+
+    def _rope_vec_ok(self, q, k, v, cos, sin, cache) -> bool:
+        """May ``rope_write_kv`` take the 16-byte kernel?  Every access it makes must be a whole
+        aligned chunk of E elements (8 of a 2-byte dtype, 4 float32): D / 2 a multiple of E,
+        the rows of q, k and v contiguous with strides that are multiples of E, and q, k, v,
+        the cache buffer, cos and sin (contiguous) starting on 16 bytes."""
+        if not self.options.vector:
+            return False
+        elems = chunk_elems(q.element_size())
+        c = cache.config
+        if c.head_dim % (2 * elems) or c.BLOCK_ELEMS % elems or c.V_OFFSET_ELEMS % elems:
+            return False
+        for t in (q, k, v):
+            if t.data_ptr() % CHUNK_BYTES or t.stride(-1) != 1 or t.stride(0) % elems:
+                return False
+        return all(t.data_ptr() % CHUNK_BYTES == 0 for t in (cache.buffer, cos, sin))
+
+    @staticmethod
+    def _word_rows(t, name):
+        """``rows`` as int32 words: two elements of a 2-byte dtype per word, or one float32."""
+        if t.element_size() == 4:
+            return rows(t.view(torch.int32), name)
+        return rows(t, name, words=True)
+
+    @staticmethod
+    def _words(t, name):
+        """``words`` for a contiguous tensor of any dtype the 16-byte kernels take: two
+        elements of a 2-byte dtype per int32 word, or one float32."""
+        if t.element_size() == 4:
+            return flat(t.view(torch.int32), name)
+        return words(t, name)
 
     def _tiles(self, inputs, tile: int) -> torch.Tensor:
         """(seq_start, seq_end, q_start) per query tile of the prefill kernel, built from the

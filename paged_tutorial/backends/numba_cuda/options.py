@@ -23,8 +23,9 @@ class KernelOptions:
     """- ``attention``: the decode attention kernel (``ATTENTION_KERNELS``);
     - ``prefill``: the prefill attention (``PREFILL_KERNELS``; None: "sdpa" on a GPU, "numba"
       in the simulator);
-    - ``vector``: bf16 rows take the 16-byte kernels (``device/vector_io.py``) when aligned;
-      False: always the scalar kernels (the reference the vector kernels are tested against);
+    - ``vector``: bf16 rows take the 16-byte kernels (``device/vector_io.py``) when aligned,
+      and so does ``rope_write_kv`` in every dtype; False: always the scalar kernels (the
+      reference the vector kernels are tested against);
     - ``gemv``: the Numba GEMV (``kernels/gemv.py``) replaces cuBLAS for bf16 at up to
       ``gemv.MAX_ROWS`` rows (None: on a GPU only; in the simulator every output row is a
       Python warp);

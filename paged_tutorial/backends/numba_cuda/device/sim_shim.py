@@ -10,7 +10,8 @@ over at each wait, and reports barriers in divergent branches and deadlocks.
 1. **warp shuffles** (``cuda.shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
    ``shfl_xor_sync``).  ``install()`` adds them to the fake module's class, under the real
    names, so a kernel calls ``cuda.shfl_down_sync(mask, value, 16)`` in both worlds.
-2. **libdevice** bit reinterpretation (``float_as_int`` / ``int_as_float``).  Kernels import
+2. **libdevice** bit reinterpretation (``float_as_int`` / ``int_as_float``, and the float16
+   conversions from / to bits ``half2float`` / ``float2half_rn``).  Kernels import
    ``libdevice`` from *this* module: on the GPU it is ``numba.cuda.libdevice`` itself, in the
    simulator a tiny NumPy stand-in.
 3. **bfloat16**: there is no bf16 type in the simulator, so the backend never uses one.  bf16
@@ -72,11 +73,24 @@ def _int_as_float(i):
     return np.array(int(i) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
 
 
+def _float2half_rn(x):
+    """The float16 bits (int16) of float32 ``x``, to nearest even (``__nv_float2half_rn``)."""
+    with np.errstate(over="ignore"):             # a finite float past float16's range: inf
+        return np.float32(x).astype(np.float16).view(np.int16)
+
+
+def _half2float(h):
+    """The float32 value of the float16 whose bits are int16 ``h`` (``__nv_half2float``)."""
+    return np.array(int(h) & 0xFFFF, dtype=np.uint16).view(np.float16)[()].astype(np.float32)
+
+
 class _SimLibdevice:
-    """The two libdevice functions the kernels use, done with NumPy bit views."""
+    """The libdevice functions the kernels use, done with NumPy bit views."""
 
     float_as_int = staticmethod(_float_as_int)
     int_as_float = staticmethod(_int_as_float)
+    float2half_rn = staticmethod(_float2half_rn)
+    half2float = staticmethod(_half2float)
 
 
 if SIMULATING:

@@ -17,20 +17,33 @@ PTX vector instructions, the way numba-cuda makes its own cache-hint loads (``cu
 checks the alignment on the host and takes the scalar kernels when it does not hold.  A bf16
 tensor travels as int32 words of two bf16 each (little-endian: element 2j in the low half);
 ``unpack2`` / ``pack2`` convert a word from / to two float32, rounding to nearest even as
-``dtypes.float_to_bf16_bits`` does.  The simulator gets plain Python functions with the same
-meaning, so the kernels have one source.
+``dtypes.float_to_bf16_bits`` does.  ``unpack2_f16`` / ``pack2_f16`` do the same for a word of
+two float16 (libdevice's ``half2float`` / ``float2half_rn``, round to nearest even as a float16
+store does), and ``chunk_codec(dtype_name)`` turns the four words of a chunk into float32 values
+and back for any storage dtype (8 bf16 or float16, 4 float32: ``chunk_elems``).  The simulator
+gets plain Python functions with the same meaning, so the kernels have one source.
 """
 
 from __future__ import annotations
 
-from numba import cuda, int32
+import functools
+
+from numba import cuda, float32, int16, int32
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import float_to_bf16_bits
 from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice
 
+#: bytes per vector access
+CHUNK_BYTES = 16
 #: bf16 elements per 16-byte chunk, and int32 words per chunk
 CHUNK_ELEMS = 8
 CHUNK_WORDS = 4
+
+
+def chunk_elems(itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes in one 16-byte chunk (8 for 2-byte dtypes, 4 for float32)."""
+    return CHUNK_BYTES // itemsize
+
 
 if SIMULATING:
     def load_u32x4(a, i):
@@ -111,3 +124,68 @@ def pack2(lo, hi):
     """Two float32 -> one int32 word of two bf16 (round to nearest even)."""
     return int32((int32(float_to_bf16_bits(lo)) & 0xFFFF) | (int32(float_to_bf16_bits(hi)) << 16))
 
+
+@cuda.jit(device=True)
+def unpack2_f16(w):
+    """An int32 word holding two float16 (element 2j low) -> (float32, float32)."""
+    return (libdevice.half2float(int16(int32(w << 16) >> 16)),
+            libdevice.half2float(int16(w >> 16)))
+
+
+@cuda.jit(device=True)
+def pack2_f16(lo, hi):
+    """Two float32 -> one int32 word of two float16 (round to nearest even)."""
+    return int32((int32(libdevice.float2half_rn(lo)) & 0xFFFF)
+                 | (int32(libdevice.float2half_rn(hi)) << 16))
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_codec(dtype_name: str):
+    """Device functions ``(decode, encode)`` for one storage dtype's 16-byte chunks:
+    ``decode(w0, w1, w2, w3, out)`` writes the chunk's ``chunk_elems`` values as float32 into
+    ``out[0..]``, ``encode(vals)`` returns the four words holding ``vals[0..]`` rounded to the
+    dtype (nearest even), the bits a scalar ``store`` of each value would write."""
+    if dtype_name == "float32":
+        @cuda.jit(device=True)
+        def decode(w0, w1, w2, w3, out):
+            out[0] = libdevice.int_as_float(w0)
+            out[1] = libdevice.int_as_float(w1)
+            out[2] = libdevice.int_as_float(w2)
+            out[3] = libdevice.int_as_float(w3)
+
+        @cuda.jit(device=True)
+        def encode(vals):
+            return (libdevice.float_as_int(float32(vals[0])),
+                    libdevice.float_as_int(float32(vals[1])),
+                    libdevice.float_as_int(float32(vals[2])),
+                    libdevice.float_as_int(float32(vals[3])))
+
+        return decode, encode
+    if dtype_name == "bfloat16":
+        unpack, pack = unpack2, pack2
+    elif dtype_name == "float16":
+        unpack, pack = unpack2_f16, pack2_f16
+    else:
+        raise ValueError(f"chunk_codec: no 16-byte chunks for dtype {dtype_name!r}")
+
+    @cuda.jit(device=True)
+    def decode(w0, w1, w2, w3, out):
+        a, b = unpack(w0)
+        out[0] = a
+        out[1] = b
+        a, b = unpack(w1)
+        out[2] = a
+        out[3] = b
+        a, b = unpack(w2)
+        out[4] = a
+        out[5] = b
+        a, b = unpack(w3)
+        out[6] = a
+        out[7] = b
+
+    @cuda.jit(device=True)
+    def encode(vals):
+        return (pack(vals[0], vals[1]), pack(vals[2], vals[3]), pack(vals[4], vals[5]),
+                pack(vals[6], vals[7]))
+
+    return decode, encode
