@@ -176,9 +176,10 @@ def add_engine_options(p: argparse.ArgumentParser, max_slots: int) -> None:
     p.add_argument("--prefix-caching", action="store_true",
                    help="prompts that begin alike share the K/V of their common full blocks "
                         "instead of computing them again")
-    p.add_argument("--async-scheduling", action="store_true",
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before the previous one is read back, so "
-                        "the GPU does not wait for the host between steps (same tokens)")
+                        "the GPU does not wait for the host between steps (same tokens; "
+                        "default: on where decode steps replay CUDA graphs)")
     p.add_argument("--threads", type=integer_in(1, MAX_SLOTS_LIMIT), default=None,
                    metavar="N",
                    help="CPU threads torch may use, set before the model loads (default: "

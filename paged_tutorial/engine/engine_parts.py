@@ -95,7 +95,8 @@ class EngineParts:
               kv_cache_bytes: int | None, max_slots: int, max_seq_len: int | None,
               device: str | None, debug: bool | None, cuda_graphs: bool | None,
               allow_beyond_max_positions: bool, prefix_caching: bool,
-              cache_factory: Callable | None, async_scheduling: bool = False) -> "EngineParts":
+              cache_factory: Callable | None,
+              async_scheduling: bool | None = None) -> "EngineParts":
         if not isinstance(model, Model):
             raise TypeError(f"Engine needs a Model from paged_tutorial.load_model, "
                             f"got {type(model).__name__}")
@@ -106,8 +107,8 @@ class EngineParts:
             kv_cache_bytes = positive_int("kv_cache_bytes", kv_cache_bytes)
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
-        if not isinstance(async_scheduling, bool):
-            raise TypeError(f"async_scheduling must be True or False, got "
+        if async_scheduling is not None and not isinstance(async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be None, True or False, got "
                             f"{async_scheduling!r}")
         check_device(device)
         config = model.config
@@ -131,6 +132,10 @@ class EngineParts:
                            and not backend.check_inputs)
         model_runner = ModelRunner(on_device, backend, cache, max_slots, max_seq_len,
                                    cuda_graphs=bool(cuda_graphs))
+        # each decode step launched before the last is read back: by default where decode
+        # steps replay CUDA graphs (there the host's commit is what the GPU would wait for)
+        if async_scheduling is None:
+            async_scheduling = bool(cuda_graphs)
         outputs = OutputProcessor(model.tokenizer)
         core = EngineCore(scheduler, model_runner, backend, cache, outputs, async_scheduling)
         requests = RequestRegistry()

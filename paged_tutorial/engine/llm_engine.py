@@ -81,11 +81,12 @@ class Engine:
                  debug: bool | None = None, cuda_graphs: bool | None = None,
                  allow_beyond_max_positions: bool = False, prefix_caching: bool = False,
                  cache_factory: Callable[[CacheConfig, torch.device], PagedKVCache]
-                 | None = None, async_scheduling: bool = False):
+                 | None = None, async_scheduling: bool | None = None):
         """``prefix_caching``: requests whose prompts begin with the same full blocks share
         those blocks (``prefix_cache.PrefixCachingKVCache``).  ``async_scheduling``: launch
         each decode step before the previous one is read back, so that the device does not
-        wait for the host between steps (``engine_core.py``); the tokens are the same.  ``cache_factory(cache_config,
+        wait for the host between steps (``engine_core.py``); the tokens are the same.  None
+        (the default): on where decode steps replay CUDA graphs, off elsewhere.  ``cache_factory(cache_config,
         device)`` builds the paged cache instead (one with other allocation rules: the puzzles
         of chapters 06 and 09); with ``prefix_caching=True`` its allocator must be a
         ``PrefixCache``.  The parts and their checks: ``engine_parts.py``."""

@@ -65,7 +65,7 @@ class EngineRecipe:
     prefix_caching: bool = False
     kv_cache_bytes: int | None = None
     threads: int | None = None
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
     warm_up: bool = True
 
     def build(self):

@@ -45,12 +45,13 @@ class LLM:
                  max_model_len: int | None = None, block_size: int = 16,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool = False,
                  enforce_eager: bool = False, seed: int | None = None,
-                 threads: int | None = None, async_scheduling: bool = False):
+                 threads: int | None = None, async_scheduling: bool | None = None):
         """``model``: anything ``load_model`` accepts (an alias such as ``"smollm2-135m"``, a
         ``.gguf`` file, a model folder, a hub id) or a loaded ``Model``.  ``max_num_seqs`` is
         the engine's ``max_slots``, ``max_model_len`` its ``max_seq_len``;
-        ``enforce_eager=True`` turns CUDA graphs off; ``async_scheduling=True`` launches each
-        decode step before the previous one is read back (the engine's option).  ``threads``: how many threads torch's
+        ``enforce_eager=True`` turns CUDA graphs off; ``async_scheduling`` launches each
+        decode step before the previous one is read back (the engine's option; None: on with
+        CUDA graphs).  ``threads``: how many threads torch's
         CPU ops use (None: chosen for this machine, ``threads.configure_threads``)."""
         if threads is not None:
             configure_threads(threads)

@@ -513,11 +513,14 @@ class NumbaBackend(Backend):
                 c.BLOCK_SIZE, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
 
     def _rope_vec_ok(self, q, k, v, cos, sin, cache) -> bool:
-        """May ``rope_write_kv`` take the 16-byte kernel?  Every access it makes must be a whole
-        aligned chunk of E elements (8 of a 2-byte dtype, 4 float32): D / 2 a multiple of E,
-        the rows of q, k and v contiguous with strides that are multiples of E, and q, k, v,
-        the cache buffer, cos and sin (contiguous) starting on 16 bytes."""
-        if not self.options.vector:
+        """May ``rope_write_kv`` take the 16-byte kernel?  Only for the 2-byte dtypes a GPU
+        runs (bfloat16, float16), whose products are rounded to the dtype before they are
+        added: in float32 the GPU compiler may fuse a product and the sum into one FMA, and it
+        does so differently in the two kernels, so float32 keeps the scalar kernel and its
+        bits.  Every access must be a whole aligned chunk of E = 8 elements: D / 2 a multiple
+        of E, the rows of q, k and v contiguous with strides that are multiples of E, and q,
+        k, v, the cache buffer, cos and sin (contiguous) starting on 16 bytes."""
+        if not self.options.vector or q.element_size() != 2:
             return False
         elems = chunk_elems(q.element_size())
         c = cache.config

@@ -18,12 +18,16 @@ two cache destinations are each one 16-byte load or store, and the run's cos and
 E / 4 loads each.  The arrays are passed as int32 words (``vector_io.chunk_codec`` converts
 them), so the backend takes it only where every such access is 16-byte aligned: D / 2 a
 multiple of E, the row strides of q, k and v multiples of E, and q, k, v, the cache, cos and
-sin starting on 16 bytes (``NumbaBackend.rope_write_kv``); elsewhere the scalar kernel.
+sin starting on 16 bytes, and the dtype one of 2 bytes (``NumbaBackend._rope_vec_ok``);
+elsewhere the scalar kernel.  The kernel compiles for float32 too, and gives the scalar
+kernel's bits in the simulator, but on a GPU the compiler fuses a float32 product and the sum
+into one FMA, differently in the two kernels; so float32, which the GPU path does not use,
+stays on the scalar kernel.
 
 Both compute with ``rope.py``'s helpers, so the rounding is the same: cos/sin rounded to the
 storage dtype, each product rounded (``rotate_values``), the sum rounded on store.  The cache
-receives the very bits stored into k, so either kernel gives bit for bit ``rope`` followed by
-``write_kv``.  A token whose block-table entry is -1 is not written to the cache (as
+receives the very bits stored into k, so in bfloat16 and float16 either kernel gives bit for
+bit ``rope`` followed by ``write_kv``.  A token whose block-table entry is -1 is not written to the cache (as
 ``write_kv_kernel``).
 """
 
