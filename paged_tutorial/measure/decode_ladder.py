@@ -95,9 +95,9 @@ def ladder() -> dict:
     overlap the previous kernel (``overlap``).  "fused_norms_graphs" is the engine with the
     five-kernel layer (``fuse_norms``: the norms in the GEMVs' prologues, the residual adds in
     their epilogues), and "looping_gemvs_graphs" the engine with the GEMVs' capped grid of
-    looping blocks instead of one wave (``gemv_wave=False``), both timed beside it;
-    "async_scheduling_graphs" the engine with asynchronous scheduling (each decode step
-    launched before the previous one is read back)."""
+    looping blocks instead of one wave (``gemv_wave=False``), and "sync_scheduling_graphs"
+    the engine without asynchronous scheduling (each decode step read back and committed
+    before the next is launched), all timed beside it."""
     from paged_tutorial.backends.numba_cuda import KernelOptions
 
     return {
@@ -108,7 +108,7 @@ def ladder() -> dict:
             fuse_norms=True))),
         "looping_gemvs_graphs": dict(backend=NumbaBackend(options=KernelOptions(
             gemv_wave=False))),
-        "async_scheduling_graphs": dict(async_scheduling=True),
+        "sync_scheduling_graphs": dict(async_scheduling=False),
     }
 
 
