@@ -192,7 +192,11 @@ class EngineCore:
             self.backend.begin_step(self.step_count + 1)
             ahead = self.model_runner.launch(ahead_batch, after=launched)
             self.steps_ahead += 1
-        return self.model_runner.collect(launched), ahead
+        output = self.model_runner.collect(launched)
+        if ahead is not None:                    # this call's host time, in this report
+            self.model_runner.phase_seconds["launch_ahead"] = sum(
+                ahead.phase_seconds.values())
+        return output, ahead
 
     def drop_dead_step(self) -> None:
         """A step in flight none of whose requests still runs is waited for and dropped (its

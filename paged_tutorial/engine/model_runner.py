@@ -153,7 +153,8 @@ class ModelRunner:
                     after=None if after is None else after.graph_run,
                     source_rows=rows.source_rows if after is not None else None)
                 return LaunchedRun(batch, graph_run.token_ids, graph_run=graph_run,
-                                   phase_seconds={"launch": time.perf_counter() - t0})
+                                   phase_seconds={"launch": time.perf_counter() - t0},
+                                   ahead=bool(ahead))
             inputs = self.packer.decode(rows.token_ids, rows.positions, rows.slots,
                                         self.cache.device_block_table(), sampling)
             if after is not None:                # the previous step's tokens, on the device
@@ -181,7 +182,7 @@ class ModelRunner:
             raise RequestError(requests[exc.row], exc) from exc
         return LaunchedRun(batch, sampled.token_ids, logits=logits, all_logits=all_logits,
                            finite=torch.isfinite(logits).all(dim=-1), sampled=sampled,
-                           prompt_rows=prompt_rows,
+                           prompt_rows=prompt_rows, ahead=bool(ahead),
                            phase_seconds={"inputs": t1 - t0, "forward": t2 - t1,
                                           "sample": time.perf_counter() - t2})
 
@@ -189,19 +190,20 @@ class ModelRunner:
         """Wait for a launched run and read back one sampled token per request, the logits,
         whether each row of logits is finite, and the logprobs that requests asked for.
         ``phase_seconds`` then holds the launch's phases and ``graph`` or ``sample`` (where
-        the host waited for the device)."""
+        the host waited for the device); for a run launched ahead, whose launch an earlier
+        step's report counts (``launch_ahead``), only the wait."""
         t0 = time.perf_counter()
-        phases = dict(launched.phase_seconds)
+        phases = {} if launched.ahead else dict(launched.phase_seconds)
         if launched.graph_run is not None:
             logits, tokens, finite = self.graphs.collect(launched.graph_run)
-            phases["graph"] = phases.pop("launch") + time.perf_counter() - t0
+            phases["graph"] = phases.pop("launch", 0.0) + time.perf_counter() - t0
             self.phase_seconds = phases
             return RunOutput(tokens, logits, finite)
         tokens, finite = read_back(launched.token_ids, launched.finite)
         sampled, prompt_rows = launched.sampled, launched.prompt_rows
         logprobs = sampled.logprobs.rows() if sampled.logprobs is not None else None
         prompt_logprobs = prompt_rows.logprobs(launched.all_logits) if prompt_rows else None
-        phases["sample"] += time.perf_counter() - t0
+        phases["sample"] = phases.get("sample", 0.0) + time.perf_counter() - t0
         self.phase_seconds = phases
         return RunOutput(tokens, launched.logits, finite, logprobs, prompt_logprobs)
 
@@ -218,6 +220,7 @@ class LaunchedRun:
     sampled: object | None = None        # the backend's ``SamplerOutput``
     prompt_rows: "PromptLogprobRows | None" = None
     phase_seconds: dict = field(default_factory=dict)
+    ahead: bool = False                  # launched before the step it continues was collected
 
 
 class PromptLogprobRows:

@@ -257,6 +257,8 @@ def test_a_step_in_flight_counts_as_unfinished_work(tiny_model):
 def test_async_scheduling_is_a_bool_or_none_and_off_without_cuda_graphs(tiny_model):
     with pytest.raises(TypeError, match="async_scheduling must be None, True or False"):
         pt.Engine(tiny_model, backend="torch", async_scheduling="yes")
-    assert pt.Engine(tiny_model, backend="torch").core.async_scheduling is False
+    assert pt.Engine(tiny_model, backend="torch", device="cpu").core.async_scheduling is False
+    assert pt.Engine(tiny_model, backend="torch", cuda_graphs=False).core.async_scheduling \
+        is False
     assert pt.Engine(tiny_model, backend="torch",
                      async_scheduling=True).core.async_scheduling is True

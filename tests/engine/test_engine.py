@@ -101,7 +101,10 @@ def test_batch_invariance_through_two_slots(tiny_llama):
 def test_block_accounting_every_step(tiny_llama):
     folder, _ = tiny_llama("gqa2-tied-default")
     model = pt.load_model(str(folder), dtype="float32")
-    engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=128)
+    # each step committed before the next is launched: with a step launched ahead a request
+    # also holds the block of its next token (tests/engine/test_async_scheduling.py)
+    engine = pt.Engine(model, backend="torch", max_slots=2, max_seq_len=128,
+                       async_scheduling=False)
     cache = engine.cache
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 320, n).tolist() for n in (4, 18, 33)]

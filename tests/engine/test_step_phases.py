@@ -32,16 +32,35 @@ def test_every_step_reports_its_phases_within_its_time():
     assert engine.model_runner.phase_seconds.keys() == {"inputs", "forward", "sample"}
 
 
-def test_a_replayed_step_reports_its_graph():
-    """On a GPU, a decode step replayed from a CUDA graph has one phase for the replay."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_replayed_step_reports_its_graph(async_scheduling):
+    """On a GPU, a decode step replayed from a CUDA graph has one phase for the replay (with
+    asynchronous scheduling, the wait for it; the launch of the step after it is
+    ``launch_ahead``); the phases fit in the step's seconds."""
     if not torch.cuda.is_available():
         pytest.skip("CUDA graphs need a GPU")
     engine = pt.Engine(pt.random_model(TINY, seed=0, device="cuda"), backend="torch",
-                       max_slots=2, max_seq_len=96)
+                       max_slots=2, max_seq_len=96, async_scheduling=async_scheduling)
     steps = []
-    engine.generate([list(range(1, 40))], max_tokens=4, on_step=steps.append)
+    engine.generate([list(range(1, 40))], max_tokens=6, on_step=steps.append)
     decode = [s for s in steps if s.kind == "decode"]
     assert decode and engine.model_runner.graphs.replays > 0
+    expected = {"schedule", "graph", "postprocess", "release"}
     for step in decode:
-        assert set(step.phase_seconds) == {"schedule", "graph", "postprocess", "release"}
+        assert set(step.phase_seconds) - {"launch_ahead"} <= expected
+        assert {"graph", "postprocess", "release"} <= set(step.phase_seconds)
         assert sum(step.phase_seconds.values()) <= step.seconds
+    assert any("launch_ahead" in s.phase_seconds for s in decode) == async_scheduling
+
+
+def test_phases_of_steps_launched_ahead_fit_in_their_seconds():
+    """On a CPU too: a step launched ahead ran its layers in the call before the one that
+    commits it, and is counted there (``launch_ahead``), not twice."""
+    engine = pt.Engine(pt.random_model(TINY, seed=0), backend="torch", device="cpu", max_slots=2, max_seq_len=96,
+                       async_scheduling=True)
+    steps = []
+    engine.generate([list(range(1, 40)), [5, 6, 7]], max_tokens=8, on_step=steps.append)
+    assert engine.core.steps_ahead > 0
+    for step in steps:
+        assert sum(step.phase_seconds.values()) <= step.seconds
+    assert any("launch_ahead" in s.phase_seconds for s in steps)
