@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import paged_tutorial as pt
 
-from conftest import MAX_SEQ_LEN
+MAX_SEQ_LEN = 128                    # the serving fixtures' llm (conftest.py)
 
 PROMPTS = ["Hello there", "The capital of France is", "안녕하세요", "Count to ten:"]
 
