@@ -78,6 +78,9 @@ COMPARISONS = (
          "the article's attention kernel in place of the fast one, everything else as shipped"),
     Rung("engine_triton_graphs_ms_per_step", "Triton kernel, in the engine",
          "a Triton attention kernel in place of the fast one"),
+    Rung("engine_sync_scheduling_graphs_ms_per_step", "the engine, steps not launched ahead",
+         "each decode step read back and committed before the next is launched (without "
+         "asynchronous scheduling): the GPU waits for the host between steps"),
     Rung("hf_eager_ms_per_step", "HF transformers, eager",
          "Hugging Face transformers' generate on the same weights"),
     Rung("hf_static_ms_per_step", "HF transformers, static cache (compiled)",
