@@ -20,7 +20,8 @@ the device does not wait for the host's commit, detokenizing and scheduling betw
 ``step`` still commits one step per call; a step may be left in flight between calls, and
 only while some request of it is running.  What changes is one step of lateness: a request
 that stops (EOS, a stop string, a cancel) at step n was already computed once more at step
-n + 1; that token is dropped and its blocks are given back once step n + 1 is collected.
+n + 1; that token is dropped.  Its blocks go back at once (``scheduler.py`` says why that is
+safe with step n + 1 still writing one row of them).
 The scheduler looks ahead only where nothing else would happen between the two steps (no
 admission, no preemption, no sampling controls, no recorded logits); elsewhere the step runs
 as without it.
@@ -138,17 +139,10 @@ class EngineCore:
             if self.async_scheduling and not self.record_logits:
                 ahead_batch = guard.phase("schedule", self.schedule_ahead, launched,
                                           undo=lambda: self.abandon(launched))
-            result = None
-            try:
-                result = guard.model_run(launched.batch, self.collect_and_look_ahead, report,
-                                         launched, ahead_batch)
-            finally:
-                if result is None:         # rolled back: nothing is in flight any more
-                    self.scheduler.hold(())
-                    self.scheduler.release_retired()
+            result = guard.model_run(launched.batch, self.collect_and_look_ahead, report,
+                                     launched, ahead_batch)
             if result is not None:
                 output, ahead = result
-                self.scheduler.hold(ahead.batch.rows.slots if ahead is not None else ())
                 if ahead is not None:
                     self.in_flight = InFlightStep(ahead, self.new_report(ahead.batch))
                 batch = launched.batch
@@ -169,18 +163,12 @@ class EngineCore:
         return self.model_runner.launch(batch)
 
     def schedule_ahead(self, launched: LaunchedRun):
-        """The step after ``launched``, scheduled now (``Scheduler.schedule_ahead``), or None;
-        the slots of both keep their blocks until they are collected (``Scheduler.hold``)."""
-        batch = self.scheduler.schedule_ahead(launched.batch)
-        if batch is not None:
-            self.scheduler.hold(set(launched.batch.rows.slots) | set(batch.rows.slots))
-        return batch
+        """The step after ``launched``, scheduled now (``Scheduler.schedule_ahead``), or None."""
+        return self.scheduler.schedule_ahead(launched.batch)
 
     def abandon(self, launched: LaunchedRun) -> None:
-        """Scheduling ahead of ``launched`` failed: roll its batch back, nothing held."""
-        self.scheduler.hold(())
+        """Scheduling ahead of ``launched`` failed: roll its batch back (recomputed later)."""
         self.scheduler.rollback(launched.batch)
-        self.scheduler.release_retired()
 
     def collect_and_look_ahead(self, launched: LaunchedRun, ahead_batch):
         """Launch ``ahead_batch`` (the step after ``launched``, or None) on the device, then
@@ -201,17 +189,13 @@ class EngineCore:
     def drop_dead_step(self) -> None:
         """A step in flight none of whose requests still runs is waited for and dropped (its
         tokens were computed once too many), so that an engine with nothing to run has
-        nothing in flight and every block of a finished request is given back."""
+        nothing in flight."""
         in_flight = self.in_flight
         if in_flight is None or any(r.status is Status.RUNNING
                                     for r in in_flight.launched.batch.requests):
             return
         self.in_flight = None
-        try:
-            self.model_runner.collect(in_flight.launched)
-        finally:
-            self.scheduler.hold(())
-            self.scheduler.release_retired()
+        self.model_runner.collect(in_flight.launched)
 
     def new_report(self, batch) -> StepReport:
         if batch is None:

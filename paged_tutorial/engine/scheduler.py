@@ -23,8 +23,11 @@ With asynchronous scheduling (``engine_core.py``) ``schedule_ahead`` makes the d
 after a decode still in flight, before that one is committed: the same requests minus those
 whose length ends them, one position further, with blocks for it, and never an admission or a
 preemption (when either would be needed it gives up: the engine then waits, commits and
-schedules as usual).  A request that finishes while a later step of it is in flight keeps its
-blocks until that step is collected (``hold``): the device may still be writing them.
+schedules as usual).  A request that finishes while a later step of it is in flight gives its
+blocks back at once, as without it: that step may still write one row into them, but every
+later use of a block (another request's step, a prefill) is queued behind it on the same
+device stream, and the row lies past the request's committed tokens, so it is never in a block
+kept for its prefix.
 """
 
 from __future__ import annotations
@@ -69,8 +72,6 @@ class Scheduler:
         self._admitting: list[Request] = []       # admitted by the schedule() in progress
         self._to_release: list[int] = []          # slots of retired requests, blocks not freed
         self._next_rows: DecodeRows | None = None  # made by the last decode commit
-        #: slots of the steps in flight: a retired one keeps its blocks until they are collected
-        self.held_slots: frozenset[int] = frozenset()
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -214,11 +215,6 @@ class Scheduler:
         ahead = rows.ahead(kept, positions)
         return ScheduledBatch("decode", ahead.requests, rows=ahead)
 
-    def hold(self, slots) -> None:
-        """Keep the blocks of these slots (a step in flight writes them) when their requests
-        retire, until ``hold(())``; then ``release_retired`` gives them back."""
-        self.held_slots = frozenset(slots)
-
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
                     skip: list[Request] = ()) -> list[Request]:
         """Commit a step that ran: every request of the batch now has all its tokens cached,
@@ -324,17 +320,12 @@ class Scheduler:
         """Push the blocks of retired requests back to ``free_blocks`` (every slot is released
         even if a cache listener raises; the first such exception is re-raised after)."""
         first = None
-        held = [slot for slot in self._to_release if slot in self.held_slots]
-        self._to_release = [slot for slot in self._to_release if slot not in self.held_slots]
-        try:
-            while self._to_release:
-                slot = self._to_release.pop(0)
-                try:
-                    self.blocks.release(slot)
-                except BaseException as exc:          # noqa: BLE001 - re-raised below
-                    first = first or exc
-        finally:
-            self._to_release = held + self._to_release
+        while self._to_release:
+            slot = self._to_release.pop(0)
+            try:
+                self.blocks.release(slot)
+            except BaseException as exc:          # noqa: BLE001 - re-raised below
+                first = first or exc
         if first is not None:
             raise first
 

@@ -3,8 +3,8 @@
 The engine must give exactly the tokens it gives without it (greedy and sampled, requests
 finishing at different steps, more requests than slots, prefix caching), drop the token
 computed once too many for a request that stopped while a later step of it was in flight,
-keep that request's blocks until the step that writes them is collected, and end idle and
-consistent after a cancel, an exception or Ctrl-C with a step in flight.  On the CPU the
+give that request's blocks back at once as without it, and end idle and consistent after a
+cancel, an exception or Ctrl-C with a step in flight.  On the CPU the
 launch is synchronous, but every decision (what is launched ahead, from which row each token
 comes, which uniform it draws, what is dropped and when blocks go back) is the GPU's."""
 
@@ -40,7 +40,6 @@ def assert_idle(engine):
     engine.cache.check_invariants()
     engine.scheduler.check_invariants()
     assert not engine.has_unfinished() and engine.core.in_flight is None
-    assert not engine.scheduler.held_slots
     assert (engine.cache.block_table == -1).all()
     assert len(engine.cache.free_blocks) + engine.cache.num_evictable_blocks \
         == engine.cache.NUM_BLOCKS
@@ -107,11 +106,11 @@ def eos_model(tiny_model, eos: int):
     return dataclasses.replace(tiny_model, config=config)
 
 
-def test_a_request_stopped_mid_flight_loses_the_extra_token_and_keeps_its_blocks_until_collected(
+def test_a_request_stopped_mid_flight_loses_the_extra_token_and_gives_its_blocks_back(
         tiny_model):
     """Request A meets its EOS while the next step, already launched, computes one more of
-    its tokens: that token is dropped, A is finished once, and its blocks stay owned until
-    that step is collected (it writes them), then go back."""
+    its tokens: that token is dropped when that step is committed, A is finished once, and its
+    blocks go back in the step it finished, as without asynchronous scheduling."""
     solo = engine_for(tiny_model, False).generate([PROMPTS[0], PROMPTS[1]], max_tokens=30,
                                                   chat=False)
     a_tokens, b_tokens = solo[0].token_ids, solo[1].token_ids
@@ -121,22 +120,20 @@ def test_a_request_stopped_mid_flight_loses_the_extra_token_and_keeps_its_blocks
     engine = engine_for(model, True)
     a = engine.add_request(PROMPTS[0], max_tokens=30, chat=False)
     b = engine.add_request(PROMPTS[1], max_tokens=30, chat=False)
-    held_seen = False
+    dropped_seen = False
     while engine.has_unfinished():
         report = engine.step()
         if a.request_id in report.finished:
             slot = report.slots[report.request_ids.index(a.request_id)]
-            # the step launched ahead still writes A's blocks: held, not freed
-            assert slot in engine.scheduler.held_slots
-            assert engine.cache.blocks_owned(slot) > 0
-            held_seen = True
-            report = engine.step()              # collects that step: A's row is dropped
+            assert engine.cache.blocks_owned(slot) == 0          # back at once
+            in_flight = engine.core.in_flight
+            assert in_flight is not None and a in in_flight.launched.batch.requests
+            report = engine.step()              # commits that step: A's row is dropped
+            assert a.request_id in report.request_ids
             assert a.request_id not in report.new_tokens
             assert a.request_id not in report.finished
-            assert slot not in engine.scheduler.held_slots
-            assert engine.cache.blocks_owned(slot) == 0 or \
-                engine.scheduler.running and slot in [r.slot for r in engine.scheduler.running]
-    assert held_seen
+            dropped_seen = True
+    assert dropped_seen
     assert engine.result(a.request_id).token_ids == a_tokens[:stop + 1]
     assert engine.result(a.request_id).finish_reason == "eos"
     assert engine.result(b.request_id).token_ids == b_tokens
@@ -206,7 +203,7 @@ def test_a_failure_with_a_step_in_flight_rolls_both_back(tiny_model, exc, op, at
         engine.generate([PROMPTS[0]], max_tokens=12, chat=False)
     engine.cache.check_invariants()
     engine.scheduler.check_invariants()
-    assert engine.core.in_flight is None and not engine.scheduler.held_slots
+    assert engine.core.in_flight is None
     assert engine.core.steps_ahead > 0
     engine.run_until_done()
     assert engine.result(other.request_id).token_ids == sync[1].token_ids

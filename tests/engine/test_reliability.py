@@ -100,10 +100,9 @@ def test_preemption_when_cache_runs_out(tiny_model):
     assert (engine.cache.block_table == -1).all()
 
 
-def test_cancel_returns_blocks_at_once(tiny_model):
-    # with a step launched ahead the blocks come back once that step is collected
-    # (tests/engine/test_async_scheduling.py::test_cancel_with_a_step_in_flight)
-    engine = make_engine(tiny_model, async_scheduling=False)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_cancel_returns_blocks_at_once(tiny_model, async_scheduling):
+    engine = make_engine(tiny_model, async_scheduling=async_scheduling)
     a = engine.add_request([1, 2, 3] * 7, max_tokens=50)
     b = engine.add_request([4, 5], max_tokens=50)
     for _ in range(4):

@@ -46,7 +46,7 @@ def test_graph_replays_launched_ahead_give_the_same_tokens(backend, sampled):
         answers[flag] = [(r.token_ids, r.finish_reason) for r in results]
         assert engine.model_runner.graphs.replays > 0
         assert (engine.core.steps_ahead > 0) == flag
-        assert not engine.has_unfinished() and not engine.scheduler.held_slots
+        assert not engine.has_unfinished() and engine.core.in_flight is None
         assert sorted(engine.cache.free_blocks) == free
     assert answers[True] == answers[False]
     # where decode steps replay CUDA graphs, the engine schedules asynchronously by default
