@@ -83,10 +83,11 @@ tests)
     # notebook's cells kept in order in one process (loadscope); then one summary of both
     # without the README's --cov: the graders' coverage is measured (and held to 95 %) in the
     # simulator, where every verdict path runs; traced, the suite outgrew one device call;
-    # one test worker per 10 GiB of GPU memory, at most 11: on an 80 GB H100, 11 workers (each
-    # with its engines' caches) ran the card out of memory; on an H200, 11 fit
+    # one test worker per 14 GiB of GPU memory, at most 10: each holds its engines' caches (2 GiB
+    # each by default) beside three notebook kernels; on an 80 GB H100, 7 workers ran the card
+    # out of memory; an H200 gets 10
     gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    workers=$(( gpu_mib / 10240 )); [ "$workers" -gt 11 ] && workers=11; [ "$workers" -lt 2 ] && workers=2
+    workers=$(( gpu_mib / 14336 )); [ "$workers" -gt 10 ] && workers=10; [ "$workers" -lt 2 ] && workers=2
     if [ "$SHARE" = all ]; then
         suite=(tests); name=gpu-tests
     else                     # k/n: test files k, k + n, ... of the sorted list

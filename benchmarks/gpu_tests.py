@@ -72,11 +72,24 @@ def memory_hogs(memory_records: list[dict]) -> list[dict]:
             for t, b in sorted(peak.items(), key=lambda kv: -kv[1])[:SLOWEST]]
 
 
+def memory_kept(memory_records: list[dict]) -> list[dict]:
+    """The tests after which their process still held the most GPU memory (GiB): what stays
+    allocated once a test's own objects are gone belongs to something that outlives it."""
+    kept = [r for r in memory_records if "allocated_after" in r]
+    kept.sort(key=lambda r: -r["allocated_after"])
+    return [{"test": r["test"], "pid": r["pid"],
+             "allocated_after_gib": round(r["allocated_after"] / 2**30, 2)}
+            for r in kept[:SLOWEST]]
+
+
 def summarize(records: list[dict], finished: bool, returncode, seconds: float,
               not_run: dict, gguf: str | None = None, workers: int = 1,
               memory_records: list[dict] = ()) -> dict:
     import torch
 
+    started = [r["nodeid"] for r in records if r["when"] == "start"]
+    finished_tests = {r["nodeid"] for r in records if r["when"] == "finish"}
+    records = [r for r in records if r["when"] not in ("start", "finish")]
     outcome: dict[str, dict] = {}
     for r in records:                           # one line per test: the worst phase wins
         prev = outcome.get(r["nodeid"])
@@ -124,7 +137,10 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
                 "notebooks": not_run["notebooks"]},
             "skipped": skips,
             "slowest_tests_s": [{"test": t, "seconds": round(sec, 1)} for t, sec in slowest],
+            "running_when_cut": [] if finished else [t for t in started
+                                                     if t not in finished_tests],
             "most_gpu_memory": memory_hogs(memory_records),
+            "most_gpu_memory_kept": memory_kept(memory_records),
             "seconds_by_file": {f: round(sec, 1) for f, sec in
                                 sorted(per_file.items(), key=lambda kv: -kv[1])[:SLOWEST]}}
 
@@ -158,6 +174,10 @@ def merge(runs: list[dict]) -> dict:
             "slowest_tests_s": slowest,
             "most_gpu_memory": sorted((t for r in runs for t in r.get("most_gpu_memory", [])),
                                       key=lambda t: -t["peak_reserved_gib"])[:SLOWEST],
+            "running_when_cut": [t for r in runs for t in r.get("running_when_cut", [])],
+            "most_gpu_memory_kept": sorted((t for r in runs
+                                            for t in r.get("most_gpu_memory_kept", [])),
+                                           key=lambda t: -t["allocated_after_gib"])[:SLOWEST],
             "seconds_by_file": dict(sorted(((f, sec) for r in runs
                                             for f, sec in r.get("seconds_by_file", {}).items()),
                                            key=lambda kv: -kv[1])[:SLOWEST])}

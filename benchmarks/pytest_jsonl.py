@@ -21,6 +21,22 @@ def pytest_configure(config):
     _WRITES = not hasattr(config, "workerinput")      # an xdist worker: the controller writes
 
 
+def _mark(nodeid: str, when: str) -> None:
+    if _PATH and _WRITES:
+        with open(_PATH, "a") as f:
+            f.write(json.dumps({"nodeid": nodeid, "when": when}) + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """A line when a test starts and one when it ends, so a run cut by its time limit names
+    the tests it was in."""
+    _mark(nodeid, "start")
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _mark(nodeid, "finish")
+
+
 def pytest_runtest_logreport(report):
     if not _PATH or not _WRITES:
         return

@@ -151,19 +151,22 @@ GPU_MEMORY_KEPT_BYTES = 1 << 30
 def _gpu_memory_handed_back(request):
     """Several test processes share one GPU: memory torch's caching allocator keeps after a
     test (2 GiB for every engine's default KV cache) goes back to the GPU, so one process's
-    cache never starves its neighbours, and each test's peak is logged where asked."""
+    cache never starves its neighbours; where asked, each test's peak is logged, and what its
+    process still holds after it (memory that grows from test to test is an engine kept alive)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
     yield
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
-    if GPU_MEMORY_LOG:
-        with open(GPU_MEMORY_LOG, "a", encoding="utf-8") as log:
-            log.write(json.dumps({"test": request.node.nodeid, "pid": os.getpid(),
-                                  "peak_reserved": torch.cuda.max_memory_reserved()}) + "\n")
+    peak_reserved = torch.cuda.max_memory_reserved()
     if torch.cuda.memory_reserved() > GPU_MEMORY_KEPT_BYTES:
         gc.collect()
         torch.cuda.empty_cache()
+    if GPU_MEMORY_LOG:
+        with open(GPU_MEMORY_LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"test": request.node.nodeid, "pid": os.getpid(),
+                                  "peak_reserved": peak_reserved,
+                                  "allocated_after": torch.cuda.memory_allocated()}) + "\n")
 
 
 @pytest.fixture(scope="session")
