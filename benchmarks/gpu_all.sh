@@ -2,9 +2,9 @@
 # Every GPU result of the project, in parts that each fit one device call (10 min):
 #
 #     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over
-#                                           # 14 pytest-xdist processes (<= 9.5 min)
+#                                           # up to 13 pytest-xdist processes (<= 9.5 min)
 #     bash benchmarks/gpu_all.sh tests 1/2  # the same in two calls, where one no longer fits
-#     bash benchmarks/gpu_all.sh tests 2/2  # (an H100: 7 workers): every other test file each,
+#     bash benchmarks/gpu_all.sh tests 2/2  # (an H100: 5 workers): every other test file each,
 #                                           # the notebooks with the first; then, here,
 #                                           # python benchmarks/gpu_tests.py --merge A.json B.json
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
