@@ -35,6 +35,10 @@ The waits, and the errors a GPU would turn into a hang or garbage:
   n-th, else ``BarrierDivergence``; reading a lane that returned before it got there is an
   error too (undefined on hardware).
 - **syncwarp** -- released when every live lane of the warp waits at the same one.
+- **warp-wide instruction** (``collective``: the emulated ``mma.sync`` of ``device/mma.py``)
+  -- every lane leaves its operands like a shuffle value and waits for all 32 lanes' values at
+  the same call; the result is computed once per warp.  Same order and divergence checks as a
+  shuffle, and the warp must be whole.
 - **deadlock** -- no thread can run and no wait can be released (e.g. a lane waits at a shuffle
   for a lane that waits at ``syncthreads``): ``SimulatorDeadlock`` says who waits where.
 
@@ -248,6 +252,7 @@ class LockstepBlock:
         self.warp_live = collections.Counter(t.warp for t in threads)
         self.warp_waiting: dict = collections.defaultdict(list)
         self.shuffle_waiters: dict = collections.defaultdict(list)   # source tid -> readers
+        self.collective_results: dict = {}  # (warp, n) -> [results, lanes that took theirs]
         self.error: BaseException | None = None
         self.error_tb = None
         self.finished = threading.Event()
@@ -384,6 +389,56 @@ class LockstepBlock:
                 "lane of a warp must execute the same shuffles, in the same order (a shuffle "
                 "inside a branch that only some lanes take)")
         return src_value
+
+    def collective(self, me, op: str, site, value, combine):
+        """``me``'s next warp-wide operation (an emulated ``mma.sync``): leave ``value``, wait
+        until every lane of the warp has left its value at the same call, and return this
+        lane's entry of ``combine(values)`` (``values``: the 32 lanes' values in lane order;
+        computed once per warp and call, by the first lane that finds them all there).  It
+        counts as one shuffle of every lane: the same order and divergence checks apply, and
+        the warp must be whole (32 live lanes)."""
+        if self.aborted:
+            raise _Aborted()
+        n = len(me.sent)
+        me.sent.append((op, site, value))
+        readers = self.shuffle_waiters.pop(me.thread_id, None)
+        if readers:                                  # lanes waiting for one of my values
+            self.ready.extend(readers)
+        first = me.warp * WARP_SIZE
+        if len(self.threads) - first < WARP_SIZE:
+            raise RuntimeError(
+                f"sim_shim: {op} needs all 32 lanes of a warp, but warp {me.warp} of this "
+                f"block has {len(self.threads) - first} threads: launch whole warps")
+        lanes = self.threads[first:first + WARP_SIZE]
+        for src in lanes:                            # lowest lanes first: they arrive last
+            while len(src.sent) <= n:
+                if src.exited:
+                    raise RuntimeError(
+                        f"sim_shim: thread {me.thread_id} ({op} #{n + 1}) needs lane "
+                        f"{src.lane} (thread {src.thread_id}), which returned after "
+                        f"{len(src.sent)} warp operation(s): every lane of the warp must "
+                        "execute the same warp-wide instructions")
+                me.waits_at = (op, site)
+                self.shuffle_waiters[src.thread_id].append(me)
+                self._give_turn(me)
+                me.waits_at = None
+            src_op, src_site, _ = src.sent[n]
+            if (src_op, src_site) != (op, site):
+                raise BarrierDivergence(
+                    f"sim_shim: thread {me.thread_id}'s warp operation #{n + 1} is {op} at "
+                    f"{describe_site(site)}, but lane {src.lane} (thread {src.thread_id}) "
+                    f"made its #{n + 1} with {src_op} at {describe_site(src_site)}: every "
+                    "lane of a warp must execute the same warp-wide instructions, in the same "
+                    "order")
+        key = (me.warp, n)
+        entry = self.collective_results.get(key)
+        if entry is None:
+            entry = self.collective_results[key] = [
+                combine([src.sent[n][2] for src in lanes]), 0]
+        entry[1] += 1
+        if entry[1] == WARP_SIZE:                    # every lane has its entry: forget it
+            del self.collective_results[key]
+        return entry[0][me.lane]
 
     def _shuffle_counts_agree(self) -> bool:
         """At a block barrier every lane of a warp has made the same shuffles: a lane that did

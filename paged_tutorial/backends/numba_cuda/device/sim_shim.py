@@ -17,6 +17,9 @@ over at each wait, and reports barriers in divergent branches and deadlocks.
 3. **bfloat16**: there is no bf16 type in the simulator, so the backend never uses one.  bf16
    tensors travel as their 16-bit patterns (``t.view(torch.int16)``) and ``dtypes.py`` converts
    bits <-> float32 with the two functions of point 2, the same code on both sides.
+4. **warp-wide instructions** other than shuffles (``warp_collective``): every lane hands its
+   operands over and gets its share of a result computed from all 32 lanes' operands; the
+   tensor-core ``mma.sync`` of ``mma.py`` is emulated this way.
 
 How a shuffle is emulated (no barrier: each lane waits only for the lane it reads)
 --------------------------------------------------------------------------------
@@ -135,6 +138,18 @@ def _exchange(op: str, value, source_lane):
 
     thread = _lane_thread(op)
     return thread._manager.shuffle(thread, op, call_site(sys._getframe(1)), value, source_lane)
+
+
+def warp_collective(op: str, value, combine):
+    """This thread's next warp-wide instruction (``mma.py``'s emulated ``mma.sync``): leave
+    ``value`` (this lane's operands), wait for the 32 lanes of the warp to reach the same call,
+    and return this lane's entry of ``combine(values)``, ``values`` being the 32 lanes' values in
+    lane order (``combine`` runs once per warp and call).  Counts as one shuffle of each lane
+    (``sim_block.LockstepBlock.collective``)."""
+    from paged_tutorial.backends.numba_cuda.device.sim_block import call_site
+
+    thread = _lane_thread(op)
+    return thread._manager.collective(thread, op, call_site(sys._getframe(1)), value, combine)
 
 
 def shfl_sync(self, mask, value, src_lane):
