@@ -4,6 +4,8 @@ simulator or GPU by then."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import numpy as np
@@ -15,6 +17,7 @@ from paged_tutorial.backends.numba_cuda.runtime import launch  # noqa: F401
 from paged_tutorial.backends.numba_cuda.device import sim_shim  # noqa: F401  (installs the simulator's shuffles)
 from paged_tutorial.backends.numba_cuda.kernels import rope as rope_kernels
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast, gemv, prefill_sdpa, rope_write_kv  # the optimised paths
+from paged_tutorial.backends.numba_cuda.kernels import attention_tc  # opt-in: tensor cores
 from paged_tutorial.backends.numba_cuda.device import grid_dependency
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, ops_for
 from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, rows, words
@@ -108,6 +111,8 @@ class NumbaBackend(Backend):
         #: warps per GEMV block for that launch
         self.gemv_warps = gemv.WAVE_WARPS if options.gemv_wave else gemv.WARPS
         self._checked_tables: set = set()
+        #: why ``attention="tensor_core"`` last fell back to "fast" (None: it did not)
+        self.attention_fallback: str | None = None
 
     def _launch(self, kernel, grid, block, *args) -> None:
         """``launch.launch`` with this backend's ``overlap``."""
@@ -603,12 +608,32 @@ class NumbaBackend(Backend):
                 check_block_entries(cache, table, slot, layer, n, "decode_attention")
         return lens32, slots32
 
+    def _decode_kernel_choice(self, cache, n_q_heads: int) -> str:
+        """The decode attention kernel for this layout: the options' choice, or "fast" where
+        "tensor_core" cannot run (``attention_tc.unsupported_reason``: the reason is kept in
+        ``attention_fallback`` and warned about once per reason)."""
+        kind = self.options.attention
+        if kind == "tensor_core":
+            c = cache.config
+            why = attention_tc.unsupported_reason(c.dtype, c.head_dim,
+                                                  n_q_heads // max(1, c.num_kv_heads),
+                                                  c.BLOCK_SIZE)
+            if why is None:
+                return kind
+            if why != self.attention_fallback:
+                warnings.warn(f"KernelOptions(attention='tensor_core'): {why}; running the "
+                              "'fast' kernel instead", RuntimeWarning, stacklevel=3)
+                self.attention_fallback = why
+            return "fast"
+        return kind
+
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
                          max_seq_len=None):
         c = cache.config
-        use_fast = self.options.attention == "fast" and attention_fast.supports(c.head_dim)
+        kind = self._decode_kernel_choice(cache, q.shape[1])
+        use_fast = kind == "fast" and attention_fast.supports(c.head_dim)
         kernel = None
-        if not use_fast:                     # (the factory checks head_dim)
+        if not use_fast and kind != "tensor_core":   # (the factory checks head_dim)
             kernel = attention.make_paged_attention_kernel(
                 ops_for(q.dtype).name, c.head_dim, c.BLOCK_SIZE, c.num_layers,
                 c.MAX_BLOCKS_PER_SEQ, c.KV_DIM, c.BLOCK_ELEMS, c.V_OFFSET_ELEMS)
@@ -616,6 +641,9 @@ class NumbaBackend(Backend):
                                                      seq_lens, active_slots)
         if q.shape[0] == 0:
             return q
+        if kind == "tensor_core":
+            return attention_tc.decode_attention_tc(q, cache, block_table, layer, lens32,
+                                                    slots32, scale, overlap=self.overlap)
         if use_fast:
             return attention_fast.decode_attention_fast(q, cache, block_table, layer, lens32,
                                                         slots32, scale, overlap=self.overlap)

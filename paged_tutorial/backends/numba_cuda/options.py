@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
-#: the decode attention kernels: "fast" (``kernels/attention_fast.py``) or "article"
-#: (``kernels/attention.py``, the article's kernel)
-ATTENTION_KERNELS = ("fast", "article")
+#: the decode attention kernels: "fast" (``kernels/attention_fast.py``), "article"
+#: (``kernels/attention.py``, the article's kernel) or "tensor_core"
+#: (``kernels/attention_tc.py``: mma.sync on bf16, opt-in until measured; where it cannot run
+#: the backend takes "fast" and says why in ``NumbaBackend.attention_fallback``)
+ATTENTION_KERNELS = ("fast", "article", "tensor_core")
 #: the prefill attention kernels: "sdpa" (torch's flash kernel, ``kernels/prefill_sdpa.py``)
 #: or "numba" (``kernels/prefill.py``)
 PREFILL_KERNELS = ("sdpa", "numba")
@@ -20,7 +22,9 @@ PREFILL_KERNELS = ("sdpa", "numba")
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
-    """- ``attention``: the decode attention kernel (``ATTENTION_KERNELS``);
+    """- ``attention``: the decode attention kernel (``ATTENTION_KERNELS``; "tensor_core" needs
+      a bfloat16 cache, head_dim % 16 == 0, at most 16 query heads per KV head and compute
+      capability 8.0, else "fast" runs, with a warning);
     - ``prefill``: the prefill attention (``PREFILL_KERNELS``; None: "sdpa" on a GPU, "numba"
       in the simulator);
     - ``vector``: bf16 rows take the 16-byte kernels (``device/vector_io.py``) when aligned,

@@ -1,0 +1,150 @@
+"""The tensor-core decode attention (``kernels/attention_tc.py``, opt-in
+``KernelOptions(attention="tensor_core")``) on a GPU (marker ``gpu``): what the simulator
+cannot show, that the inline PTX ``mma.sync.m16n8k16`` assembles and computes the product the
+emulation computes, at full size.
+
+- one m16n8k16 product against NumPy (the fragment layouts on the hardware itself);
+- Llama-3.2-1B's attention (32 query / 8 KV heads, head_dim 64, bf16, blocks scattered at
+  random) at batch 1, 8 and 64 and contexts 1024 and 2048 (with mixed lengths ending mid-block
+  too), against the float32 reference and against the fast kernel, through the package's
+  launch policy (splits, warps) and with prefetching off; kanana-nano's head_dim 128 / group 3;
+- through the backend option, and captured in a CUDA graph.
+
+Timings: ``benchmarks/attention.py`` (columns ``tensor_core`` and ``tensor_core-noprefetch``
+beside ``fast``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers.gpu_checks import rel_err
+from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc
+from paged_tutorial.backends.numba_cuda.runtime import launch
+from paged_tutorial.measure import attention_bench
+
+pytestmark = pytest.mark.gpu
+
+
+def test_one_mma_matches_numpy():
+    from numba import cuda
+
+    from paged_tutorial.backends.numba_cuda.device.mma import mma_m16n8k16_bf16
+
+    @cuda.jit
+    def mma_kernel(a32, bt32, c, d):
+        lane = cuda.threadIdx.x
+        g = lane >> 2
+        t = lane & 3
+        d0, d1, d2, d3 = mma_m16n8k16_bf16(
+            a32[g * 8 + t], a32[(g + 8) * 8 + t], a32[g * 8 + t + 4],
+            a32[(g + 8) * 8 + t + 4], bt32[g * 8 + t], bt32[g * 8 + t + 4],
+            c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+            c[(g + 8) * 8 + 2 * t + 1])
+        d[g * 8 + 2 * t] = d0
+        d[g * 8 + 2 * t + 1] = d1
+        d[(g + 8) * 8 + 2 * t] = d2
+        d[(g + 8) * 8 + 2 * t + 1] = d3
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(16, 16, generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn(16, 8, generator=g, device="cuda").to(torch.bfloat16)
+    c = torch.randn(16, 8, generator=g, device="cuda")
+    d = torch.zeros(16 * 8, device="cuda")
+    mma_kernel[1, 32](a.contiguous().view(torch.int32).reshape(-1),
+                      b.t().contiguous().view(torch.int32).reshape(-1), c.reshape(-1), d)
+    torch.cuda.synchronize()
+    want = a.double() @ b.double() + c.double()
+    torch.testing.assert_close(d.view(16, 8).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _lens(g, batch, ctx, mixed):
+    if not mixed:
+        return torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    return torch.randint(1, ctx + 1, (batch,), generator=g, device="cuda").to(torch.int32)
+
+
+@pytest.mark.parametrize("batch,ctx", [(1, 1024), (1, 2048), (8, 1024), (8, 2048),
+                                       (64, 1024), (64, 2048)])
+def test_llama_1b_shapes_against_the_reference_and_the_fast_kernel(batch, ctx):
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
+    cache, n_layers, _ = attention_bench.build_cache(batch, ctx, g)
+    bt = cache.device_block_table()
+    slots = torch.randperm(batch, generator=g, device="cuda").to(torch.int32)
+    q0 = torch.randn(batch, attention_bench.N_Q, attention_bench.D, generator=g,
+                     device="cuda").to(torch.bfloat16)
+    scale = attention_bench.SCALE
+    for mixed in (False, True):
+        lens = _lens(g, batch, ctx, mixed)
+        layer = n_layers - 1
+        want = attention_bench.reference(q0, cache, layer, lens, slots)
+        fast = attention_fast.decode_attention_fast(q0.clone(), cache, bt, layer, lens, slots,
+                                                    scale)
+        for prefetch in (True, False):
+            got = attention_tc.decode_attention_tc(q0.clone(), cache, bt, layer, lens, slots,
+                                                   scale, prefetch=prefetch)
+            torch.cuda.synchronize()
+            assert rel_err(got, want) < 5e-3, (mixed, prefetch)
+            assert rel_err(got, fast) < 1e-2, (mixed, prefetch)
+    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+                                       zero=True)
+    assert int(tickets.abs().sum()) == 0
+
+
+def test_head_dim_128_group_3():
+    """kanana-nano-2.1b's attention: 24 query / 8 KV heads of head_dim 128."""
+    from paged_tutorial.backends.paged_reads import attention
+    from paged_tutorial.backends.torch_ref import TorchBackend
+    from paged_tutorial.cache.paged_cache import PagedKVCache
+    from paged_tutorial.config import CacheConfig
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    cfg = CacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, dtype="bfloat16",
+                      kv_cache_bytes=1 << 28, max_slots=8, max_seq_len=2048)
+    cache = PagedKVCache(cfg, device="cuda")
+    cache.buffer.copy_(torch.randn(cache.buffer.numel(), generator=g, device="cuda")
+                       .to(torch.bfloat16))
+    perm = torch.randperm(len(cache.free_blocks), generator=torch.Generator().manual_seed(1))
+    cache.free_blocks = [cache.free_blocks[i] for i in perm.tolist()]
+    ctx = [1024, 977, 513, 2000, 31, 1500, 700, 1]
+    for slot, n in enumerate(ctx):
+        cache.ensure_capacity(slot, n)
+    bt = cache.device_block_table()
+    q = torch.randn(8, 24, 128, generator=g, device="cuda").to(torch.bfloat16)
+    slots = torch.arange(8, dtype=torch.int32, device="cuda")
+    lens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    scale = 1 / math.sqrt(128)
+    ref = TorchBackend("cuda")
+    want = q.float().clone()
+    for b, n in enumerate(ctx):
+        k, v = ref.gather_kv(cache, bt, b, 1, n)
+        want[b] = attention(want[b:b + 1], k.float(), v.float(), scale, causal=False)[0]
+    got = attention_tc.decode_attention_tc(q.clone(), cache, bt, 1, lens, slots, scale)
+    assert rel_err(got, want) < 5e-3
+
+
+def test_the_option_and_a_cuda_graph():
+    g = torch.Generator(device="cuda").manual_seed(9)
+    cache, _, _ = attention_bench.build_cache(8, 1024, g)
+    bt = cache.device_block_table()
+    slots = torch.arange(8, dtype=torch.int32, device="cuda")
+    lens = torch.randint(1, 1025, (8,), generator=g, device="cuda").to(torch.int32)
+    q0 = torch.randn(8, attention_bench.N_Q, attention_bench.D, generator=g,
+                     device="cuda").to(torch.bfloat16)
+    nb = NumbaBackend(options=KernelOptions(attention="tensor_core"))
+    want = attention_bench.reference(q0, cache, 0, lens, slots)
+    eager = nb.decode_attention(q0.clone(), cache, bt, 0, lens, slots, attention_bench.SCALE)
+    assert nb.attention_fallback is None
+    assert rel_err(eager, want) < 5e-3
+    q = q0.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nb.decode_attention(q, cache, bt, 0, lens, slots, attention_bench.SCALE)
+    q.copy_(q0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q, eager)
