@@ -1,5 +1,5 @@
 """Paged decode attention (and prefill attention) on the GPU, side by side: the fast Numba
-kernel, the Triton peer, FlashInfer's batch decode where it is installed
+kernel, the tensor-core Numba kernel (``attention_tc.py``, opt-in), the Triton peer, FlashInfer's batch decode where it is installed
 (``flashinfer_peer.py``), the article's kernel, torch SDPA on contiguous K/V, against the copy
 floor; and the sweep over the fast kernel's shapes that chose ``attention_fast.CHOSEN_SHAPE``.
 
@@ -21,7 +21,7 @@ import torch
 
 from paged_tutorial.backends import triton_attention
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc
 from paged_tutorial.backends.numba_cuda.kernels.attention_fast import KernelShape
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.cache.paged_cache import PagedKVCache
@@ -110,6 +110,11 @@ def decode_impls(cache, sweep: Sweep | None):
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
         "article": lambda q, l, sl, sa: article.decode_attention(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
+        # the tensor-core kernel (opt-in), with and without loading the next block early
+        "tensor_core": lambda q, l, sl, sa: attention_tc.decode_attention_tc(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE),
+        "tensor_core-noprefetch": lambda q, l, sl, sa: attention_tc.decode_attention_tc(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE, prefetch=False),
     }
     if triton_attention.available():
         impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(
@@ -171,6 +176,7 @@ def bench_case(batch, ctx, bw_gbs, sweep, g):
     bench_flashinfer(row, cache, n_layers, q0, seq_lens, mixed, slots, ref, ref_mixed)
     if "article" in row["us"]:
         row["speedup_vs_article"] = row["us"]["article"] / row["us"]["fast"]
+    row["tensor_core_speedup_vs_fast"] = row["us"]["fast"] / row["us"]["tensor_core"]
     return row
 
 
