@@ -160,9 +160,10 @@ def test_the_option_runs_the_tensor_core_kernel(nb, monkeypatch):
     lens = {0: 20, 2: 3}
     cache = make_cache(g, "bfloat16", n_kv=2, head_dim=64, device=nb.device)
     assign(g, cache, lens)
-    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
-    args = (cache, cache.device_block_table(), 0, torch.tensor(list(lens.values())),
-            torch.tensor(list(lens)), 0.125)
+    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16).to(nb.device)
+    args = (cache, cache.device_block_table(), 0,
+            torch.tensor(list(lens.values())).to(nb.device), torch.tensor(list(lens)).to(nb.device),
+            0.125)
     got = tc.decode_attention(q.clone(), *args)
     assert calls and tc.attention_fallback is None
     want = nb.decode_attention(q.clone(), *args)
@@ -180,9 +181,9 @@ def test_the_option_falls_back_to_the_fast_kernel(nb, monkeypatch, dtype, head_d
     cache = make_cache(g, dtype, n_kv=1, head_dim=head_dim, device=nb.device)
     assign(g, cache, lens)
     dt = torch.float32 if dtype == "float32" else torch.bfloat16
-    q = torch.randn(1, 2, head_dim, generator=g).to(dt)
-    args = (cache, cache.device_block_table(), 1, torch.tensor([21]), torch.tensor([1]),
-            1 / math.sqrt(head_dim))
+    q = torch.randn(1, 2, head_dim, generator=g).to(dt).to(nb.device)
+    args = (cache, cache.device_block_table(), 1, torch.tensor([21]).to(nb.device),
+            torch.tensor([1]).to(nb.device), 1 / math.sqrt(head_dim))
     with pytest.warns(RuntimeWarning, match=problem) as record:
         got = tc.decode_attention(q.clone(), *args)
     assert "attention='fast'" in str(record[0].message)
