@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_all.sh tests      # the README's test command, every notebook, over
 #                                           # up to 13 pytest-xdist processes (<= 9.5 min)
 #     bash benchmarks/gpu_all.sh tests 1/2  # the same in two calls, where one no longer fits
-#     bash benchmarks/gpu_all.sh tests 2/2  # (an H100: 5 workers): every other test file each,
+#     bash benchmarks/gpu_all.sh tests 2/2  # (an H100: 5 workers): half of the test files each,
 #                                           # the notebooks with the first; then, here,
 #                                           # python benchmarks/gpu_tests.py --merge A.json B.json
 #     bash benchmarks/gpu_all.sh core       # decode (Llama shapes) + attention + profile (<= 5 min)
@@ -41,7 +41,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PART=${1:-core}
-SHARE=${2:-all}                  # tests only: all, or k/n (every n-th test file from the k-th)
+SHARE=${2:-all}                  # tests only: all, or k/n (gpu_tests.py --share k/n)
 # the carried wheels are installed here, beside the image's packages
 SITE=$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site
 if [ ! -e "$SITE/.gpu_all_installed" ]; then
@@ -90,10 +90,9 @@ tests)
     workers=$(( gpu_mib / 14336 )); [ "$workers" -gt 10 ] && workers=10; [ "$workers" -lt 2 ] && workers=2
     if [ "$SHARE" = all ]; then
         suite=(tests); name=gpu-tests
-    else                     # k/n: test files k, k + n, ... of the sorted list
-        k=${SHARE%/*}; n=${SHARE#*/}
-        mapfile -t suite < <(find tests -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" \
-                             '(NR - 1) % n == k - 1')
+    else                     # k/n: the test files whose path's checksum is k - 1 modulo n, so
+        k=${SHARE%/*}; n=${SHARE#*/}   # a file added between the calls moves no other file
+        mapfile -t suite < <(python3 benchmarks/gpu_tests.py --share "$k/$n")
         name=gpu-tests-part-${k}of${n}
     fi
     python3 benchmarks/gpu_tests.py --out "$OUT" --name gpu-tests-suite --timeout 540 \

@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,9 +146,32 @@ def summarize(records: list[dict], finished: bool, returncode, seconds: float,
                                 sorted(per_file.items(), key=lambda kv: -kv[1])[:SLOWEST]}}
 
 
+def share(k: int, n: int, root: Path = ROOT) -> list[str]:
+    """Share k of n of the test files: those whose path's CRC-32 is k - 1 modulo n.  A file
+    added or removed between the calls that run the shares moves no other file, so the shares
+    of one tree never overlap and together run every file."""
+    if not 1 <= k <= n:
+        raise SystemExit(f"--share {k}/{n}: k must be 1 to n")
+    files = sorted(str(f.relative_to(root)) for f in (root / "tests").rglob("test_*.py"))
+    return [f for f in files if zlib.crc32(f.encode()) % n == k - 1]
+
+
+def files_run(run: dict) -> list[str]:
+    """The test files and notebooks a summary's command names."""
+    return [w for w in run["command"].split() if w.endswith((".py", ".ipynb"))
+            and not w.startswith("-")]
+
+
 def merge(runs: list[dict]) -> dict:
     """One summary of runs made side by side: counts added, lists joined, the run's seconds
-    the longest of them, every command kept."""
+    the longest of them, every command kept.  Runs that name the same file are refused: their
+    counts would add up to more than the suite."""
+    seen: dict[str, int] = {}
+    for i, run in enumerate(runs):
+        for f in files_run(run):
+            if seen.setdefault(f, i) != i:
+                raise SystemExit(f"--merge: {f} ran in two of the runs merged; merge runs of "
+                                 f"different files (gpu_all.sh tests k/n shares)")
     first = runs[0]
     counts = {k: sum(r["counts"][k] for r in runs) for k in first["counts"]}
     slowest = sorted((t for r in runs for t in r.get("slowest_tests_s", [])),
@@ -199,8 +223,14 @@ def main(argv=None):
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="write one summary from the summaries of runs made side by side "
                         "(e.g. the tests and the notebooks in parallel) and exit")
+    p.add_argument("--share", default=None, metavar="K/N",
+                   help="print share K of N of the test files (one per line) and exit")
     args, extra = p.parse_known_args(argv)
     os.chdir(ROOT)
+    if args.share:
+        k, n = (int(x) for x in args.share.split("/"))
+        print("\n".join(share(k, n)))
+        return 0
     if args.merge:
         data = merge([json.loads(Path(f).read_text()) for f in args.merge])
         path = write_json(data, args.name, args.out)
