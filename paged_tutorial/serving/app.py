@@ -182,7 +182,8 @@ def build_app(engine, served_model_name: str, engine_loop=None, *,
     """The ASGI application serving ``engine`` under the name ``served_model_name``.  The
     engine loop (``engine_loop``: an ``EngineProcess``, whose ``frontend`` is then ``engine``;
     by default an ``EngineLoop`` over ``engine`` on a thread) starts with the application (its
-    lifespan) and is stopped, after serving everything queued, when the application shuts down.
+    lifespan) and is stopped, after serving everything queued, when the application shuts down;
+    the application then lets go of the engine (one lifespan per application).
 
     ``api_key``: when set, ``/v1`` routes answer 401 without ``Authorization: Bearer <key>``.
     ``max_body_bytes``: a larger request body is a 413.  ``body_timeout_s``: a body not fully
@@ -195,6 +196,10 @@ def build_app(engine, served_model_name: str, engine_loop=None, *,
 
     @asynccontextmanager
     async def lifespan(app):
+        nonlocal engine, loop, metrics
+        if loop is None:
+            raise RuntimeError("this application has shut down and let go of its engine: "
+                               "build a new one with build_app(engine, ...) to serve again")
         aio = asyncio.get_running_loop()
 
         def run_all(calls) -> None:                    # in the event loop, once per step
@@ -212,6 +217,11 @@ def build_app(engine, served_model_name: str, engine_loop=None, *,
             yield
         finally:
             await asyncio.to_thread(loop.stop)
+            # FastAPI keeps every endpoint it has seen in process-wide caches; the endpoints
+            # below reach the engine through these names, so a stopped application lets go
+            # of them, and its engine (and its KV cache) can be freed
+            engine = loop = metrics = None
+            app.state.engine_loop = app.state.metrics = None
 
     app = FastAPI(title="paged-tutorial", lifespan=lifespan)
     app.state.engine_loop = loop

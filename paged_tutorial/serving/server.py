@@ -119,7 +119,11 @@ class BackgroundServer:
         self._thread.start()
         deadline = time.monotonic() + start_timeout_s
         while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+            if not self._thread.is_alive():
+                self.stop()
+                raise RuntimeError("the server stopped while starting: its application's "
+                                   "startup failed (uvicorn logged why above)")
+            if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the server did not start within {start_timeout_s} s")
             time.sleep(0.02)

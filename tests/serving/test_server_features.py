@@ -195,3 +195,27 @@ def test_an_engine_with_async_scheduling_serves_streams_stops_and_cancels(tiny_m
     assert again.choices[0].text == expected[2]
     assert engine.core.steps_ahead > 0
     assert m["num_free_blocks"] == engine.cache.NUM_BLOCKS
+
+
+def test_a_stopped_server_lets_go_of_its_engine(tiny_model):
+    """FastAPI keeps the endpoints it has seen in process-wide caches: a stopped application
+    must not keep its engine (and its KV cache: 2 GiB on a GPU) alive through them, and
+    starting it again says to build a new one."""
+    import gc
+    import weakref
+
+    def serve_once():
+        engine = pt.Engine(tiny_model, backend="torch", max_slots=2, max_seq_len=128)
+        app = build_app(engine, NAME)
+        with BackgroundServer(app) as server:
+            answer = httpx.post(server.url + "/v1/completions", json={
+                "model": NAME, "prompt": "hi", "max_tokens": 2, "temperature": 0})
+            assert answer.status_code == 200
+        return weakref.ref(engine), app
+
+    engine, app = serve_once()
+    gc.collect()
+    assert engine() is None, "the stopped server's engine is still reachable"
+    with pytest.raises(RuntimeError, match="startup failed"):
+        with BackgroundServer(app):
+            pass
