@@ -10,6 +10,7 @@ comes, which uniform it draws, what is dropped and when blocks go back) is the G
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -185,7 +186,7 @@ class FailingAt(pt.RecordingBackend):
         def on_call(call):
             self.count += 1
             if self.count == at:
-                raise exc
+                raise copy.copy(exc)            # a fresh one: see test_lifecycle.FailingBackend
         super().__init__("torch", ops=[op], on_call=on_call)
 
 

@@ -5,6 +5,7 @@ gets alone."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 
@@ -58,7 +59,9 @@ def assert_idle(engine):
 
 
 class FailingBackend(pt.RecordingBackend):
-    """Raises ``exc`` from inside the forward pass at the ``at``-th call of ``op``."""
+    """Raises a copy of ``exc`` from inside the forward pass at the ``at``-th call of ``op``
+    (a copy: raising the parametrized instance itself would chain every test's traceback onto
+    it, and with them every engine those frames hold)."""
 
     def __init__(self, exc, op="decode_attention", at=3):
         self.count = 0
@@ -67,7 +70,7 @@ class FailingBackend(pt.RecordingBackend):
             if call.name == op:
                 self.count += 1
                 if self.count == at:
-                    raise exc
+                    raise copy.copy(exc)
         super().__init__("torch", ops=[op], on_call=on_call)
 
 
