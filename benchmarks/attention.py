@@ -6,11 +6,12 @@
 Llama-3.2-1B attention shapes (32 query heads, 8 KV heads, head_dim 64, BLOCK_SIZE 16, bf16),
 physical blocks scattered at random.  For each (batch, context):
 
-- ``fast``: our Numba kernel (``attention_fast.py``, the engine's default),
-- ``tensor_core``, ``tensor_core-noprefetch``: our tensor-core Numba kernel
-  (``attention_tc.py``, ``KernelOptions(attention="tensor_core")``, opt-in until these columns
-  say otherwise), with and without each warp loading its next block before computing the
-  current one; ``tensor_core_speedup_vs_fast`` in each row,
+- ``fast``: our Numba kernel (``attention_fast.py``, the engine's below batch 16),
+- ``tensor_core``, ``tensor_core-prefetch``: our tensor-core Numba kernel
+  (``attention_tc.py``; the engine's default, ``KernelOptions(attention="auto")``, takes it
+  from ``attention_tc.MIN_BATCH`` sequences, where these columns measured it faster), as the
+  engine runs it and with each warp loading its next block before computing the current one;
+  ``tensor_core_speedup_vs_fast`` in each row,
 - ``triton``: the Triton peer (``backends/triton_attention.py``),
 - ``flashinfer``, ``flashinfer-tc``: FlashInfer's batch decode on CUDA cores and on tensor
   cores, reading our cache in place (``measure/flashinfer_peer.py``; where FlashInfer is not

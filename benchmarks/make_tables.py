@@ -133,7 +133,9 @@ def attention_table(a: dict, prefill_run: tuple[dict, str] | None = None) -> str
     ``a`` skipped it, of ``prefill_run`` (an older run, named with its card and date)."""
     bw = a["ceilings"]["copy_bandwidth_gbs"]
     flashinfer = any(k in r["us"] for r in a["rows"] for k in FLASHINFER_COLUMNS)
+    tensor_core = any("tensor_core" in r["us"] for r in a["rows"])
     columns = ["batch", "context", "ours (Numba, defaults of the run)",
+               *(["ours, tensor cores (the engine's from batch 16)"] if tensor_core else []),
                "ours, committed defaults (sweep)", "Triton",
                *(FLASHINFER_COLUMNS.values() if flashinfer else ()),
                "torch SDPA, contiguous K/V", "article kernel", "floor"]
@@ -150,7 +152,8 @@ def attention_table(a: dict, prefill_run: tuple[dict, str] | None = None) -> str
             return f"{us[k]:.1f} ({pct[k]:.0f}%)" if k in us else "-"
 
         peers = "".join(f"{cell(k)} | " for k in FLASHINFER_COLUMNS) if flashinfer else ""
-        out.append(f"| {r['batch']} | {r['context']} | {cell('fast')} | "
+        tc = f"{cell('tensor_core')} | " if tensor_core else ""
+        out.append(f"| {r['batch']} | {r['context']} | {cell('fast')} | {tc}"
                    f"{cell(bk) if bk else '-'} | {cell('triton')} | {peers}{cell('sdpa')} | "
                    f"{cell('article')} | {r['floor_us']:.1f} |")
     not_run = {k: v for r in a["rows"] for k, v in r.get("not_run", {}).items()}

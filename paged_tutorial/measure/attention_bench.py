@@ -1,7 +1,8 @@
 """Paged decode attention (and prefill attention) on the GPU, side by side: the fast Numba
-kernel, the tensor-core Numba kernel (``attention_tc.py``, opt-in), the Triton peer, FlashInfer's batch decode where it is installed
-(``flashinfer_peer.py``), the article's kernel, torch SDPA on contiguous K/V, against the copy
-floor; and the sweep over the fast kernel's shapes that chose ``attention_fast.CHOSEN_SHAPE``.
+kernel, the tensor-core Numba kernel (``attention_tc.py``, the engine's from batch 16), the
+Triton peer, FlashInfer's batch decode where it is installed (``flashinfer_peer.py``), the
+article's kernel, torch SDPA on contiguous K/V, against the copy floor; and the sweep over
+the fast kernel's shapes that chose ``attention_fast.CHOSEN_SHAPE``.
 
 ``benchmarks/attention.py`` (its docstring says what each run measures and writes) parses its
 arguments and calls ``run``.  ``build_cache`` and ``reference`` also serve
@@ -110,11 +111,12 @@ def decode_impls(cache, sweep: Sweep | None):
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
         "article": lambda q, l, sl, sa: article.decode_attention(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
-        # the tensor-core kernel (opt-in), with and without loading the next block early
+        # the tensor-core kernel as the engine runs it, and with each warp loading its next
+        # block before computing the current one
         "tensor_core": lambda q, l, sl, sa: attention_tc.decode_attention_tc(
             q, cache, cache.device_block_table(), l, sl, sa, SCALE),
-        "tensor_core-noprefetch": lambda q, l, sl, sa: attention_tc.decode_attention_tc(
-            q, cache, cache.device_block_table(), l, sl, sa, SCALE, prefetch=False),
+        "tensor_core-prefetch": lambda q, l, sl, sa: attention_tc.decode_attention_tc(
+            q, cache, cache.device_block_table(), l, sl, sa, SCALE, prefetch=True),
     }
     if triton_attention.available():
         impls["triton"] = lambda q, l, sl, sa: triton_attention.decode_attention_triton(

@@ -1,5 +1,5 @@
-"""The tensor-core decode attention (``kernels/attention_tc.py``, opt-in
-``KernelOptions(attention="tensor_core")``) on a GPU (marker ``gpu``): what the simulator
+"""The tensor-core decode attention (``kernels/attention_tc.py``; the default
+``KernelOptions(attention="auto")`` takes it from ``attention_tc.MIN_BATCH`` sequences) on a GPU (marker ``gpu``): what the simulator
 cannot show, that the inline PTX ``mma.sync.m16n8k16`` assembles and computes the product the
 emulation computes, at full size.
 
@@ -7,10 +7,10 @@ emulation computes, at full size.
 - Llama-3.2-1B's attention (32 query / 8 KV heads, head_dim 64, bf16, blocks scattered at
   random) at batch 1, 8 and 64 and contexts 1024 and 2048 (with mixed lengths ending mid-block
   too), against the float32 reference and against the fast kernel, through the package's
-  launch policy (splits, warps) and with prefetching off; kanana-nano's head_dim 128 / group 3;
+  launch policy (splits, warps), with and without prefetching; kanana-nano's head_dim 128 / group 3;
 - through the backend option, and captured in a CUDA graph.
 
-Timings: ``benchmarks/attention.py`` (columns ``tensor_core`` and ``tensor_core-noprefetch``
+Timings: ``benchmarks/attention.py`` (columns ``tensor_core`` and ``tensor_core-prefetch``
 beside ``fast``).
 """
 
@@ -148,3 +148,45 @@ def test_the_option_and_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(q, eager)
+
+
+def test_the_default_engine_takes_it_from_its_batch_on_and_keeps_the_fast_kernels_logits(
+        monkeypatch):
+    """A bf16 engine with the default options at a batch of ``MIN_BATCH`` (decode replayed
+    from CUDA graphs): its attention is the tensor-core kernel, and every decode step's logits
+    stay within 1 % of the same engine's with ``attention="fast"``."""
+    import numpy as np
+
+    import paged_tutorial as pt
+    from paged_tutorial.config import ModelConfig
+
+    config = ModelConfig(vocab_size=512, hidden_size=512, intermediate_size=1024,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=512, tie_word_embeddings=False)
+    model = pt.random_model(config, dtype="bfloat16", seed=4, device="cuda")
+    batch = attention_tc.MIN_BATCH
+    prompts = [np.random.default_rng(s).integers(0, 512, 5 + 7 * s).tolist()
+               for s in range(batch)]
+
+    def decode_logits(backend):
+        engine = pt.Engine(model, backend=backend, max_slots=batch, max_seq_len=256,
+                           kv_cache_bytes=1 << 27)
+        engine.record_logits = True
+        steps = []
+        engine.generate(prompts, max_tokens=6, on_step=steps.append)
+        return [s.logits.float() for s in steps if s.kind == "decode"
+                and len(s.request_ids) == batch]
+
+    calls = []
+    real = attention_tc.decode_attention_tc
+    monkeypatch.setattr(attention_tc, "decode_attention_tc",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    got = decode_logits(NumbaBackend())
+    assert batch in calls                     # launched (or captured) at the full batch
+    assert all(n >= batch for n in calls)
+    calls.clear()
+    want = decode_logits(NumbaBackend(options=KernelOptions(attention="fast")))
+    assert not calls
+    assert len(got) == len(want) >= 3
+    for a, b in zip(got, want):
+        assert float((a - b).norm() / b.norm()) < 1e-2

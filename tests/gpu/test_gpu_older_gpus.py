@@ -3,9 +3,10 @@ programmatic dependent launch), proven on the H200 (marker ``gpu``).
 
 - every kernel the engine launched, in bfloat16 and in float16, compiles for sm_75: the PTX
   names that target, holds no ``griddepcontrol`` (Hopper's overlapped launches) and, where a
-  ``ptxas`` is found (Triton ships one), assembles to sm_75 machine code; the opt-in
+  ``ptxas`` is found (Triton ships one), assembles to sm_75 machine code; the
   tensor-core attention (``NEEDS_NEWER_GPU``: ``mma.sync`` on bf16 needs sm_80), when an
-  earlier test launched it, must instead refuse sm_75 with an error naming sm_80;
+  earlier test launched it, must instead fail to become sm_75 code (an error naming sm_80,
+  or PTX that ptxas refuses for sm_75), and the backend never launches it there;
 - the path a T4 takes (float16, every launch plain) gives the tokens of the H200's path in
   float16 (overlapped launches), and first-step logits within 1 % of the torch backend's.
 """
@@ -29,8 +30,8 @@ CONFIG = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num
                      num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                      max_position_embeddings=512, tie_word_embeddings=False)
 T4_CC = (7, 5)
-#: kernels that cannot exist on a T4, left out of the sm_75 compile (why); compiling one for
-#: sm_75 must fail with an error that names the GPU it needs
+#: kernels that cannot exist on a T4, left out of the sm_75 compile (why); one must fail to
+#: become sm_75 code (``refused_for_sm75``)
 NEEDS_NEWER_GPU = {
     "paged_attention_tc_kernel": "bf16 mma.sync needs sm_80; on a T4 the backend runs "
                                  "the fast kernel instead (attention_tc.unsupported_reason)",
@@ -82,6 +83,27 @@ def test_the_t4_path_gives_the_h200_paths_tokens():
             n_new=3, n_prompts=1)
 
 
+def refused_for_sm75(py_func, argtypes, assembler, tmp_path) -> None:
+    """A kernel that needs sm_80 cannot become sm_75 code: either its compilation for sm_75
+    fails naming sm_80 (the intrinsic's own check, when its device functions are compiled
+    afresh), or the PTX holds the bf16 ``mma.sync`` and ptxas refuses it for sm_75."""
+    from numba import cuda
+
+    try:
+        ptx, _ = cuda.compile(py_func, argtypes, device=False, cc=T4_CC, output="ptx",
+                              abi="numba")
+    except Exception as exc:                      # noqa: BLE001 - any compile error will do
+        assert "sm_80" in str(exc), exc
+        return
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    if assembler:
+        path = tmp_path / f"{py_func.__name__}.ptx"
+        path.write_text(ptx)
+        done = subprocess.run([assembler, "--gpu-name", "sm_75", str(path), "-o",
+                               str(path.with_suffix(".cubin"))], capture_output=True, text=True)
+        assert done.returncode != 0, f"ptxas made sm_75 code of {py_func.__name__}"
+
+
 def test_every_launched_kernel_compiles_for_sm75(tmp_path):
     from numba import cuda
     from paged_tutorial.backends.numba_cuda.runtime import launch
@@ -97,9 +119,7 @@ def test_every_launched_kernel_compiles_for_sm75(tmp_path):
     failures = []
     for py_func, argtypes in kernels:
         if py_func.__name__ in NEEDS_NEWER_GPU:
-            with pytest.raises(Exception, match="sm_80"):
-                cuda.compile(py_func, argtypes, device=False, cc=T4_CC, output="ptx",
-                             abi="numba")
+            refused_for_sm75(py_func, argtypes, assembler, tmp_path)
             continue
         ptx, _ = cuda.compile(py_func, argtypes, device=False, cc=T4_CC, output="ptx",
                               abi="numba")

@@ -14,6 +14,7 @@ full-size GPU check is ``tests/gpu/test_gpu_attention_tc.py``).
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -151,7 +152,6 @@ def test_tensor_core_decode_attention(nb, head_dim, n_kv, group, lens, launch_ar
 
 def test_the_option_runs_the_tensor_core_kernel(nb, monkeypatch):
     tc = NumbaBackend(options=KernelOptions(attention="tensor_core"))
-    assert NumbaBackend().options.attention == "fast"          # still opt-in
     calls = []
     real = attention_tc.decode_attention_tc
     monkeypatch.setattr(attention_tc, "decode_attention_tc",
@@ -167,6 +167,42 @@ def test_the_option_runs_the_tensor_core_kernel(nb, monkeypatch):
     got = tc.decode_attention(q.clone(), *args)
     assert calls and tc.attention_fallback is None
     want = nb.decode_attention(q.clone(), *args)
+    assert rel_err(got, want) < 5e-3
+
+
+def test_auto_takes_the_tensor_core_kernel_from_its_batch_on(nb, monkeypatch):
+    """The default (``attention="auto"``): the fast kernel below ``MIN_BATCH`` sequences, the
+    tensor-core kernel from there on, and the fast kernel without a word where the
+    tensor-core one cannot run."""
+    assert nb.options.attention == "auto"
+    g = gen(7)
+    small = MIN = attention_tc.MIN_BATCH
+    cache = make_cache(g, "bfloat16", n_kv=2, head_dim=64, device=nb.device, max_slots=MIN)
+    assert nb.decode_kernel_for(cache, 8, MIN - 1) == "fast"
+    assert nb.decode_kernel_for(cache, 8, MIN) == "tensor_core"
+    f32 = make_cache(g, "float32", n_kv=2, head_dim=64, device=nb.device, max_slots=MIN)
+    odd = make_cache(g, "bfloat16", n_kv=1, head_dim=40, device=nb.device, max_slots=MIN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert nb.decode_kernel_for(f32, 8, 4 * MIN) == "fast"
+        assert nb.decode_kernel_for(odd, 2, 4 * MIN) == "fast"
+    assert nb.attention_fallback is None
+    calls = []
+    real = attention_tc.decode_attention_tc
+    monkeypatch.setattr(attention_tc, "decode_attention_tc",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    lens = {slot: 1 + slot % 3 for slot in range(small)}
+    assign(g, cache, lens)
+    q = torch.randn(small, 8, 64, generator=g).to(torch.bfloat16).to(nb.device)
+    args = (cache, cache.device_block_table(), 0,
+            torch.tensor(list(lens.values())).to(nb.device),
+            torch.tensor(list(lens)).to(nb.device), 0.125)
+    got = nb.decode_attention(q.clone(), *args)
+    nb.decode_attention(q[:small - 1].clone(), cache, args[1], 0, args[3][:-1], args[4][:-1],
+                        0.125)
+    assert calls == [small]                        # the smaller batch took the fast kernel
+    want = NumbaBackend(options=KernelOptions(attention="fast")).decode_attention(q.clone(),
+                                                                                  *args)
     assert rel_err(got, want) < 5e-3
 
 

@@ -152,8 +152,8 @@ def test_fast_decode_attention_variants(nb, variant):
     assert rel_err(got, want) < 5e-3
 
 
-def test_fast_kernel_is_the_backend_default(nb):
-    assert nb.options.attention == "fast"
+def test_auto_is_the_backend_default(nb):
+    assert nb.options.attention == "auto"          # fast, tensor cores for large batches
     article = NumbaBackend(options=KernelOptions(attention="article"))
     assert article.options.attention == "article"
     with pytest.raises(ValueError, match="attention="):

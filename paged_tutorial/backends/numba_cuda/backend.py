@@ -17,7 +17,7 @@ from paged_tutorial.backends.numba_cuda.runtime import launch  # noqa: F401
 from paged_tutorial.backends.numba_cuda.device import sim_shim  # noqa: F401  (installs the simulator's shuffles)
 from paged_tutorial.backends.numba_cuda.kernels import rope as rope_kernels
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast, gemv, prefill_sdpa, rope_write_kv  # the optimised paths
-from paged_tutorial.backends.numba_cuda.kernels import attention_tc  # opt-in: tensor cores
+from paged_tutorial.backends.numba_cuda.kernels import attention_tc  # tensor cores, large batches
 from paged_tutorial.backends.numba_cuda.device import grid_dependency
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS, ops_for
 from paged_tutorial.backends.numba_cuda.runtime.launch import as_kernel_array, flat, rows, words
@@ -113,6 +113,8 @@ class NumbaBackend(Backend):
         self._checked_tables: set = set()
         #: why ``attention="tensor_core"`` last fell back to "fast" (None: it did not)
         self.attention_fallback: str | None = None
+        #: (dtype, head_dim, group, block size) -> why the tensor-core kernel cannot run it
+        self._tensor_core_refusals: dict[tuple, str | None] = {}
 
     def _launch(self, kernel, grid, block, *args) -> None:
         """``launch.launch`` with this backend's ``overlap``."""
@@ -608,29 +610,34 @@ class NumbaBackend(Backend):
                 check_block_entries(cache, table, slot, layer, n, "decode_attention")
         return lens32, slots32
 
-    def _decode_kernel_choice(self, cache, n_q_heads: int) -> str:
-        """The decode attention kernel for this layout: the options' choice, or "fast" where
-        "tensor_core" cannot run (``attention_tc.unsupported_reason``: the reason is kept in
-        ``attention_fallback`` and warned about once per reason)."""
+    def decode_kernel_for(self, cache, n_q_heads: int, batch: int) -> str:
+        """The decode attention kernel for this layout and batch: the options' choice, with
+        "auto" as "tensor_core" from ``attention_tc.MIN_BATCH`` sequences where it can run and
+        "fast" otherwise; "tensor_core" where it cannot run is "fast" (the reason,
+        ``attention_tc.unsupported_reason``, kept in ``attention_fallback`` and warned about
+        once per reason)."""
         kind = self.options.attention
-        if kind == "tensor_core":
-            c = cache.config
-            why = attention_tc.unsupported_reason(c.dtype, c.head_dim,
-                                                  n_q_heads // max(1, c.num_kv_heads),
-                                                  c.BLOCK_SIZE)
-            if why is None:
-                return kind
-            if why != self.attention_fallback:
-                warnings.warn(f"KernelOptions(attention='tensor_core'): {why}; running the "
-                              "'fast' kernel instead", RuntimeWarning, stacklevel=3)
-                self.attention_fallback = why
-            return "fast"
-        return kind
+        if kind not in ("auto", "tensor_core"):
+            return kind
+        c = cache.config
+        layout = (c.dtype, c.head_dim, n_q_heads // max(1, c.num_kv_heads), c.BLOCK_SIZE)
+        if layout not in self._tensor_core_refusals:        # the GPU's answer, asked once
+            self._tensor_core_refusals[layout] = attention_tc.unsupported_reason(*layout)
+        why = self._tensor_core_refusals[layout]
+        if kind == "auto":
+            return "tensor_core" if why is None and batch >= attention_tc.MIN_BATCH else "fast"
+        if why is None:
+            return kind
+        if why != self.attention_fallback:
+            warnings.warn(f"KernelOptions(attention='tensor_core'): {why}; running the "
+                          "'fast' kernel instead", RuntimeWarning, stacklevel=3)
+            self.attention_fallback = why
+        return "fast"
 
     def decode_attention(self, q, cache, block_table, layer, seq_lens, active_slots, scale,
                          max_seq_len=None):
         c = cache.config
-        kind = self._decode_kernel_choice(cache, q.shape[1])
+        kind = self.decode_kernel_for(cache, q.shape[1], q.shape[0])
         use_fast = kind == "fast" and attention_fast.supports(c.head_dim)
         kernel = None
         if not use_fast and kind != "tensor_core":   # (the factory checks head_dim)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-#: the decode attention kernels: "fast" (``kernels/attention_fast.py``), "article"
-#: (``kernels/attention.py``, the article's kernel) or "tensor_core"
-#: (``kernels/attention_tc.py``: mma.sync on bf16, opt-in until measured; where it cannot run
-#: the backend takes "fast" and says why in ``NumbaBackend.attention_fallback``)
-ATTENTION_KERNELS = ("fast", "article", "tensor_core")
+#: the decode attention kernels: "auto" (the default: "tensor_core" for a batch of at least
+#: ``attention_tc.MIN_BATCH`` sequences where it can run, "fast" otherwise), "fast"
+#: (``kernels/attention_fast.py``), "article" (``kernels/attention.py``, the article's kernel)
+#: or "tensor_core" (``kernels/attention_tc.py``: mma.sync on bf16; where it cannot run the
+#: backend takes "fast" and says why in ``NumbaBackend.attention_fallback``)
+ATTENTION_KERNELS = ("auto", "fast", "article", "tensor_core")
 #: the prefill attention kernels: "sdpa" (torch's flash kernel, ``kernels/prefill_sdpa.py``)
 #: or "numba" (``kernels/prefill.py``)
 PREFILL_KERNELS = ("sdpa", "numba")
@@ -24,7 +25,8 @@ PREFILL_KERNELS = ("sdpa", "numba")
 class KernelOptions:
     """- ``attention``: the decode attention kernel (``ATTENTION_KERNELS``; "tensor_core" needs
       a bfloat16 cache, head_dim % 16 == 0, at most 16 query heads per KV head and compute
-      capability 8.0, else "fast" runs, with a warning);
+      capability 8.0, else "fast" runs, with a warning; "auto" takes it, without a warning,
+      for batches where it measured faster);
     - ``prefill``: the prefill attention (``PREFILL_KERNELS``; None: "sdpa" on a GPU, "numba"
       in the simulator);
     - ``vector``: bf16 rows take the 16-byte kernels (``device/vector_io.py``) when aligned,
@@ -52,7 +54,7 @@ class KernelOptions:
       launched plainly whatever this says).
     """
 
-    attention: str = "fast"
+    attention: str = "auto"
     prefill: str | None = None
     vector: bool = True
     gemv: bool | None = None
