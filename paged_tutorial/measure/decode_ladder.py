@@ -94,10 +94,12 @@ def ladder() -> dict:
     the SwiGLU in the GEMVs' epilogues (``KernelOptions.fuse_epilogues``), then launches that
     overlap the previous kernel (``overlap``).  "fused_norms_graphs" is the engine with the
     five-kernel layer (``fuse_norms``: the norms in the GEMVs' prologues, the residual adds in
-    their epilogues), and "looping_gemvs_graphs" the engine with the GEMVs' capped grid of
-    looping blocks instead of one wave (``gemv_wave=False``), and "sync_scheduling_graphs"
-    the engine without asynchronous scheduling (each decode step read back and committed
-    before the next is launched), all timed beside it."""
+    their epilogues), "looping_gemvs_graphs" the engine with the GEMVs' capped grid of
+    looping blocks instead of one wave (``gemv_wave=False``), "sync_scheduling_graphs" the
+    engine without asynchronous scheduling (each decode step read back and committed before
+    the next is launched), and "fast_attention_graphs" the engine with the CUDA-core
+    attention kernel at every batch (``attention="fast"``: no tensor cores from batch 16),
+    all timed beside it."""
     from paged_tutorial.backends.numba_cuda import KernelOptions
 
     return {
@@ -109,6 +111,8 @@ def ladder() -> dict:
         "looping_gemvs_graphs": dict(backend=NumbaBackend(options=KernelOptions(
             gemv_wave=False))),
         "sync_scheduling_graphs": dict(async_scheduling=False),
+        "fast_attention_graphs": dict(backend=NumbaBackend(options=KernelOptions(
+            attention="fast"))),
     }
 
 

@@ -81,6 +81,9 @@ COMPARISONS = (
     Rung("engine_sync_scheduling_graphs_ms_per_step", "the engine, steps not launched ahead",
          "each decode step read back and committed before the next is launched (without "
          "asynchronous scheduling): the GPU waits for the host between steps"),
+    Rung("engine_fast_attention_graphs_ms_per_step", "the engine, no tensor-core attention",
+         "the CUDA-core attention kernel at every batch, where the engine takes the "
+         "tensor-core one from 16 sequences on"),
     Rung("hf_eager_ms_per_step", "HF transformers, eager",
          "Hugging Face transformers' generate on the same weights"),
     Rung("hf_static_ms_per_step", "HF transformers, static cache (compiled)",
