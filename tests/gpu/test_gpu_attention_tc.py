@@ -153,8 +153,11 @@ def test_the_option_and_a_cuda_graph():
 def test_the_default_engine_takes_it_from_its_batch_on_and_keeps_the_fast_kernels_logits(
         monkeypatch):
     """A bf16 engine with the default options at a batch of ``MIN_BATCH`` (decode replayed
-    from CUDA graphs): its attention is the tensor-core kernel, and every decode step's logits
-    stay within 1 % of the same engine's with ``attention="fast"``."""
+    from CUDA graphs): its attention is the tensor-core kernel, and its decode logits stay
+    within 1 % of the same engine's with ``attention="fast"`` wherever the two have the same
+    history: every row of the first decode step (the prefill is the same in both), and each
+    later step's rows whose tokens so far agree (a random model's near-flat logits let the
+    two kernels' rounding pick different tokens, after which a row's inputs differ)."""
     import numpy as np
 
     import paged_tutorial as pt
@@ -168,25 +171,34 @@ def test_the_default_engine_takes_it_from_its_batch_on_and_keeps_the_fast_kernel
     prompts = [np.random.default_rng(s).integers(0, 512, 5 + 7 * s).tolist()
                for s in range(batch)]
 
-    def decode_logits(backend):
+    def decode_run(backend):
         engine = pt.Engine(model, backend=backend, max_slots=batch, max_seq_len=256,
                            kv_cache_bytes=1 << 27)
         engine.record_logits = True
         steps = []
-        engine.generate(prompts, max_tokens=6, on_step=steps.append)
-        return [s.logits.float() for s in steps if s.kind == "decode"
-                and len(s.request_ids) == batch]
+        results = engine.generate(prompts, pt.SamplingParams(max_tokens=6, ignore_eos=True),
+                                  on_step=steps.append)
+        decode = [(list(s.request_ids), s.logits.float()) for s in steps
+                  if s.kind == "decode" and len(s.request_ids) == batch]
+        return {r.request_id: r.token_ids for r in results}, decode
 
     calls = []
     real = attention_tc.decode_attention_tc
     monkeypatch.setattr(attention_tc, "decode_attention_tc",
                         lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
-    got = decode_logits(NumbaBackend())
+    got_tokens, got = decode_run(NumbaBackend())
     assert batch in calls                     # launched (or captured) at the full batch
     assert all(n >= batch for n in calls)
     calls.clear()
-    want = decode_logits(NumbaBackend(options=KernelOptions(attention="fast")))
+    want_tokens, want = decode_run(NumbaBackend(options=KernelOptions(attention="fast")))
     assert not calls
     assert len(got) == len(want) >= 3
-    for a, b in zip(got, want):
-        assert float((a - b).norm() / b.norm()) < 1e-2
+    for step, ((ids, a), (ids_fast, b)) in enumerate(zip(got, want)):
+        assert ids == ids_fast
+        same = [i for i, r in enumerate(ids)
+                if got_tokens[r][:step + 1] == want_tokens[r][:step + 1]]
+        if step == 0:
+            assert len(same) == batch, "the prefill gave different first tokens"
+        if same:
+            err = float((a[same] - b[same]).norm() / b[same].norm())
+            assert err < 1e-2, (step, len(same), err)
