@@ -243,3 +243,44 @@ def test_unsupported_layouts_are_refused_with_the_reason():
         attention_tc.decode_attention_tc(torch.zeros(1, 2, 64), cache,
                                          cache.device_block_table(), 0, torch.tensor([5]),
                                          torch.tensor([0]), 0.125)
+
+
+def test_the_default_engine_at_its_threshold_runs_it_and_keeps_the_fast_kernels_tokens(
+        monkeypatch):
+    """The engine as a user gets it (``NumbaBackend()``, ``attention="auto"``) with
+    ``MIN_BATCH`` requests decoding together: its decode attention is the tensor-core kernel,
+    and its tokens and logits are those of the same engine with ``attention="fast"`` (logits
+    within 1 %)."""
+    import paged_tutorial as pt
+    from paged_tutorial.config import ModelConfig
+
+    config = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
+    model = pt.random_model(config, dtype="bfloat16", seed=4)
+    batch = attention_tc.MIN_BATCH
+    prompts = [np.random.default_rng(s).integers(0, 128, 3 + s % 4).tolist()
+               for s in range(batch)]
+
+    def decode_run(backend):
+        engine = pt.Engine(model, backend=backend, max_slots=batch, max_seq_len=64)
+        engine.record_logits = True
+        steps = []
+        results = engine.generate(prompts, pt.SamplingParams(max_tokens=2, ignore_eos=True),
+                                  on_step=steps.append)
+        return ([r.token_ids for r in results],
+                [s.logits.float() for s in steps if s.kind == "decode"])
+
+    calls = []
+    real = attention_tc.decode_attention_tc
+    monkeypatch.setattr(attention_tc, "decode_attention_tc",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    tokens, logits = decode_run(NumbaBackend())
+    assert calls and all(n == batch for n in calls)
+    calls.clear()
+    want_tokens, want_logits = decode_run(NumbaBackend(options=KernelOptions(attention="fast")))
+    assert not calls
+    assert tokens == want_tokens
+    assert len(logits) == len(want_logits) == 1
+    for a, b in zip(logits, want_logits):
+        assert float((a - b).norm() / b.norm()) < 1e-2
