@@ -354,10 +354,9 @@ class LockstepBlock:
         self.ready.extend(waiting)
 
     # --- shuffles -------------------------------------------------------------------------------
-    def shuffle(self, me, op: str, site, value, source_lane):
-        """``me``'s next shuffle: leave ``value``, return what lane ``source_lane`` left at
-        the same shuffle (``value`` itself when ``source_lane`` is None or past the end of a
-        partial warp), waiting only if that lane has not got there yet."""
+    def _leave(self, me, op: str, site, value) -> int:
+        """``me`` leaves ``value`` as its next warp operation (and wakes the lanes waiting for
+        it); the operation's index."""
         if self.aborted:
             raise _Aborted()
         n = len(me.sent)
@@ -365,21 +364,33 @@ class LockstepBlock:
         readers = self.shuffle_waiters.pop(me.thread_id, None)
         if readers:                                  # lanes waiting for one of my values
             self.ready.extend(readers)
-        size = min(WARP_SIZE, len(self.threads) - me.warp * WARP_SIZE)
-        if source_lane is None or source_lane >= size:
-            return value
-        src = self.threads[me.warp * WARP_SIZE + source_lane]
+        return n
+
+    def _wait_for(self, me, src, n: int, op: str, site, exited_error) -> None:
+        """Give up ``me``'s turn until lane ``src`` has left its operation ``n``; raise
+        ``exited_error()`` if it returned first."""
         while len(src.sent) <= n:
             if src.exited:
-                raise RuntimeError(
-                    f"sim_shim: thread {me.thread_id} (shuffle #{n + 1}, {op}) reads lane "
-                    f"{source_lane} (thread {src.thread_id}), which returned after "
-                    f"{len(src.sent)} shuffle(s): every live lane of a warp must execute the "
-                    "same shuffles, and reading a lane that has exited is undefined on hardware")
+                raise exited_error()
             me.waits_at = (op, site)
             self.shuffle_waiters[src.thread_id].append(me)
             self._give_turn(me)
             me.waits_at = None
+
+    def shuffle(self, me, op: str, site, value, source_lane):
+        """``me``'s next shuffle: leave ``value``, return what lane ``source_lane`` left at
+        the same shuffle (``value`` itself when ``source_lane`` is None or past the end of a
+        partial warp), waiting only if that lane has not got there yet."""
+        n = self._leave(me, op, site, value)
+        size = min(WARP_SIZE, len(self.threads) - me.warp * WARP_SIZE)
+        if source_lane is None or source_lane >= size:
+            return value
+        src = self.threads[me.warp * WARP_SIZE + source_lane]
+        self._wait_for(me, src, n, op, site, lambda: RuntimeError(
+            f"sim_shim: thread {me.thread_id} (shuffle #{n + 1}, {op}) reads lane "
+            f"{source_lane} (thread {src.thread_id}), which returned after "
+            f"{len(src.sent)} shuffle(s): every live lane of a warp must execute the "
+            "same shuffles, and reading a lane that has exited is undefined on hardware"))
         src_op, src_site, src_value = src.sent[n]
         if (src_op, src_site) != (op, site):
             raise BarrierDivergence(
@@ -397,13 +408,7 @@ class LockstepBlock:
         computed once per warp and call, by the first lane that finds them all there).  It
         counts as one shuffle of every lane: the same order and divergence checks apply, and
         the warp must be whole (32 live lanes)."""
-        if self.aborted:
-            raise _Aborted()
-        n = len(me.sent)
-        me.sent.append((op, site, value))
-        readers = self.shuffle_waiters.pop(me.thread_id, None)
-        if readers:                                  # lanes waiting for one of my values
-            self.ready.extend(readers)
+        n = self._leave(me, op, site, value)
         first = me.warp * WARP_SIZE
         if len(self.threads) - first < WARP_SIZE:
             raise RuntimeError(
@@ -411,17 +416,11 @@ class LockstepBlock:
                 f"block has {len(self.threads) - first} threads: launch whole warps")
         lanes = self.threads[first:first + WARP_SIZE]
         for src in lanes:                            # lowest lanes first: they arrive last
-            while len(src.sent) <= n:
-                if src.exited:
-                    raise RuntimeError(
-                        f"sim_shim: thread {me.thread_id} ({op} #{n + 1}) needs lane "
-                        f"{src.lane} (thread {src.thread_id}), which returned after "
-                        f"{len(src.sent)} warp operation(s): every lane of the warp must "
-                        "execute the same warp-wide instructions")
-                me.waits_at = (op, site)
-                self.shuffle_waiters[src.thread_id].append(me)
-                self._give_turn(me)
-                me.waits_at = None
+            self._wait_for(me, src, n, op, site, lambda: RuntimeError(
+                f"sim_shim: thread {me.thread_id} ({op} #{n + 1}) needs lane "
+                f"{src.lane} (thread {src.thread_id}), which returned after "
+                f"{len(src.sent)} warp operation(s): every lane of the warp must "
+                "execute the same warp-wide instructions"))
             src_op, src_site, _ = src.sent[n]
             if (src_op, src_site) != (op, site):
                 raise BarrierDivergence(
