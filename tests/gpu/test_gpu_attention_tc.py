@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from helpers.gpu_checks import rel_err
+from helpers.mma_fragments import mma_kernel
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc
 from paged_tutorial.backends.numba_cuda.runtime import launch
@@ -31,25 +32,6 @@ pytestmark = pytest.mark.gpu
 
 
 def test_one_mma_matches_numpy():
-    from numba import cuda
-
-    from paged_tutorial.backends.numba_cuda.device.mma import mma_m16n8k16_bf16
-
-    @cuda.jit
-    def mma_kernel(a32, bt32, c, d):
-        lane = cuda.threadIdx.x
-        g = lane >> 2
-        t = lane & 3
-        d0, d1, d2, d3 = mma_m16n8k16_bf16(
-            a32[g * 8 + t], a32[(g + 8) * 8 + t], a32[g * 8 + t + 4],
-            a32[(g + 8) * 8 + t + 4], bt32[g * 8 + t], bt32[g * 8 + t + 4],
-            c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
-            c[(g + 8) * 8 + 2 * t + 1])
-        d[g * 8 + 2 * t] = d0
-        d[g * 8 + 2 * t + 1] = d1
-        d[(g + 8) * 8 + 2 * t] = d2
-        d[(g + 8) * 8 + 2 * t + 1] = d3
-
     g = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(16, 16, generator=g, device="cuda").to(torch.bfloat16)
     b = torch.randn(16, 8, generator=g, device="cuda").to(torch.bfloat16)
