@@ -80,8 +80,9 @@ BLOCK_TOKENS = 16
 #: most bytes of the per-warp partials in shared memory (warps are cut to fit)
 SHARED_BYTES = 32 * 1024
 #: the smallest batch for which ``KernelOptions(attention="auto")`` takes this kernel: on an
-#: H100 (``benchmarks/results/attention-2026-12-07.json``, Llama-3.2-1B shapes) it was 6-11 %
-#: faster than ``attention_fast`` from 16 sequences on, even at 8, and 10-18 % slower at 1
+#: H100 (``benchmarks/results/logs/attention-2026-12-07-h100-tensor-core.json``, Llama-3.2-1B
+#: shapes) it was 5-12 % faster than ``attention_fast`` from 16 sequences on, level at 8, and
+#: 10-18 % slower at 1
 MIN_BATCH = 16
 
 
@@ -464,8 +465,9 @@ def decode_attention_tc(q, cache, block_table, layer, seq_lens, active_slots, sc
     """Launch the tensor-core kernel: output written over q (as ``decode_attention_fast``).
     ``num_warps`` / ``n_splits`` override the launch policy (``warps_for``,
     ``attention_fast.choose_splits``), ``prefetch`` the kernel's load order (each warp loads
-    its next block before computing this one: more registers, and on an H100 slower at every
-    shape timed), for the benchmarks; raises ValueError when the layout is not supported (``unsupported_reason``)."""
+    its next block before computing this one: more registers, and on an H100 slower from
+    batch 8 on, level at batch 1), for the benchmarks; raises ValueError when the layout is not
+    supported (``unsupported_reason``)."""
     c = cache.config
     n_seqs, n_q_heads, head_dim = q.shape
     n_kv = c.num_kv_heads
