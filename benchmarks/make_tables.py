@@ -107,7 +107,7 @@ def decode_table(d: dict) -> str:
 
 
 def _splits(batch, ctx, target, num_warps, n_kv=8, block_size=16, max_splits=32):
-    """attention_fast.choose_splits, for a given target (GPU branch)."""
+    """split_kv.choose_splits, for a given target (GPU branch)."""
     want = -(-target // max(1, batch * n_kv))
     return max(1, min(want, max(1, (ctx // block_size) // num_warps), max_splits))
 

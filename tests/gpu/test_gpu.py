@@ -19,7 +19,7 @@ import torch
 
 from helpers.gpu_checks import DTYPES, attention_backend, rel_err, rn, same_bits, ulps, within_one_rounding
 from paged_tutorial.backends.numba_cuda import SIMULATING, KernelOptions, NumbaBackend
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, split_kv
 from paged_tutorial.backends.numba_cuda.kernels import gemv, prefill_sdpa, sampling
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.torch_ref import TorchBackend
@@ -192,7 +192,7 @@ def test_decode_attention_at_full_size(ref, kernel, batch):
     got = attention_backend(kernel).decode_attention(q.clone(), cache, bt, 3, lens, slots,
                                                      SCALE)
     assert rel_err(got, want) < 5e-3
-    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+    tickets = launch.persistent_buffer("cuda", split_kv.TICKETS, 1, torch.int32,
                                        zero=True)
     assert int(tickets.abs().sum()) == 0
 

@@ -24,7 +24,7 @@ import torch
 from helpers.gpu_checks import rel_err
 from helpers.mma_fragments import mma_kernel
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc, split_kv
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.measure import attention_bench
 
@@ -72,7 +72,7 @@ def test_llama_1b_shapes_against_the_reference_and_the_fast_kernel(batch, ctx):
             torch.cuda.synchronize()
             assert rel_err(got, want) < 5e-3, (mixed, prefetch)
             assert rel_err(got, fast) < 1e-2, (mixed, prefetch)
-    tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+    tickets = launch.persistent_buffer("cuda", split_kv.TICKETS, 1, torch.int32,
                                        zero=True)
     assert int(tickets.abs().sum()) == 0
 

@@ -17,7 +17,7 @@ import torch
 import paged_tutorial as pt
 from helpers.gpu_checks import DTYPES, attention_backend, rel_err, rn, same_bits, ulps, within_one_rounding
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast, prefill_sdpa
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, prefill_sdpa, split_kv
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.paged_reads import attention, gather_kv
 from paged_tutorial.backends.torch_ref import TorchBackend
@@ -208,7 +208,7 @@ def test_decode_attention(shape, kernel, batch):
                                                      s.scale)
     assert rel_err(got, want) < 5e-3
     if kernel == "fast":            # its split blocks leave their tickets at zero
-        tickets = launch.persistent_buffer("cuda", attention_fast.TICKETS, 1, torch.int32,
+        tickets = launch.persistent_buffer("cuda", split_kv.TICKETS, 1, torch.int32,
                                            zero=True)
         assert int(tickets.abs().sum()) == 0
     # the torch oracle's batched decode (the torch backend on the GPU) reads the same

@@ -23,7 +23,7 @@ from numba import cuda
 
 from paged_tutorial.backends.numba_cuda import SIMULATING, KernelOptions, NumbaBackend
 from paged_tutorial.backends.numba_cuda.device.mma import mma_m16n8k16_bf16
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, attention_tc, split_kv
 from paged_tutorial.backends.numba_cuda.runtime import launch
 from paged_tutorial.backends.torch_ref import TorchBackend
 from helpers.mma_fragments import mma_kernel
@@ -128,7 +128,7 @@ def test_tensor_core_decode_attention(nb, head_dim, n_kv, group, lens, launch_ar
                                max_seq_len=max_len, **launch_args)
     assert rel_err(got, want) < 5e-3                  # bf16 P and output, float32 sums
     assert rel_err(got, fast) < 5e-3
-    tickets = launch.persistent_buffer(nb.device, attention_fast.TICKETS, 1, torch.int32,
+    tickets = launch.persistent_buffer(nb.device, split_kv.TICKETS, 1, torch.int32,
                                        zero=True)
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 

@@ -24,7 +24,7 @@ import torch
 from numba import cuda
 
 from paged_tutorial.backends.numba_cuda import KernelOptions, NumbaBackend
-from paged_tutorial.backends.numba_cuda.kernels import attention_fast
+from paged_tutorial.backends.numba_cuda.kernels import attention_fast, split_kv
 from paged_tutorial.backends.numba_cuda.kernels.prefill_sdpa import prefill_attention_sdpa
 from paged_tutorial.backends.torch_ref import TorchBackend
 from paged_tutorial.step_inputs import prefill_layout
@@ -118,7 +118,7 @@ def test_fast_decode_attention(nb, dtype, head_dim, n_kv, qpk, block_size, lens,
     assert out is q_dev
     tol = 1e-5 if dt == torch.float32 else (5e-3 if dt == torch.bfloat16 else 1e-3)
     assert rel_err(out, want) < tol
-    tickets = launch_module().persistent_buffer(nb.device, attention_fast.TICKETS, 1,
+    tickets = launch_module().persistent_buffer(nb.device, split_kv.TICKETS, 1,
                                                 torch.int32, zero=True)
     assert int(tickets.abs().sum()) == 0, "the merging blocks must leave the tickets at zero"
 
@@ -164,7 +164,7 @@ def test_auto_is_the_backend_default(nb):
         NumbaBackend(options={"attention": "article"})
     assert attention_fast.lanes_per_token(64) == 8 and attention_fast.lanes_per_token(80) == 4
     assert not attention_fast.supports(18)
-    assert attention_fast.choose_splits(64, 8, 128, 4) >= 1
+    assert split_kv.choose_splits(64, 8, 128, 4) >= 1
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -25,11 +25,9 @@ This kernel
    denominator / accumulator (flash-attention's recurrence); ``KernelShape`` holds the
    choices behind these numbers.  Warps meet once, at the end, in shared memory.
 4. **splits long sequences across blocks (flash-decoding)** when the batch is too small to fill
-   the GPU: split ``s`` of ``n_splits`` takes an equal share of the sequence's logical blocks
-   (computed on the device from ``seq_lens``, so a CUDA graph captured once serves every
-   length); each split writes an unnormalised partial output with its max and denominator,
-   and the *last split block to finish* (an atomic ticket per (sequence, KV head)) merges
-   them: no second kernel launch.
+   the GPU: each split reads an equal share of its sequence's logical blocks and the last
+   split block to finish merges the partials, in the same launch (``split_kv.py`` holds the
+   scheme, its policy ``choose_splits`` and its scratch buffers).
 5. **overlaps the kernels around it** (``@overlapping``, ``device/grid_dependency.py``): a
    block reads its sequence's length, slot and first block-table entry (step inputs, written
    before the step's first kernel), then waits for the previous kernel before it reads q or
@@ -37,11 +35,8 @@ This kernel
    kernel, the output projection, start and issue its weight loads.  K and V are therefore
    read with coherent loads.
 
-Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``.  Partials
-``part_acc`` [B, nH, n_splits, D] and ``part_ml`` [B, nH, n_splits, 2] (float32) and the
-``tickets`` int32 [B * n_kv_heads] (zero before the launch; the merging block resets its entry
-to zero, so the buffer stays ready for the next launch or graph replay), all three
-``launch.persistent_buffer`` scratch.
+Launch: ``grid = (B, n_kv_heads, n_splits)``, ``block = 32 * NUM_WARPS``, with
+``split_kv.scratch``'s partials and tickets.
 
 The simulator runs the same source (``vector_io`` gives it Python loads); all
 shuffles sit in block-uniform loops, as ``sim_shim`` requires.
@@ -59,22 +54,25 @@ import torch
 from numba import cuda, float32, int32, int64
 
 from paged_tutorial.backends.numba_cuda.device.dtypes import DTYPE_OPS
-from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice, threadfence
+from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, libdevice
 from paged_tutorial.backends.numba_cuda.device.vector_io import (CHUNK_ELEMS, CHUNK_WORDS,
                                                                   load_u32x4, unpack2)
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_next_grid,
                                                                         wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
-                                                                overlapping, persistent_buffer,
+                                                                overlapping,
                                                                 rows, words)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
+from paged_tutorial.backends.numba_cuda.kernels.split_kv import (choose_splits,
+                                                                  last_split_to_finish,
+                                                                  normalized, scratch,
+                                                                  split_max, split_range,
+                                                                  split_sum, table_entry)
 
 from paged_tutorial.backends.warp import FULL_MASK, WARP_SIZE  # noqa: E402
 
 NARROW_LOAD_ELEMS = 4        # head dims per load on the 8-byte path (an int64 word of bf16)
 NEG_INF = float32(-math.inf)
-#: the name of the kernel's ticket counters in ``launch.persistent_buffer``
-TICKETS = "attention.tickets"
 
 
 def supports(head_dim: int) -> bool:
@@ -228,14 +226,6 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
         word, unpack, MASKED = _index_word, _make_unpack4_scalar(load), -1
     THREADS = NUM_WARPS * WARP_SIZE
     OUT_ELEMS = GQA_GROUP * HEAD_DIM
-
-    @cuda.jit(device=True)
-    def table_entry(block_table, table_base, lb, lb_end):
-        """Physical block of logical block lb (0 past the split's end: never read)."""
-        phys = 0
-        if lb < lb_end:
-            phys = block_table[table_base + lb]
-        return phys
 
     @cuda.jit(device=True)
     def load_block(kv, kw, vw, phys, lb, lb_end, seq_len, kv_head, token_in_pass, row_part,
@@ -396,10 +386,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
             head = kv_head * GQA_GROUP + h
             row = (b * n_q_heads + head) * n_splits + split
             if n_splits == 1:
-                res = float32(0.0)
-                if ll > float32(0.0):
-                    res = oo / ll
-                store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+                store(q, b * q_row_stride + head * HEAD_DIM + d, normalized(oo, ll))
             else:
                 part_acc[row * HEAD_DIM + d] = oo
                 if d == 0:
@@ -414,22 +401,9 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
             d = idx - h * HEAD_DIM
             head = kv_head * GQA_GROUP + h
             row0 = (b * n_q_heads + head) * n_splits
-            mm = NEG_INF
-            for sp in range(n_splits):
-                mm = max(mm, part_ml[(row0 + sp) * 2])
-            ll = float32(0.0)
-            oo = float32(0.0)
-            if mm > NEG_INF:
-                for sp in range(n_splits):
-                    ms = part_ml[(row0 + sp) * 2]
-                    if ms > NEG_INF:
-                        f = math.exp(ms - mm)
-                        ll += f * part_ml[(row0 + sp) * 2 + 1]
-                        oo += f * part_acc[(row0 + sp) * HEAD_DIM + d]
-            res = float32(0.0)
-            if ll > float32(0.0):
-                res = oo / ll
-            store(q, b * q_row_stride + head * HEAD_DIM + d, res)
+            ll, oo = split_sum(part_ml, part_acc, row0, n_splits,
+                               split_max(part_ml, row0, n_splits), d, HEAD_DIM)
+            store(q, b * q_row_stride + head * HEAD_DIM + d, normalized(oo, ll))
 
     @cached_kernel(fastmath=True)
     @overlapping
@@ -453,10 +427,7 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
 
         seq_len = seq_lens[b]
         slot = active_slots[b]
-        n_logical = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-        per_split = (n_logical + n_splits - 1) // n_splits
-        lb_start = split * per_split
-        lb_end = min(lb_start + per_split, n_logical)
+        lb_start, lb_end = split_range(seq_len, split, n_splits, BLOCK_SIZE)
         table_base = slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ
         # the step's inputs (lengths, slots, block table) were written before the step's first
         # kernel: read while the previous kernel (the QKV projection) still writes q and this
@@ -501,42 +472,17 @@ def make_fast_decode_kernel(dtype_name: str, HEAD_DIM: int, GQA_GROUP: int, BLOC
             return
 
         # --- split-KV: the last split block of this (sequence, KV head) merges ------------
-        threadfence()
-        cuda.syncthreads()
-        if tid == 0:
-            ticket = cuda.atomic.add(tickets, b * cuda.gridDim.y + kv_head, 1)
-            sm_last[0] = 1 if ticket == n_splits - 1 else 0
-        cuda.syncthreads()
-        if sm_last[0] == 0:
+        ticket = b * cuda.gridDim.y + kv_head
+        if not last_split_to_finish(tickets, ticket, n_splits, sm_last):
             return
-        threadfence()
         merge_splits(q, q_row_stride, b, kv_head, n_splits, n_q_heads, part_acc, part_ml)
         if tid == 0:
-            tickets[b * cuda.gridDim.y + kv_head] = 0
+            tickets[ticket] = 0
 
     return paged_attention_fast_kernel
 
 
 # --- launch policy ------------------------------------------------------------------------
-
-#: aim for this many thread blocks per launch before splitting sequences (about two per SM of
-#: an H200; chosen by ``benchmarks/attention.py --sweep``: batch 64 x 8 KV heads unsplit,
-#: batch 8 with 4 splits, batch 1 with 32)
-TARGET_BLOCKS = 256
-MAX_SPLITS = 32
-
-
-def choose_splits(batch: int, n_kv_heads: int, max_blocks_per_seq: int, num_warps: int,
-                  target_blocks: int = TARGET_BLOCKS, max_splits: int = MAX_SPLITS) -> int:
-    """Splits per sequence: enough thread blocks to fill the GPU, each split keeping at least
-    one logical block per warp of the longest possible sequence.  Depends only on the batch
-    size and the cache shape (not on the current lengths), so a CUDA graph can fix it."""
-    if SIMULATING:
-        return 2 if max_blocks_per_seq > 1 else 1     # exercise the split path, cheaply
-    want = -(-target_blocks // max(1, batch * n_kv_heads))
-    cap = max(1, max_blocks_per_seq // num_warps)
-    return max(1, min(want, cap, max_splits))
-
 
 #: warps per thread block (the simulator runs one: every thread is a Python thread)
 NUM_WARPS = 1 if SIMULATING else 8
@@ -572,13 +518,7 @@ def decode_attention_fast(q, cache, block_table, layer, seq_lens, active_slots, 
     if n_seqs == 0:
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
-    n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
-    # scratch for the split partials: kept for the process (no allocation per call; every
-    # launch on the stream finishes before the next one reuses it); the tickets start at zero
-    # and the merging blocks leave them at zero
-    part_acc = persistent_buffer(q.device, "attention.part_acc", n_part * head_dim)
-    part_ml = persistent_buffer(q.device, "attention.part_ml", n_part * 2)
-    tickets = persistent_buffer(q.device, TICKETS, n_seqs * n_kv, torch.int32, zero=True)
+    part_acc, part_ml, tickets = scratch(q.device, n_seqs, n_q_heads, n_kv, splits, head_dim)
     qa, q_rs = rows(q, "q")
     launch(kernel, (n_seqs, n_kv, splits), nw * WARP_SIZE, int(layer), qa, q_rs,
            words(cache.buffer) if wide_loads(c.dtype, head_dim, shape.wide)

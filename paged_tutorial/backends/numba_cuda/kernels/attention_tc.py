@@ -1,8 +1,8 @@
 """Decode attention over the paged cache on tensor cores: the function of ``attention_fast.py``
 (same launch grid, split-KV scheme, merge and output), with the two products of each block of
 16 tokens done by ``mma.sync.m16n8k16`` (``device/mma.py``) instead of per-lane FMAs.
-Opt-in (``KernelOptions(attention="tensor_core")``) until GPU timings say it should be the
-default.
+``KernelOptions(attention="auto")``, the default, takes it from ``MIN_BATCH`` sequences on
+(``NumbaBackend.decode_kernel_for``); ``attention="tensor_core"`` asks for it at every batch.
 
 Why tensor cores at decode, where attention is memory-bound: with grouped-query attention the
 ``GQA_GROUP`` query heads of a KV head read the same K and V, so a warp holds a small matrix
@@ -37,9 +37,9 @@ fragment layouts).
    lane ends with one contiguous run of ``head_dim / 4`` dims of rows g and g + 8.
 5. **End**: the row sums are summed over the 4 lanes, each warp leaves max, denominator and
    accumulator in shared memory, and the merge is ``attention_fast``'s: one split writes
-   ``O / l`` over q, several write partials that the last split block to finish merges (the
-   same ``part_acc`` / ``part_ml`` / ticket buffers and policy: ``choose_splits``,
-   ``num_warps_for``), two dims per thread as one bf16 word.
+   ``O / l`` over q, several write partials that the last split block to finish merges
+   (``split_kv.py``: the same buffers and policy; warps per block from
+   ``attention_fast.num_warps_for``), two dims per thread as one bf16 word.
 
 Masked tokens (past ``seq_len``) load no K or V (zeros): the cache past a sequence's end may
 hold anything, and ``0 * NaN`` would poison the product.
@@ -62,13 +62,16 @@ from paged_tutorial.backends.numba_cuda.device import mma
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_next_grid,
                                                                         wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.device.mma import mma_m16n8k16_bf16
-from paged_tutorial.backends.numba_cuda.device.sim_shim import SIMULATING, threadfence
 from paged_tutorial.backends.numba_cuda.device.vector_io import load_u32x4, pack2
-from paged_tutorial.backends.numba_cuda.kernels.attention_fast import (TICKETS, choose_splits,
-                                                                        num_warps_for)
+from paged_tutorial.backends.numba_cuda.kernels.attention_fast import num_warps_for
+from paged_tutorial.backends.numba_cuda.kernels.split_kv import (choose_splits,
+                                                                  last_split_to_finish,
+                                                                  normalized, scratch,
+                                                                  split_max, split_range,
+                                                                  split_sum, table_entry)
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
-                                                                overlapping, persistent_buffer,
+                                                                overlapping,
                                                                 rows, words)
 from paged_tutorial.backends.warp import FULL_MASK, WARP_SIZE
 
@@ -149,14 +152,6 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
         if kk < 2 * K_PAIRS:
             return 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) + 2 * r
         return 16 * kk + 4 * t + 2 * r
-
-    @cuda.jit(device=True)
-    def table_entry(block_table, table_base, lb, lb_end):
-        """Physical block of logical block lb (0 past the split's end: never read)."""
-        phys = 0
-        if lb < lb_end:
-            phys = block_table[table_base + lb]
-        return phys
 
     @cuda.jit(device=True)
     def load_kv(kv, kw, vw, phys, lb, lb_end, seq_len, kv_head, g, t):
@@ -308,12 +303,8 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
                     o1 += f * sm_acc[w, h, d + 1]
             head = kv_head * GQA_GROUP + h
             if n_splits == 1:
-                r0 = float32(0.0)
-                r1 = float32(0.0)
-                if ll > float32(0.0):
-                    r0 = o0 / ll
-                    r1 = o1 / ll
-                q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = pack2(r0, r1)
+                q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = \
+                    pack2(normalized(o0, ll), normalized(o1, ll))
             else:
                 row = (b * n_q_heads + head) * n_splits + split
                 part_acc[row * HEAD_DIM + d] = o0
@@ -330,26 +321,11 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
             d = 2 * (idx - h * HALF_WORDS)
             head = kv_head * GQA_GROUP + h
             row0 = (b * n_q_heads + head) * n_splits
-            mm = NEG_INF
-            for sp in range(n_splits):
-                mm = max(mm, part_ml[(row0 + sp) * 2])
-            ll = float32(0.0)
-            o0 = float32(0.0)
-            o1 = float32(0.0)
-            if mm > NEG_INF:
-                for sp in range(n_splits):
-                    ms = part_ml[(row0 + sp) * 2]
-                    if ms > NEG_INF:
-                        f = math.exp(ms - mm)
-                        ll += f * part_ml[(row0 + sp) * 2 + 1]
-                        o0 += f * part_acc[(row0 + sp) * HEAD_DIM + d]
-                        o1 += f * part_acc[(row0 + sp) * HEAD_DIM + d + 1]
-            r0 = float32(0.0)
-            r1 = float32(0.0)
-            if ll > float32(0.0):
-                r0 = o0 / ll
-                r1 = o1 / ll
-            q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = pack2(r0, r1)
+            mm = split_max(part_ml, row0, n_splits)
+            ll, o0 = split_sum(part_ml, part_acc, row0, n_splits, mm, d, HEAD_DIM)
+            ll, o1 = split_sum(part_ml, part_acc, row0, n_splits, mm, d + 1, HEAD_DIM)
+            q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = \
+                pack2(normalized(o0, ll), normalized(o1, ll))
 
     @cached_kernel(fastmath=True)
     @overlapping
@@ -373,10 +349,7 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
 
         seq_len = seq_lens[b]
         slot = active_slots[b]
-        n_logical = (seq_len + BS - 1) // BS
-        per_split = (n_logical + n_splits - 1) // n_splits
-        lb_start = split * per_split
-        lb_end = min(lb_start + per_split, n_logical)
+        lb_start, lb_end = split_range(seq_len, split, n_splits, BS)
         table_base = slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ
         # step inputs (lengths, slots, block table) are read before the wait; q and the cache
         # (this token's K/V is written by the previous kernel) after it
@@ -443,18 +416,12 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
             return
 
         # --- split-KV: the last split block of this (sequence, KV head) merges ------------
-        threadfence()
-        cuda.syncthreads()
-        if tid == 0:
-            ticket = cuda.atomic.add(tickets, b * cuda.gridDim.y + kv_head, 1)
-            sm_last[0] = 1 if ticket == n_splits - 1 else 0
-        cuda.syncthreads()
-        if sm_last[0] == 0:
+        ticket = b * cuda.gridDim.y + kv_head
+        if not last_split_to_finish(tickets, ticket, n_splits, sm_last):
             return
-        threadfence()
         merge_splits(q32, q_row_words, b, kv_head, n_splits, n_q_heads, part_acc, part_ml)
         if tid == 0:
-            tickets[b * cuda.gridDim.y + kv_head] = 0
+            tickets[ticket] = 0
 
     return paged_attention_tc_kernel
 
@@ -464,7 +431,7 @@ def decode_attention_tc(q, cache, block_table, layer, seq_lens, active_slots, sc
                         prefetch: bool = False, overlap: bool = True):
     """Launch the tensor-core kernel: output written over q (as ``decode_attention_fast``).
     ``num_warps`` / ``n_splits`` override the launch policy (``warps_for``,
-    ``attention_fast.choose_splits``), ``prefetch`` the kernel's load order (each warp loads
+    ``split_kv.choose_splits``), ``prefetch`` the kernel's load order (each warp loads
     its next block before computing this one: more registers, and on an H100 slower from
     batch 8 on, level at batch 1), for the benchmarks; raises ValueError when the layout is not
     supported (``unsupported_reason``)."""
@@ -483,11 +450,8 @@ def decode_attention_tc(q, cache, block_table, layer, seq_lens, active_slots, sc
     if n_seqs == 0:
         return q
     splits = n_splits or choose_splits(n_seqs, n_kv, c.MAX_BLOCKS_PER_SEQ, nw)
-    n_part = n_seqs * n_q_heads * splits if splits > 1 else 1
-    # the fast kernel's scratch, under the same names: launches on one stream take turns
-    part_acc = persistent_buffer(q.device, "attention.part_acc", n_part * head_dim)
-    part_ml = persistent_buffer(q.device, "attention.part_ml", n_part * 2)
-    tickets = persistent_buffer(q.device, TICKETS, n_seqs * n_kv, torch.int32, zero=True)
+    # the fast kernel's scratch: launches on one stream take turns
+    part_acc, part_ml, tickets = scratch(q.device, n_seqs, n_q_heads, n_kv, splits, head_dim)
     qa, q_rw = rows(q, "q", words=True)
     launch(kernel, (n_seqs, n_kv, splits), nw * WARP_SIZE, int(layer), qa, q_rw,
            words(cache.buffer), flat(block_table), flat(seq_lens), flat(active_slots),
