@@ -83,9 +83,9 @@ BLOCK_TOKENS = 16
 #: most bytes of the per-warp partials in shared memory (warps are cut to fit)
 SHARED_BYTES = 32 * 1024
 #: the smallest batch for which ``KernelOptions(attention="auto")`` takes this kernel: on an
-#: H100 (``benchmarks/results/logs/attention-2026-12-07-h100-tensor-core.json``, Llama-3.2-1B
-#: shapes) it was 5-12 % faster than ``attention_fast`` from 16 sequences on, level at 8, and
-#: 10-18 % slower at 1
+#: H100 (``benchmarks/attention.py``, Llama-3.2-1B shapes, two runs in ``docs/measured.md``) it
+#: was level with ``attention_fast`` to 12 % faster from 16 sequences on, level to 7 % slower at
+#: 8, and 10-18 % slower at 1
 MIN_BATCH = 16
 
 
