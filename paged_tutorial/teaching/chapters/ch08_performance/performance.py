@@ -361,7 +361,9 @@ def plot_decode_ladder(decode: dict, yours: dict | None = None):
 
 
 #: attention kernels compared, in plain words (keys of attention-<date>.json rows' "us")
-KERNELS = {"article": "article's kernel", "fast": "fast kernel", "triton": "Triton kernel",
+KERNELS = {"article": "article's kernel", "fast": "fast kernel",
+           "tensor_core": "tensor cores, our kernel on them (the engine's from batch 16)",
+           "triton": "Triton kernel",
            "flashinfer": "FlashInfer, its batch decode on our cache",
            "flashinfer-tc": "FlashInfer-TC, the same on tensor cores",
            "sdpa": "torch SDPA, contiguous K/V (no block table)"}
