@@ -39,7 +39,11 @@ fragment layouts).
    accumulator in shared memory, and the merge is ``attention_fast``'s: one split writes
    ``O / l`` over q, several write partials that the last split block to finish merges
    (``split_kv.py``: the same buffers and policy; warps per block from
-   ``attention_fast.num_warps_for``), two dims per thread as one bf16 word.
+   ``attention_fast.num_warps_for``), two dims per thread as one bf16 word.  The kernel
+   writes the split ranges, ticket and merge out itself instead of calling ``split_kv``'s
+   device functions as ``attention_fast`` does: with those calls it measured 7-12 % slower
+   from batch 8 to 64 / 1024 on an H100 (the fast kernel: unchanged), in one run of both
+   versions side by side (``docs/measured.md``).
 
 Masked tokens (past ``seq_len``) load no K or V (zeros): the cache past a sequence's end may
 hold anything, and ``0 * NaN`` would poison the product.
@@ -62,13 +66,10 @@ from paged_tutorial.backends.numba_cuda.device import mma
 from paged_tutorial.backends.numba_cuda.device.grid_dependency import (allow_next_grid,
                                                                         wait_for_previous_grid)
 from paged_tutorial.backends.numba_cuda.device.mma import mma_m16n8k16_bf16
+from paged_tutorial.backends.numba_cuda.device.sim_shim import threadfence
 from paged_tutorial.backends.numba_cuda.device.vector_io import load_u32x4, pack2
 from paged_tutorial.backends.numba_cuda.kernels.attention_fast import num_warps_for
-from paged_tutorial.backends.numba_cuda.kernels.split_kv import (choose_splits,
-                                                                  last_split_to_finish,
-                                                                  normalized, scratch,
-                                                                  split_max, split_range,
-                                                                  split_sum, table_entry)
+from paged_tutorial.backends.numba_cuda.kernels.split_kv import choose_splits, scratch
 from paged_tutorial.backends.numba_cuda.runtime.kernel_cache import cached_kernel
 from paged_tutorial.backends.numba_cuda.runtime.launch import (as_kernel_array, flat, launch,
                                                                 overlapping,
@@ -152,6 +153,14 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
         if kk < 2 * K_PAIRS:
             return 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) + 2 * r
         return 16 * kk + 4 * t + 2 * r
+
+    @cuda.jit(device=True)
+    def table_entry(block_table, table_base, lb, lb_end):
+        """Physical block of logical block lb (0 past the split's end: never read)."""
+        phys = 0
+        if lb < lb_end:
+            phys = block_table[table_base + lb]
+        return phys
 
     @cuda.jit(device=True)
     def load_kv(kv, kw, vw, phys, lb, lb_end, seq_len, kv_head, g, t):
@@ -303,8 +312,12 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
                     o1 += f * sm_acc[w, h, d + 1]
             head = kv_head * GQA_GROUP + h
             if n_splits == 1:
-                q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = \
-                    pack2(normalized(o0, ll), normalized(o1, ll))
+                r0 = float32(0.0)
+                r1 = float32(0.0)
+                if ll > float32(0.0):
+                    r0 = o0 / ll
+                    r1 = o1 / ll
+                q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = pack2(r0, r1)
             else:
                 row = (b * n_q_heads + head) * n_splits + split
                 part_acc[row * HEAD_DIM + d] = o0
@@ -321,11 +334,26 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
             d = 2 * (idx - h * HALF_WORDS)
             head = kv_head * GQA_GROUP + h
             row0 = (b * n_q_heads + head) * n_splits
-            mm = split_max(part_ml, row0, n_splits)
-            ll, o0 = split_sum(part_ml, part_acc, row0, n_splits, mm, d, HEAD_DIM)
-            ll, o1 = split_sum(part_ml, part_acc, row0, n_splits, mm, d + 1, HEAD_DIM)
-            q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = \
-                pack2(normalized(o0, ll), normalized(o1, ll))
+            mm = NEG_INF
+            for sp in range(n_splits):
+                mm = max(mm, part_ml[(row0 + sp) * 2])
+            ll = float32(0.0)
+            o0 = float32(0.0)
+            o1 = float32(0.0)
+            if mm > NEG_INF:
+                for sp in range(n_splits):
+                    ms = part_ml[(row0 + sp) * 2]
+                    if ms > NEG_INF:
+                        f = math.exp(ms - mm)
+                        ll += f * part_ml[(row0 + sp) * 2 + 1]
+                        o0 += f * part_acc[(row0 + sp) * HEAD_DIM + d]
+                        o1 += f * part_acc[(row0 + sp) * HEAD_DIM + d + 1]
+            r0 = float32(0.0)
+            r1 = float32(0.0)
+            if ll > float32(0.0):
+                r0 = o0 / ll
+                r1 = o1 / ll
+            q32[b * q_row_words + head * HALF_WORDS + (d >> 1)] = pack2(r0, r1)
 
     @cached_kernel(fastmath=True)
     @overlapping
@@ -349,7 +377,10 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
 
         seq_len = seq_lens[b]
         slot = active_slots[b]
-        lb_start, lb_end = split_range(seq_len, split, n_splits, BS)
+        n_logical = (seq_len + BS - 1) // BS
+        per_split = (n_logical + n_splits - 1) // n_splits
+        lb_start = split * per_split
+        lb_end = min(lb_start + per_split, n_logical)
         table_base = slot * N_LAYERS * MAX_BLOCKS_PER_SEQ + layer * MAX_BLOCKS_PER_SEQ
         # step inputs (lengths, slots, block table) are read before the wait; q and the cache
         # (this token's K/V is written by the previous kernel) after it
@@ -416,12 +447,18 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
             return
 
         # --- split-KV: the last split block of this (sequence, KV head) merges ------------
-        ticket = b * cuda.gridDim.y + kv_head
-        if not last_split_to_finish(tickets, ticket, n_splits, sm_last):
+        threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            ticket = cuda.atomic.add(tickets, b * cuda.gridDim.y + kv_head, 1)
+            sm_last[0] = 1 if ticket == n_splits - 1 else 0
+        cuda.syncthreads()
+        if sm_last[0] == 0:
             return
+        threadfence()
         merge_splits(q32, q_row_words, b, kv_head, n_splits, n_q_heads, part_acc, part_ml)
         if tid == 0:
-            tickets[ticket] = 0
+            tickets[b * cuda.gridDim.y + kv_head] = 0
 
     return paged_attention_tc_kernel
 

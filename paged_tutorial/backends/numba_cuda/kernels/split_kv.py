@@ -1,7 +1,11 @@
 """Split-KV (flash-decoding) for the decode attention kernels: how one sequence's logical blocks
 are shared among several thread blocks, and how their partial results meet again.
 
-``attention_fast`` and ``attention_tc`` both launch ``grid = (B, n_kv_heads, n_splits)``.
+``attention_fast`` and ``attention_tc`` both launch ``grid = (B, n_kv_heads, n_splits)`` and take
+their split counts (``choose_splits``) and buffers (``scratch``) from here; ``attention_fast``
+also calls the device functions below, while ``attention_tc`` writes the same steps out itself
+(calling these, it measured 7-12 % slower on an H100 with the same main loop:
+``benchmarks/results/attempts/attention-tc-split-kv-calls-2026-12-07.json``).
 Split ``s`` takes an equal share of its sequence's logical blocks (``split_range``, computed on
 the device from ``seq_lens``, so a CUDA graph captured once serves every length).  With one
 split the kernel writes its output over q; with several, each split writes an unnormalised
