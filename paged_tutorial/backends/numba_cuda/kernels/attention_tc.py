@@ -133,7 +133,6 @@ def make_tc_decode_kernel(HEAD_DIM: int, GQA_GROUP: int, N_LAYERS: int,
     BS = BLOCK_TOKENS
     K_STEPS = HEAD_DIM // 16              # k-steps of S = Q K^T
     K_PAIRS = HEAD_DIM // 32              # pairs of k-steps loaded as one 16-byte load
-    K_TAIL = K_STEPS - 2 * K_PAIRS        # 1: a last step of 8-byte loads (head_dim % 32 == 16)
     QW = 4 * K_STEPS                      # Q words per lane: steps x (a0, a1, a2, a3)
     KW = 2 * K_STEPS * 2                  # K words per lane per block: halves x steps x (b0, b1)
     N_MMA = HEAD_DIM // 8                 # mmas of O += P V: one per 8 output columns
